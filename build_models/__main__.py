@@ -1,0 +1,29 @@
+"""``python -m build_models``: see build_models/__init__.py."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from build_models import ARTIFACT_NAMES, build, missing
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m build_models", description=__doc__)
+    parser.add_argument("--weights", default="auto", help="auto | imagenet | random | PATH.pth (default: auto)")
+    parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(ARTIFACT_NAMES)}")
+    parser.add_argument("--force", action="store_true", help="rebuild even when the store is current")
+    parser.add_argument("--if-missing", action="store_true", help="do nothing when every model is stored")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.if_missing and not missing():
+        print("build_models: every model is in the store; nothing to do (use --force to rebuild)")
+        return 0
+    only = [n.strip() for n in args.only.split(",") if n.strip()] or None
+    build(args.weights, only=only, force=args.force, progress=lambda m: print(m, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

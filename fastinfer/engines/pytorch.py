@@ -1,0 +1,35 @@
+"""Eager PyTorch ResNet-50 (state_dict in the store, architecture from torchvision)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastinfer import hardware
+
+STATE_FILE = "state_dict.pt"
+
+
+class TorchEngine:
+    def __init__(self, model_dir: str | Path, device: str | None = None, threads: int = 0) -> None:
+        import torch
+
+        from fastinfer.torch_model import resnet50
+
+        self.device = device or hardware.torch_device()
+        if threads > 0:
+            torch.set_num_threads(threads)
+        state = torch.load(Path(model_dir) / STATE_FILE, map_location="cpu", weights_only=True)
+        self.model = resnet50(state).to(self.device)
+        self._torch = torch
+
+    def run(self, images: np.ndarray) -> np.ndarray:
+        torch = self._torch
+        with torch.inference_mode():
+            batch = torch.from_numpy(np.ascontiguousarray(images)).to(self.device)
+            return self.model(batch).float().cpu().numpy()
+
+    def describe(self) -> dict[str, Any]:
+        return {"device": self.device, "threads": self._torch.get_num_threads()}

@@ -1,0 +1,190 @@
+"""ASGI middleware for the front: body-size limit before reading, and one error shape.
+
+* A body whose Content-Length exceeds the limit is answered 413 before a byte is read; a
+  chunked body is counted as it streams and cut off at the limit.
+* Any 4xx/5xx JSON produced outside our handlers (BentoML's validation, 429 from its
+  concurrency limit, unknown routes) is rewritten to ``{"error": {"code", "message"}}``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from fastinfer.errors import error_body
+
+# pydantic field name → our error code, so a bad backend reads as such rather than "invalid".
+_FIELD_CODES = {"backend": "unknown_backend", "top_k": "invalid_top_k", "image": "invalid_image"}
+_STATUS_CODES = {
+    400: "bad_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    429: "overloaded",
+    500: "internal_error",
+    503: "unavailable",
+    504: "timeout",
+}
+
+
+def normalise_error(status: int, body: bytes) -> dict[str, Any]:
+    """Whatever error body a framework produced → our shape (kept as-is if already ours)."""
+    try:
+        data: Any = json.loads(body) if body else None
+    except ValueError:
+        data = None
+    if isinstance(data, list) and len(data) == 1:  # BentoML wraps some errors in a list
+        data = data[0]
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and {"code", "message"} <= error.keys():
+            return data
+        detail = data.get("detail")
+        if isinstance(detail, list) and detail and isinstance(detail[0], dict):
+            return _validation_error(detail)
+        message = error if isinstance(error, str) else detail if isinstance(detail, str) else None
+    else:
+        message = None
+    if status >= 500:
+        message = "The server failed to handle this request; it has been logged."
+    if not message:
+        message = body.decode("utf-8", "replace").strip()[:500] or f"HTTP {status}"
+    return error_body(_STATUS_CODES.get(status, "error"), message)
+
+
+def _validation_error(detail: list[dict[str, Any]]) -> dict[str, Any]:
+    parts, code = [], "invalid_request"
+    for err in detail:
+        loc = [str(p) for p in err.get("loc", []) if p not in ("body", "query")]
+        field = loc[-1] if loc else ""
+        if field in _FIELD_CODES and code == "invalid_request":
+            code = _FIELD_CODES[field]
+        parts.append(f"{'.'.join(loc) or 'request'}: {err.get('msg', 'invalid')}")
+    return error_body(code, "; ".join(parts))
+
+
+class FrontMiddleware:
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = _content_length(scope)
+        if length is not None and length > self.max_bytes:
+            await _send_json(send, 413, self._too_large(length))
+            return
+        if length is None and scope.get("method") in ("POST", "PUT", "PATCH"):
+            body = await self._read_limited(receive)
+            if body is None:
+                await _send_json(send, 413, self._too_large(None))
+                return
+            receive = _replay(body, receive)
+        await self.app(scope, receive, _ErrorRewriter(send))
+
+    def _too_large(self, length: int | None) -> dict[str, Any]:
+        size = f"{length:,} bytes" if length is not None else "larger than the limit"
+        return error_body(
+            "payload_too_large",
+            f"The request body is {size}; the limit is {self.max_bytes:,} bytes (FASTINFER_MAX_BYTES).",
+        )
+
+    async def _read_limited(self, receive: Receive) -> bytes | None:
+        chunks, total = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return b"".join(chunks)
+            chunk = message.get("body", b"")
+            total += len(chunk)
+            if total > self.max_bytes:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+class _ErrorRewriter:
+    """Wraps ``send``: buffers error responses that are not already in our shape."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.start: Message | None = None
+        self.chunks: list[bytes] = []
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            status = message["status"]
+            if status >= 400 and _is_json_or_text(message):
+                self.start = message
+                return
+            await self.send(message)
+            return
+        if message["type"] == "http.response.body" and self.start is not None:
+            self.chunks.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            status = self.start["status"]
+            extra = [(k, v) for k, v in self.start.get("headers", []) if k.lower() not in _REPLACED]
+            await _send_json(self.send, status, normalise_error(status, b"".join(self.chunks)), extra)
+            self.start = None
+            return
+        await self.send(message)
+
+
+_REPLACED = {b"content-length", b"content-type"}
+
+
+def _is_json_or_text(start: Message) -> bool:
+    for key, value in start.get("headers", []):
+        if key.lower() == b"content-type":
+            return value.startswith((b"application/json", b"text/plain"))
+    return True
+
+
+def _content_length(scope: Scope) -> int | None:
+    for key, value in scope.get("headers", []):
+        if key == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _replay(body: bytes, original: Receive) -> Receive:
+    """The already-read body once, then the real channel (which reports a real disconnect)."""
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await original()
+
+    return receive
+
+
+async def _send_json(
+    send: Send, status: int, payload: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    body = json.dumps(payload).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                *(headers or []),
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

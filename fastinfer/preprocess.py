@@ -1,0 +1,118 @@
+"""Image bytes → uint8 HWC 224×224×3 RGB, as the weights' own transforms would produce.
+
+JPEG decoding dominates preprocessing, so JPEGs are decoded at the smallest DCT scale
+(1/2, 1/4, 1/8) that still leaves the shorter side >= the resize target (``Image.draft``).
+Everything here is CPU-bound and synchronous: callers off the event loop run it in a thread.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from fastinfer.errors import ImageTooLarge, InvalidImage
+
+# Our own pixel limit (checked from the header, before decoding) replaces Pillow's warning.
+Image.MAX_IMAGE_PIXELS = None
+
+
+@dataclass(frozen=True)
+class PreprocessSpec:
+    """The preprocessing a model's weights expect (torchvision's ImageClassification)."""
+
+    resize_size: int = 232
+    crop_size: int = 224
+
+
+@dataclass(frozen=True)
+class Prepared:
+    pixels: np.ndarray  # uint8 [crop, crop, 3]
+    source_size: tuple[int, int]  # (width, height) as stored in the file
+    decode_ms: float
+    preprocess_ms: float
+
+
+def decode(data: bytes, max_pixels: int, target_short_side: int) -> Image.Image:
+    """Decode to an RGB image, at reduced JPEG scale when the target allows it."""
+    if not data:
+        raise InvalidImage("The image is empty (0 bytes).")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            img = Image.open(io.BytesIO(data))
+            width, height = img.size
+            if width < 1 or height < 1:
+                raise InvalidImage(f"The image has no pixels ({width}×{height}).")
+            if width * height > max_pixels:
+                raise ImageTooLarge(
+                    f"The image is {width}×{height} = {width * height:,} pixels; the limit is "
+                    f"{max_pixels:,} (FASTINFER_MAX_PIXELS). It was not decoded."
+                )
+            if img.format == "JPEG":
+                scale = target_short_side / min(width, height)
+                img.draft(None, (math.ceil(width * scale), math.ceil(height * scale)))
+            img.load()
+            img = ImageOps.exif_transpose(img)
+            return to_rgb(img)
+    except (InvalidImage, ImageTooLarge):
+        raise
+    except UnidentifiedImageError as exc:
+        raise InvalidImage("The body is not an image format this service can read.") from exc
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise InvalidImage(f"The image could not be decoded: {exc}") from exc
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Any Pillow mode → 8-bit RGB. Transparency is composited onto white."""
+    if img.mode == "RGB":
+        return img
+    if img.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+        # 16-bit greyscale: scale the full range to 8 bits instead of clipping at 255.
+        arr = np.asarray(img).astype(np.float32)
+        peak = 65535.0 if img.mode.startswith("I;16") or arr.max() > 255 else 255.0
+        arr = np.clip(arr * (255.0 / peak) + 0.5, 0, 255).astype(np.uint8)
+        return Image.fromarray(arr, "L").convert("RGB")
+    if img.mode == "F":
+        arr = np.clip(np.asarray(img), 0, 255).astype(np.uint8)
+        return Image.fromarray(arr, "L").convert("RGB")
+    if img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")
+    if img.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = img.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return img.convert("RGB")
+
+
+def resize_and_crop(img: Image.Image, spec: PreprocessSpec) -> np.ndarray:
+    """Shorter side to ``resize_size`` (bilinear, antialiased), then a centre crop."""
+    width, height = img.size
+    short, long = (width, height) if width <= height else (height, width)
+    new_short, new_long = spec.resize_size, int(spec.resize_size * long / short)
+    new_size = (new_short, new_long) if width <= height else (new_long, new_short)
+    if new_size != img.size:
+        img = img.resize(new_size, Image.Resampling.BILINEAR)
+    crop = spec.crop_size
+    if min(img.size) < crop:  # only for resize_size < crop_size; pad like torchvision
+        img = ImageOps.pad(img, (max(crop, img.width), max(crop, img.height)), color=(0, 0, 0))
+    left = int(round((img.width - crop) / 2.0))
+    top = int(round((img.height - crop) / 2.0))
+    img = img.crop((left, top, left + crop, top + crop))
+    return np.ascontiguousarray(np.asarray(img, dtype=np.uint8))
+
+
+def prepare(data: bytes, spec: PreprocessSpec, max_pixels: int) -> Prepared:
+    """Bytes → the model's uint8 input for one image, with stage timings."""
+    t0 = time.perf_counter()
+    img = decode(data, max_pixels, spec.resize_size)
+    source_size = img.size
+    t1 = time.perf_counter()
+    pixels = resize_and_crop(img, spec)
+    t2 = time.perf_counter()
+    return Prepared(pixels, source_size, (t1 - t0) * 1000, (t2 - t1) * 1000)

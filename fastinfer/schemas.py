@@ -1,0 +1,59 @@
+"""Typed request/response models of the public API (they are the Swagger schemas)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Prediction(BaseModel):
+    label: str
+    index: int = Field(ge=0)
+    score: float = Field(ge=0.0, le=1.0, description="softmax probability")
+
+
+class Timings(BaseModel):
+    """Milliseconds per stage of this request, as measured in the front."""
+
+    read: float = Field(description="reading the uploaded body")
+    decode: float = Field(description="image decode (reduced JPEG DCT scale), EXIF, to RGB")
+    preprocess: float = Field(description="resize + centre crop to uint8 224×224×3")
+    inference: float = Field(description="runner round trip: transfer, queueing/batching, model")
+    total: float = Field(description="the whole request inside the service")
+
+
+class ClassifyResponse(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
+    class_: str = Field(alias="class", description="top-1 label (the seed's key)")
+    class_index: int
+    confidence: float = Field(description="top-1 softmax probability")
+    top_k: list[Prediction]
+    backend: str
+    model: str = Field(description="BentoML model store tag")
+    weights: str = Field(description="imagenet | random-init | file")
+    latency_ms: float = Field(description="same as timings_ms.total")
+    timings_ms: Timings
+    cached: bool = False
+
+
+class BatchingInfo(BaseModel):
+    enabled: bool
+    max_batch_size: int
+    max_latency_ms: int
+
+
+class BackendInfo(BaseModel):
+    name: str
+    available: bool
+    reason: str | None = Field(default=None, description="why it is unavailable")
+    model: str | None = None
+    weights: str | None = None
+    runs_on: dict[str, Any] = Field(default_factory=dict, description="device / execution providers, threads")
+    batching: BatchingInfo | None = None
+
+
+class BackendsResponse(BaseModel):
+    default: str
+    backends: list[BackendInfo]

@@ -1,0 +1,48 @@
+"""The uint8 model contract in PyTorch: ``uint8 [N,224,224,3] RGB → float32 logits [N,1000]``.
+
+Cast, normalisation and NHWC→NCHW live inside the module, so every export of it (ONNX,
+CoreML) carries them too and the front never normalises. Imports torch: keep this module
+out of the HTTP front.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import nn
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class Uint8Classifier(nn.Module):
+    """Wraps an NCHW float classifier so that it takes uint8 NHWC pixels."""
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+    ) -> None:
+        super().__init__()
+        self.backbone = backbone
+        # x/255 then (x-mean)/std folded into one multiply-add: x*scale + shift.
+        scale = torch.tensor([1.0 / (255.0 * s) for s in std]).view(1, 3, 1, 1)
+        shift = torch.tensor([-m / s for m, s in zip(mean, std, strict=True)]).view(1, 3, 1, 1)
+        self.register_buffer("scale", scale, persistent=False)
+        self.register_buffer("shift", shift, persistent=False)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = images.permute(0, 3, 1, 2).to(torch.float32)
+        return self.backbone(x * self.scale + self.shift)
+
+
+def resnet50(state_dict: Mapping[str, torch.Tensor] | None = None) -> Uint8Classifier:
+    """torchvision's ResNet-50 behind the uint8 contract, in eval mode."""
+    from torchvision.models import resnet50 as tv_resnet50
+
+    backbone = tv_resnet50(weights=None)
+    if state_dict is not None:
+        backbone.load_state_dict(state_dict)
+    return Uint8Classifier(backbone).eval()

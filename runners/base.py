@@ -1,0 +1,89 @@
+"""The one shape every runner has: a ``@bentoml.service`` around an engine.
+
+A runner loads its model from the store lazily (a ``BentoModel`` ref resolved in ``__init__``),
+warms up before it reports ready, and offers ``infer`` (one call, one run) and
+``infer_batched`` (adaptive batching, so one runner batches across all front workers).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import bentoml
+import numpy as np
+from bentoml.models import BentoModel
+
+from fastinfer import store
+from fastinfer.config import get_settings
+from fastinfer.engines import Engine, warm_up
+
+logger = logging.getLogger(__name__)
+
+
+def make_runner(backend: str, load_engine: Callable[[str], Engine]) -> type:
+    """Build the BentoML service class for one backend.
+
+    ``load_engine(model_dir)`` returns the loaded engine. Batching limits come from settings at
+    import time because BentoML fixes them when the API is declared.
+    """
+    settings = get_settings()
+    batching = settings.batching_for(backend)
+    model_ref = BentoModel(f"{store.model_name(backend)}:latest")
+
+    class Runner:
+        model = model_ref
+
+        def __init__(self) -> None:
+            if model_ref.stored is None:
+                raise RuntimeError(
+                    f"{store.model_name(backend)} is not in the BentoML model store "
+                    f"({bentoml.models.__name__}); run `python -m build_models` first"
+                )
+            stored = self.model
+            started = time.perf_counter()
+            self.engine = load_engine(stored.path)
+            warm_up(self.engine, (1, batching.max_batch_size) if batching.enabled else (1,))
+            self.info = store.describe(stored)
+            logger.info(
+                "runner %s: %s loaded and warmed up in %.1fs on %s",
+                backend, stored.tag, time.perf_counter() - started, self.engine.describe(),
+            )
+
+        @bentoml.api
+        def infer(self, images: np.ndarray) -> np.ndarray:
+            """uint8 [N,224,224,3] → float32 logits [N,1000], run as sent."""
+            return self.engine.run(images)
+
+        @bentoml.api(
+            batchable=True,
+            batch_dim=0,
+            max_batch_size=batching.max_batch_size,
+            max_latency_ms=batching.max_latency_ms,
+        )
+        def infer_batched(self, images: np.ndarray) -> np.ndarray:
+            """As ``infer``, but concurrent calls are merged into batches of up to max_batch_size."""
+            return self.engine.run(images)
+
+        @bentoml.api
+        def describe(self) -> dict[str, Any]:
+            """Where this runner runs (device / execution providers, threads) and what it serves."""
+            return {
+                **self.engine.describe(),
+                "model": self.info.tag,
+                "weights": self.info.weights,
+                "batching": {
+                    "enabled": batching.enabled,
+                    "max_batch_size": batching.max_batch_size,
+                    "max_latency_ms": batching.max_latency_ms,
+                },
+            }
+
+    Runner.__name__ = Runner.__qualname__ = f"{backend.title().replace('-', '')}Runner"
+    return bentoml.service(
+        name=f"runner-{backend}",
+        workers=settings.runner_workers,
+        traffic={"timeout": settings.request_timeout_s},
+    )(Runner)

@@ -1,0 +1,165 @@
+"""FastInfer: the one BentoML entry service. Thin: HTTP in, runners for inference, JSON out.
+
+Request path (see ../shared/DESIGN.md): read → decode at reduced JPEG scale → resize/crop to
+uint8 224×224×3 (in a thread, off the event loop) → the backend's runner (``infer`` or the
+adaptive-batching ``infer_batched``) → softmax/top-k → typed response with per-stage timings.
+"""
+
+import logging
+import time
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import anyio
+import bentoml
+import numpy as np
+from pydantic import Field
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from fastinfer import hardware, store
+from fastinfer.config import BACKENDS, get_settings
+from fastinfer.errors import ApiError, BackendUnavailable, UnknownBackend
+from fastinfer.http import FrontMiddleware
+from fastinfer.postprocess import top_k as rank
+from fastinfer.preprocess import prepare
+from fastinfer.schemas import BackendInfo, BackendsResponse, BatchingInfo, ClassifyResponse, Timings
+from runners import REGISTRY, unavailable_reason
+from runners.onnx import OnnxRunner
+from runners.pytorch import PytorchRunner
+
+logger = logging.getLogger("fastinfer")
+settings = get_settings()
+
+BackendName = Literal[BACKENDS]  # type: ignore[valid-type]  # the enum in the Swagger schema
+TopK = Annotated[int, Field(ge=1, le=20, description="how many classes to return (1..20)")]
+ImageFile = Annotated[Path, Field(description="the image file (JPEG, PNG, GIF, WebP, BMP, TIFF ...)")]
+
+
+@bentoml.service(
+    name="fastinfer",
+    workers=settings.front_workers,
+    traffic={"timeout": settings.request_timeout_s, "max_concurrency": settings.max_concurrency},
+)
+class FastInfer:
+    pytorch = bentoml.depends(PytorchRunner)
+    onnx = bentoml.depends(OnnxRunner)
+
+    def __init__(self) -> None:
+        self.unavailable = {name: reason for name in REGISTRY if (reason := unavailable_reason(name))}
+        self.models = {name: store.describe(m) for name in REGISTRY if (m := store.find(name)) is not None}
+        # Decoding is CPU-bound; more threads than cores only adds contention.
+        self.cpu_limiter = anyio.CapacityLimiter(hardware.cpu_count())
+        self.runs_on: dict[str, dict[str, Any]] = {}
+        for name, reason in self.unavailable.items():
+            logger.warning("backend %s unavailable: %s", name, reason)
+
+    @bentoml.api(route="/classify")
+    async def classify(
+        self, image: ImageFile, backend: BackendName = settings.default_backend, top_k: TopK = 5
+    ) -> ClassifyResponse:
+        """Classify one image with the chosen backend; returns top-k labels and per-stage timings."""
+        return await self._answer(image, backend, top_k)
+
+    @bentoml.api(route="/predict")
+    async def predict(self, image: ImageFile, top_k: TopK = 5) -> ClassifyResponse:
+        """The seed's route: PyTorch eager."""
+        return await self._answer(image, "pytorch", top_k)
+
+    @bentoml.api(route="/predict/onnx")
+    async def predict_onnx(self, image: ImageFile, top_k: TopK = 5) -> ClassifyResponse:
+        """The seed's route: ONNX Runtime FP32."""
+        return await self._answer(image, "onnx", top_k)
+
+    async def _answer(self, image: Path, backend: str, k: int) -> Any:
+        try:
+            return await self._classify(image, backend, k)
+        except ApiError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status)
+
+    async def _classify(self, image: Path, backend: str, k: int) -> ClassifyResponse:
+        started = time.perf_counter()
+        if backend not in REGISTRY:
+            raise UnknownBackend(f"Unknown backend {backend!r}; valid backends: {', '.join(REGISTRY)}")
+        if backend in self.unavailable:
+            raise BackendUnavailable(self.unavailable[backend])
+        info = self.models[backend]
+
+        def read_and_prepare() -> tuple[float, Any]:
+            t0 = time.perf_counter()
+            data = image.read_bytes()
+            read_ms = (time.perf_counter() - t0) * 1000
+            return read_ms, prepare(data, info.preprocess, settings.max_pixels)
+
+        read_ms, prepared = await anyio.to_thread.run_sync(read_and_prepare, limiter=self.cpu_limiter)
+        entry = REGISTRY[backend]
+        runner = getattr(self, entry.runner)
+        t_infer = time.perf_counter()
+        try:
+            logits = await getattr(runner.to_async, entry.method)(prepared.pixels[np.newaxis])
+        except Exception as exc:  # runner down or crashed: the server's fault, said plainly
+            logger.exception("runner %s failed", backend)
+            raise BackendUnavailable(f"The {backend} runner failed: {type(exc).__name__}") from exc
+        inference_ms = (time.perf_counter() - t_infer) * 1000
+        predictions = rank(np.asarray(logits)[0], k, info.categories)
+        total_ms = (time.perf_counter() - started) * 1000
+        return ClassifyResponse(
+            class_=predictions[0].label,
+            class_index=predictions[0].index,
+            confidence=predictions[0].score,
+            top_k=predictions,
+            backend=backend,
+            model=info.tag,
+            weights=info.weights,
+            latency_ms=round(total_ms, 3),
+            timings_ms=Timings(
+                read=round(read_ms, 3),
+                decode=round(prepared.decode_ms, 3),
+                preprocess=round(prepared.preprocess_ms, 3),
+                inference=round(inference_ms, 3),
+                total=round(total_ms, 3),
+            ),
+        )
+
+    async def backends(self) -> BackendsResponse:
+        """Each backend: available or why not, model tag, weights, where it runs, batching."""
+        infos = []
+        for name, entry in REGISTRY.items():
+            batching = settings.batching_for(name)
+            model = self.models.get(name)
+            reason = self.unavailable.get(name)
+            if reason is None and name not in self.runs_on:
+                try:
+                    with anyio.fail_after(5):
+                        self.runs_on[name] = await getattr(self, entry.runner).to_async.describe()
+                except Exception as exc:
+                    reason = f"the runner does not answer: {type(exc).__name__}"
+            infos.append(
+                BackendInfo(
+                    name=name,
+                    available=reason is None,
+                    reason=reason,
+                    model=model.tag if model else None,
+                    weights=model.weights if model else None,
+                    runs_on={k: v for k, v in self.runs_on.get(name, {}).items() if k not in ("model", "batching")},
+                    batching=BatchingInfo(
+                        enabled=batching.enabled,
+                        max_batch_size=batching.max_batch_size,
+                        max_latency_ms=batching.max_latency_ms,
+                    ),
+                )
+            )
+        return BackendsResponse(default=settings.default_backend, backends=infos)
+
+
+async def _backends_route(_: Request) -> JSONResponse:
+    service: FastInfer = bentoml.get_current_service()
+    result = await service.backends()
+    return JSONResponse(result.model_dump(mode="json"))
+
+
+# GET routes beside the typed POST APIs (BentoML APIs are POST-only).
+FastInfer.mount_asgi_app(Starlette(routes=[Route("/backends", _backends_route, methods=["GET"])]), path="/")
+FastInfer.add_asgi_middleware(FrontMiddleware, max_bytes=settings.max_bytes)
