@@ -8,19 +8,19 @@ adaptive-batching ``infer_batched``) → softmax/top-k → typed response with p
 import logging
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import anyio
 import bentoml
 import numpy as np
-from pydantic import Field
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from fastinfer import hardware, store
-from fastinfer.config import BACKENDS, get_settings
+from fastinfer.api_inputs import ClassifyInput, ImageInput
+from fastinfer.config import get_settings
 from fastinfer.errors import ApiError, BackendUnavailable, UnknownBackend
 from fastinfer.http import FrontMiddleware
 from fastinfer.postprocess import top_k as rank
@@ -32,10 +32,6 @@ from runners.pytorch import PytorchRunner
 
 logger = logging.getLogger("fastinfer")
 settings = get_settings()
-
-BackendName = Literal[BACKENDS]  # type: ignore[valid-type]  # the enum in the Swagger schema
-TopK = Annotated[int, Field(ge=1, le=20, description="how many classes to return (1..20)")]
-ImageFile = Annotated[Path, Field(description="the image file (JPEG, PNG, GIF, WebP, BMP, TIFF ...)")]
 
 
 @bentoml.service(
@@ -56,20 +52,18 @@ class FastInfer:
         for name, reason in self.unavailable.items():
             logger.warning("backend %s unavailable: %s", name, reason)
 
-    @bentoml.api(route="/classify")
-    async def classify(
-        self, image: ImageFile, backend: BackendName = settings.default_backend, top_k: TopK = 5
-    ) -> ClassifyResponse:
+    @bentoml.api(route="/classify", input_spec=ClassifyInput)
+    async def classify(self, image: Path, backend: str, top_k: int) -> ClassifyResponse:
         """Classify one image with the chosen backend; returns top-k labels and per-stage timings."""
         return await self._answer(image, backend, top_k)
 
-    @bentoml.api(route="/predict")
-    async def predict(self, image: ImageFile, top_k: TopK = 5) -> ClassifyResponse:
+    @bentoml.api(route="/predict", input_spec=ImageInput)
+    async def predict(self, image: Path, top_k: int) -> ClassifyResponse:
         """The seed's route: PyTorch eager."""
         return await self._answer(image, "pytorch", top_k)
 
-    @bentoml.api(route="/predict/onnx")
-    async def predict_onnx(self, image: ImageFile, top_k: TopK = 5) -> ClassifyResponse:
+    @bentoml.api(route="/predict/onnx", input_spec=ImageInput)
+    async def predict_onnx(self, image: Path, top_k: int) -> ClassifyResponse:
         """The seed's route: ONNX Runtime FP32."""
         return await self._answer(image, "onnx", top_k)
 

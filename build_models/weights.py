@@ -79,7 +79,10 @@ def load_weights(choice: str) -> Weights:
                 "\n%s\n!! ImageNet weights unavailable (%s).\n!! Falling back to a RANDOM INIT "
                 "(seed %d): predictions will be meaningless.\n!! Every model and response is "
                 "labelled weights=random-init.\n%s",
-                "!" * 78, type(exc).__name__, RANDOM_SEED, "!" * 78,
+                "!" * 78,
+                type(exc).__name__,
+                RANDOM_SEED,
+                "!" * 78,
             )
     if choice in ("auto", "random"):
         state = _random()

@@ -77,10 +77,10 @@ def to_rgb(img: Image.Image) -> Image.Image:
         arr = np.asarray(img).astype(np.float32)
         peak = 65535.0 if img.mode.startswith("I;16") or arr.max() > 255 else 255.0
         arr = np.clip(arr * (255.0 / peak) + 0.5, 0, 255).astype(np.uint8)
-        return Image.fromarray(arr, "L").convert("RGB")
+        return Image.fromarray(arr).convert("RGB")
     if img.mode == "F":
         arr = np.clip(np.asarray(img), 0, 255).astype(np.uint8)
-        return Image.fromarray(arr, "L").convert("RGB")
+        return Image.fromarray(arr).convert("RGB")
     if img.mode == "P" and "transparency" in img.info:
         img = img.convert("RGBA")
     if img.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
@@ -101,8 +101,8 @@ def resize_and_crop(img: Image.Image, spec: PreprocessSpec) -> np.ndarray:
     crop = spec.crop_size
     if min(img.size) < crop:  # only for resize_size < crop_size; pad like torchvision
         img = ImageOps.pad(img, (max(crop, img.width), max(crop, img.height)), color=(0, 0, 0))
-    left = int(round((img.width - crop) / 2.0))
-    top = int(round((img.height - crop) / 2.0))
+    left = round((img.width - crop) / 2.0)
+    top = round((img.height - crop) / 2.0)
     img = img.crop((left, top, left + crop, top + crop))
     return np.ascontiguousarray(np.asarray(img, dtype=np.uint8))
 

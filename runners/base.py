@@ -49,7 +49,10 @@ def make_runner(backend: str, load_engine: Callable[[str], Engine]) -> type:
             self.info = store.describe(stored)
             logger.info(
                 "runner %s: %s loaded and warmed up in %.1fs on %s",
-                backend, stored.tag, time.perf_counter() - started, self.engine.describe(),
+                backend,
+                stored.tag,
+                time.perf_counter() - started,
+                self.engine.describe(),
             )
 
         @bentoml.api

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from fastinfer import hardware
 from fastinfer.config import get_settings
+from fastinfer.engines import Engine
 from runners.base import make_runner
 
 
-def _load(model_dir: str):  # noqa: ANN202 - returns an Engine; torch stays a lazy import
+def _load(model_dir: str) -> Engine:
     from fastinfer.engines.pytorch import TorchEngine
 
     settings = get_settings()

@@ -1,0 +1,35 @@
+# FastInfer: `make serve` and `make test` do all set-up on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+PORT ?= 3000
+WEIGHTS ?= auto
+# The model store lives in the project unless you point BENTOML_HOME elsewhere.
+export BENTOML_HOME ?= $(CURDIR)/bentoml_home
+
+.PHONY: serve test models lint clean-models
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+# Idempotent: a rerun with the same weights only checks the store (seconds).
+models: $(VENV)/.installed
+	$(PY) -m build_models --weights $(WEIGHTS)
+
+serve: models
+	$(VENV)/bin/bentoml serve service:FastInfer --port $(PORT)
+
+test: models
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean-models:
+	rm -rf $(BENTOML_HOME)/models

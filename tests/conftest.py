@@ -1,0 +1,38 @@
+"""Test-wide set-up: a temporary BentoML home with the models built once per run.
+
+BENTOML_HOME must be set before anything imports bentoml, so it is set here, at import.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+_HOME = Path(tempfile.mkdtemp(prefix="fastinfer-bentoml-home-"))
+os.environ["BENTOML_HOME"] = str(_HOME)
+os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
+
+
+@pytest.fixture(scope="session")
+def bentoml_home() -> Path:
+    return _HOME
+
+
+@pytest.fixture(scope="session")
+def built_models(bentoml_home: Path) -> list:
+    """Every model built once into the temporary store (seeded random init: no network here)."""
+    from build_models import build
+
+    return build("random", progress=lambda m: print(m, flush=True))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_HOME, ignore_errors=True)

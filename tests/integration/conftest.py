@@ -1,0 +1,88 @@
+"""A real ``bentoml serve`` of service:FastInfer on a free port, over the test model store."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVER_ENV = {
+    "FASTINFER_MAX_BYTES": str(5_000_000),
+    "FASTINFER_MAX_PIXELS": str(40_000_000),
+}
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen
+    log: Path
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(home: Path, log: Path, extra_env: dict[str, str] | None = None, timeout: float = 240) -> Server:
+    port = free_port()
+    env = {**os.environ, "BENTOML_HOME": str(home), **SERVER_ENV, **(extra_env or {})}
+    bentoml_cli = Path(sys.executable).parent / "bentoml"
+    process = subprocess.Popen(
+        [str(bentoml_cli), "serve", "service:FastInfer", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # so that stopping it stops its runner processes too
+    )
+    server = Server(f"http://127.0.0.1:{port}", process, log)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"bentoml serve exited with {process.returncode}:\n{server.log_tail()}")
+        try:
+            if httpx.get(f"{server.url}/readyz", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    stop_server(server)
+    raise RuntimeError(f"bentoml serve not ready after {timeout}s:\n{server.log_tail()}")
+
+
+def stop_server(server: Server) -> None:
+    if server.process.poll() is not None:
+        return
+    os.killpg(server.process.pid, signal.SIGTERM)
+    try:
+        server.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait()
+
+
+@pytest.fixture(scope="session")
+def server(built_models, bentoml_home: Path, tmp_path_factory) -> Server:
+    srv = start_server(bentoml_home, tmp_path_factory.mktemp("serve") / "serve.log")
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture()
+def client(server: Server) -> httpx.Client:
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c

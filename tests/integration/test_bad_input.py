@@ -1,0 +1,108 @@
+"""Every bad input gets its 4xx in one JSON shape, odd-but-valid images get a prediction, and the
+server is healthy afterwards. Nothing a client sends may produce a 5xx."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests import images
+from tests.integration.conftest import SERVER_ENV
+
+LIMIT = int(SERVER_ENV["FASTINFER_MAX_BYTES"])
+
+
+def image_post(client: httpx.Client, data: bytes, name: str = "x.jpg", ctype: str = "image/jpeg", **form: str):
+    return client.post("/classify", files={"image": (name, data, ctype)}, data=form)
+
+
+BAD = {
+    "not an image": (lambda c: image_post(c, b"hello, I am text"), 400, "invalid_image"),
+    "truncated jpeg": (lambda c: image_post(c, images.truncated_jpeg()), 400, "invalid_image"),
+    "0-byte file": (lambda c: image_post(c, b""), 400, "invalid_image"),
+    "decompression bomb": (lambda c: image_post(c, images.bomb_png(), "b.png", "image/png"), 413, "image_too_large"),
+    "unknown backend": (lambda c: image_post(c, images.photo_jpeg(), backend="tpu"), 400, "unknown_backend"),
+    "top_k 0": (lambda c: image_post(c, images.photo_jpeg(), top_k="0"), 400, "invalid_top_k"),
+    "top_k 1000": (lambda c: image_post(c, images.photo_jpeg(), top_k="1000"), 400, "invalid_top_k"),
+    "top_k not a number": (lambda c: image_post(c, images.photo_jpeg(), top_k="five"), 400, "invalid_top_k"),
+    "wrong form field": (
+        lambda c: c.post("/classify", files={"picture": ("x.jpg", images.photo_jpeg(), "image/jpeg")}),
+        400,
+        None,
+    ),
+    "image as a text field (URL)": (
+        lambda c: c.post("/classify", data={"image": "http://127.0.0.1:1/x.jpg"}, files={"top_k": (None, "5")}),
+        400,
+        "invalid_image",
+    ),
+    "binary junk in an unknown field": (
+        lambda c: c.post(
+            "/classify",
+            files={"image": ("x.jpg", images.photo_jpeg(), "image/jpeg"), "junk": ("j", b"\xff\xfe", "x/y")},
+        ),
+        400,
+        None,
+    ),
+    "empty body": (lambda c: c.post("/classify", content=b""), 400, None),
+    "json instead of multipart": (lambda c: c.post("/classify", json={"image": "abc"}), 400, None),
+    "body over the limit": (
+        lambda c: image_post(c, b"\xff" * (LIMIT + 1024)),
+        413,
+        "payload_too_large",
+    ),
+    "chunked body over the limit": (
+        lambda c: c.post(
+            "/classify",
+            content=iter([b"\0" * 1_000_000] * (LIMIT // 1_000_000 + 2)),
+            headers={"content-type": "application/octet-stream"},
+        ),
+        413,
+        "payload_too_large",
+    ),
+    "pickle media type": (
+        lambda c: c.post("/classify", content=b"x", headers={"content-type": "application/vnd.bentoml+pickle"}),
+        415,
+        None,
+    ),
+    "unknown route": (lambda c: c.get("/no/such/route"), 404, "not_found"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_gets_a_clear_4xx(client, case: str) -> None:
+    send, status, code = BAD[case]
+    r = send(client)
+    assert r.status_code == status, (case, r.status_code, r.text)
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}, body
+    assert body["error"]["message"]
+    assert "Traceback" not in r.text
+    if code:
+        assert body["error"]["code"] == code, body
+
+
+VALID_ODD = {
+    "1x1 png": (images.tiny_png, "image/png"),
+    "cmyk jpeg": (images.cmyk_jpeg, "image/jpeg"),
+    "16-bit png": (images.png16, "image/png"),
+    "rgba png": (images.rgba_png, "image/png"),
+    "palette gif": (images.palette_gif, "image/gif"),
+    "animated gif": (images.animated_gif, "image/gif"),
+    "exif-rotated jpeg": (images.exif_rotated_jpeg, "image/jpeg"),
+    "jpeg sent as octet-stream": (images.photo_jpeg, "application/octet-stream"),
+}
+
+
+@pytest.mark.parametrize("case", list(VALID_ODD))
+def test_odd_but_valid_images_are_classified(client, case: str) -> None:
+    make, ctype = VALID_ODD[case]
+    r = image_post(client, make(), "img", ctype)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["top_k"]) == 5
+
+
+def test_server_is_healthy_after_the_corpus(client) -> None:
+    for send, _, _ in BAD.values():
+        assert send(client).status_code < 500
+    assert client.get("/readyz").status_code == 200
+    assert image_post(client, images.photo_jpeg()).status_code == 200

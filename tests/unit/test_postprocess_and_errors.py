@@ -1,0 +1,71 @@
+"""Softmax/top-k, the error shape, and settings parsing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fastinfer.config import get_settings
+from fastinfer.http import normalise_error
+from fastinfer.postprocess import softmax, top_k
+
+
+def test_top_k_is_sorted_and_labelled() -> None:
+    logits = np.array([0.0, 3.0, 1.0, 2.0], dtype=np.float32)
+    preds = top_k(logits, 3, ["a", "b", "c", "d"])
+    assert [p.label for p in preds] == ["b", "d", "c"]
+    assert preds[0].score == pytest.approx(softmax(logits)[1])
+    assert sum(softmax(logits)) == pytest.approx(1.0)
+
+
+def test_top_k_is_stable_for_huge_logits() -> None:
+    preds = top_k(np.array([1e4, 1e4 - 1, -1e4]), 2, ["x", "y", "z"])
+    assert preds[0].score == pytest.approx(1 / (1 + np.exp(-1)))
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "code"),
+    [
+        (400, b'{"error": "1 validation error", "detail": [{"loc": ["top_k"], "msg": "too big"}]}', "invalid_top_k"),
+        (400, b'{"error": "x", "detail": [{"loc": ["body", "backend"], "msg": "bad"}]}', "unknown_backend"),
+        (415, b'[{"error": "pickle not allowed"}]', "unsupported_media_type"),
+        (429, b"Too many requests", "overloaded"),
+        (404, b"Not Found", "not_found"),
+        (500, b'{"error": "Traceback: secret"}', "internal_error"),
+    ],
+)
+def test_framework_errors_get_our_shape(status: int, body: bytes, code: str) -> None:
+    out = normalise_error(status, body)
+    assert out["error"]["code"] == code
+    assert isinstance(out["error"]["message"], str) and out["error"]["message"]
+    assert "secret" not in json.dumps(out)  # never a server internal to the client
+
+
+def test_our_errors_pass_through_unchanged() -> None:
+    ours = {"error": {"code": "invalid_image", "message": "nope"}}
+    assert normalise_error(400, json.dumps(ours).encode()) == ours
+
+
+def test_settings_from_environment(monkeypatch) -> None:
+    get_settings.cache_clear()
+    monkeypatch.setenv("FASTINFER_MAX_BYTES", "123")
+    monkeypatch.setenv("FASTINFER_BATCHING_PYTORCH", "true")
+    monkeypatch.setenv("FASTINFER_MAX_BATCH_SIZE_PYTORCH", "4")
+    try:
+        s = get_settings()
+        assert s.max_bytes == 123
+        assert s.batching_for("pytorch").enabled and s.batching_for("pytorch").max_batch_size == 4
+    finally:
+        get_settings.cache_clear()
+
+
+def test_bad_settings_say_which_variable(monkeypatch) -> None:
+    get_settings.cache_clear()
+    monkeypatch.setenv("FASTINFER_MAX_BYTES", "lots")
+    try:
+        with pytest.raises(ValueError, match="FASTINFER_MAX_BYTES"):
+            get_settings()
+    finally:
+        get_settings.cache_clear()
