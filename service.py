@@ -27,6 +27,7 @@ from fastinfer.postprocess import top_k as rank
 from fastinfer.preprocess import prepare
 from fastinfer.schemas import BackendInfo, BackendsResponse, BatchingInfo, ClassifyResponse, Timings
 from runners import REGISTRY, unavailable_reason
+from runners.base import keep_sessions_open
 from runners.onnx import OnnxRunner
 from runners.pytorch import PytorchRunner
 
@@ -49,6 +50,8 @@ class FastInfer:
         # Decoding is CPU-bound; more threads than cores only adds contention.
         self.cpu_limiter = anyio.CapacityLimiter(hardware.cpu_count())
         self.runs_on: dict[str, dict[str, Any]] = {}
+        for entry in REGISTRY.values():
+            keep_sessions_open(getattr(self, entry.runner))
         for name, reason in self.unavailable.items():
             logger.warning("backend %s unavailable: %s", name, reason)
 

@@ -90,3 +90,21 @@ def make_runner(backend: str, load_engine: Callable[[str], Engine]) -> type:
         workers=settings.runner_workers,
         traffic={"timeout": settings.request_timeout_s},
     )(Runner)
+
+
+def keep_sessions_open(proxy: Any) -> bool:
+    """Stop BentoML from recycling a runner client's HTTP session under load.
+
+    BentoML 1.4's client replaces its aiohttp session every 100 requests (and every 300 s) and
+    closes the old one at once, killing whatever is still in flight on it: the "Server
+    disconnected" errors seen between front and runner at ~1 in 100 requests under concurrency.
+    A session over a local socket has no reason to be recycled, so we turn that off.
+    Returns False (and logs) if this BentoML has no such manager, so a version bump is visible.
+    """
+    manager = getattr(getattr(proxy, "to_async", None), "_session_manager", None)
+    if manager is None or not hasattr(manager, "max_requests"):
+        logger.warning("runner client has no session manager to configure; BentoML internals changed")
+        return False
+    manager.max_requests = float("inf")
+    manager.max_age = float("inf")
+    return True

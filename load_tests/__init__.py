@@ -1,0 +1,1 @@
+"""Load tests and measurements of a running FastInfer service."""
