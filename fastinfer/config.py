@@ -36,7 +36,7 @@ class Settings:
     batching: dict[str, BatchingConfig] = field(default_factory=dict)
 
     def batching_for(self, backend: str) -> BatchingConfig:
-        return self.batching.get(backend, BatchingConfig(False, 8, 5000))
+        return self.batching.get(backend, BatchingConfig(False, 8, 0))
 
 
 def _int(name: str, default: int) -> int:
@@ -60,19 +60,18 @@ def _bool(name: str, default: bool) -> bool:
     raise ValueError(f"{name} must be true or false, got {raw!r}")
 
 
-# Batching defaults per backend (measured; see README "Batching"). BentoML's max_latency_ms is
-# a latency budget, not a wait window: a queued request that cannot finish within it is
-# rejected with 503. It is set well above the worst queue at the front's max_concurrency so
-# that overload is answered by the front (429), not by a runner dropping work.
+# Batching defaults per backend (measured; see README "Batching"). max_latency_ms is how long
+# a request arriving at an idle model lingers for companions; under load batches form without
+# it, from the requests that queue while the model is busy.
 _BATCHING_DEFAULTS: dict[str, tuple[bool, int, int]] = {
-    "pytorch": (True, 8, 5000),
-    "onnx": (True, 8, 5000),
+    "pytorch": (True, 8, 0),
+    "onnx": (True, 8, 0),
 }
 
 
 def _batching(backend: str) -> BatchingConfig:
     key = backend.upper().replace("-", "_")
-    on, size, latency = _BATCHING_DEFAULTS.get(backend, (False, 8, 5000))
+    on, size, latency = _BATCHING_DEFAULTS.get(backend, (False, 8, 0))
     return BatchingConfig(
         enabled=_bool(f"FASTINFER_BATCHING_{key}", on),
         max_batch_size=_int(f"FASTINFER_MAX_BATCH_SIZE_{key}", size),

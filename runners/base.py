@@ -1,8 +1,9 @@
 """The one shape every runner has: a ``@bentoml.service`` around an engine.
 
 A runner loads its model from the store lazily (a ``BentoModel`` ref resolved in ``__init__``),
-warms up before it reports ready, and offers ``infer`` (one call, one run) and
-``infer_batched`` (adaptive batching, so one runner batches across all front workers).
+warms up before it reports ready, and offers ``infer`` (one call, one model run) and
+``infer_batched`` (adaptive micro-batching: calls from all front workers that arrive while the
+model is busy run together; see fastinfer/batching.py for why not BentoML's dispatcher).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 from bentoml.models import BentoModel
 
 from fastinfer import store
+from fastinfer.batching import MicroBatcher
 from fastinfer.config import get_settings
 from fastinfer.engines import Engine, warm_up
 
@@ -26,8 +28,7 @@ logger = logging.getLogger(__name__)
 def make_runner(backend: str, load_engine: Callable[[str], Engine]) -> type:
     """Build the BentoML service class for one backend.
 
-    ``load_engine(model_dir)`` returns the loaded engine. Batching limits come from settings at
-    import time because BentoML fixes them when the API is declared.
+    ``load_engine(model_dir)`` returns the loaded engine.
     """
     settings = get_settings()
     batching = settings.batching_for(backend)
@@ -47,6 +48,7 @@ def make_runner(backend: str, load_engine: Callable[[str], Engine]) -> type:
             self.engine = load_engine(stored.path)
             warm_up(self.engine, (1, batching.max_batch_size) if batching.enabled else (1,))
             self.info = store.describe(stored)
+            self.batcher = MicroBatcher(self.engine.run, batching.max_batch_size, batching.max_latency_ms)
             logger.info(
                 "runner %s: %s loaded and warmed up in %.1fs on %s",
                 backend,
@@ -56,19 +58,14 @@ def make_runner(backend: str, load_engine: Callable[[str], Engine]) -> type:
             )
 
         @bentoml.api
-        def infer(self, images: np.ndarray) -> np.ndarray:
+        async def infer(self, images: np.ndarray) -> np.ndarray:
             """uint8 [N,224,224,3] → float32 logits [N,1000], run as sent."""
-            return self.engine.run(images)
+            return await self.batcher.run_now(images)
 
-        @bentoml.api(
-            batchable=True,
-            batch_dim=0,
-            max_batch_size=batching.max_batch_size,
-            max_latency_ms=batching.max_latency_ms,
-        )
-        def infer_batched(self, images: np.ndarray) -> np.ndarray:
-            """As ``infer``, but concurrent calls are merged into batches of up to max_batch_size."""
-            return self.engine.run(images)
+        @bentoml.api
+        async def infer_batched(self, images: np.ndarray) -> np.ndarray:
+            """As ``infer``, but calls that wait for the model run together, up to max_batch_size rows."""
+            return await self.batcher.submit(images)
 
         @bentoml.api
         def describe(self) -> dict[str, Any]:
@@ -81,6 +78,7 @@ def make_runner(backend: str, load_engine: Callable[[str], Engine]) -> type:
                     "enabled": batching.enabled,
                     "max_batch_size": batching.max_batch_size,
                     "max_latency_ms": batching.max_latency_ms,
+                    "batch_sizes": dict(sorted(self.batcher.batch_sizes.items())),
                 },
             }
 

@@ -1,0 +1,110 @@
+"""Greedy micro-batching for one model in one process.
+
+Why not BentoML's adaptive batching (``@bentoml.api(batchable=True)``)? Its dispatcher learns
+a "wait" from the queueing delays it observes and then corks every later request for about
+that long; after one burst of load the learned wait stays, because it is only re-estimated
+from batches that themselves waited that long. Measured here (ONNX FP32, back-to-back single
+requests after a 10-client burst): 160 ms of runner time per request with BentoML's dispatcher,
+58 ms with this batcher — the same as before the burst — at equal 10-client throughput.
+
+This batcher never waits when the model is idle (unless ``max_latency_ms`` asks it to linger for
+companions), and under load batches form by themselves: requests that arrive while a batch runs
+are taken together, up to ``max_batch_size`` rows. All model calls — batched or not — run on one
+dedicated thread, so a runner process never runs two inferences at once and oversubscribes its
+cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class _Job:
+    images: np.ndarray
+    future: asyncio.Future[np.ndarray]
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class MicroBatcher:
+    def __init__(self, run: Callable[[np.ndarray], np.ndarray], max_batch_size: int, max_latency_ms: float) -> None:
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        self._run = run
+        self.max_batch_size = max_batch_size
+        self.linger_s = max(0.0, max_latency_ms) / 1000
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+        self._queue: deque[_Job] = deque()
+        self._wake: asyncio.Event | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self.batch_sizes: Counter[int] = Counter()  # rows per model call through submit()
+
+    async def run_now(self, images: np.ndarray) -> np.ndarray:
+        """One model call with exactly these images (no batching), on the model thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, images)
+
+    async def submit(self, images: np.ndarray) -> np.ndarray:
+        """Queue ``images`` ([n,...]) to be run in a batch with others; returns their n outputs."""
+        loop = asyncio.get_running_loop()
+        if self._worker is None or self._worker.done():
+            self._wake = asyncio.Event()
+            self._worker = loop.create_task(self._serve())
+        job = _Job(images, loop.create_future())
+        self._queue.append(job)
+        assert self._wake is not None
+        self._wake.set()
+        return await job.future
+
+    def _queued_rows(self) -> int:
+        return sum(len(j.images) for j in self._queue if not j.future.done())
+
+    async def _serve(self) -> None:
+        assert self._wake is not None
+        while True:
+            if not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+            if self.linger_s > 0:
+                deadline = self._queue[0].enqueued + self.linger_s
+                while self._queued_rows() < self.max_batch_size and time.perf_counter() < deadline:
+                    await asyncio.sleep(min(0.0005, max(0.0, deadline - time.perf_counter())))
+            jobs = self._take()
+            if not jobs:
+                continue
+            batch = jobs[0].images if len(jobs) == 1 else np.concatenate([j.images for j in jobs])
+            try:
+                outputs = await self.run_now(batch)
+            except Exception as exc:  # the model failed: every caller in the batch learns why
+                for job in jobs:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
+                continue
+            self.batch_sizes[len(batch)] += 1
+            start = 0
+            for job in jobs:
+                n = len(job.images)
+                if not job.future.done():  # the caller may have gone away meanwhile
+                    job.future.set_result(outputs[start : start + n])
+                start += n
+
+    def _take(self) -> list[_Job]:
+        """Queued jobs, oldest first, up to max_batch_size rows (one job even if larger)."""
+        jobs: list[_Job] = []
+        rows = 0
+        while self._queue:
+            job = self._queue[0]
+            if job.future.done():  # cancelled by its caller: drop it
+                self._queue.popleft()
+                continue
+            if jobs and rows + len(job.images) > self.max_batch_size:
+                break
+            jobs.append(self._queue.popleft())
+            rows += len(job.images)
+        return jobs

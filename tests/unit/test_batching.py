@@ -1,0 +1,112 @@
+"""MicroBatcher: batches form under concurrency, never beyond max_batch_size, and every caller
+gets exactly its own rows back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from fastinfer.batching import MicroBatcher
+
+
+def slow_double(seconds: float = 0.03):
+    calls: list[int] = []
+
+    def run(x: np.ndarray) -> np.ndarray:
+        calls.append(len(x))
+        time.sleep(seconds)
+        return x * 2
+
+    return run, calls
+
+
+def rows(i: int, n: int = 1) -> np.ndarray:
+    return np.full((n, 3), i, dtype=np.float32)
+
+
+def test_concurrent_calls_are_batched_and_answered_in_order() -> None:
+    run, calls = slow_double()
+    batcher = MicroBatcher(run, max_batch_size=8, max_latency_ms=0)
+
+    async def main() -> list[np.ndarray]:
+        return await asyncio.gather(*(batcher.submit(rows(i)) for i in range(20)))
+
+    results = asyncio.run(main())
+    for i, out in enumerate(results):
+        assert out.shape == (1, 3) and np.all(out == 2 * i)
+    assert sum(calls) == 20
+    assert max(calls) == 8  # requests queued behind a running batch were taken together
+    assert all(c <= 8 for c in calls)
+    assert sum(batcher.batch_sizes.values()) == len(calls)
+
+
+def test_an_idle_model_runs_a_lone_request_at_once() -> None:
+    run, calls = slow_double(0)
+    batcher = MicroBatcher(run, max_batch_size=8, max_latency_ms=0)
+    out = asyncio.run(batcher.submit(rows(5, n=2)))
+    assert np.all(out == 10) and calls == [2]
+
+
+def test_multi_row_requests_never_exceed_the_limit() -> None:
+    run, calls = slow_double()
+    batcher = MicroBatcher(run, max_batch_size=4, max_latency_ms=0)
+
+    async def main() -> list[np.ndarray]:
+        return await asyncio.gather(*(batcher.submit(rows(i, n=3)) for i in range(5)))
+
+    results = asyncio.run(main())
+    assert [len(r) for r in results] == [3] * 5
+    assert all(np.all(r == 2 * i) for i, r in enumerate(results))
+    assert all(c <= 4 for c in calls)
+
+
+def test_linger_collects_companions_for_an_idle_model() -> None:
+    run, calls = slow_double(0)
+    batcher = MicroBatcher(run, max_batch_size=8, max_latency_ms=200)
+
+    async def main() -> None:
+        first = asyncio.ensure_future(batcher.submit(rows(1)))
+        await asyncio.sleep(0.01)
+        await asyncio.gather(first, batcher.submit(rows(2)))
+
+    asyncio.run(main())
+    assert calls == [2]
+
+
+def test_a_model_error_reaches_every_caller_of_the_batch() -> None:
+    def broken(x: np.ndarray) -> np.ndarray:
+        raise RuntimeError("model exploded")
+
+    batcher = MicroBatcher(broken, max_batch_size=8, max_latency_ms=0)
+
+    async def main() -> list:
+        return await asyncio.gather(*(batcher.submit(rows(i)) for i in range(3)), return_exceptions=True)
+
+    assert all(isinstance(r, RuntimeError) for r in asyncio.run(main()))
+
+
+def test_cancelled_callers_are_dropped_from_the_queue() -> None:
+    run, calls = slow_double()
+    batcher = MicroBatcher(run, max_batch_size=8, max_latency_ms=0)
+
+    async def main() -> np.ndarray:
+        busy = asyncio.ensure_future(batcher.submit(rows(0)))
+        await asyncio.sleep(0.005)  # the model is now busy with `busy`
+        gone = asyncio.ensure_future(batcher.submit(rows(1)))
+        await asyncio.sleep(0)
+        gone.cancel()
+        kept = await batcher.submit(rows(2))
+        await busy
+        return kept
+
+    kept = asyncio.run(main())
+    assert np.all(kept == 4)
+    assert sum(calls) == 2  # the cancelled request never reached the model
+
+
+def test_invalid_batch_size() -> None:
+    with pytest.raises(ValueError):
+        MicroBatcher(lambda x: x, max_batch_size=0, max_latency_ms=0)
