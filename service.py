@@ -5,6 +5,7 @@ uint8 224×224×3 (in a thread, off the event loop) → the backend's runner (``
 adaptive-batching ``infer_batched``) → softmax/top-k → typed response with per-stage timings.
 """
 
+import asyncio
 import logging
 import time
 from pathlib import Path
@@ -26,12 +27,13 @@ from fastinfer.http import FrontMiddleware
 from fastinfer.postprocess import top_k as rank
 from fastinfer.preprocess import prepare
 from fastinfer.schemas import BackendInfo, BackendsResponse, BatchingInfo, ClassifyResponse, Timings
-from runners import REGISTRY, unavailable_reason
+from runners import REGISTRY, runs_here, unavailable_reason
 from runners.base import keep_sessions_open
-from runners.onnx import OnnxRunner
+from runners.coreml import CoremlRunner
+from runners.onnx import OnnxInt8DynamicRunner, OnnxInt8Runner, OnnxRunner
 from runners.pytorch import PytorchRunner
 
-logger = logging.getLogger("fastinfer")
+logger = logging.getLogger("fastinfer.service")
 settings = get_settings()
 
 
@@ -43,15 +45,23 @@ settings = get_settings()
 class FastInfer:
     pytorch = bentoml.depends(PytorchRunner)
     onnx = bentoml.depends(OnnxRunner)
+    onnx_int8 = bentoml.depends(OnnxInt8Runner)
+    onnx_int8_dynamic = bentoml.depends(OnnxInt8DynamicRunner)
+    if runs_here("coreml"):  # off macOS the CoreML runner is not started at all
+        coreml = bentoml.depends(CoremlRunner)
 
     def __init__(self) -> None:
         self.unavailable = {name: reason for name in REGISTRY if (reason := unavailable_reason(name))}
-        self.models = {name: store.describe(m) for name in REGISTRY if (m := store.find(name)) is not None}
+        self.models = {
+            name: store.describe(m)
+            for name, entry in REGISTRY.items()
+            if (m := store.find(entry.spec.artifact, entry.spec.static_batches[0])) is not None
+        }
+        self.hardware = hardware.probe()
         # Decoding is CPU-bound; more threads than cores only adds contention.
         self.cpu_limiter = anyio.CapacityLimiter(hardware.cpu_count())
-        self.runs_on: dict[str, dict[str, Any]] = {}
-        for entry in REGISTRY.values():
-            keep_sessions_open(getattr(self, entry.runner))
+        for runner in {entry.runner for name, entry in REGISTRY.items() if name not in self.unavailable}:
+            keep_sessions_open(getattr(self, runner))
         for name, reason in self.unavailable.items():
             logger.warning("backend %s unavailable: %s", name, reason)
 
@@ -70,13 +80,33 @@ class FastInfer:
         """The seed's route: ONNX Runtime FP32."""
         return await self._answer(image, "onnx", top_k)
 
-    async def _answer(self, image: Path, backend: str, k: int) -> Any:
+    @bentoml.api(route="/predict/quantized", input_spec=ImageInput)
+    async def predict_quantized(self, image: Path, top_k: int) -> ClassifyResponse:
+        """The seed's route: ONNX Runtime static INT8."""
+        return await self._answer(image, "onnx-int8", top_k)
+
+    @bentoml.api(route="/predict/coreml", input_spec=ImageInput)
+    async def predict_coreml(self, image: Path, top_k: int) -> ClassifyResponse:
+        """The seed's route: CoreML FP16, batch 1 (macOS; 503 with the reason elsewhere)."""
+        return await self._answer(image, "coreml", top_k)
+
+    @bentoml.api(route="/predict/batched", input_spec=ImageInput)
+    async def predict_batched(self, image: Path, top_k: int) -> ClassifyResponse:
+        """The seed's route: PyTorch through adaptive batching, whatever the batching setting."""
+        return await self._answer(image, "pytorch", top_k, batched=True)
+
+    @bentoml.api(route="/predict/batched/coreml", input_spec=ImageInput)
+    async def predict_batched_coreml(self, image: Path, top_k: int) -> ClassifyResponse:
+        """The seed's route: CoreML static batches b1/b2/b4/b8 (macOS; 503 with the reason elsewhere)."""
+        return await self._answer(image, "coreml-batched", top_k)
+
+    async def _answer(self, image: Path, backend: str, k: int, batched: bool | None = None) -> Any:
         try:
-            return await self._classify(image, backend, k)
+            return await self._classify(image, backend, k, batched)
         except ApiError as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
 
-    async def _classify(self, image: Path, backend: str, k: int) -> ClassifyResponse:
+    async def _classify(self, image: Path, backend: str, k: int, batched: bool | None) -> ClassifyResponse:
         started = time.perf_counter()
         if backend not in REGISTRY:
             raise UnknownBackend(f"Unknown backend {backend!r}; valid backends: {', '.join(REGISTRY)}")
@@ -95,7 +125,7 @@ class FastInfer:
         runner = getattr(self, entry.runner)
         t_infer = time.perf_counter()
         try:
-            logits = await getattr(runner.to_async, entry.method)(prepared.pixels[np.newaxis])
+            logits = await getattr(runner.to_async, entry.method(batched))(prepared.pixels[np.newaxis])
         except Exception as exc:  # runner down or crashed: the server's fault, said plainly
             logger.exception("runner %s failed", backend)
             raise BackendUnavailable(f"The {backend} runner failed: {type(exc).__name__}") from exc
@@ -121,26 +151,28 @@ class FastInfer:
         )
 
     async def backends(self) -> BackendsResponse:
-        """Each backend: available or why not, model tag, weights, where it runs, batching."""
+        """Each backend: available or why not, models, weights, where it runs, batching; the machine."""
+        names = list(REGISTRY)
+        runners = {REGISTRY[n].runner for n in names if n not in self.unavailable}
+        described = dict(zip(runners, await asyncio.gather(*(self._describe(r) for r in runners)), strict=True))
         infos = []
         for name, entry in REGISTRY.items():
             batching = settings.batching_for(name)
             model = self.models.get(name)
             reason = self.unavailable.get(name)
-            if reason is None and name not in self.runs_on:
-                try:
-                    with anyio.fail_after(5):
-                        self.runs_on[name] = await getattr(self, entry.runner).to_async.describe()
-                except Exception as exc:
-                    reason = f"the runner does not answer: {type(exc).__name__}"
+            runs_on = described.get(entry.runner, {}) if reason is None else {}
+            if reason is None and "error" in runs_on:
+                reason = runs_on.pop("error")
             infos.append(
                 BackendInfo(
                     name=name,
+                    description=entry.spec.description,
                     available=reason is None,
                     reason=reason,
                     model=model.tag if model else None,
+                    models=runs_on.pop("models", [model.tag] if model else []),
                     weights=model.weights if model else None,
-                    runs_on={k: v for k, v in self.runs_on.get(name, {}).items() if k not in ("model", "batching")},
+                    runs_on=runs_on,
                     batching=BatchingInfo(
                         enabled=batching.enabled,
                         max_batch_size=batching.max_batch_size,
@@ -148,7 +180,20 @@ class FastInfer:
                     ),
                 )
             )
-        return BackendsResponse(default=settings.default_backend, backends=infos)
+        available = [i.name for i in infos if i.available]
+        return BackendsResponse(
+            default=settings.default_backend,
+            hardware=self.hardware,
+            recommended=hardware.recommend(self.hardware, available),
+            backends=infos,
+        )
+
+    async def _describe(self, runner: str) -> dict[str, Any]:
+        try:
+            with anyio.fail_after(5):
+                return dict(await getattr(self, runner).to_async.describe())
+        except Exception as exc:
+            return {"error": f"the runner does not answer: {type(exc).__name__}"}
 
 
 async def _backends_route(_: Request) -> JSONResponse:

@@ -10,12 +10,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fastinfer import photos, store
+from build_models import exporters
+from fastinfer import hardware, photos, store
 from fastinfer.preprocess import PreprocessSpec, prepare
 
 logger = logging.getLogger("build_models")
@@ -23,31 +25,36 @@ logger = logging.getLogger("build_models")
 
 @dataclass(frozen=True)
 class Artifact:
-    backend: str
+    """One stored model per entry of ``batches`` (None = one model with a dynamic batch)."""
+
+    name: str
     precision: str
     export: Callable[..., dict[str, Any]]
-    verify: bool = True  # compare against the PyTorch reference after export
+    batches: tuple[int | None, ...] = (None,)
+    verify_with_onnx: bool = False  # run it with ONNX Runtime on real photos against PyTorch
 
 
-def _artifacts() -> dict[str, Artifact]:
-    from build_models import exporters
-
-    return {
-        "pytorch": Artifact("pytorch", "fp32", exporters.export_pytorch, verify=False),
-        "onnx": Artifact("onnx", "fp32", exporters.export_onnx),
-    }
-
-
-ARTIFACT_NAMES: tuple[str, ...] = ("pytorch", "onnx")
+ARTIFACTS: dict[str, Artifact] = {
+    a.name: a
+    for a in (
+        Artifact("pytorch", "fp32", exporters.export_pytorch),
+        Artifact("onnx", "fp32", exporters.export_onnx, verify_with_onnx=True),
+        Artifact("onnx-int8", "int8-static", exporters.export_onnx_int8_static, verify_with_onnx=True),
+        Artifact("onnx-int8-dynamic", "int8-dynamic", exporters.export_onnx_int8_dynamic, verify_with_onnx=True),
+        Artifact("coreml", "fp16", exporters.export_coreml, batches=(1, 2, 4, 8)),
+    )
+}
+ARTIFACT_NAMES: tuple[str, ...] = tuple(ARTIFACTS)
 
 
 @dataclass(frozen=True)
 class BuildResult:
-    name: str
+    name: str  # store name, e.g. resnet50-coreml-b4
     tag: str
     built: bool  # False when the stored model was already current
     seconds: float
     max_abs_diff: float | None = None
+    top1_agreement: float | None = None
 
 
 def preprocess_spec() -> PreprocessSpec:
@@ -75,85 +82,103 @@ def build(
     only: list[str] | None = None,
     force: bool = False,
     progress: Callable[[str], None] = print,
+    calibration_dir: Path | None = None,
+    int8_activations: str = "u8",
 ) -> list[BuildResult]:
     """Build (or confirm current) every artifact named in ``only`` (default: all)."""
-    import bentoml
     import torch
 
+    from build_models.context import BuildContext
     from build_models.weights import load_weights
-    from fastinfer.engines.onnx import OnnxEngine
     from fastinfer.torch_model import resnet50
 
-    artifacts = _artifacts()
     names = only or list(ARTIFACT_NAMES)
-    unknown = [n for n in names if n not in artifacts]
+    unknown = [n for n in names if n not in ARTIFACTS]
     if unknown:
-        raise ValueError(f"unknown artifact(s) {unknown}; choose from {', '.join(artifacts)}")
+        raise ValueError(f"unknown artifact(s) {unknown}; choose from {', '.join(ARTIFACT_NAMES)}")
 
     progress(f"weights: resolving {weights_choice!r}")
     weights = load_weights(weights_choice)
     progress(f"weights: {weights.kind} ({weights.description}), source hash {weights.source_hash}")
     spec = preprocess_spec()
-    model = resnet50(weights.state_dict)
-    reference: np.ndarray | None = None
+    ctx = BuildContext(weights, spec, resnet50(weights.state_dict), calibration_dir, int8_activations)
+    jobs = [(ARTIFACTS[n], b) for n in names for b in ARTIFACTS[n].batches]
     batch: np.ndarray | None = None
-
+    reference: np.ndarray | None = None
     results: list[BuildResult] = []
-    for i, name in enumerate(names, 1):
-        artifact = artifacts[name]
-        step = f"[{i}/{len(names)}] {store.model_name(name)}"
-        existing = store.find(name)
-        if not force and store.is_current(existing, weights.source_hash):
-            progress(f"{step}: up to date ({existing.tag}), skipped")
-            results.append(BuildResult(name, str(existing.tag), False, 0.0))
-            continue
-        progress(f"{step}: exporting ...")
-        t0 = time.perf_counter()
-        labels = {
-            "backend": artifact.backend,
-            "precision": artifact.precision,
-            "batch": "dynamic",
-            "weights": weights.kind,
-            "source_hash": weights.source_hash,
-            "build_format": store.BUILD_FORMAT,
-        }
-        diff: float | None = None
-        with tempfile.TemporaryDirectory() as tmp:
-            extra = artifact.export(model, Path(tmp))
-            if artifact.verify:
-                if batch is None:
-                    batch = verification_batch(spec)
-                    with torch.inference_mode():
-                        reference = model(torch.from_numpy(batch)).numpy()
-                logits = OnnxEngine(tmp, cpu_only=True).run(batch)
-                diff = float(np.abs(logits - reference).max())
-                progress(f"{step}: verified on {len(batch)} real photos, max |logit diff| vs PyTorch = {diff:.2e}")
-            metadata = {
-                "input": store.INPUT_SPEC,
-                "output": store.OUTPUT_SPEC,
-                "preprocess": {
-                    "resize_size": spec.resize_size,
-                    "crop_size": spec.crop_size,
-                    "interpolation": "bilinear",
-                    "antialias": True,
-                    "mean": [0.485, 0.456, 0.406],
-                    "std": [0.229, 0.224, 0.225],
-                    "normalisation": "inside the model graph",
-                },
-                "weights_description": weights.description,
-                "categories": categories(),
-                **({"max_abs_diff_vs_pytorch": diff} if diff is not None else {}),
-                **extra,
-            }
-            with bentoml.models.create(store.model_name(name), labels=labels, metadata=metadata) as stored:
-                for f in Path(tmp).iterdir():
-                    f.rename(Path(stored.path) / f.name)
-        seconds = time.perf_counter() - t0
-        progress(f"{step}: stored {stored.tag} in {seconds:.1f}s")
-        results.append(BuildResult(name, str(stored.tag), True, seconds, diff))
+    try:
+        for i, (artifact, size) in enumerate(jobs, 1):
+            name = store.model_name(artifact.name, size)
+            step = f"[{i}/{len(jobs)}] {name}"
+            existing = store.find(artifact.name, size)
+            if not force and store.is_current(existing, weights.source_hash):
+                progress(f"{step}: up to date ({existing.tag}), skipped")
+                results.append(BuildResult(name, str(existing.tag), False, 0.0))
+                continue
+            progress(f"{step}: exporting ...")
+            t0 = time.perf_counter()
+            export = artifact.export if size is None else partial(artifact.export, batch=size)
+            with tempfile.TemporaryDirectory() as tmp:
+                extra = export(ctx, Path(tmp))
+                if artifact.name == "onnx-int8":
+                    progress(f"{step}: calibrated on {extra['calibration_images']} images ({ctx.calibration_source})")
+                diff = agree = None
+                if artifact.verify_with_onnx:
+                    if batch is None:
+                        batch = verification_batch(spec)
+                        with torch.inference_mode():
+                            reference = ctx.model(torch.from_numpy(batch)).numpy()
+                    from fastinfer.engines.onnx import OnnxEngine
+
+                    logits = OnnxEngine(tmp, cpu_only=True).run(batch)
+                    diff = float(np.abs(logits - reference).max())
+                    agree = float((logits.argmax(1) == reference.argmax(1)).mean())
+                    progress(
+                        f"{step}: verified on {len(batch)} real photos vs PyTorch: "
+                        f"max |logit diff| {diff:.2e}, top-1 agreement {agree:.0%}"
+                    )
+                elif artifact.name == "coreml" and not hardware.is_macos():
+                    progress(f"{step}: converted; CoreML prediction needs macOS, so it is verified there (fidelity)")
+                labels = {
+                    "backend": artifact.name,
+                    "precision": artifact.precision,
+                    "batch": "dynamic" if size is None else str(size),
+                    "weights": weights.kind,
+                    "source_hash": weights.source_hash,
+                    "build_format": store.BUILD_FORMAT,
+                }
+                metadata = {
+                    "input": store.INPUT_SPEC,
+                    "output": store.OUTPUT_SPEC,
+                    "preprocess": {
+                        "resize_size": spec.resize_size,
+                        "crop_size": spec.crop_size,
+                        "interpolation": "bilinear",
+                        "antialias": True,
+                        "mean": [0.485, 0.456, 0.406],
+                        "std": [0.229, 0.224, 0.225],
+                        "normalisation": "inside the model graph",
+                    },
+                    "weights_description": weights.description,
+                    "categories": categories(),
+                    **({} if diff is None else {"max_abs_diff_vs_pytorch": diff, "top1_agreement_vs_pytorch": agree}),
+                    **extra,
+                }
+                import bentoml
+
+                with bentoml.models.create(name, labels=labels, metadata=metadata) as stored:
+                    for f in Path(tmp).iterdir():
+                        f.rename(Path(stored.path) / f.name)
+                if existing is not None:  # superseded: keep the store from growing on every --force
+                    bentoml.models.delete(existing.tag)
+            seconds = time.perf_counter() - t0
+            progress(f"{step}: stored {stored.tag} in {seconds:.1f}s")
+            results.append(BuildResult(name, str(stored.tag), True, seconds, diff, agree))
+    finally:
+        ctx.close()
     return results
 
 
 def missing() -> list[str]:
-    """Artifacts the store lacks entirely (used by ``make serve`` to decide whether to build)."""
-    return [name for name in ARTIFACT_NAMES if store.find(name) is None]
+    """Store names of the models the store lacks entirely."""
+    return [store.model_name(a.name, b) for a in ARTIFACTS.values() for b in a.batches if store.find(a.name, b) is None]

@@ -5,23 +5,35 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from build_models import ARTIFACT_NAMES, build, missing
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m build_models", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m build_models", description="Build every model into the store.")
     parser.add_argument("--weights", default="auto", help="auto | imagenet | random | PATH.pth (default: auto)")
     parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(ARTIFACT_NAMES)}")
     parser.add_argument("--force", action="store_true", help="rebuild even when the store is current")
     parser.add_argument("--if-missing", action="store_true", help="do nothing when every model is stored")
+    parser.add_argument("--calibration-dir", type=Path, help="your own images to calibrate static INT8 on")
+    parser.add_argument(
+        "--int8-activations", choices=["u8", "s8"], default="u8", help="static INT8 activation type (default u8)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.if_missing and not missing():
         print("build_models: every model is in the store; nothing to do (use --force to rebuild)")
         return 0
     only = [n.strip() for n in args.only.split(",") if n.strip()] or None
-    build(args.weights, only=only, force=args.force, progress=lambda m: print(m, flush=True))
+    build(
+        args.weights,
+        only=only,
+        force=args.force,
+        progress=lambda m: print(m, flush=True),
+        calibration_dir=args.calibration_dir,
+        int8_activations=args.int8_activations,
+    )
     return 0
 
 

@@ -1,22 +1,140 @@
-"""``fastinfer``: the command line. ``fastinfer build`` builds the models (same as ``python -m build_models``)."""
+"""``fastinfer``: the command line.
+
+* ``fastinfer build ...``   build every model into the store (same as ``python -m build_models``)
+* ``fastinfer doctor``      this machine, every backend's availability and placement, the recommendation
+* ``fastinfer fidelity``    every available backend against the FP32 PyTorch reference on real photos
+* ``fastinfer bench``       in-process model latency per backend (b1 and b8): the INT8 finding
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
+from typing import Any
+
+from fastinfer import hardware
+from fastinfer.config import BACKENDS
+
+
+def _available() -> dict[str, str | None]:
+    from fastinfer.backends import unavailable_reason
+
+    return {name: unavailable_reason(name) for name in BACKENDS}
+
+
+def _write_json(path: Path | None, data: Any) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2))
+        print(f"wrote {path}", file=sys.stderr)
+
+
+def doctor(args: argparse.Namespace) -> int:
+    from fastinfer.backends import open_engine
+
+    hw = hardware.probe(check_torch=True)
+    reasons = _available()
+    available = [n for n, r in reasons.items() if r is None]
+    profile = json.loads(args.profile.read_text()) if args.profile and args.profile.exists() else None
+    throughput = {r["backend"]: r["images_per_s"] for r in profile["engines"]} if profile else None
+    report: dict[str, Any] = {
+        "hardware": hw,
+        "backends": {},
+        "recommended": hardware.recommend(hw, available, throughput),
+    }
+    print("FastInfer doctor\n")
+    for key in ("os", "cpu", "cores", "isa", "apple_chip", "neural_engine", "cuda", "mps"):
+        print(f"  {key:14} {hw.get(key)}")
+    print("\nbackends:")
+    for name, reason in reasons.items():
+        entry: dict[str, Any] = {"available": reason is None, "reason": reason}
+        if reason is None and name.startswith("onnx"):
+            placement = open_engine(name).describe()  # type: ignore[attr-defined]
+            entry |= {"node_placement": placement["node_placement"], "fallbacks": placement["fallbacks"]}
+        report["backends"][name] = entry
+        status = "available" if reason is None else f"unavailable: {reason}"
+        print(f"  {name:18} {status}")
+        for p, n in entry.get("node_placement", {}).items():
+            print(f"  {'':18}   {p} {n}")
+        for fallback in entry.get("fallbacks", []):
+            print(f"  {'':18}   WARNING: {fallback}")
+    rec = report["recommended"]
+    print(f"\nrecommended here: {rec['backend']} — {rec['why']}")
+    _write_json(args.json, report)
+    return 0
+
+
+def fidelity(args: argparse.Namespace) -> int:
+    from fastinfer import fidelity as fid
+    from fastinfer.backends import open_engine
+    from fastinfer.preprocess import PreprocessSpec
+
+    images = fid.fidelity_images(PreprocessSpec())
+    print(f"reference: pytorch FP32 on {len(images)} real photos", file=sys.stderr)
+    reference = fid.run_batched(open_engine("pytorch"), images)
+    results = []
+    for name, reason in _available().items():
+        if name == "pytorch":
+            continue
+        if reason is not None:
+            print(f"{name}: skipped ({reason})", file=sys.stderr)
+            continue
+        print(f"{name}: running ...", file=sys.stderr)
+        results.append(fid.compare(name, reference, fid.run_batched(open_engine(name), images)))
+    print(fid.table(results))
+    _write_json(args.json, [r.as_dict() for r in results])
+    return 0
+
+
+def bench_engines(args: argparse.Namespace) -> int:
+    from fastinfer import bench as engine_bench
+    from fastinfer.backends import open_engine
+    from fastinfer.fidelity import fidelity_images
+    from fastinfer.preprocess import PreprocessSpec
+
+    images = fidelity_images(PreprocessSpec())[:8]
+    timings = []
+    for name, reason in _available().items():
+        if reason is not None:
+            continue
+        engine = open_engine(name, threads=args.threads)
+        for batch in args.batches:
+            print(f"{name} b{batch} ...", file=sys.stderr, flush=True)
+            timings.append(engine_bench.time_engine(name, engine, images, batch, args.repeats))
+    print(engine_bench.table(timings))
+    _write_json(args.json, {"hardware": hardware.probe(), "engines": [t.as_dict() for t in timings]})
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="fastinfer", description="FastInfer command line")
-    parser.add_argument("command", choices=["build"], help="build: build every model into the BentoML store")
-    args, rest = parser.parse_known_args(argv)
-    if args.command == "build":
-        # The CLI is the composition root: the one place in fastinfer/ allowed to reach build_models.
+    if argv and argv[0] == "build":
+        # The CLI is the composition root: the one place in fastinfer/ that reaches build_models.
         from build_models.__main__ import main as build_main
 
-        return build_main(rest)
-    return 2
+        return build_main(argv[1:])
+    parser = argparse.ArgumentParser(
+        prog="fastinfer", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("build", help="build every model into the BentoML store (see python -m build_models -h)")
+    p = sub.add_parser("doctor", help="hardware, backends, node placement, recommendation")
+    p.add_argument("--json", type=Path, help="also write the report as JSON")
+    p.add_argument("--profile", type=Path, default=Path("artifacts/bench.json"), help="measured data to recommend from")
+    p.set_defaults(func=doctor)
+    p = sub.add_parser("fidelity", help="every backend vs the FP32 PyTorch reference")
+    p.add_argument("--json", type=Path, default=Path("artifacts/fidelity.json"))
+    p.set_defaults(func=fidelity)
+    p = sub.add_parser("bench", help="in-process model latency per backend")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (default: all cores)")
+    p.add_argument("--json", type=Path, default=Path("artifacts/bench.json"))
+    p.set_defaults(func=bench_engines)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
 
 
 if __name__ == "__main__":

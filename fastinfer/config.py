@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-BACKENDS: tuple[str, ...] = ("pytorch", "onnx")
+BACKENDS: tuple[str, ...] = ("pytorch", "onnx", "onnx-int8", "onnx-int8-dynamic", "coreml", "coreml-batched")
 """Backend names, in the order they are shown. They are API values."""
 
 
@@ -66,6 +66,10 @@ def _bool(name: str, default: bool) -> bool:
 _BATCHING_DEFAULTS: dict[str, tuple[bool, int, int]] = {
     "pytorch": (True, 8, 0),
     "onnx": (True, 8, 0),
+    "onnx-int8": (True, 8, 0),
+    "onnx-int8-dynamic": (True, 8, 0),
+    "coreml": (False, 1, 0),  # the batch-1 model, as sent
+    "coreml-batched": (True, 8, 0),  # static b1/b2/b4/b8: batch, pad, slice
 }
 
 

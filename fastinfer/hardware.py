@@ -61,3 +61,106 @@ def _cuda_device_present() -> bool:
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
         return False
     return any(os.path.exists(p) for p in ("/dev/nvidia0", "/dev/nvidiactl")) or platform.system() == "Windows"
+
+
+# ---- the hardware probe: what this machine offers, and which backend it should use ----
+
+ISA_FLAGS = {
+    "avx2": "avx2",
+    "avx512f": "avx512",
+    "avx512_vnni": "avx512_vnni",
+    "avx_vnni": "avx_vnni",
+    "amx_tile": "amx",
+    "amx_int8": "amx_int8",
+    "avx512_bf16": "avx512_bf16",
+    "amx_bf16": "amx_bf16",
+    "asimd": "neon",
+}
+
+
+def _cpu_linux() -> tuple[str, set[str]]:
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "Model") and model in ("", platform.machine(), platform.processor()):
+                    model = value.strip()
+                elif key in ("flags", "Features"):
+                    flags = set(value.split())
+    except OSError:
+        pass
+    return model, flags
+
+
+def _sysctl(name: str) -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, timeout=2).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def probe(check_torch: bool = False) -> dict[str, object]:
+    """OS, CPU, cores, the ISA features that matter, Apple chip/Neural Engine, MPS and CUDA.
+
+    ``check_torch`` imports torch to ask it about MPS and CUDA; without it CUDA is inferred from
+    the device files and MPS from the platform (the HTTP front never imports torch).
+    """
+    system = platform.system()
+    arm = platform.machine().lower() in ("arm64", "aarch64")
+    if system == "Darwin":
+        cpu = _sysctl("machdep.cpu.brand_string") or platform.processor()
+        flags = {"asimd"} if arm else set(_sysctl("machdep.cpu.features").lower().split())
+    else:
+        cpu, flags = _cpu_linux()
+    isa = sorted({label for flag, label in ISA_FLAGS.items() if flag in flags} | ({"neon"} if arm else set()))
+    apple_silicon = system == "Darwin" and arm
+    info: dict[str, object] = {
+        "os": f"{system} {platform.release()}",
+        "machine": platform.machine(),
+        "cpu": cpu,
+        "cores": cpu_count(),
+        "isa": isa,
+        "apple_chip": cpu if apple_silicon else None,
+        "neural_engine": apple_silicon,  # every Apple Silicon chip has one
+        "cuda": _cuda_device_present(),
+        "mps": apple_silicon,
+        "source": "rule" if not check_torch else "torch",
+    }
+    if check_torch:
+        try:
+            import torch
+
+            info["cuda"] = bool(torch.cuda.is_available())
+            info["cuda_device"] = torch.cuda.get_device_name(0) if info["cuda"] else None
+            info["mps"] = bool(torch.backends.mps.is_available())
+        except ImportError:
+            pass
+    return info
+
+
+def recommend(hw: dict[str, object], available: list[str], profile: dict[str, float] | None = None) -> dict[str, str]:
+    """The backend to use here and why: measured throughput when a profile exists, else by rule."""
+    if profile:
+        measured = {name: rps for name, rps in profile.items() if name in available}
+        if measured:
+            best = max(measured, key=lambda n: measured[n])
+            return {"backend": best, "why": f"highest measured throughput here ({measured[best]:.1f} img/s, profile)"}
+    isa = set(hw.get("isa", []))  # type: ignore[arg-type]
+    rules = [
+        ("coreml-batched", bool(hw.get("neural_engine")), "Apple Neural Engine via CoreML FP16, batched"),
+        ("onnx", bool(hw.get("cuda")), "CUDA GPU via ONNX Runtime's CUDA EP"),
+        (
+            "onnx-int8",
+            bool(isa & {"avx512_vnni", "avx_vnni", "amx_int8"}),
+            "x86 integer dot-product units (VNNI/AMX) run static INT8 ~2× faster than FP32",
+        ),
+        ("onnx", True, "ONNX Runtime FP32 on the CPU: no integer dot-product units or accelerator found"),
+    ]
+    for name, applies, why in rules:
+        if applies and name in available:
+            return {"backend": name, "why": f"{why} (rule)"}
+    return {"backend": available[0] if available else "", "why": "the only backend available here"}

@@ -46,14 +46,21 @@ class BatchingInfo(BaseModel):
 
 class BackendInfo(BaseModel):
     name: str
+    description: str
     available: bool
     reason: str | None = Field(default=None, description="why it is unavailable")
-    model: str | None = None
+    model: str | None = Field(default=None, description="store tag of the model answering batch-1 requests")
+    models: list[str] = Field(default_factory=list, description="every stored model the runner loaded")
     weights: str | None = None
-    runs_on: dict[str, Any] = Field(default_factory=dict, description="device / execution providers, threads")
+    runs_on: dict[str, Any] = Field(
+        default_factory=dict,
+        description="device or execution providers with node placement and fallbacks, threads, batch sizes seen",
+    )
     batching: BatchingInfo | None = None
 
 
 class BackendsResponse(BaseModel):
     default: str
+    hardware: dict[str, Any] = Field(description="OS, CPU, cores, ISA features, Apple chip, Neural Engine, CUDA, MPS")
+    recommended: dict[str, str] = Field(description="the backend to use here, and why")
     backends: list[BackendInfo]

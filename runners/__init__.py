@@ -1,42 +1,46 @@
-"""The registry: backend name → which runner serves it, how, and whether it can run here.
+"""The registry: backend name → the runner that serves it, and how (``infer`` or ``infer_batched``).
 
-A backend is a (runner, method) pair: several backends may share one runner (for example
-batched and unbatched calls to the same model). Availability is decided here, once, so that
-``/backends``, the routes and the dashboard all give the same reason.
+Several backends may share one runner: ``coreml`` and ``coreml-batched`` are the same CoreML
+runner called without and with batching. What a backend *is* (models, platform) lives in
+fastinfer/backends.py; this module only adds the serving side.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastinfer import store
-from fastinfer.config import BACKENDS, get_settings
+from fastinfer import hardware
+from fastinfer.backends import SPECS, BackendSpec
+from fastinfer.backends import unavailable_reason as unavailable_reason
+from fastinfer.config import get_settings
 
 
 @dataclass(frozen=True)
 class Backend:
-    name: str
+    spec: BackendSpec
     runner: str  # attribute of the front service that holds the runner (bentoml.depends)
-    description: str
 
     @property
-    def batched(self) -> bool:
-        return get_settings().batching_for(self.name).enabled
+    def name(self) -> str:
+        return self.spec.name
 
-    @property
-    def method(self) -> str:
-        return "infer_batched" if self.batched else "infer"
+    def method(self, batched: bool | None = None) -> str:
+        """``infer_batched`` when batching is on for this backend (or forced), else ``infer``."""
+        on = get_settings().batching_for(self.name).enabled if batched is None else batched
+        return "infer_batched" if on else "infer"
 
 
-REGISTRY: dict[str, Backend] = {
-    "pytorch": Backend("pytorch", "pytorch", "torchvision ResNet-50, eager (MPS / CUDA / CPU)"),
-    "onnx": Backend("onnx", "onnx", "ONNX Runtime FP32 (CoreML EP / CUDA EP / CPU EP)"),
+RUNNER_OF = {
+    "pytorch": "pytorch",
+    "onnx": "onnx",
+    "onnx-int8": "onnx_int8",
+    "onnx-int8-dynamic": "onnx_int8_dynamic",
+    "coreml": "coreml",
+    "coreml-batched": "coreml",
 }
-assert tuple(REGISTRY) == BACKENDS, "runners.REGISTRY and fastinfer.config.BACKENDS must agree"
+REGISTRY: dict[str, Backend] = {name: Backend(spec, RUNNER_OF[name]) for name, spec in SPECS.items()}
 
 
-def unavailable_reason(name: str) -> str | None:
-    """None when the backend can run on this machine, else why not (checked at startup)."""
-    if store.find(name) is None:
-        return f"{store.model_name(name)} is not in the model store; run `python -m build_models`"
-    return None
+def runs_here(runner: str) -> bool:
+    """Whether a runner process should be started on this machine at all."""
+    return any(b.runner == runner and not (b.spec.needs_macos and not hardware.is_macos()) for b in REGISTRY.values())

@@ -1,6 +1,6 @@
 """The one shape every runner has: a ``@bentoml.service`` around an engine.
 
-A runner loads its model from the store lazily (a ``BentoModel`` ref resolved in ``__init__``),
+A runner loads its model(s) from the store lazily (``BentoModel`` refs resolved in ``__init__``),
 warms up before it reports ready, and offers ``infer`` (one call, one model run) and
 ``infer_batched`` (adaptive micro-batching: calls from all front workers that arrive while the
 model is busy run together; see fastinfer/batching.py for why not BentoML's dispatcher).
@@ -10,52 +10,57 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 import bentoml
 import numpy as np
 from bentoml.models import BentoModel
 
-from fastinfer import store
+from fastinfer import hardware, store
+from fastinfer.backends import SPECS, open_engine
 from fastinfer.batching import MicroBatcher
 from fastinfer.config import get_settings
-from fastinfer.engines import Engine, warm_up
+from fastinfer.engines import warm_up
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("fastinfer.runner")
+logging.getLogger("fastinfer").setLevel(logging.INFO)  # BentoML leaves the root logger at WARNING
 
 
-def make_runner(backend: str, load_engine: Callable[[str], Engine]) -> type:
-    """Build the BentoML service class for one backend.
+def make_runner(backend: str, batching_backend: str | None = None) -> type:
+    """Build the BentoML service class ``runner-<backend>`` over fastinfer.backends.open_engine.
 
-    ``load_engine(model_dir)`` returns the loaded engine.
+    ``batching_backend`` names the backend whose batching settings ``infer_batched`` follows
+    (the CoreML runner batches for ``coreml-batched``).
     """
     settings = get_settings()
-    batching = settings.batching_for(backend)
-    model_ref = BentoModel(f"{store.model_name(backend)}:latest")
+    spec = SPECS[backend]
+    batching = settings.batching_for(batching_backend or backend)
+    threads = hardware.intra_op_threads(settings.runner_workers, settings.threads)
+    refs = {size: BentoModel(f"{store.model_name(spec.artifact, size)}:latest") for size in spec.static_batches}
+    name = backend
 
     class Runner:
-        model = model_ref
-
         def __init__(self) -> None:
-            if model_ref.stored is None:
-                raise RuntimeError(
-                    f"{store.model_name(backend)} is not in the BentoML model store "
-                    f"({bentoml.models.__name__}); run `python -m build_models` first"
-                )
-            stored = self.model
+            missing = [str(ref.tag) for ref in refs.values() if ref.stored is None]
+            if missing:
+                raise RuntimeError(f"{', '.join(missing)} not in the model store; run `python -m build_models`")
             started = time.perf_counter()
-            self.engine = load_engine(stored.path)
+            stored = {size: ref.resolve() for size, ref in refs.items()}
+            self.engine = open_engine(backend, threads, {size: model.path for size, model in stored.items()})
             warm_up(self.engine, (1, batching.max_batch_size) if batching.enabled else (1,))
-            self.info = store.describe(stored)
+            self.info = store.describe(next(iter(stored.values())))
+            self.models = [str(model.tag) for model in stored.values()]
             self.batcher = MicroBatcher(self.engine.run, batching.max_batch_size, batching.max_latency_ms)
+            runs_on = self.engine.describe()
             logger.info(
                 "runner %s: %s loaded and warmed up in %.1fs on %s",
-                backend,
-                stored.tag,
+                name,
+                ", ".join(self.models),
                 time.perf_counter() - started,
-                self.engine.describe(),
+                runs_on,
             )
+            for fallback in runs_on.get("fallbacks", []):
+                logger.warning("runner %s: NOT fully accelerated: %s", name, fallback)
 
         @bentoml.api
         async def infer(self, images: np.ndarray) -> np.ndarray:
@@ -69,22 +74,18 @@ def make_runner(backend: str, load_engine: Callable[[str], Engine]) -> type:
 
         @bentoml.api
         def describe(self) -> dict[str, Any]:
-            """Where this runner runs (device / execution providers, threads) and what it serves."""
+            """Where this runner runs (device / execution providers, threads), its models, batch sizes seen."""
             return {
                 **self.engine.describe(),
-                "model": self.info.tag,
-                "weights": self.info.weights,
-                "batching": {
-                    "enabled": batching.enabled,
-                    "max_batch_size": batching.max_batch_size,
-                    "max_latency_ms": batching.max_latency_ms,
-                    "batch_sizes": dict(sorted(self.batcher.batch_sizes.items())),
-                },
+                "models": self.models,
+                "batch_sizes_seen": dict(sorted(self.batcher.batch_sizes.items())),
             }
 
-    Runner.__name__ = Runner.__qualname__ = f"{backend.title().replace('-', '')}Runner"
+    for size, ref in refs.items():  # class attributes, so that `bentoml build` packs the models
+        setattr(Runner, "model" if size is None else f"model_b{size}", ref)
+    Runner.__name__ = Runner.__qualname__ = "".join(p.title() for p in name.split("-")) + "Runner"
     return bentoml.service(
-        name=f"runner-{backend}",
+        name=f"runner-{name}",
         workers=settings.runner_workers,
         traffic={"timeout": settings.request_timeout_s},
     )(Runner)

@@ -1,18 +1,12 @@
-"""ONNX Runtime FP32 runner: CoreML EP on macOS, CUDA EP when a GPU is present, else CPU EP."""
+"""ONNX Runtime runners.
 
-from __future__ import annotations
+* ``onnx``: FP32 — CoreML EP on macOS, CUDA EP when a GPU is present, else CPU EP.
+* ``onnx-int8`` (static QDQ) and ``onnx-int8-dynamic`` (the seed's ConvInteger): CPU EP, where the
+  integer kernels (VNNI/AMX on x86) are.
+"""
 
-from fastinfer import hardware
-from fastinfer.config import get_settings
-from fastinfer.engines import Engine
 from runners.base import make_runner
 
-
-def _load(model_dir: str) -> Engine:
-    from fastinfer.engines.onnx import OnnxEngine
-
-    settings = get_settings()
-    return OnnxEngine(model_dir, threads=hardware.intra_op_threads(settings.runner_workers, settings.threads))
-
-
-OnnxRunner = make_runner("onnx", _load)
+OnnxRunner = make_runner("onnx")
+OnnxInt8Runner = make_runner("onnx-int8")
+OnnxInt8DynamicRunner = make_runner("onnx-int8-dynamic")

@@ -1,7 +1,16 @@
-"""ONNX Runtime engine: one session over a stored ``.onnx`` file."""
+"""ONNX Runtime engine: one session over a stored ``.onnx`` file (FP32 or INT8).
+
+It also reports where the graph's nodes actually run: an execution provider that takes fewer
+than all of them (for example CoreML EP leaving unsupported ops to the CPU) is a silent
+fallback unless someone says so — so we count them, from ORT's own profile of one run.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -22,24 +31,63 @@ class OnnxEngine:
     ) -> None:
         import onnxruntime as ort
 
+        self.requested = providers or hardware.onnx_providers(cpu_only=cpu_only)
+        self.threads = threads if threads > 0 else hardware.cpu_count()
+        path = str(Path(model_dir) / MODEL_FILE)
+        with tempfile.TemporaryDirectory() as tmp:
+            # One profiled run tells which provider executed each node; profiling then stops.
+            self.session = ort.InferenceSession(path, self._options(ort, Path(tmp)), providers=self.requested)
+            self.input_name = self.session.get_inputs()[0].name
+            self.run(np.zeros((1, 224, 224, 3), dtype=np.uint8))
+            self.node_placement = placement_from_profile(Path(self.session.end_profiling()))
+
+    def _options(self, ort: Any, profile_dir: Path) -> Any:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = threads if threads > 0 else hardware.cpu_count()
+        options.intra_op_num_threads = self.threads
         options.inter_op_num_threads = 1
-        self.requested = providers or hardware.onnx_providers(cpu_only=cpu_only)
-        self.session = ort.InferenceSession(
-            str(Path(model_dir) / MODEL_FILE), sess_options=options, providers=self.requested
-        )
-        self.threads = options.intra_op_num_threads
-        self.input_name = self.session.get_inputs()[0].name
+        options.enable_profiling = True
+        options.profile_file_prefix = str(profile_dir / "ort")
+        return options
 
     def run(self, images: np.ndarray) -> np.ndarray:
         (logits,) = self.session.run(None, {self.input_name: np.ascontiguousarray(images, dtype=np.uint8)})
         return logits
 
+    def fallbacks(self) -> list[str]:
+        """Human sentences for every requested accelerator that did not take the whole graph."""
+        total = sum(self.node_placement.values())
+        out = []
+        for provider in self.requested:
+            if provider == "CPUExecutionProvider":
+                continue
+            taken = self.node_placement.get(provider, 0)
+            if taken < total:
+                out.append(f"{provider} took {taken}/{total} nodes; the rest run on the CPU")
+        return out
+
     def describe(self) -> dict[str, Any]:
+        total = sum(self.node_placement.values())
         return {
             "execution_providers": self.session.get_providers(),
             "requested_providers": self.requested,
+            "node_placement": {p: f"{n}/{total} nodes" for p, n in self.node_placement.items()},
+            "fallbacks": self.fallbacks(),
             "threads": self.threads,
         }
+
+
+def placement_from_profile(profile: Path) -> dict[str, int]:
+    """Count distinct graph nodes per execution provider in an ORT profile (JSON trace)."""
+    try:
+        events = json.loads(profile.read_text())
+    finally:
+        if profile.exists():
+            os.unlink(profile)
+    nodes: dict[str, str] = {}
+    for event in events:
+        args = event.get("args", {})
+        if event.get("cat") == "Node" and "provider" in args:
+            node = event["name"].removesuffix("_kernel_time").removesuffix("_fence_before").removesuffix("_fence_after")
+            nodes[node] = args["provider"]
+    return dict(Counter(nodes.values()))

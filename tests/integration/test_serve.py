@@ -7,8 +7,11 @@ from pathlib import Path
 import bentoml
 import httpx
 
-from fastinfer import photos
+from fastinfer import hardware, photos
 from fastinfer.config import BACKENDS
+
+HERE = [b for b in BACKENDS if hardware.is_macos() or not b.startswith("coreml")]
+ELSEWHERE = [b for b in BACKENDS if b not in HERE]
 
 SEED_KEYS = {"class", "confidence", "latency_ms", "model"}
 STAGES = {"read", "decode", "preprocess", "inference", "total"}
@@ -31,7 +34,7 @@ def test_classify_through_the_python_client(server, tmp_path) -> None:
 
 
 def test_classify_raw_multipart_every_backend(client, tmp_path) -> None:
-    for backend in BACKENDS:
+    for backend in HERE:
         r = client.post(
             "/classify", files={"image": ("m.jpg", photos.benchmark_photo(), "image/jpeg")}, data={"backend": backend}
         )
@@ -62,14 +65,47 @@ def test_seed_routes_agree_on_top1(client) -> None:
 def test_backends_describes_each_backend(client) -> None:
     body = client.get("/backends").json()
     assert body["default"] in BACKENDS
+    assert body["recommended"]["backend"] in HERE and body["recommended"]["why"]
+    assert body["hardware"]["cores"] >= 1 and isinstance(body["hardware"]["isa"], list)
     by_name = {b["name"]: b for b in body["backends"]}
     assert set(by_name) == set(BACKENDS)
-    for name, info in by_name.items():
-        assert info["available"] is True and info["reason"] is None
-        assert info["model"].startswith(f"resnet50-{name}:") and info["weights"] == "random-init"
+    for name in HERE:
+        info = by_name[name]
+        assert info["available"] is True and info["reason"] is None, info
+        assert info["model"].startswith("resnet50-") and info["weights"] == "random-init"
         assert info["batching"]["max_batch_size"] >= 1
+    for name in ELSEWHERE:
+        info = by_name[name]
+        assert info["available"] is False and "needs macOS" in info["reason"]
+        assert info["model"].startswith("resnet50-coreml-b1:")  # built and stored all the same
     assert by_name["pytorch"]["runs_on"]["device"] == "cpu"
-    assert by_name["onnx"]["runs_on"]["execution_providers"] == ["CPUExecutionProvider"]
+    onnx = by_name["onnx"]["runs_on"]
+    assert onnx["execution_providers"] == ["CPUExecutionProvider"] and onnx["fallbacks"] == []
+    total = onnx["node_placement"]["CPUExecutionProvider"]
+    assert total.endswith("nodes") and total.split("/")[0] == total.split("/")[1].split()[0]
+
+
+SEED_ROUTES = {
+    "/predict": "pytorch",
+    "/predict/onnx": "onnx",
+    "/predict/quantized": "onnx-int8",
+    "/predict/batched": "pytorch",
+    "/predict/coreml": "coreml",
+    "/predict/batched/coreml": "coreml-batched",
+}
+
+
+def test_every_seed_route_answers_a_prediction_or_a_clear_503(client) -> None:
+    files = {"image": ("m.jpg", photos.benchmark_photo(), "image/jpeg")}
+    for route, backend in SEED_ROUTES.items():
+        r = client.post(route, files=files)
+        if backend in HERE:
+            assert r.status_code == 200, (route, r.text)
+            assert r.json()["backend"] == backend
+        else:
+            assert r.status_code == 503, (route, r.text)
+            assert r.json()["error"]["code"] == "backend_unavailable"
+            assert "needs macOS" in r.json()["error"]["message"]
 
 
 def test_readiness_and_swagger(client) -> None:
@@ -77,7 +113,7 @@ def test_readiness_and_swagger(client) -> None:
     assert client.get("/livez").status_code == 200
     assert "swagger" in client.get("/").text.lower()
     spec = client.get("/docs.json").json()
-    for route in ("/classify", "/predict", "/predict/onnx"):
+    for route in ("/classify", *SEED_ROUTES):
         assert "post" in spec["paths"][route], route
     schema = spec["components"]["schemas"]
     assert any("top_k" in s.get("properties", {}) for s in schema.values())

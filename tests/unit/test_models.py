@@ -2,48 +2,50 @@
 
 from __future__ import annotations
 
+import bentoml
 import numpy as np
 import pytest
 
-from build_models import ARTIFACT_NAMES, build, verification_batch
+from build_models import ARTIFACTS, build, verification_batch
 from fastinfer import photos, store
+from fastinfer.backends import open_engine
 from fastinfer.preprocess import PreprocessSpec, prepare
 
 SPEC = PreprocessSpec()
 
 
+STORED = [(a, b) for a in ARTIFACTS.values() for b in a.batches]
+
+
 @pytest.fixture(scope="module")
 def engines(built_models):
-    from fastinfer.engines.onnx import OnnxEngine
-    from fastinfer.engines.pytorch import TorchEngine
-
-    return {
-        "pytorch": TorchEngine(store.find("pytorch").path, device="cpu"),
-        "onnx": OnnxEngine(store.find("onnx").path, cpu_only=True),
-    }
+    return {name: open_engine(name) for name in ("pytorch", "onnx", "onnx-int8", "onnx-int8-dynamic")}
 
 
-def test_every_artifact_is_stored_with_labels(built_models) -> None:
-    assert {r.name for r in built_models} == set(ARTIFACT_NAMES)
-    for name in ARTIFACT_NAMES:
-        model = store.find(name)
-        assert model is not None, name
+def test_the_store_lists_every_model_with_labels(built_models) -> None:
+    names = {r.name for r in built_models}
+    assert {"resnet50-coreml-b1", "resnet50-coreml-b2", "resnet50-coreml-b4", "resnet50-coreml-b8"} <= names
+    assert {"resnet50-onnx-int8", "resnet50-onnx-int8-dynamic", "resnet50-onnx", "resnet50-pytorch"} <= names
+    for artifact, batch in STORED:
+        model = store.find(artifact.name, batch)
+        assert model is not None, (artifact.name, batch)
         labels = model.info.labels
-        assert labels["backend"] == name
-        assert labels["precision"] == "fp32"
+        assert labels["backend"] == artifact.name
+        assert labels["precision"] == artifact.precision
+        assert labels["batch"] == ("dynamic" if batch is None else str(batch))
         assert labels["weights"] == "random-init"
         assert len(labels["source_hash"]) == 16
-        assert labels["batch"] == "dynamic"
         meta = model.info.metadata
         assert meta["input"]["dtype"] == "uint8" and meta["input"]["shape"] == ["N", 224, 224, 3]
         assert meta["preprocess"]["resize_size"] == 232 and meta["preprocess"]["crop_size"] == 224
         assert len(meta["categories"]) == 1000 and meta["categories"][0] == "tench"
+    assert store.find("onnx-int8").info.metadata["calibration_images"] == 48
 
 
 def test_rebuild_with_same_weights_changes_nothing(built_models) -> None:
-    before = {name: str(store.find(name).tag) for name in ARTIFACT_NAMES}
+    before = {store.model_name(a.name, b): str(store.find(a.name, b).tag) for a, b in STORED}
     again = build("random", progress=lambda m: None)
-    assert [r.built for r in again] == [False] * len(ARTIFACT_NAMES)
+    assert [r.built for r in again] == [False] * len(STORED)
     assert {r.name: r.tag for r in again} == before
 
 
@@ -52,6 +54,7 @@ def test_force_rebuilds(built_models) -> None:
     (result,) = build("random", only=["pytorch"], force=True, progress=lambda m: None)
     assert result.built and result.tag != before
     assert str(store.find("pytorch").tag) == result.tag
+    assert len(bentoml.models.list("resnet50-pytorch")) == 1  # the superseded version is deleted
 
 
 def test_onnx_matches_pytorch_on_real_photos(engines) -> None:

@@ -1,0 +1,87 @@
+"""What every exporter may need, each computed at most once per build."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from PIL import Image
+
+from fastinfer import photos, store
+from fastinfer.preprocess import PreprocessSpec, prepare
+
+if TYPE_CHECKING:
+    from build_models.weights import Weights
+    from fastinfer.torch_model import Uint8Classifier
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+
+
+def sample_calibration_images(spec: PreprocessSpec) -> list[np.ndarray]:
+    """The bundled sample set: each scikit-image photo, whole and as two deterministic crops and a flip.
+
+    48 images of varied content and framing, through the service's own preprocessing.
+    """
+    out: list[np.ndarray] = []
+    for name in photos.PHOTOS:
+        img = photos.load(name)
+        w, h = img.size
+        variants = [
+            img,
+            img.crop((0, 0, int(w * 0.7), int(h * 0.7))),
+            img.crop((int(w * 0.3), int(h * 0.3), w, h)),
+            img.transpose(Image.Transpose.FLIP_LEFT_RIGHT),
+        ]
+        out.extend(prepare(photos.encode(v, "PNG"), spec, 10**9).pixels for v in variants)
+    return out
+
+
+def directory_images(directory: Path, spec: PreprocessSpec) -> list[np.ndarray]:
+    files = sorted(p for p in directory.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise ValueError(f"--calibration-dir {directory}: no images found")
+    return [prepare(p.read_bytes(), spec, 10**9).pixels for p in files]
+
+
+@dataclass
+class BuildContext:
+    weights: Weights
+    spec: PreprocessSpec
+    model: Uint8Classifier
+    calibration_dir: Path | None = None
+    int8_activations: str = "u8"
+    _tmp: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
+    _onnx: Path | None = None
+    _calibration: list[np.ndarray] | None = None
+
+    @property
+    def calibration_source(self) -> str:
+        return str(self.calibration_dir) if self.calibration_dir else "bundled scikit-image photos (+crops, flips)"
+
+    def onnx_fp32(self) -> Path:
+        """The FP32 ONNX file for these weights: the stored one if current, else exported once."""
+        if self._onnx is None:
+            from build_models.exporters import write_onnx_fp32
+            from fastinfer.engines.onnx import MODEL_FILE
+
+            stored = store.find("onnx")
+            if store.is_current(stored, self.weights.source_hash):
+                self._onnx = Path(stored.path) / MODEL_FILE
+            else:
+                self._onnx = Path(self._tmp.name) / "fp32.onnx"
+                write_onnx_fp32(self, self._onnx)
+        return self._onnx
+
+    def calibration_images(self) -> list[np.ndarray]:
+        if self._calibration is None:
+            if self.calibration_dir:
+                self._calibration = directory_images(self.calibration_dir, self.spec)
+            else:
+                self._calibration = sample_calibration_images(self.spec)
+        return self._calibration
+
+    def close(self) -> None:
+        self._tmp.cleanup()

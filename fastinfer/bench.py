@@ -1,0 +1,47 @@
+"""In-process engine latency per backend: the model alone, no HTTP, no decode."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from fastinfer.engines import Engine
+
+
+@dataclass(frozen=True)
+class EngineTiming:
+    backend: str
+    batch: int
+    median_ms: float
+    per_image_ms: float
+    images_per_s: float
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return asdict(self)
+
+
+def time_engine(backend: str, engine: Engine, images: np.ndarray, batch: int, repeats: int) -> EngineTiming:
+    x = np.ascontiguousarray(np.resize(images, (batch, *images.shape[1:])))
+    engine.run(x)  # warm-up for this shape
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        engine.run(x)
+        samples.append((time.perf_counter() - t0) * 1000)
+    median = statistics.median(samples)
+    return EngineTiming(backend, batch, round(median, 2), round(median / batch, 2), round(1000 * batch / median, 1))
+
+
+def table(timings: list[EngineTiming], baseline: str = "onnx") -> str:
+    base = {t.batch: t.per_image_ms for t in timings if t.backend == baseline}
+    lines = [
+        "| backend | batch | median ms | ms / image | images/s | × vs " + baseline + " FP32 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t in timings:
+        ratio = f"{base[t.batch] / t.per_image_ms:.2f}×" if t.batch in base else "—"
+        lines.append(f"| {t.backend} | {t.batch} | {t.median_ms} | {t.per_image_ms} | {t.images_per_s} | {ratio} |")
+    return "\n".join(lines)

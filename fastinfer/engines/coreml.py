@@ -1,0 +1,67 @@
+"""CoreML FP16 engine over static-batch mlprograms (b1/b2/b4/b8).
+
+A batch of n images runs on the smallest static model >= n, padded with zeros; the answer is
+sliced back to n rows. More than the largest size is split into chunks. The choose/pad/slice
+logic is plain Python over ``predictors`` so it is tested on any OS with a stand-in model;
+real CoreML prediction needs macOS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PACKAGE_DIR = "model.mlpackage"
+
+Predictor = Callable[[np.ndarray], np.ndarray]
+"""A static-batch model: [b,224,224,3] uint8 → [b,1000] float32, for exactly its own b."""
+
+
+def choose_batch(n: int, sizes: list[int]) -> int:
+    """The smallest static batch size >= n (the largest, if n exceeds them all)."""
+    fitting = [s for s in sizes if s >= n]
+    return min(fitting) if fitting else max(sizes)
+
+
+class CoreMLEngine:
+    def __init__(self, predictors: Mapping[int, Predictor], description: dict[str, Any] | None = None) -> None:
+        if not predictors:
+            raise ValueError("CoreMLEngine needs at least one static-batch model")
+        self.predictors = dict(sorted(predictors.items()))
+        self.sizes = list(self.predictors)
+        self.padded_rows = 0  # rows of zeros computed so far: the price of static shapes
+        self._description = description or {}
+
+    @classmethod
+    def load(cls, model_dirs: Mapping[int, str | Path]) -> CoreMLEngine:
+        """Load the stored mlpackages with ComputeUnit.ALL (Neural Engine, GPU or CPU). macOS only."""
+        import coremltools as ct
+
+        predictors: dict[int, Predictor] = {}
+        for size, directory in model_dirs.items():
+            model = ct.models.MLModel(str(Path(directory) / PACKAGE_DIR), compute_units=ct.ComputeUnit.ALL)
+
+            def predict(images: np.ndarray, model: Any = model) -> np.ndarray:
+                out = model.predict({"images": images.astype(np.int32)})
+                return np.asarray(out["logits"], dtype=np.float32)
+
+            predictors[size] = predict
+        return cls(predictors, {"compute_units": "ALL (Neural Engine, GPU, CPU)", "precision": "fp16"})
+
+    def run(self, images: np.ndarray) -> np.ndarray:
+        largest = self.sizes[-1]
+        if len(images) > largest:
+            return np.concatenate([self.run(images[i : i + largest]) for i in range(0, len(images), largest)])
+        n = len(images)
+        size = choose_batch(n, self.sizes)
+        if size > n:
+            pad = np.zeros((size - n, *images.shape[1:]), dtype=images.dtype)
+            images = np.concatenate([images, pad])
+            self.padded_rows += size - n
+        return self.predictors[size](images)[:n]
+
+    def describe(self) -> dict[str, Any]:
+        return {**self._description, "static_batches": self.sizes, "padded_rows": self.padded_rows}
