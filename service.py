@@ -1,8 +1,9 @@
 """FastInfer: the one BentoML entry service. Thin: HTTP in, runners for inference, JSON out.
 
-Request path (see ../shared/DESIGN.md): read → decode at reduced JPEG scale → resize/crop to
-uint8 224×224×3 (in a thread, off the event loop) → the backend's runner (``infer`` or the
-adaptive-batching ``infer_batched``) → softmax/top-k → typed response with per-stage timings.
+Request path (see ../shared/DESIGN.md): read + sha256 → response cache (a hit answers here) →
+decode at reduced JPEG scale → resize/crop to uint8 224×224×3 (in a thread, off the event loop) →
+the backend's runner (``infer`` or the batching ``infer_batched``) → softmax/top-k → typed
+response with per-stage timings → cache SET (fail-open).
 """
 
 import asyncio
@@ -19,8 +20,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from fastinfer import hardware, store
+from fastinfer import hardware, metrics, store
 from fastinfer.api_inputs import ClassifyInput, ImageInput
+from fastinfer.cache import ResponseCache, cache_key, open_cache
 from fastinfer.config import get_settings
 from fastinfer.errors import ApiError, BackendUnavailable, UnknownBackend
 from fastinfer.http import FrontMiddleware
@@ -37,10 +39,13 @@ logger = logging.getLogger("fastinfer.service")
 settings = get_settings()
 
 
+# Overload (429) and timeouts (504) are answered by FrontMiddleware, in our error shape; BentoML's
+# own limiter sits outside our middleware and answers in another shape. Its timeout stays, a little
+# later than ours, as a backstop.
 @bentoml.service(
     name="fastinfer",
     workers=settings.front_workers,
-    traffic={"timeout": settings.request_timeout_s, "max_concurrency": settings.max_concurrency},
+    traffic={"timeout": settings.request_timeout_s + 5},
 )
 class FastInfer:
     pytorch = bentoml.depends(PytorchRunner)
@@ -58,6 +63,7 @@ class FastInfer:
             if (m := store.find(entry.spec.artifact, entry.spec.static_batches[0])) is not None
         }
         self.hardware = hardware.probe()
+        self.cache: ResponseCache = ResponseCache()  # replaced at start-up (open_cache is async)
         # Decoding is CPU-bound; more threads than cores only adds contention.
         self.cpu_limiter = anyio.CapacityLimiter(hardware.cpu_count())
         for runner in {entry.runner for name, entry in REGISTRY.items() if name not in self.unavailable}:
@@ -65,89 +71,140 @@ class FastInfer:
         for name, reason in self.unavailable.items():
             logger.warning("backend %s unavailable: %s", name, reason)
 
+    @bentoml.on_startup
+    async def _open_cache(self) -> None:
+        self.cache = await open_cache(
+            settings.cache,
+            settings.redis_url,
+            settings.cache_ttl_s,
+            settings.cache_timeout_ms / 1000,
+            settings.cache_max_entries,
+        )
+
+    @bentoml.on_shutdown
+    async def _close_cache(self) -> None:
+        await self.cache.close()
+
     @bentoml.api(route="/classify", input_spec=ClassifyInput)
-    async def classify(self, image: Path, backend: str, top_k: int) -> ClassifyResponse:
-        """Classify one image with the chosen backend; returns top-k labels and per-stage timings."""
-        return await self._answer(image, backend, top_k)
+    async def classify(self, image: Path, backend: str, top_k: int, ctx: bentoml.Context) -> ClassifyResponse:
+        """Classify one image with the chosen backend; returns top-k labels and per-stage timings.
+
+        Send `Cache-Control: no-cache` to bypass the response cache (benchmarks do)."""
+        return await self._answer(ctx, image, backend, top_k)
 
     @bentoml.api(route="/predict", input_spec=ImageInput)
-    async def predict(self, image: Path, top_k: int) -> ClassifyResponse:
+    async def predict(self, image: Path, top_k: int, ctx: bentoml.Context) -> ClassifyResponse:
         """The seed's route: PyTorch eager."""
-        return await self._answer(image, "pytorch", top_k)
+        return await self._answer(ctx, image, "pytorch", top_k)
 
     @bentoml.api(route="/predict/onnx", input_spec=ImageInput)
-    async def predict_onnx(self, image: Path, top_k: int) -> ClassifyResponse:
+    async def predict_onnx(self, image: Path, top_k: int, ctx: bentoml.Context) -> ClassifyResponse:
         """The seed's route: ONNX Runtime FP32."""
-        return await self._answer(image, "onnx", top_k)
+        return await self._answer(ctx, image, "onnx", top_k)
 
     @bentoml.api(route="/predict/quantized", input_spec=ImageInput)
-    async def predict_quantized(self, image: Path, top_k: int) -> ClassifyResponse:
+    async def predict_quantized(self, image: Path, top_k: int, ctx: bentoml.Context) -> ClassifyResponse:
         """The seed's route: ONNX Runtime static INT8."""
-        return await self._answer(image, "onnx-int8", top_k)
+        return await self._answer(ctx, image, "onnx-int8", top_k)
 
     @bentoml.api(route="/predict/coreml", input_spec=ImageInput)
-    async def predict_coreml(self, image: Path, top_k: int) -> ClassifyResponse:
+    async def predict_coreml(self, image: Path, top_k: int, ctx: bentoml.Context) -> ClassifyResponse:
         """The seed's route: CoreML FP16, batch 1 (macOS; 503 with the reason elsewhere)."""
-        return await self._answer(image, "coreml", top_k)
+        return await self._answer(ctx, image, "coreml", top_k)
 
     @bentoml.api(route="/predict/batched", input_spec=ImageInput)
-    async def predict_batched(self, image: Path, top_k: int) -> ClassifyResponse:
+    async def predict_batched(self, image: Path, top_k: int, ctx: bentoml.Context) -> ClassifyResponse:
         """The seed's route: PyTorch through adaptive batching, whatever the batching setting."""
-        return await self._answer(image, "pytorch", top_k, batched=True)
+        return await self._answer(ctx, image, "pytorch", top_k, batched=True)
 
     @bentoml.api(route="/predict/batched/coreml", input_spec=ImageInput)
-    async def predict_batched_coreml(self, image: Path, top_k: int) -> ClassifyResponse:
+    async def predict_batched_coreml(self, image: Path, top_k: int, ctx: bentoml.Context) -> ClassifyResponse:
         """The seed's route: CoreML static batches b1/b2/b4/b8 (macOS; 503 with the reason elsewhere)."""
-        return await self._answer(image, "coreml-batched", top_k)
+        return await self._answer(ctx, image, "coreml-batched", top_k)
 
-    async def _answer(self, image: Path, backend: str, k: int, batched: bool | None = None) -> Any:
+    async def _answer(
+        self, ctx: bentoml.Context, image: Path, backend: str, k: int, batched: bool | None = None
+    ) -> Any:
+        ctx.request.state.fastinfer_backend = backend  # FrontMiddleware labels the request metric with it
+        bypass = "no-cache" in ctx.request.headers.get("cache-control", "").lower()
         try:
-            return await self._classify(image, backend, k, batched)
+            return await self._classify(image, backend, k, batched, bypass)
         except ApiError as exc:
+            ctx.response.status_code = exc.status  # BentoML applies the context's status to any response
             return JSONResponse(exc.body(), status_code=exc.status)
 
-    async def _classify(self, image: Path, backend: str, k: int, batched: bool | None) -> ClassifyResponse:
+    async def _classify(
+        self, image: Path, backend: str, k: int, batched: bool | None, bypass: bool
+    ) -> ClassifyResponse | JSONResponse:
         started = time.perf_counter()
         if backend not in REGISTRY:
             raise UnknownBackend(f"Unknown backend {backend!r}; valid backends: {', '.join(REGISTRY)}")
         if backend in self.unavailable:
             raise BackendUnavailable(self.unavailable[backend])
         info = self.models[backend]
+        timings: dict[str, float] = {}
 
-        def read_and_prepare() -> tuple[float, Any]:
-            t0 = time.perf_counter()
+        def read() -> tuple[bytes, str]:
             data = image.read_bytes()
-            read_ms = (time.perf_counter() - t0) * 1000
-            return read_ms, prepare(data, info.preprocess, settings.max_pixels)
+            return data, cache_key(data, backend, info.tag, k)
 
-        read_ms, prepared = await anyio.to_thread.run_sync(read_and_prepare, limiter=self.cpu_limiter)
+        data, key = await self._in_thread(read, timings, "read")
+        if bypass:
+            self.cache.bypassed()
+            metrics.CACHE_EVENTS.labels(event="bypass").inc()
+        else:
+            t0 = time.perf_counter()
+            cached, event = await self.cache.lookup(key)
+            timings["cache"] = (time.perf_counter() - t0) * 1000
+            metrics.CACHE_EVENTS.labels(event=event).inc()
+            if cached is not None:
+                return self._respond(backend, {**cached, "cached": True}, timings, started)
+
+        prepared = await self._in_thread(lambda: prepare(data, info.preprocess, settings.max_pixels), timings, None)
+        timings["decode"], timings["preprocess"] = prepared.decode_ms, prepared.preprocess_ms
         entry = REGISTRY[backend]
-        runner = getattr(self, entry.runner)
-        t_infer = time.perf_counter()
+        t0 = time.perf_counter()
         try:
-            logits = await getattr(runner.to_async, entry.method(batched))(prepared.pixels[np.newaxis])
+            logits = await getattr(getattr(self, entry.runner).to_async, entry.method(batched))(
+                prepared.pixels[np.newaxis]
+            )
         except Exception as exc:  # runner down or crashed: the server's fault, said plainly
             logger.exception("runner %s failed", backend)
             raise BackendUnavailable(f"The {backend} runner failed: {type(exc).__name__}") from exc
-        inference_ms = (time.perf_counter() - t_infer) * 1000
+        timings["inference"] = (time.perf_counter() - t0) * 1000
         predictions = rank(np.asarray(logits)[0], k, info.categories)
-        total_ms = (time.perf_counter() - started) * 1000
+        body = {
+            "class": predictions[0].label,
+            "class_index": predictions[0].index,
+            "confidence": predictions[0].score,
+            "top_k": [p.model_dump() for p in predictions],
+            "backend": backend,
+            "model": info.tag,
+            "weights": info.weights,
+            "cached": False,
+        }
+        if not bypass:
+            await self.cache.store(key, body)
+        return self._respond(backend, body, timings, started)
+
+    async def _in_thread(self, work: Any, timings: dict[str, float], stage: str | None) -> Any:
+        """CPU work off the event loop, at most one thread per core."""
+        t0 = time.perf_counter()
+        result = await anyio.to_thread.run_sync(work, limiter=self.cpu_limiter)
+        if stage:
+            timings[stage] = (time.perf_counter() - t0) * 1000
+        return result
+
+    @staticmethod
+    def _respond(backend: str, body: dict[str, Any], timings: dict[str, float], started: float) -> ClassifyResponse:
+        timings["total"] = (time.perf_counter() - started) * 1000
+        metrics.observe_stages(backend, timings)
+        stages = {stage: round(timings.get(stage, 0.0), 3) for stage in Timings.model_fields}
         return ClassifyResponse(
-            class_=predictions[0].label,
-            class_index=predictions[0].index,
-            confidence=predictions[0].score,
-            top_k=predictions,
-            backend=backend,
-            model=info.tag,
-            weights=info.weights,
-            latency_ms=round(total_ms, 3),
-            timings_ms=Timings(
-                read=round(read_ms, 3),
-                decode=round(prepared.decode_ms, 3),
-                preprocess=round(prepared.preprocess_ms, 3),
-                inference=round(inference_ms, 3),
-                total=round(total_ms, 3),
-            ),
+            **{k: v for k, v in body.items() if k != "class"},
+            class_=body["class"],
+            latency_ms=stages["total"],
+            timings_ms=Timings(**stages),
         )
 
     async def backends(self) -> BackendsResponse:
@@ -198,10 +255,40 @@ class FastInfer:
 
 async def _backends_route(_: Request) -> JSONResponse:
     service: FastInfer = bentoml.get_current_service()
-    result = await service.backends()
-    return JSONResponse(result.model_dump(mode="json"))
+    return JSONResponse((await service.backends()).model_dump(mode="json"))
 
+
+async def _cache_stats_route(_: Request) -> JSONResponse:
+    """Mode, hits, misses, errors, bypasses, hit rate, key count, since when (this worker's counts)."""
+    service: FastInfer = bentoml.get_current_service()
+    return JSONResponse(await service.cache.describe())
+
+
+# Route → backend, for the request metric when a request fails before the handler names one.
+ROUTE_BACKENDS = {
+    "/classify": settings.default_backend,
+    "/predict": "pytorch",
+    "/predict/onnx": "onnx",
+    "/predict/quantized": "onnx-int8",
+    "/predict/coreml": "coreml",
+    "/predict/batched": "pytorch",
+    "/predict/batched/coreml": "coreml-batched",
+}
 
 # GET routes beside the typed POST APIs (BentoML APIs are POST-only).
-FastInfer.mount_asgi_app(Starlette(routes=[Route("/backends", _backends_route, methods=["GET"])]), path="/")
-FastInfer.add_asgi_middleware(FrontMiddleware, max_bytes=settings.max_bytes)
+FastInfer.mount_asgi_app(
+    Starlette(
+        routes=[
+            Route("/backends", _backends_route, methods=["GET"]),
+            Route("/cache/stats", _cache_stats_route, methods=["GET"]),
+        ]
+    ),
+    path="/",
+)
+FastInfer.add_asgi_middleware(
+    FrontMiddleware,
+    max_bytes=settings.max_bytes,
+    max_concurrency=settings.max_concurrency,
+    timeout_s=settings.request_timeout_s,
+    route_backends=ROUTE_BACKENDS,
+)

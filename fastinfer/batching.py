@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -44,7 +44,6 @@ class MicroBatcher:
         self._queue: deque[_Job] = deque()
         self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
-        self.batch_sizes: Counter[int] = Counter()  # rows per model call through submit()
 
     async def run_now(self, images: np.ndarray) -> np.ndarray:
         """One model call with exactly these images (no batching), on the model thread."""
@@ -86,7 +85,6 @@ class MicroBatcher:
                     if not job.future.done():
                         job.future.set_exception(exc)
                 continue
-            self.batch_sizes[len(batch)] += 1
             start = 0
             for job in jobs:
                 n = len(job.images)

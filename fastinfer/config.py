@@ -34,6 +34,11 @@ class Settings:
     request_timeout_s: int = 30
     max_concurrency: int = 64
     batching: dict[str, BatchingConfig] = field(default_factory=dict)
+    cache: str = "auto"  # redis | memory | off | auto
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    cache_ttl_s: int = 86400
+    cache_timeout_ms: int = 50
+    cache_max_entries: int = 10000
 
     def batching_for(self, backend: str) -> BatchingConfig:
         return self.batching.get(backend, BatchingConfig(False, 8, 0))
@@ -87,6 +92,8 @@ def _batching(backend: str) -> BatchingConfig:
 def get_settings() -> Settings:
     """The process-wide settings, read from the environment on first use."""
     default_backend = os.environ.get("FASTINFER_DEFAULT_BACKEND", "onnx").strip() or "onnx"
+    if os.environ.get("FASTINFER_CACHE", "auto").strip().lower() not in ("", "auto", "redis", "memory", "off"):
+        raise ValueError("FASTINFER_CACHE must be one of auto, redis, memory, off")
     if default_backend not in BACKENDS:
         raise ValueError(f"FASTINFER_DEFAULT_BACKEND must be one of {', '.join(BACKENDS)}")
     return Settings(
@@ -99,4 +106,9 @@ def get_settings() -> Settings:
         request_timeout_s=_int("FASTINFER_TIMEOUT_S", Settings.request_timeout_s),
         max_concurrency=_int("FASTINFER_MAX_CONCURRENCY", Settings.max_concurrency),
         batching={name: _batching(name) for name in BACKENDS},
+        cache=os.environ.get("FASTINFER_CACHE", "auto").strip().lower() or "auto",
+        redis_url=os.environ.get("REDIS_URL", "").strip() or Settings.redis_url,
+        cache_ttl_s=_int("FASTINFER_CACHE_TTL", Settings.cache_ttl_s),
+        cache_timeout_ms=_int("FASTINFER_CACHE_TIMEOUT_MS", Settings.cache_timeout_ms),
+        cache_max_entries=_int("FASTINFER_CACHE_MAX_ENTRIES", Settings.cache_max_entries),
     )

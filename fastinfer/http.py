@@ -1,19 +1,29 @@
-"""ASGI middleware for the front: body-size limit before reading, and one error shape.
+"""ASGI middleware for the front: admission, limits, one error shape, and request metrics.
 
+* More requests in flight than ``max_concurrency`` → 429 at once (with Retry-After), so that a
+  spike is refused instead of queued without bound.
 * A body whose Content-Length exceeds the limit is answered 413 before a byte is read; a
   chunked body is counted as it streams and cut off at the limit.
-* Any 4xx/5xx JSON produced outside our handlers (BentoML's validation, 429 from its
-  concurrency limit, unknown routes) is rewritten to ``{"error": {"code", "message"}}``.
+* A request that has not started answering within ``timeout_s`` is cancelled → 504.
+* Any 4xx/5xx JSON produced outside our handlers (BentoML's validation, unknown routes) is
+  rewritten to ``{"error": {"code", "message"}}``.
+* Every answered API request is counted in ``fastinfer_requests_total{route,backend,status}``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fastinfer.errors import error_body
+from fastinfer.metrics import REQUESTS
+
+# Probes and scrapes are never refused, timed out or counted as traffic.
+UNLIMITED_PATHS = frozenset({"/livez", "/readyz", "/healthz", "/metrics"})
 
 # pydantic field name → our error code, so a bad backend reads as such rather than "invalid".
 _FIELD_CODES = {"backend": "unknown_backend", "top_k": "invalid_top_k", "image": "invalid_image"}
@@ -68,14 +78,43 @@ def _validation_error(detail: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 class FrontMiddleware:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        max_concurrency: int,
+        timeout_s: float,
+        route_backends: Mapping[str, str],
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_concurrency = max_concurrency
+        self.timeout_s = timeout_s
+        self.route_backends = dict(route_backends)  # API route → backend label when the handler sets none
+        self.in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"] in UNLIMITED_PATHS:
             await self.app(scope, receive, send)
             return
+        path = scope["path"]
+        state = scope.setdefault("state", {})  # created here, so that copies of the scope share it
+        recorder = _Recorder(send)
+        try:
+            if self.in_flight >= self.max_concurrency:
+                await _send_json(recorder, 429, self._overloaded(), [(b"retry-after", b"1")])
+                return
+            self.in_flight += 1
+            try:
+                await self._admitted(scope, receive, recorder)
+            finally:
+                self.in_flight -= 1
+        finally:
+            if path in self.route_backends and recorder.status is not None:
+                backend = state.get("fastinfer_backend") or self.route_backends[path]
+                REQUESTS.labels(route=path, backend=backend, status=str(recorder.status)).inc()
+
+    async def _admitted(self, scope: Scope, receive: Receive, send: _Recorder) -> None:
         length = _content_length(scope)
         if length is not None and length > self.max_bytes:
             await _send_json(send, 413, self._too_large(length))
@@ -86,7 +125,28 @@ class FrontMiddleware:
                 await _send_json(send, 413, self._too_large(None))
                 return
             receive = _replay(body, receive)
-        await self.app(scope, receive, _ErrorRewriter(send))
+        task = asyncio.ensure_future(self.app(scope, receive, _ErrorRewriter(send)))
+        done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
+        if task in done:
+            task.result()
+            return
+        if send.status is not None:  # already answering: let it finish
+            await task
+            return
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await _send_json(
+            send,
+            504,
+            error_body("timeout", f"The request did not finish within {self.timeout_s:g} s (FASTINFER_TIMEOUT_S)."),
+        )
+
+    def _overloaded(self) -> dict[str, Any]:
+        return error_body(
+            "overloaded",
+            f"The server is at its limit of {self.max_concurrency} concurrent requests "
+            "(FASTINFER_MAX_CONCURRENCY); retry shortly.",
+        )
 
     def _too_large(self, length: int | None) -> dict[str, Any]:
         size = f"{length:,} bytes" if length is not None else "larger than the limit"
@@ -108,6 +168,19 @@ class FrontMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+
+class _Recorder:
+    """Wraps ``send`` and remembers the status the response started with."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.status: int | None = None
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self.send(message)
 
 
 class _ErrorRewriter:

@@ -16,7 +16,8 @@ class Prediction(BaseModel):
 class Timings(BaseModel):
     """Milliseconds per stage of this request, as measured in the front."""
 
-    read: float = Field(description="reading the uploaded body")
+    read: float = Field(description="reading the uploaded body and hashing it (the cache key)")
+    cache: float = Field(default=0.0, description="response cache lookup (0 when bypassed)")
     decode: float = Field(description="image decode (reduced JPEG DCT scale), EXIF, to RGB")
     preprocess: float = Field(description="resize + centre crop to uint8 224×224×3")
     inference: float = Field(description="runner round trip: transfer, queueing/batching, model")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from typing import Any
 
 import bentoml
@@ -21,6 +22,7 @@ from fastinfer.backends import SPECS, open_engine
 from fastinfer.batching import MicroBatcher
 from fastinfer.config import get_settings
 from fastinfer.engines import warm_up
+from fastinfer.metrics import BATCH_SIZE
 
 logger = logging.getLogger("fastinfer.runner")
 logging.getLogger("fastinfer").setLevel(logging.INFO)  # BentoML leaves the root logger at WARNING
@@ -50,7 +52,8 @@ def make_runner(backend: str, batching_backend: str | None = None) -> type:
             warm_up(self.engine, (1, batching.max_batch_size) if batching.enabled else (1,))
             self.info = store.describe(next(iter(stored.values())))
             self.models = [str(model.tag) for model in stored.values()]
-            self.batcher = MicroBatcher(self.engine.run, batching.max_batch_size, batching.max_latency_ms)
+            self.batch_sizes: Counter[int] = Counter()
+            self.batcher = MicroBatcher(self._run, batching.max_batch_size, batching.max_latency_ms)
             runs_on = self.engine.describe()
             logger.info(
                 "runner %s: %s loaded and warmed up in %.1fs on %s",
@@ -61,6 +64,12 @@ def make_runner(backend: str, batching_backend: str | None = None) -> type:
             )
             for fallback in runs_on.get("fallbacks", []):
                 logger.warning("runner %s: NOT fully accelerated: %s", name, fallback)
+
+        def _run(self, images: np.ndarray) -> np.ndarray:
+            """Every model call, batched or not: counted for /backends and the batch-size histogram."""
+            self.batch_sizes[len(images)] += 1
+            BATCH_SIZE.labels(backend=name).observe(len(images))
+            return self.engine.run(images)
 
         @bentoml.api
         async def infer(self, images: np.ndarray) -> np.ndarray:
@@ -78,7 +87,7 @@ def make_runner(backend: str, batching_backend: str | None = None) -> type:
             return {
                 **self.engine.describe(),
                 "models": self.models,
-                "batch_sizes_seen": dict(sorted(self.batcher.batch_sizes.items())),
+                "batch_sizes_seen": dict(sorted(self.batch_sizes.items())),
             }
 
     for size, ref in refs.items():  # class attributes, so that `bentoml build` packs the models

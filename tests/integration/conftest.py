@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,7 +19,62 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVER_ENV = {
     "FASTINFER_MAX_BYTES": str(5_000_000),
     "FASTINFER_MAX_PIXELS": str(40_000_000),
+    "FASTINFER_MAX_CONCURRENCY": "16",
+    "FASTINFER_CACHE": "redis",
 }
+NO_CACHE = {"Cache-Control": "no-cache"}
+
+
+class RedisServer:
+    """A real redis-server on a free loopback port, with no persistence; can be stopped and restarted."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("redis-server is not installed (apt-get install redis-server; .ci/run does)")
+        self.process = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def flush(self) -> None:
+        import redis
+
+        redis.Redis(port=self.port).flushall()
 
 
 @dataclass
@@ -76,8 +132,17 @@ def stop_server(server: Server) -> None:
 
 
 @pytest.fixture(scope="session")
-def server(built_models, bentoml_home: Path, tmp_path_factory) -> Server:
-    srv = start_server(bentoml_home, tmp_path_factory.mktemp("serve") / "serve.log")
+def redis_server(tmp_path_factory) -> RedisServer:
+    srv = RedisServer(tmp_path_factory.mktemp("redis"))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def server(built_models, bentoml_home: Path, tmp_path_factory, redis_server: RedisServer) -> Server:
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    srv = start_server(bentoml_home, log, {"REDIS_URL": redis_server.url})
     yield srv
     stop_server(srv)
 

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from tests import images
+from tests.integration.conftest import NO_CACHE
 
 CLIENTS, PER_CLIENT = 10, 15
 
@@ -23,7 +24,10 @@ def test_ten_clients_lose_nothing(server) -> None:
         with httpx.Client(base_url=server.url, timeout=120) as client:
             return [
                 client.post(
-                    "/classify", files={"image": ("p.jpg", data, "image/jpeg")}, data={"backend": "onnx"}
+                    "/classify",
+                    files={"image": ("p.jpg", data, "image/jpeg")},
+                    data={"backend": "onnx"},
+                    headers=NO_CACHE,
                 ).status_code
                 for _ in range(PER_CLIENT)
             ]

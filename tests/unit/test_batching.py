@@ -40,7 +40,6 @@ def test_concurrent_calls_are_batched_and_answered_in_order() -> None:
     assert sum(calls) == 20
     assert max(calls) == 8  # requests queued behind a running batch were taken together
     assert all(c <= 8 for c in calls)
-    assert sum(batcher.batch_sizes.values()) == len(calls)
 
 
 def test_an_idle_model_runs_a_lone_request_at_once() -> None:

@@ -1,0 +1,134 @@
+"""The response cache through a real server and a real redis-server."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from fastinfer import photos
+from tests.integration.conftest import NO_CACHE, start_server, stop_server
+
+_unique = itertools.count(1)
+
+
+def unique_jpeg() -> bytes:
+    """A real photo whose bytes no other test sent (different quality/size → different sha256)."""
+    n = next(_unique)
+    return photos.photo_jpeg(photos.PHOTOS[n % len(photos.PHOTOS)], width=300 + n, quality=80)
+
+
+def classify(client: httpx.Client, data: bytes, **form: str) -> dict:
+    r = client.post("/classify", files={"image": ("p.jpg", data, "image/jpeg")}, data=form)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_miss_then_hit_and_what_makes_another_key(client) -> None:
+    data = unique_jpeg()
+    first = classify(client, data, backend="onnx", top_k="5")
+    second = classify(client, data, backend="onnx", top_k="5")
+    assert first["cached"] is False and second["cached"] is True
+    assert {k: v for k, v in second.items() if k not in ("cached", "timings_ms", "latency_ms")} == {
+        k: v for k, v in first.items() if k not in ("cached", "timings_ms", "latency_ms")
+    }
+    hit = second["timings_ms"]
+    assert hit["decode"] == hit["inference"] == 0 and hit["total"] > 0  # no decode, no inference
+    assert classify(client, data, backend="pytorch", top_k="5")["cached"] is False  # another backend
+    assert classify(client, data, backend="onnx", top_k="3")["cached"] is False  # another top_k
+    assert classify(client, data, backend="onnx", top_k="3")["cached"] is True
+
+
+def test_bypass_header_measures_inference_not_hits(client) -> None:
+    data = unique_jpeg()
+    classify(client, data)
+    r = client.post("/classify", files={"image": ("p.jpg", data, "image/jpeg")}, headers=NO_CACHE)
+    assert r.json()["cached"] is False and r.json()["timings_ms"]["inference"] > 0
+    assert client.get("/cache/stats").json()["bypasses"] >= 1
+
+
+def test_cache_stats(client) -> None:
+    stats = client.get("/cache/stats").json()
+    assert stats["mode"].startswith("redis") and stats["healthy"] is True
+    assert {"hits", "misses", "errors", "bypasses", "hit_rate", "keys", "since"} <= stats.keys()
+    assert stats["keys"] >= 1 and 0 <= stats["hit_rate"] <= 1
+
+
+def test_redis_dies_under_load_and_comes_back(server, redis_server, client) -> None:
+    pool = [unique_jpeg() for _ in range(6)]
+    statuses: list[int] = []
+    stop = threading.Event()
+
+    def load(i: int) -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            while not stop.is_set():
+                data = pool[(i + len(statuses)) % len(pool)]
+                r = c.post("/classify", files={"image": ("p.jpg", data, "image/jpeg")}, data={"backend": "onnx-int8"})
+                statuses.append(r.status_code)
+
+    with ThreadPoolExecutor(10) as clients:
+        for i in range(10):
+            clients.submit(load, i)
+        time.sleep(3)
+        redis_server.stop()  # killed, mid-load
+        time.sleep(4)
+        stop.set()
+    assert statuses and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+    stats = client.get("/cache/stats").json()
+    assert stats["healthy"] is False and stats["errors"] > 0 and "redis" in stats["degraded"]
+
+    redis_server.start()  # back, empty
+    data = unique_jpeg()
+    deadline = time.monotonic() + 10
+    while classify(client, data)["cached"] is False and time.monotonic() < deadline:
+        time.sleep(0.3)  # the breaker retries Redis about once a second
+    assert classify(client, data)["cached"] is True
+    assert client.get("/cache/stats").json()["healthy"] is True
+
+
+@pytest.fixture(scope="module")
+def second_server(server, bentoml_home, redis_server, tmp_path_factory):
+    # Its own BENTOML_HOME over the same model store: `bentoml serve` wipes
+    # $BENTOML_HOME/prometheus_multiproc_dir at start, which would blank the first server's metrics.
+    home = tmp_path_factory.mktemp("home2")
+    (home / "models").symlink_to(bentoml_home / "models")
+    srv = start_server(home, tmp_path_factory.mktemp("serve2") / "serve.log", {"REDIS_URL": redis_server.url})
+    yield srv
+    stop_server(srv)
+
+
+def test_two_servers_share_one_redis(client, second_server) -> None:
+    data = unique_jpeg()
+    assert classify(client, data)["cached"] is False
+    with httpx.Client(base_url=second_server.url, timeout=60) as other:
+        answer = classify(other, data)
+    assert answer["cached"] is True  # computed by the first server, served by the second
+
+
+def test_graceful_shutdown_finishes_in_flight_requests(second_server) -> None:
+    import os
+    import signal
+
+    result: dict = {}
+
+    def slow_request() -> None:
+        with httpx.Client(base_url=second_server.url, timeout=60) as c:
+            r = c.post(
+                "/classify",
+                files={"image": ("p.jpg", unique_jpeg(), "image/jpeg")},
+                data={"backend": "pytorch"},
+                headers=NO_CACHE,
+            )
+            result["status"] = r.status_code
+
+    thread = threading.Thread(target=slow_request)
+    thread.start()
+    time.sleep(0.05)  # the request is in flight (pytorch takes ~100 ms here)
+    os.killpg(second_server.process.pid, signal.SIGTERM)
+    thread.join(30)
+    assert result.get("status") == 200, result
+    second_server.process.wait(30)

@@ -1,0 +1,43 @@
+"""The fastinfer command line produces parseable results with the expected fields."""
+
+from __future__ import annotations
+
+import json
+
+from fastinfer import cli
+from fastinfer.config import BACKENDS
+
+
+def test_doctor_reports_hardware_backends_and_a_recommendation(built_models, tmp_path, capsys) -> None:
+    out = tmp_path / "doctor.json"
+    assert cli.main(["doctor", "--json", str(out), "--profile", str(tmp_path / "none.json")]) == 0
+    report = json.loads(out.read_text())
+    assert {"os", "cpu", "cores", "isa", "neural_engine", "cuda", "mps"} <= report["hardware"].keys()
+    assert set(report["backends"]) == set(BACKENDS)
+    onnx = report["backends"]["onnx"]
+    assert onnx["available"] and onnx["node_placement"]["CPUExecutionProvider"].endswith("nodes")
+    assert report["recommended"]["backend"] in BACKENDS and "(rule)" in report["recommended"]["why"]
+    assert "recommended here:" in capsys.readouterr().out
+
+
+def test_bench_then_doctor_recommends_from_measurements(built_models, tmp_path, capsys) -> None:
+    bench = tmp_path / "bench.json"
+    assert cli.main(["bench", "--batches", "1", "--repeats", "2", "--json", str(bench)]) == 0
+    data = json.loads(bench.read_text())
+    rows = {r["backend"]: r for r in data["engines"]}
+    assert {"pytorch", "onnx", "onnx-int8", "onnx-int8-dynamic"} <= rows.keys()
+    assert all(r["median_ms"] > 0 and r["batch"] == 1 for r in rows.values())
+    assert "× vs onnx FP32" in capsys.readouterr().out
+    doctor = tmp_path / "doctor.json"
+    cli.main(["doctor", "--json", str(doctor), "--profile", str(bench)])
+    rec = json.loads(doctor.read_text())["recommended"]
+    assert rec["backend"] == max(rows, key=lambda n: rows[n]["images_per_s"]) and "profile" in rec["why"]
+
+
+def test_fidelity_writes_a_table_and_json(built_models, tmp_path, capsys) -> None:
+    out = tmp_path / "fidelity.json"
+    assert cli.main(["fidelity", "--json", str(out)]) == 0
+    rows = {r["backend"]: r for r in json.loads(out.read_text())}
+    assert {"onnx", "onnx-int8", "onnx-int8-dynamic"} <= rows.keys()
+    assert rows["onnx"]["top1_agreement"] == 1.0
+    assert "| backend | images | top-1 agreement" in capsys.readouterr().out
