@@ -2,9 +2,10 @@
 
 ``python -m load_tests.quick --url http://127.0.0.1:3000 --backends pytorch,onnx``
 
-Every request posts the same ~1.5 MP JPEG to ``/classify`` (no response cache exists yet, so
-every request is decoded and inferred). The client runs on the same machine and takes CPU
-from the server: numbers are for this machine as a whole, client included.
+Every request posts the same ~1.5 MP JPEG to ``/classify`` with ``Cache-Control: no-cache``, so
+every request is decoded and inferred; ``--cache`` measures the cache-hit path instead (reported
+apart, never as inference throughput). The client runs on the same machine and takes CPU from
+the server: numbers are for this machine as a whole, client included.
 """
 
 from __future__ import annotations
@@ -21,8 +22,16 @@ import httpx
 from fastinfer import photos
 
 
+HEADERS = {"Cache-Control": "no-cache"}
+
+
 def _post(client: httpx.Client, url: str, data: bytes, backend: str) -> dict:
-    r = client.post(f"{url}/classify", files={"image": ("photo.jpg", data, "image/jpeg")}, data={"backend": backend})
+    r = client.post(
+        f"{url}/classify",
+        files={"image": ("photo.jpg", data, "image/jpeg")},
+        data={"backend": backend},
+        headers=HEADERS,
+    )
     r.raise_for_status()
     return r.json()
 
@@ -74,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=40, help="sequential requests per backend")
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--cache", action="store_true", help="let the response cache answer (measures hits)")
     args = parser.parse_args(argv)
+    if args.cache:
+        HEADERS.clear()
     data = photos.benchmark_photo()
     results = {}
     for backend in args.backends.split(","):
@@ -85,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             "sequential": seq,
             "concurrent": concurrent(args.url, data, backend, args.clients, args.seconds),
         }
-    print(json.dumps({"photo_bytes": len(data), "results": results}, indent=2))
+    print(json.dumps({"photo_bytes": len(data), "cache": args.cache, "results": results}, indent=2))
     return 0
 
 
