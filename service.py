@@ -19,16 +19,27 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from starlette.staticfiles import StaticFiles
 
-from fastinfer import hardware, metrics, store
-from fastinfer.api_inputs import ClassifyInput, ImageInput
+from fastinfer import analysis, hardware, metrics, store
+from fastinfer.api_inputs import AnalyzeInput, ClassifyInput, CompareInput, ImageInput
 from fastinfer.cache import ResponseCache, cache_key, open_cache
 from fastinfer.config import get_settings
 from fastinfer.errors import ApiError, BackendUnavailable, UnknownBackend
 from fastinfer.http import FrontMiddleware
+from fastinfer.live import LiveStats
 from fastinfer.postprocess import top_k as rank
-from fastinfer.preprocess import prepare
-from fastinfer.schemas import BackendInfo, BackendsResponse, BatchingInfo, ClassifyResponse, Timings
+from fastinfer.preprocess import Prepared, PreprocessSpec, prepare
+from fastinfer.schemas import (
+    AnalyzeResponse,
+    BackendInfo,
+    BackendsResponse,
+    BatchingInfo,
+    ClassifyResponse,
+    CompareResponse,
+    Timings,
+    summarise,
+)
 from runners import REGISTRY, runs_here, unavailable_reason
 from runners.base import keep_sessions_open
 from runners.coreml import CoremlRunner
@@ -36,6 +47,7 @@ from runners.onnx import OnnxInt8DynamicRunner, OnnxInt8Runner, OnnxRunner
 from runners.pytorch import PytorchRunner
 
 logger = logging.getLogger("fastinfer.service")
+DASHBOARD_DIR = Path(__file__).parent / "dashboard"
 settings = get_settings()
 
 
@@ -64,6 +76,7 @@ class FastInfer:
         }
         self.hardware = hardware.probe()
         self.cache: ResponseCache = ResponseCache()  # replaced at start-up (open_cache is async)
+        self.live = LiveStats()
         # Decoding is CPU-bound; more threads than cores only adds contention.
         self.cpu_limiter = anyio.CapacityLimiter(hardware.cpu_count())
         for runner in {entry.runner for name, entry in REGISTRY.items() if name not in self.unavailable}:
@@ -122,6 +135,37 @@ class FastInfer:
         """The seed's route: CoreML static batches b1/b2/b4/b8 (macOS; 503 with the reason elsewhere)."""
         return await self._answer(ctx, image, "coreml-batched", top_k)
 
+    @bentoml.api(route="/compare", input_spec=CompareInput)
+    async def compare(self, image: Path, top_k: int, ctx: bentoml.Context) -> CompareResponse:
+        """One image through every backend available here, one after another (decoded once, never
+        from the cache, so that the timings compare backends); with a summary."""
+        ctx.request.state.fastinfer_backend = "all"
+        try:
+            started = time.perf_counter()
+            names = [n for n in REGISTRY if n not in self.unavailable]
+            shared: dict[str, float] = {}
+            data = await self._in_thread(image.read_bytes, shared, "read")
+            prepared = await self._prepare(data, self.models[names[0]].preprocess, shared)
+            results = []
+            for name in names:
+                timings = dict(shared)
+                logits = await self._infer(name, prepared.pixels, None, timings)
+                timings["total"] = sum(timings.values())  # what a request to this backend alone would take
+                results.append(self._respond(name, self._body(name, logits, top_k), timings, started))
+        except ApiError as exc:
+            ctx.response.status_code = exc.status
+            return JSONResponse(exc.body(), status_code=exc.status)
+        return summarise(results, [n for n in REGISTRY if n in self.unavailable], started)
+
+    @bentoml.api(route="/analyze", input_spec=AnalyzeInput)
+    async def analyze(self, results: list[dict[str, Any]], question: str, ctx: bentoml.Context) -> AnalyzeResponse:
+        """Ask Groq to explain prediction results and their latency trade-offs (never the image)."""
+        try:
+            return await analysis.analyze(results, question, settings.groq)
+        except ApiError as exc:
+            ctx.response.status_code = exc.status
+            return JSONResponse(exc.body(), status_code=exc.status)
+
     async def _answer(
         self, ctx: bentoml.Context, image: Path, backend: str, k: int, batched: bool | None = None
     ) -> Any:
@@ -135,7 +179,7 @@ class FastInfer:
 
     async def _classify(
         self, image: Path, backend: str, k: int, batched: bool | None, bypass: bool
-    ) -> ClassifyResponse | JSONResponse:
+    ) -> ClassifyResponse:
         started = time.perf_counter()
         if backend not in REGISTRY:
             raise UnknownBackend(f"Unknown backend {backend!r}; valid backends: {', '.join(REGISTRY)}")
@@ -143,12 +187,8 @@ class FastInfer:
             raise BackendUnavailable(self.unavailable[backend])
         info = self.models[backend]
         timings: dict[str, float] = {}
-
-        def read() -> tuple[bytes, str]:
-            data = image.read_bytes()
-            return data, cache_key(data, backend, info.tag, k)
-
-        data, key = await self._in_thread(read, timings, "read")
+        data = await self._in_thread(image.read_bytes, timings, "read")
+        key = cache_key(data, backend, info.tag, k)
         if bypass:
             self.cache.bypassed()
             metrics.CACHE_EVENTS.labels(event="bypass").inc()
@@ -159,21 +199,33 @@ class FastInfer:
             metrics.CACHE_EVENTS.labels(event=event).inc()
             if cached is not None:
                 return self._respond(backend, {**cached, "cached": True}, timings, started)
+        prepared = await self._prepare(data, info.preprocess, timings)
+        body = self._body(backend, await self._infer(backend, prepared.pixels, batched, timings), k)
+        if not bypass:
+            await self.cache.store(key, body)
+        return self._respond(backend, body, timings, started)
 
-        prepared = await self._in_thread(lambda: prepare(data, info.preprocess, settings.max_pixels), timings, None)
+    async def _prepare(self, data: bytes, spec: PreprocessSpec, timings: dict[str, float]) -> Prepared:
+        prepared = await self._in_thread(lambda: prepare(data, spec, settings.max_pixels), timings, None)
         timings["decode"], timings["preprocess"] = prepared.decode_ms, prepared.preprocess_ms
+        return prepared
+
+    async def _infer(self, backend: str, pixels: np.ndarray, batched: bool | None, timings: dict[str, float]) -> Any:
         entry = REGISTRY[backend]
         t0 = time.perf_counter()
         try:
-            logits = await getattr(getattr(self, entry.runner).to_async, entry.method(batched))(
-                prepared.pixels[np.newaxis]
-            )
+            call = getattr(getattr(self, entry.runner).to_async, entry.method(batched))
+            logits = await call(pixels[np.newaxis])
         except Exception as exc:  # runner down or crashed: the server's fault, said plainly
             logger.exception("runner %s failed", backend)
             raise BackendUnavailable(f"The {backend} runner failed: {type(exc).__name__}") from exc
         timings["inference"] = (time.perf_counter() - t0) * 1000
-        predictions = rank(np.asarray(logits)[0], k, info.categories)
-        body = {
+        return np.asarray(logits)[0]
+
+    def _body(self, backend: str, logits: np.ndarray, k: int) -> dict[str, Any]:
+        info = self.models[backend]
+        predictions = rank(logits, k, info.categories)
+        return {
             "class": predictions[0].label,
             "class_index": predictions[0].index,
             "confidence": predictions[0].score,
@@ -183,9 +235,6 @@ class FastInfer:
             "weights": info.weights,
             "cached": False,
         }
-        if not bypass:
-            await self.cache.store(key, body)
-        return self._respond(backend, body, timings, started)
 
     async def _in_thread(self, work: Any, timings: dict[str, float], stage: str | None) -> Any:
         """CPU work off the event loop, at most one thread per core."""
@@ -195,10 +244,12 @@ class FastInfer:
             timings[stage] = (time.perf_counter() - t0) * 1000
         return result
 
-    @staticmethod
-    def _respond(backend: str, body: dict[str, Any], timings: dict[str, float], started: float) -> ClassifyResponse:
-        timings["total"] = (time.perf_counter() - started) * 1000
+    def _respond(
+        self, backend: str, body: dict[str, Any], timings: dict[str, float], started: float
+    ) -> ClassifyResponse:
+        timings.setdefault("total", (time.perf_counter() - started) * 1000)
         metrics.observe_stages(backend, timings)
+        self.live.record(backend, timings["total"], body.get("cached", False))
         stages = {stage: round(timings.get(stage, 0.0), 3) for stage in Timings.model_fields}
         return ClassifyResponse(
             **{k: v for k, v in body.items() if k != "class"},
@@ -258,6 +309,12 @@ async def _backends_route(_: Request) -> JSONResponse:
     return JSONResponse((await service.backends()).model_dump(mode="json"))
 
 
+async def _live_route(_: Request) -> JSONResponse:
+    """The dashboard's live panel: requests served, cache, p50 per backend (this worker)."""
+    service: FastInfer = bentoml.get_current_service()
+    return JSONResponse({**service.live.snapshot(), "cache": await service.cache.describe()})
+
+
 async def _cache_stats_route(_: Request) -> JSONResponse:
     """Mode, hits, misses, errors, bypasses, hit rate, key count, since when (this worker's counts)."""
     service: FastInfer = bentoml.get_current_service()
@@ -273,6 +330,8 @@ ROUTE_BACKENDS = {
     "/predict/coreml": "coreml",
     "/predict/batched": "pytorch",
     "/predict/batched/coreml": "coreml-batched",
+    "/compare": "all",
+    "/analyze": "none",
 }
 
 # GET routes beside the typed POST APIs (BentoML APIs are POST-only).
@@ -281,10 +340,12 @@ FastInfer.mount_asgi_app(
         routes=[
             Route("/backends", _backends_route, methods=["GET"]),
             Route("/cache/stats", _cache_stats_route, methods=["GET"]),
+            Route("/stats/live", _live_route, methods=["GET"]),
         ]
     ),
     path="/",
 )
+FastInfer.mount_asgi_app(StaticFiles(directory=DASHBOARD_DIR, html=True), path="/dashboard", name="dashboard")
 FastInfer.add_asgi_middleware(
     FrontMiddleware,
     max_bytes=settings.max_bytes,

@@ -66,3 +66,14 @@ class ImageInput(GuardedInput):
 
 class ClassifyInput(ImageInput):
     backend: BackendName = Field(default_factory=lambda: get_settings().default_backend)
+
+
+class CompareInput(ImageInput):
+    pass
+
+
+class AnalyzeInput(IODescriptor):
+    """Prediction results to explain: /classify responses or /compare's ``results`` (no images)."""
+
+    results: list[dict[str, Any]] = Field(min_length=1, max_length=20)
+    question: str = Field(default="", max_length=500, description="optional focus for the explanation")

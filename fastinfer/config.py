@@ -24,6 +24,14 @@ class BatchingConfig:
 
 
 @dataclass(frozen=True)
+class GroqConfig:
+    api_key: str = field(default="", repr=False)  # never printed
+    model: str = "llama-3.1-8b-instant"
+    base_url: str | None = None
+    timeout_s: float = 20.0
+
+
+@dataclass(frozen=True)
 class Settings:
     default_backend: str = "onnx"
     max_bytes: int = 20 * 1024 * 1024
@@ -39,6 +47,7 @@ class Settings:
     cache_ttl_s: int = 86400
     cache_timeout_ms: int = 50
     cache_max_entries: int = 10000
+    groq: GroqConfig = field(default_factory=GroqConfig)
 
     def batching_for(self, backend: str) -> BatchingConfig:
         return self.batching.get(backend, BatchingConfig(False, 8, 0))
@@ -111,4 +120,11 @@ def get_settings() -> Settings:
         cache_ttl_s=_int("FASTINFER_CACHE_TTL", Settings.cache_ttl_s),
         cache_timeout_ms=_int("FASTINFER_CACHE_TIMEOUT_MS", Settings.cache_timeout_ms),
         cache_max_entries=_int("FASTINFER_CACHE_MAX_ENTRIES", Settings.cache_max_entries),
+        groq=GroqConfig(
+            api_key=os.environ.get("GROQ_API_KEY", "").strip(),
+            model=os.environ.get("FASTINFER_GROQ_MODEL", "").strip() or GroqConfig.model,
+            base_url=(os.environ.get("FASTINFER_GROQ_BASE_URL") or os.environ.get("GROQ_BASE_URL") or "").strip()
+            or None,
+            timeout_s=float(_int("FASTINFER_GROQ_TIMEOUT_S", int(GroqConfig.timeout_s))),
+        ),
     )

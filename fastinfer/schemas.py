@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -65,3 +66,38 @@ class BackendsResponse(BaseModel):
     hardware: dict[str, Any] = Field(description="OS, CPU, cores, ISA features, Apple chip, Neural Engine, CUDA, MPS")
     recommended: dict[str, str] = Field(description="the backend to use here, and why")
     backends: list[BackendInfo]
+
+
+class CompareSummary(BaseModel):
+    fastest: str = Field(description="backend with the lowest total time")
+    slowest: str
+    all_agree_top1: bool
+    top1: dict[str, str] = Field(description="backend → top-1 label")
+    unavailable: list[str] = Field(description="backends this machine cannot run (see /backends)")
+
+
+class CompareResponse(BaseModel):
+    results: list[ClassifyResponse]
+    summary: CompareSummary
+    total_ms: float
+
+
+class AnalyzeResponse(BaseModel):
+    text: str
+    model: str = Field(description="the Groq model that wrote it")
+
+
+def summarise(results: list[ClassifyResponse], unavailable: list[str], started: float) -> CompareResponse:
+    by_time = sorted(results, key=lambda r: r.timings_ms.total)
+    top1 = {r.backend: r.class_ for r in results}
+    return CompareResponse(
+        results=results,
+        summary=CompareSummary(
+            fastest=by_time[0].backend,
+            slowest=by_time[-1].backend,
+            all_agree_top1=len(set(top1.values())) == 1,
+            top1=top1,
+            unavailable=unavailable,
+        ),
+        total_ms=round((time.perf_counter() - started) * 1000, 3),
+    )

@@ -21,7 +21,6 @@ import httpx
 
 from fastinfer import photos
 
-
 HEADERS = {"Cache-Control": "no-cache"}
 
 

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from tests import images
-from tests.integration.conftest import SERVER_ENV
+from tests.servers import SERVER_ENV
 
 LIMIT = int(SERVER_ENV["FASTINFER_MAX_BYTES"])
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from fastinfer import photos
-from tests.integration.conftest import NO_CACHE, start_server, stop_server
+from tests.servers import NO_CACHE, start_server, stop_server
 
 _unique = itertools.count(1)
 

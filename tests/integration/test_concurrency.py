@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from tests import images
-from tests.integration.conftest import NO_CACHE
+from tests.servers import NO_CACHE
 
 CLIENTS, PER_CLIENT = 10, 15
 

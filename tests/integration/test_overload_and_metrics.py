@@ -9,7 +9,7 @@ import time
 import httpx
 
 from tests import images
-from tests.integration.conftest import NO_CACHE, SERVER_ENV
+from tests.servers import NO_CACHE, SERVER_ENV
 
 
 def test_far_more_clients_than_max_concurrency(server, client) -> None:

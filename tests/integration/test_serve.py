@@ -9,7 +9,7 @@ import httpx
 
 from fastinfer import hardware, photos
 from fastinfer.config import BACKENDS
-from tests.integration.conftest import NO_CACHE
+from tests.servers import NO_CACHE
 
 HERE = [b for b in BACKENDS if hardware.is_macos() or not b.startswith("coreml")]
 ELSEWHERE = [b for b in BACKENDS if b not in HERE]

@@ -1,4 +1,5 @@
-"""A real ``bentoml serve`` of service:FastInfer on a free port, over the test model store."""
+"""Servers for the integration and browser tests: a real ``bentoml serve`` of service:FastInfer on a
+free port over the test model store, a real redis-server, and a fake Groq on loopback."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fake_groq import FakeGroq
+
+ROOT = Path(__file__).resolve().parents[1]
 SERVER_ENV = {
     "FASTINFER_MAX_BYTES": str(5_000_000),
     "FASTINFER_MAX_PIXELS": str(40_000_000),
@@ -139,10 +142,33 @@ def redis_server(tmp_path_factory) -> RedisServer:
     srv.stop()
 
 
+GROQ_KEY = "test-groq-key-never-logged-7f3a"
+
+
 @pytest.fixture(scope="session")
-def server(built_models, bentoml_home: Path, tmp_path_factory, redis_server: RedisServer) -> Server:
+def fake_groq() -> FakeGroq:
+    with FakeGroq() as fake:
+        yield fake
+
+
+@pytest.fixture(autouse=True)
+def _groq_back_to_ok(request) -> None:
+    if "fake_groq" in request.fixturenames:
+        request.getfixturevalue("fake_groq").mode = "ok"
+
+
+@pytest.fixture(scope="session")
+def server(
+    built_models, bentoml_home: Path, tmp_path_factory, redis_server: RedisServer, fake_groq: FakeGroq
+) -> Server:
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    srv = start_server(bentoml_home, log, {"REDIS_URL": redis_server.url})
+    env = {
+        "REDIS_URL": redis_server.url,
+        "GROQ_API_KEY": GROQ_KEY,
+        "FASTINFER_GROQ_BASE_URL": fake_groq.url,
+        "FASTINFER_GROQ_TIMEOUT_S": "2",
+    }
+    srv = start_server(bentoml_home, log, env)
     yield srv
     stop_server(srv)
 

@@ -1,0 +1,87 @@
+"""AI analysis of prediction results with Groq: a short explanation of the answer and the
+latency trade-offs. Only the results travel (labels, scores, timings, backends) — never the
+image — and the API key never appears in a log or a response.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastinfer.config import GroqConfig
+from fastinfer.errors import ApiError
+from fastinfer.schemas import AnalyzeResponse
+
+logger = logging.getLogger("fastinfer.analysis")
+
+# What may be sent: the fields of a classification result, nothing else (no bytes, no paths).
+RESULT_FIELDS = ("class", "confidence", "top_k", "backend", "model", "weights", "cached", "timings_ms")
+
+SYSTEM_PROMPT = (
+    "You explain the output of FastInfer, a service that classifies images with ResNet-50 on several "
+    "inference backends (PyTorch, ONNX Runtime FP32, INT8, CoreML). Given JSON results, explain in at most "
+    "150 words: what the model predicted and how confident it is; whether the backends agree; and the "
+    "latency trade-offs between them, naming the stage (decode, preprocess, inference) that dominates. "
+    "If weights is 'random-init', say plainly that the predictions are meaningless. Do not invent numbers."
+)
+
+
+class GroqUnavailable(ApiError):
+    status, code = 503, "analysis_unavailable"
+
+
+class GroqFailed(ApiError):
+    status, code = 502, "analysis_failed"
+
+
+class GroqTimeout(ApiError):
+    status, code = 504, "analysis_timeout"
+
+
+def sanitise(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Keep only result fields; top-k reduced to label and score."""
+    clean = []
+    for result in results:
+        item = {k: result[k] for k in RESULT_FIELDS if k in result}
+        if isinstance(item.get("top_k"), list):
+            item["top_k"] = [
+                {"label": str(p.get("label", ""))[:100], "score": p.get("score")}
+                for p in item["top_k"][:5]
+                if isinstance(p, dict)
+            ]
+        clean.append(item)
+    return clean
+
+
+def messages(results: list[dict[str, Any]], question: str) -> list[dict[str, str]]:
+    user = "Results:\n" + json.dumps(sanitise(results), indent=1)
+    if question.strip():
+        user += f"\n\nThe user asks: {question.strip()}"
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
+async def analyze(results: list[dict[str, Any]], question: str, config: GroqConfig) -> AnalyzeResponse:
+    if not config.api_key:
+        raise GroqUnavailable("AI analysis is off: set GROQ_API_KEY (and restart the service) to enable it.")
+    import groq
+
+    client = groq.AsyncGroq(api_key=config.api_key, base_url=config.base_url, timeout=config.timeout_s, max_retries=0)
+    try:
+        completion = await client.chat.completions.create(
+            model=config.model, messages=messages(results, question), temperature=0.2, max_tokens=400
+        )
+    except groq.APITimeoutError as exc:
+        raise GroqTimeout(f"Groq did not answer within {config.timeout_s:g} s.") from exc
+    except groq.APIStatusError as exc:
+        logger.warning("groq answered %s", exc.status_code)  # the message may echo request data: not logged
+        raise GroqFailed(f"Groq answered HTTP {exc.status_code}; try again later.") from exc
+    except groq.APIError as exc:
+        logger.warning("groq request failed: %s", type(exc).__name__)
+        raise GroqFailed(f"Groq could not be reached ({type(exc).__name__}).") from exc
+    finally:
+        await client.close()
+    text = (completion.choices[0].message.content or "").strip() if completion.choices else ""
+    if not text:
+        raise GroqFailed("Groq returned an empty answer.")
+    return AnalyzeResponse(text=text, model=completion.model or config.model)

@@ -1,0 +1,32 @@
+"""A small rolling view of recent traffic in this front worker, for the dashboard's live panel."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from typing import Any
+
+
+class LiveStats:
+    def __init__(self, window: int = 200) -> None:
+        self.since = time.time()
+        self.served = 0
+        self.cached = 0
+        self._latencies: dict[str, deque[float]] = {}
+        self._window = window
+
+    def record(self, backend: str, total_ms: float, cached: bool) -> None:
+        self.served += 1
+        self.cached += int(cached)
+        if not cached:  # p50 of inference requests; hits would hide the backend's speed
+            self._latencies.setdefault(backend, deque(maxlen=self._window)).append(total_ms)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "served": self.served,
+            "cached": self.cached,
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.since)),
+            "p50_ms": {b: round(statistics.median(v), 1) for b, v in sorted(self._latencies.items()) if v},
+            "window": self._window,
+        }

@@ -1,0 +1,103 @@
+"""The dashboard in a real browser: Debian's Chromium driven by Playwright (no browser download).
+
+Upload a photo, see top-5 and timings, switch backend, compare all, press Analyze against the
+fake Groq and see its text. The screenshot is written to test-artifacts/dashboard.png.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fastinfer import photos
+from tests.fake_groq import ANSWER
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+CHROMIUM_ARGS = [
+    "--no-sandbox",  # CI runs as root
+    "--disable-gpu",
+    "--disable-background-networking",  # this machine's network is closed: no phoning home
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (.ci/run does)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def test_dashboard_end_to_end(server, fake_groq, browser, tmp_path) -> None:
+    photo = tmp_path / "motorcycle.jpg"
+    photo.write_bytes(photos.benchmark_photo())
+    page = browser.new_page(viewport={"width": 1400, "height": 950})
+    page.goto(f"{server.url}/dashboard/")
+
+    # Backends: available ones enabled, CoreML greyed with its reason off macOS; the random-init banner shows.
+    page.wait_for_selector("#backend-onnx-int8")
+    assert page.is_visible("#weights-banner")
+    if Path("/System").exists() is False:  # not macOS
+        assert page.is_disabled("#backend-coreml")
+        assert "needs macOS" in page.inner_text("#backends")
+
+    # Upload: top-5 with confidence bars and per-stage timings.
+    page.set_input_files("#file-input", str(photo))
+    page.wait_for_selector("#top5 li")
+    assert page.locator("#top5 li").count() == 5
+    for stage in ("decode", "preprocess", "inference"):
+        assert stage in page.inner_text("#timings")
+    assert "onnx" in page.inner_text("#result")
+
+    # Switch backend: the page classifies again on the new one.
+    page.check("#backend-onnx-int8")
+    page.wait_for_function("document.querySelector('#result').innerText.includes('onnx-int8')")
+
+    # The same photo again on the same backend comes from the cache, with its badge.
+    page.click("#classify-btn")
+    page.wait_for_selector("#cached-badge")
+
+    # Compare all: one row per available backend and a summary.
+    page.check("#backend-compare")
+    page.wait_for_selector("#compare-table")
+    assert page.locator("#compare-table tr[data-backend]").count() >= 4
+    assert "fastest" in page.inner_text("#compare-summary")
+
+    # Analyze: the fake Groq's text appears.
+    page.click("#analyze-btn")
+    page.wait_for_function(f"document.querySelector('#analysis').innerText.includes({ANSWER[:20]!r})")
+
+    # The live panel has counted what we did.
+    page.wait_for_function("Number(document.querySelector('#live-served')?.innerText || 0) >= 3")
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+    page.close()
+
+
+def test_analyze_unavailable_is_shown(server, fake_groq, browser, tmp_path) -> None:
+    fake_groq.mode = "error"
+    photo = tmp_path / "cat.jpg"
+    photo.write_bytes(photos.photo_jpeg("chelsea.png"))
+    page = browser.new_page()
+    page.goto(f"{server.url}/dashboard/")
+    page.wait_for_selector("#backend-onnx")
+    page.set_input_files("#file-input", str(photo))
+    page.wait_for_selector("#top5 li")
+    page.click("#analyze-btn")
+    page.wait_for_function("document.querySelector('#analysis').innerText.includes('Analysis unavailable')")
+    assert "analysis_failed" in page.inner_text("#analysis")
+    page.close()
+
+
+def test_chromium_is_debians(browser) -> None:
+    assert shutil.which("chromium") == CHROMIUM or Path(CHROMIUM).exists()
