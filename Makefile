@@ -8,7 +8,7 @@ WEIGHTS ?= auto
 # The model store lives in the project unless you point BENTOML_HOME elsewhere.
 export BENTOML_HOME ?= $(CURDIR)/bentoml_home
 
-.PHONY: serve test models lint clean-models
+.PHONY: serve test models lint clean-models bento container
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,3 +33,18 @@ lint: $(VENV)/.installed
 
 clean-models:
 	rm -rf $(BENTOML_HOME)/models
+
+# The bento: service, code, dashboard and the models (by tag) — offline (lock_packages: false).
+bento: models
+	$(VENV)/bin/bentoml build .
+
+# The container image fastinfer:latest; needs a container engine (Docker/Podman/BuildKit).
+container: bento
+	@if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then \
+	  $(VENV)/bin/bentoml containerize fastinfer:latest -t fastinfer:latest; \
+	else \
+	  echo "No container engine answers here (docker info failed): the bento is built ($$($(VENV)/bin/bentoml list fastinfer -o json | $(PY) -c 'import json,sys; print(json.load(sys.stdin)[0][\"tag\"])'))."; \
+	  echo "Its Dockerfile is in $$BENTOML_HOME/bentos/fastinfer/<version>/env/docker/; run 'make container' where Docker runs,"; \
+	  echo "or 'bentoml export fastinfer:latest fastinfer.bento' and 'bentoml import' + 'bentoml containerize' there."; \
+	  exit 1; \
+	fi

@@ -96,13 +96,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(home: Path, log: Path, extra_env: dict[str, str] | None = None, timeout: float = 240) -> Server:
+def start_server(
+    home: Path,
+    log: Path,
+    extra_env: dict[str, str] | None = None,
+    timeout: float = 240,
+    target: str = "service:FastInfer",
+    cwd: Path = ROOT,
+) -> Server:
+    """``bentoml serve TARGET`` (the source tree by default, or a built bento's tag)."""
     port = free_port()
     env = {**os.environ, "BENTOML_HOME": str(home), **SERVER_ENV, **(extra_env or {})}
     bentoml_cli = Path(sys.executable).parent / "bentoml"
     process = subprocess.Popen(
-        [str(bentoml_cli), "serve", "service:FastInfer", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=ROOT,
+        [str(bentoml_cli), "serve", target, "--host", "127.0.0.1", "--port", str(port)],
+        cwd=cwd,
         env=env,
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,

@@ -1,0 +1,45 @@
+"""FastInfer from Python with BentoML's own client: backends, classify, compare.
+
+python examples/client.py PHOTO.jpg [--url http://127.0.0.1:3000] [--backend onnx-int8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import bentoml
+import httpx
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("photo", type=Path)
+    parser.add_argument("--url", default="http://127.0.0.1:3000")
+    parser.add_argument("--backend", default=None, help="default: the one /backends recommends")
+    args = parser.parse_args(argv)
+
+    backends = httpx.get(f"{args.url}/backends", timeout=30).json()  # a GET route, outside the typed APIs
+    available = [b["name"] for b in backends["backends"] if b["available"]]
+    backend = args.backend or backends["recommended"]["backend"]
+    print(f"available here: {', '.join(available)}; using {backend} ({backends['recommended']['why']})")
+
+    with bentoml.SyncHTTPClient(args.url, timeout=120) as client:
+        result = client.classify(image=args.photo, backend=backend, top_k=3)
+        print(
+            f"classify: {result['class']} ({result['confidence']:.1%}) in {result['latency_ms']:.1f} ms, "
+            f"weights {result['weights']}, cached {result['cached']}"
+        )
+        print("  stages (ms):", json.dumps(result["timings_ms"]))
+        compared = client.compare(image=args.photo, top_k=1)
+        summary = compared["summary"]
+        for r in compared["results"]:
+            print(f"compare: {r['backend']:18} {r['class']:20} {r['timings_ms']['total']:7.1f} ms")
+        print(f"fastest: {summary['fastest']}; all agree on top-1: {summary['all_agree_top1']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
