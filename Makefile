@@ -8,7 +8,7 @@ WEIGHTS ?= auto
 # The model store lives in the project unless you point BENTOML_HOME elsewhere.
 export BENTOML_HOME ?= $(CURDIR)/bentoml_home
 
-.PHONY: serve test models lint clean-models bento container
+.PHONY: serve test models lint clean-models bento container bench
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ lint: $(VENV)/.installed
 
 clean-models:
 	rm -rf $(BENTOML_HOME)/models
+
+# Regenerates BENCHMARKS.md and docs/bench/*.png from scratch on this machine (~15 min).
+bench: models
+	$(PY) -m load_tests --study
 
 # The bento: service, code, dashboard and the models (by tag) — offline (lock_packages: false).
 bento: models

@@ -4,6 +4,7 @@
 * ``fastinfer doctor``      this machine, every backend's availability and placement, the recommendation
 * ``fastinfer fidelity``    every available backend against the FP32 PyTorch reference on real photos
 * ``fastinfer bench``       in-process model latency per backend (b1 and b8): the INT8 finding
+* ``fastinfer profile``     per-stage CPU cost, the ceiling of this machine, and what binds it
 """
 
 from __future__ import annotations
@@ -108,6 +109,30 @@ def bench_engines(args: argparse.Namespace) -> int:
     return 0
 
 
+def profile(args: argparse.Namespace) -> int:
+    from fastinfer import profile as prof
+    from fastinfer.backends import open_engine
+    from fastinfer.preprocess import PreprocessSpec
+
+    engines = {}
+    for name, reason in _available().items():
+        if reason is None and name != "coreml":  # coreml-batched covers the CoreML models
+            print(f"loading {name} ...", file=sys.stderr, flush=True)
+            engines[name] = open_engine(name, threads=args.threads)
+    print("measuring stages ...", file=sys.stderr, flush=True)
+    result = prof.run(engines, args.batches, args.repeats, PreprocessSpec())
+    if args.load_test and args.load_test.exists():
+        result["load_test"] = prof.against_load_test(result, json.loads(args.load_test.read_text()))
+    print(prof.table(result))
+    _write_json(args.json, result)
+    if args.plot:
+        from fastinfer.plots import plot_profile
+
+        plot_profile(result, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "build":
@@ -133,6 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (default: all cores)")
     p.add_argument("--json", type=Path, default=Path("artifacts/bench.json"))
     p.set_defaults(func=bench_engines)
+    p = sub.add_parser("profile", help="per-stage costs in-process, and the ceiling they allow")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--json", type=Path, default=Path("artifacts/profile.json"))
+    p.add_argument("--plot", type=Path, default=Path("artifacts/profile.png"))
+    p.add_argument("--load-test", type=Path, help="a load-test result (results.json) to compare with the ceiling")
+    p.set_defaults(func=profile)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -58,3 +58,38 @@ def photo_jpeg(name: str = "motorcycle_left.png", width: int | None = None, qual
 def benchmark_photo() -> bytes:
     """The ~1.5 MP photo used for headline latency numbers (motorcycle, 1500×1012, q90)."""
     return photo_jpeg("motorcycle_left.png", width=1500)
+
+
+def size_class(width: int, height: int) -> str:
+    """small (< 1 MP), medium (1-4 MP) or phone (>= 8 MP-ish, anything from 4 MP)."""
+    mp = width * height / 1e6
+    return "small" if mp < 1 else "medium" if mp < 4 else "phone"
+
+
+def benchmark_pool(directory: Path | None = None) -> list[tuple[str, bytes]]:
+    """60 distinct JPEGs: each of the 12 photos whole, as a 1.5 MP rescale, as an ~8.3 MP phone-size
+    rescale (3520 px wide), as a 60% centre crop and re-encoded at quality 75. Deterministic; cached
+    in ``directory`` when given (generating the phone-size ones takes a few seconds)."""
+    if directory is not None and directory.is_dir():
+        files = sorted(directory.glob("*.jpg"))
+        if len(files) == len(PHOTOS) * 5:
+            return [(f.name, f.read_bytes()) for f in files]
+    pool: list[tuple[str, bytes]] = []
+    for name in PHOTOS:
+        img = load(name)
+        w, h = img.size
+        stem = name.rsplit(".", 1)[0]
+        variants = {
+            "whole": (img, 90),
+            "1.5mp": (img.resize((1500, round(h * 1500 / w)), Image.Resampling.BICUBIC), 90),
+            "phone": (img.resize((3520, round(h * 3520 / w)), Image.Resampling.BICUBIC), 92),
+            "crop": (img.crop((w // 5, h // 5, w - w // 5, h - h // 5)), 90),
+            "q75": (img, 75),
+        }
+        for label, (variant, quality) in variants.items():
+            pool.append((f"{stem}-{label}-{variant.width}x{variant.height}.jpg", encode(variant, "JPEG", quality)))
+    if directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
+        for filename, data in pool:
+            (directory / filename).write_bytes(data)
+    return pool

@@ -3,22 +3,19 @@ free port over the test model store, a real redis-server, and a fake Groq on loo
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
+from load_tests.service import ROOT, Server, free_port, stop_server
+from load_tests.service import start_server as _start
 from tests.fake_groq import FakeGroq
 
-ROOT = Path(__file__).resolve().parents[1]
 SERVER_ENV = {
     "FASTINFER_MAX_BYTES": str(5_000_000),
     "FASTINFER_MAX_PIXELS": str(40_000_000),
@@ -80,22 +77,6 @@ class RedisServer:
         redis.Redis(port=self.port).flushall()
 
 
-@dataclass
-class Server:
-    url: str
-    process: subprocess.Popen
-    log: Path
-
-    def log_tail(self, lines: int = 60) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(
     home: Path,
     log: Path,
@@ -104,42 +85,8 @@ def start_server(
     target: str = "service:FastInfer",
     cwd: Path = ROOT,
 ) -> Server:
-    """``bentoml serve TARGET`` (the source tree by default, or a built bento's tag)."""
-    port = free_port()
-    env = {**os.environ, "BENTOML_HOME": str(home), **SERVER_ENV, **(extra_env or {})}
-    bentoml_cli = Path(sys.executable).parent / "bentoml"
-    process = subprocess.Popen(
-        [str(bentoml_cli), "serve", target, "--host", "127.0.0.1", "--port", str(port)],
-        cwd=cwd,
-        env=env,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # so that stopping it stops its runner processes too
-    )
-    server = Server(f"http://127.0.0.1:{port}", process, log)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"bentoml serve exited with {process.returncode}:\n{server.log_tail()}")
-        try:
-            if httpx.get(f"{server.url}/readyz", timeout=2).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    stop_server(server)
-    raise RuntimeError(f"bentoml serve not ready after {timeout}s:\n{server.log_tail()}")
-
-
-def stop_server(server: Server) -> None:
-    if server.process.poll() is not None:
-        return
-    os.killpg(server.process.pid, signal.SIGTERM)
-    try:
-        server.process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.process.pid, signal.SIGKILL)
-        server.process.wait()
+    """A test server: the test limits (SERVER_ENV) plus ``extra_env``."""
+    return _start(home, log, {**SERVER_ENV, **(extra_env or {})}, timeout, target, cwd)
 
 
 @pytest.fixture(scope="session")

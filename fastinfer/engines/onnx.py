@@ -46,6 +46,9 @@ class OnnxEngine:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = self.threads
         options.inter_op_num_threads = 1
+        # Idle intra-op threads spin by default, burning the cores that the front needs for decoding;
+        # measured under load here: FP32 b1 53 ms / 62 ms CPU without spinning vs 70 ms / 99 ms with it.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.enable_profiling = True
         options.profile_file_prefix = str(profile_dir / "ort")
         return options

@@ -1,0 +1,100 @@
+"""Plots for the benchmarks (matplotlib, written as PNG): where people would rather look than read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_profile(result: dict[str, Any], path: Path) -> None:
+    """Stacked CPU ms per request, by stage, for each backend at its best batch size."""
+    plt = _plt()
+    best: dict[str, dict[str, Any]] = {}
+    for c in result["ceilings"]:
+        if c["backend"] not in best or c["req_per_s"] > best[c["backend"]]["req_per_s"]:
+            best[c["backend"]] = c
+    names = list(best)
+    stages = ["decode", "preprocess", "postprocess", "http", "inference"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    left = [0.0] * len(names)
+    for stage in stages:
+        widths = [best[n]["shares"].get(stage, 0) * best[n]["cpu_ms_per_request"] for n in names]
+        ax.barh(names, widths, left=left, label=stage)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    for i, n in enumerate(names):
+        ax.text(left[i], i, f"  {best[n]['req_per_s']} req/s ceiling (b{best[n]['batch']})", va="center", fontsize=8)
+    ax.set_xlabel("CPU ms per request (1.5 MP-class photo)")
+    ax.set_title(f"Where a request's CPU goes, and the ceiling on {result['cores']} cores")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_xlim(0, max(left) * 1.6)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_throughput(runs: list[dict[str, Any]], path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for backend in sorted({r["backend"] for r in runs if r["scenario"] == "inference"}):
+        mine = sorted(
+            (r for r in runs if r["backend"] == backend and r["scenario"] == "inference"), key=lambda r: r["users"]
+        )
+        ax.plot([r["users"] for r in mine], [r["req_per_s"] for r in mine], marker="o", label=backend)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent users")
+    ax.set_ylabel("requests / s (cache bypassed)")
+    ax.set_title("Throughput vs concurrency")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_latency(runs: list[dict[str, Any]], path: Path, users: int) -> None:
+    plt = _plt()
+    mine = [r for r in runs if r["scenario"] == "inference" and r["users"] == users]
+    if not mine:
+        return
+    names = [r["backend"] for r in mine]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    width = 0.27
+    for i, key in enumerate(("p50_ms", "p95_ms", "p99_ms")):
+        ax.bar([x + (i - 1) * width for x in range(len(names))], [r[key] for r in mine], width, label=key[:3])
+    ax.set_xticks(range(len(names)), names, rotation=15)
+    ax.set_ylabel("ms")
+    ax.set_title(f"Latency percentiles at {users} users")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_stages(sequential: list[dict[str, Any]], path: Path) -> None:
+    """Per-stage stacked bars of the server-side timings of sequential requests."""
+    plt = _plt()
+    stages = ["read", "cache", "decode", "preprocess", "inference"]
+    names = [s["backend"] for s in sequential]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    bottom = [0.0] * len(names)
+    for stage in stages:
+        heights = [s["stages_p50_ms"].get(stage, 0) for s in sequential]
+        ax.bar(names, heights, bottom=bottom, label=stage)
+        bottom = [a + b for a, b in zip(bottom, heights, strict=True)]
+    ax.set_ylabel("ms (p50 of each stage, server side)")
+    ax.set_title("Where a single request's time goes")
+    ax.legend(fontsize=8)
+    plt.setp(ax.get_xticklabels(), rotation=15)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

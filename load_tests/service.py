@@ -1,0 +1,79 @@
+"""Start and stop a real ``bentoml serve`` of FastInfer on a free loopback port (benchmarks, tests)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen
+    log: Path
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(
+    home: Path | None,
+    log: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 240,
+    target: str = "service:FastInfer",
+    cwd: Path = ROOT,
+) -> Server:
+    """``bentoml serve TARGET`` (the source tree by default, or a built bento's tag); returns when ready."""
+    port = free_port()
+    full_env = {**os.environ, **({"BENTOML_HOME": str(home)} if home else {}), **(env or {})}
+    bentoml_cli = Path(sys.executable).parent / "bentoml"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen(
+        [str(bentoml_cli), "serve", target, "--host", "127.0.0.1", "--port", str(port)],
+        cwd=cwd,
+        env=full_env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # so that stopping it stops its runner processes too
+    )
+    server = Server(f"http://127.0.0.1:{port}", process, log)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"bentoml serve exited with {process.returncode}:\n{server.log_tail()}")
+        try:
+            if httpx.get(f"{server.url}/readyz", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    stop_server(server)
+    raise RuntimeError(f"bentoml serve not ready after {timeout}s:\n{server.log_tail()}")
+
+
+def stop_server(server: Server) -> None:
+    if server.process.poll() is not None:
+        return
+    os.killpg(server.process.pid, signal.SIGTERM)
+    try:
+        server.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait()

@@ -1,0 +1,69 @@
+"""A tiny smoke of the benchmark harness and the profiler: they run and produce parseable results
+with the expected fields. No speed assertions (speed lives in BENCHMARKS.md, not in tests)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from fastinfer import cli
+from tests.servers import ROOT
+
+
+def test_load_test_harness_smoke(server, tmp_path) -> None:
+    out, md, plots = tmp_path / "bench", tmp_path / "BENCHMARKS.md", tmp_path / "plots"
+    cmd = [
+        sys.executable,
+        "-m",
+        "load_tests",
+        "--url",
+        server.url,
+        "--backends",
+        "onnx-int8",
+        "--users",
+        "2",
+        "--duration",
+        "3",
+        "--sequential",
+        "3",
+        "--no-profile",
+        "--out",
+        str(out),
+        "--markdown",
+        str(md),
+        "--plots",
+        str(plots),
+    ]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    inference = [r for r in results["runs"] if r["scenario"] == "inference"]
+    assert len(inference) == 1 and inference[0]["backend"] == "onnx-int8" and inference[0]["users"] == 2
+    for key in ("requests", "failures", "req_per_s", "p50_ms", "p95_ms", "p99_ms"):
+        assert key in inference[0]
+    assert inference[0]["requests"] > 0 and inference[0]["failures"] == 0
+    repeat = next(r for r in results["runs"] if r["scenario"] == "repeat")
+    assert repeat["cache_hit_share"] > 0.9  # the repeat scenario really measures hits
+    (seq,) = results["sequential"]
+    assert seq["median_ms"] > 0 and {"decode", "inference"} <= seq["stages_p50_ms"].keys()
+    text = md.read_text()
+    assert "# FastInfer benchmarks" in text and "## Targets" in text and "Cache-hit path" in text
+    assert (plots / "throughput.png").stat().st_size > 1000 and (plots / "stages.png").exists()
+    assert "[bench" in done.stderr  # progress was shown
+
+
+def test_profile_smoke(built_models, tmp_path, capsys) -> None:
+    out, plot = tmp_path / "profile.json", tmp_path / "profile.png"
+    assert cli.main(["profile", "--batches", "1", "--repeats", "1", "--json", str(out), "--plot", str(plot)]) == 0
+    result = json.loads(out.read_text())
+    stages = {s["stage"] for s in result["stages"]}
+    assert {"decode", "preprocess", "postprocess", "inference"} <= stages
+    assert {s["detail"] for s in result["stages"] if s["stage"] == "decode"} >= {"small", "medium", "phone"}
+    ceilings = {c["backend"]: c for c in result["ceilings"]}
+    assert {"pytorch", "onnx", "onnx-int8"} <= ceilings.keys()
+    for c in ceilings.values():
+        assert c["req_per_s"] > 0 and c["binding_stage"] in c["shares"]
+        assert abs(sum(c["shares"].values()) - 1) < 0.01
+    assert plot.stat().st_size > 1000
+    assert "ceiling req/s" in capsys.readouterr().out
