@@ -143,6 +143,8 @@ class FastInfer:
         try:
             started = time.perf_counter()
             names = [n for n in REGISTRY if n not in self.unavailable]
+            if not names:
+                raise BackendUnavailable("No backend can run here; see GET /backends for why.")
             shared: dict[str, float] = {}
             data = await self._in_thread(image.read_bytes, shared, "read")
             prepared = await self._prepare(data, self.models[names[0]].preprocess, shared)

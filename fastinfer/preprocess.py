@@ -33,7 +33,7 @@ class PreprocessSpec:
 @dataclass(frozen=True)
 class Prepared:
     pixels: np.ndarray  # uint8 [crop, crop, 3]
-    source_size: tuple[int, int]  # (width, height) as stored in the file
+    source_size: tuple[int, int]  # (width, height) as decoded (after DCT scaling and EXIF rotation)
     decode_ms: float
     preprocess_ms: float
 

@@ -144,7 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("artifacts/bench"))
     parser.add_argument("--markdown", type=Path, default=Path("BENCHMARKS.md"))
     parser.add_argument("--plots", type=Path, default=Path("docs/bench"), help="where BENCHMARKS.md's PNGs go")
+    parser.add_argument("--report-only", action="store_true", help="rewrite BENCHMARKS.md from OUT/results.json")
     args = parser.parse_args(argv)
+    if args.report_only:
+        write_markdown(json.loads((args.out / "results.json").read_text()), args.markdown, args.out, args.plots)
+        return 0
     command = "python -m load_tests " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     args.out.mkdir(parents=True, exist_ok=True)
     say("building the 60-image pool")

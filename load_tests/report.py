@@ -67,6 +67,33 @@ def _targets(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _study_findings(study: list[dict[str, Any]]) -> list[str]:
+    """What the study says, computed from its rows (the seed reported batching backfiring with workers)."""
+    backend = study[0]["backend"]
+    by_key = {(s["front_workers"], s["runner_workers"], s["batching"]): s for s in study}
+    gains = []
+    for (front, runner, batching), row in sorted(by_key.items()):
+        off = by_key.get((front, runner, False))
+        if batching and off:
+            gains.append(f"{front} front × {runner} runner: {100 * (row['req_per_s'] / off['req_per_s'] - 1):+.0f}%")
+    best = max(study, key=lambda s: s["req_per_s"])
+    base = by_key.get((1, 1, True))
+    lines = [
+        f"`{backend}` at 10 users, each configuration a fresh `bentoml serve`. Runner-side batching vs none, "
+        f"same workers: {'; '.join(gains)}. With batching inside the runner (one queue per runner process, "
+        "fed by every front worker) it does not backfire with several workers, as the seed reported for its "
+        "batching.",
+    ]
+    if base:
+        lines.append(
+            f"Best: {best['front_workers']} front × {best['runner_workers']} runner workers, batching "
+            f"{'on' if best['batching'] else 'off'}: {best['req_per_s']} req/s, "
+            f"{100 * (best['req_per_s'] / base['req_per_s'] - 1):+.0f}% over the default (1 × 1, on), "
+            f"p99 {best['p99_ms']:g} vs {base['p99_ms']:g} ms. More workers mean a model copy per runner process."
+        )
+    return lines
+
+
 def write_markdown(results: dict[str, Any], path: Path, out: Path, plots: Path | None = None) -> None:
     plots = plots or path.parent / "docs" / "bench"
     plots.mkdir(parents=True, exist_ok=True)
@@ -110,7 +137,8 @@ def write_markdown(results: dict[str, Any], path: Path, out: Path, plots: Path |
             ),
             "",
             f"Ceiling = {profile['cores']} cores / CPU per request (1.5 MP-class decode + preprocess + postprocess "
-            f"+ {profile['http_overhead_ms']} ms HTTP + inference per image at that batch):",
+            f"+ inference per image at that batch, all measured, + an estimated {profile['http_overhead_ms']} ms of "
+            "CPU for the HTTP path, which is not measured per run — see fastinfer/profile.py):",
             "",
             _table(
                 ["backend", "batch", "CPU ms / request", "ceiling req/s", "binding stage"],
@@ -178,6 +206,8 @@ def write_markdown(results: dict[str, Any], path: Path, out: Path, plots: Path |
     if results.get("study"):
         md += [
             "## Workers and batching",
+            "",
+            *_study_findings(results["study"]),
             "",
             _table(
                 ["front workers", "runner workers", "batching", "req/s", "p50 ms", "p99 ms", "errors"],

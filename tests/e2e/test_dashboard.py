@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fastinfer import photos
+from fastinfer import hardware, photos
 from tests.fake_groq import ANSWER
 
 CHROMIUM = "/usr/bin/chromium"
@@ -46,7 +46,7 @@ def test_dashboard_end_to_end(server, fake_groq, browser, tmp_path) -> None:
     # Backends: available ones enabled, CoreML greyed with its reason off macOS; the random-init banner shows.
     page.wait_for_selector("#backend-onnx-int8")
     assert page.is_visible("#weights-banner")
-    if Path("/System").exists() is False:  # not macOS
+    if not hardware.is_macos():
         assert page.is_disabled("#backend-coreml")
         assert "needs macOS" in page.inner_text("#backends")
 
