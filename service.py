@@ -41,7 +41,6 @@ from fastinfer.schemas import (
     summarise,
 )
 from runners import REGISTRY, runs_here, unavailable_reason
-from runners.base import keep_sessions_open
 from runners.coreml import CoremlRunner
 from runners.onnx import OnnxInt8DynamicRunner, OnnxInt8Runner, OnnxRunner
 from runners.pytorch import PytorchRunner
@@ -79,8 +78,6 @@ class FastInfer:
         self.live = LiveStats()
         # Decoding is CPU-bound; more threads than cores only adds contention.
         self.cpu_limiter = anyio.CapacityLimiter(hardware.cpu_count())
-        for runner in {entry.runner for name, entry in REGISTRY.items() if name not in self.unavailable}:
-            keep_sessions_open(getattr(self, runner))
         for name, reason in self.unavailable.items():
             logger.warning("backend %s unavailable: %s", name, reason)
 

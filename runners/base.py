@@ -25,6 +25,8 @@ from fastinfer.engines import warm_up
 from fastinfer.metrics import BATCH_SIZE
 
 logger = logging.getLogger("fastinfer.runner")
+NEVER_RECYCLE_REQUESTS = 2**62
+NEVER_RECYCLE_SECONDS = 10.0**9
 logging.getLogger("fastinfer").setLevel(logging.INFO)  # BentoML leaves the root logger at WARNING
 
 
@@ -97,22 +99,9 @@ def make_runner(backend: str, batching_backend: str | None = None) -> type:
         name=f"runner-{name}",
         workers=settings.runner_workers,
         traffic={"timeout": settings.request_timeout_s},
+        # BentoML's client to this runner replaces its HTTP session every 100 requests / 300 s by
+        # default and closes the old one at once, killing what is in flight on it: the "Server
+        # disconnected" errors seen between front and runner at ~1 in 100 requests under concurrency.
+        # A session over a local socket has no reason to be recycled.
+        runner_connection={"max_requests": NEVER_RECYCLE_REQUESTS, "max_age": NEVER_RECYCLE_SECONDS},
     )(Runner)
-
-
-def keep_sessions_open(proxy: Any) -> bool:
-    """Stop BentoML from recycling a runner client's HTTP session under load.
-
-    BentoML 1.4's client replaces its aiohttp session every 100 requests (and every 300 s) and
-    closes the old one at once, killing whatever is still in flight on it: the "Server
-    disconnected" errors seen between front and runner at ~1 in 100 requests under concurrency.
-    A session over a local socket has no reason to be recycled, so we turn that off.
-    Returns False (and logs) if this BentoML has no such manager, so a version bump is visible.
-    """
-    manager = getattr(getattr(proxy, "to_async", None), "_session_manager", None)
-    if manager is None or not hasattr(manager, "max_requests"):
-        logger.warning("runner client has no session manager to configure; BentoML internals changed")
-        return False
-    manager.max_requests = float("inf")
-    manager.max_age = float("inf")
-    return True

@@ -1,7 +1,8 @@
 """Concurrent clients through front and runner: every request answered, none lost.
 
-More than 100 requests on purpose: BentoML's runner client recycled its HTTP session every
-100 requests and killed what was in flight ("Server disconnected"); runners.base fixes that.
+More than 100 requests on purpose: BentoML's runner client recycles its HTTP session every
+100 requests by default and kills what is in flight ("Server disconnected"); runners.base
+configures it not to (runner_connection).
 """
 
 from __future__ import annotations
