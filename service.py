@@ -320,9 +320,10 @@ async def _cache_stats_route(_: Request) -> JSONResponse:
     return JSONResponse(await service.cache.describe())
 
 
-# Route → backend, for the request metric when a request fails before the handler names one.
+# Route → backend label of the request metric when a request fails before the handler names one
+# (a /classify rejected by validation never reached a backend).
 ROUTE_BACKENDS = {
-    "/classify": settings.default_backend,
+    "/classify": "none",
     "/predict": "pytorch",
     "/predict/onnx": "onnx",
     "/predict/quantized": "onnx-int8",
