@@ -128,7 +128,10 @@ def test_graceful_shutdown_finishes_in_flight_requests(second_server) -> None:
     thread = threading.Thread(target=slow_request)
     thread.start()
     time.sleep(0.05)  # the request is in flight (pytorch takes ~100 ms here)
-    os.killpg(second_server.process.pid, signal.SIGTERM)
+    # SIGTERM to `bentoml serve` itself, as docker stop and Kubernetes do (PID 1); it stops its
+    # workers in order and lets the front finish. (Signalling every worker at once would kill the
+    # runners under the front's feet: no orchestrator does that.)
+    os.kill(second_server.process.pid, signal.SIGTERM)
     thread.join(30)
     assert result.get("status") == 200, result
     second_server.process.wait(30)
