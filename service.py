@@ -50,6 +50,12 @@ DASHBOARD_DIR = Path(__file__).parent / "dashboard"
 settings = get_settings()
 
 
+def error_response(ctx: bentoml.Context, exc: ApiError) -> JSONResponse:
+    """Our error JSON with its status (BentoML applies the context's status to any response)."""
+    ctx.response.status_code = exc.status
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
 # Overload (429) and timeouts (504) are answered by FrontMiddleware, in our error shape; BentoML's
 # own limiter sits outside our middleware and answers in another shape. Its timeout stays, a little
 # later than ours, as a backstop.
@@ -152,8 +158,7 @@ class FastInfer:
                 timings["total"] = sum(timings.values())  # what a request to this backend alone would take
                 results.append(self._respond(name, self._body(name, logits, top_k), timings, started))
         except ApiError as exc:
-            ctx.response.status_code = exc.status
-            return JSONResponse(exc.body(), status_code=exc.status)
+            return error_response(ctx, exc)
         return summarise(results, [n for n in REGISTRY if n in self.unavailable], started)
 
     @bentoml.api(route="/analyze", input_spec=AnalyzeInput)
@@ -162,8 +167,7 @@ class FastInfer:
         try:
             return await analysis.analyze(results, question, settings.groq)
         except ApiError as exc:
-            ctx.response.status_code = exc.status
-            return JSONResponse(exc.body(), status_code=exc.status)
+            return error_response(ctx, exc)
 
     async def _answer(
         self, ctx: bentoml.Context, image: Path, backend: str, k: int, batched: bool | None = None
@@ -173,8 +177,7 @@ class FastInfer:
         try:
             return await self._classify(image, backend, k, batched, bypass)
         except ApiError as exc:
-            ctx.response.status_code = exc.status  # BentoML applies the context's status to any response
-            return JSONResponse(exc.body(), status_code=exc.status)
+            return error_response(ctx, exc)
 
     async def _classify(
         self, image: Path, backend: str, k: int, batched: bool | None, bypass: bool
@@ -186,8 +189,12 @@ class FastInfer:
             raise BackendUnavailable(self.unavailable[backend])
         info = self.models[backend]
         timings: dict[str, float] = {}
-        data = await self._in_thread(image.read_bytes, timings, "read")
-        key = cache_key(data, backend, info.tag, k)
+
+        def read_and_hash() -> tuple[bytes, str]:  # sha256 of up to FASTINFER_MAX_BYTES: not on the event loop
+            data = image.read_bytes()
+            return data, cache_key(data, backend, info.tag, k)
+
+        data, key = await self._in_thread(read_and_hash, timings, "read")
         if bypass:
             self.cache.bypassed()
             metrics.CACHE_EVENTS.labels(event="bypass").inc()

@@ -50,7 +50,7 @@ class Settings:
     groq: GroqConfig = field(default_factory=GroqConfig)
 
     def batching_for(self, backend: str) -> BatchingConfig:
-        return self.batching.get(backend, BatchingConfig(False, 8, 0))
+        return self.batching[backend]  # every backend has an entry (get_settings builds them all)
 
 
 def _int(name: str, default: int) -> int:
@@ -89,7 +89,7 @@ _BATCHING_DEFAULTS: dict[str, tuple[bool, int, int]] = {
 
 def _batching(backend: str) -> BatchingConfig:
     key = backend.upper().replace("-", "_")
-    on, size, latency = _BATCHING_DEFAULTS.get(backend, (False, 8, 0))
+    on, size, latency = _BATCHING_DEFAULTS[backend]
     return BatchingConfig(
         enabled=_bool(f"FASTINFER_BATCHING_{key}", on),
         max_batch_size=_int(f"FASTINFER_MAX_BATCH_SIZE_{key}", size),

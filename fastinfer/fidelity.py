@@ -12,6 +12,7 @@ import numpy as np
 from PIL import Image
 
 from fastinfer import photos
+from fastinfer.engines import Engine
 from fastinfer.preprocess import PreprocessSpec, prepare
 
 
@@ -61,8 +62,8 @@ def compare(backend: str, reference: np.ndarray, logits: np.ndarray) -> Fidelity
     )
 
 
-def run_batched(engine: object, images: np.ndarray, batch: int = 8) -> np.ndarray:
-    return np.concatenate([engine.run(images[i : i + batch]) for i in range(0, len(images), batch)])  # type: ignore[attr-defined]
+def run_batched(engine: Engine, images: np.ndarray, batch: int = 8) -> np.ndarray:
+    return np.concatenate([engine.run(images[i : i + batch]) for i in range(0, len(images), batch)])
 
 
 def table(results: list[Fidelity]) -> str:

@@ -33,7 +33,6 @@ class PreprocessSpec:
 @dataclass(frozen=True)
 class Prepared:
     pixels: np.ndarray  # uint8 [crop, crop, 3]
-    source_size: tuple[int, int]  # (width, height) as decoded (after DCT scaling and EXIF rotation)
     decode_ms: float
     preprocess_ms: float
 
@@ -111,8 +110,7 @@ def prepare(data: bytes, spec: PreprocessSpec, max_pixels: int) -> Prepared:
     """Bytes → the model's uint8 input for one image, with stage timings."""
     t0 = time.perf_counter()
     img = decode(data, max_pixels, spec.resize_size)
-    source_size = img.size
     t1 = time.perf_counter()
     pixels = resize_and_crop(img, spec)
     t2 = time.perf_counter()
-    return Prepared(pixels, source_size, (t1 - t0) * 1000, (t2 - t1) * 1000)
+    return Prepared(pixels, (t1 - t0) * 1000, (t2 - t1) * 1000)

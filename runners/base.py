@@ -52,7 +52,6 @@ def make_runner(backend: str, batching_backend: str | None = None) -> type:
             stored = {size: ref.resolve() for size, ref in refs.items()}
             self.engine = open_engine(backend, threads, {size: model.path for size, model in stored.items()})
             warm_up(self.engine, (1, batching.max_batch_size) if batching.enabled else (1,))
-            self.info = store.describe(next(iter(stored.values())))
             self.models = [str(model.tag) for model in stored.values()]
             self.batch_sizes: Counter[int] = Counter()
             self.batcher = MicroBatcher(self._run, batching.max_batch_size, batching.max_latency_ms)

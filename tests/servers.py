@@ -71,11 +71,6 @@ class RedisServer:
             self.process.kill()
             self.process.wait()
 
-    def flush(self) -> None:
-        import redis
-
-        redis.Redis(port=self.port).flushall()
-
 
 def start_server(
     home: Path,
