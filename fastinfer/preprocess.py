@@ -89,19 +89,38 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
+# Resizing the whole image is exact (torchvision's own pixels) and cheap while the resized image
+# is no larger than the source or than this; beyond it only the crop is resampled (see below).
+WHOLE_RESIZE_MAX_PIXELS = 16 * 224 * 224
+
+
 def resize_and_crop(img: Image.Image, spec: PreprocessSpec) -> np.ndarray:
-    """Shorter side to ``resize_size`` (bilinear, antialiased), then a centre crop."""
+    """Shorter side to ``resize_size`` (bilinear, antialiased), then a centre crop.
+
+    An extreme aspect ratio would make the resized image huge before the crop (a 1×20000 PNG
+    asked for 232×4.6 M pixels: 4.5 GB, 17 s), so there only the region that survives the crop is
+    resampled (Pillow's ``box``), straight to crop×crop: the cost is then bounded by the decoded
+    image, whatever its shape. Pillow passes the box as 32-bit floats, which moves some pixels by
+    one grey level, so ordinary images keep the whole resize and match torchvision exactly.
+    """
     width, height = img.size
-    short, long = (width, height) if width <= height else (height, width)
-    new_short, new_long = spec.resize_size, int(spec.resize_size * long / short)
-    new_size = (new_short, new_long) if width <= height else (new_long, new_short)
-    if new_size != img.size:
-        img = img.resize(new_size, Image.Resampling.BILINEAR)
     crop = spec.crop_size
+    # torchvision's arithmetic: the short side becomes resize_size, the long one is truncated.
+    if width <= height:
+        new_w, new_h = spec.resize_size, int(spec.resize_size * height / width)
+    else:
+        new_w, new_h = int(spec.resize_size * width / height), spec.resize_size
+    left, top = round((new_w - crop) / 2.0), round((new_h - crop) / 2.0)
+    if new_w * new_h > max(width * height, WHOLE_RESIZE_MAX_PIXELS) and min(new_w, new_h) >= crop:
+        sx, sy = width / new_w, height / new_h  # source pixels per resized pixel
+        box = (left * sx, top * sy, (left + crop) * sx, (top + crop) * sy)
+        img = img.resize((crop, crop), Image.Resampling.BILINEAR, box=box)
+        return np.ascontiguousarray(np.asarray(img, dtype=np.uint8))
+    if (new_w, new_h) != img.size:
+        img = img.resize((new_w, new_h), Image.Resampling.BILINEAR)
     if min(img.size) < crop:  # only for resize_size < crop_size; pad like torchvision
         img = ImageOps.pad(img, (max(crop, img.width), max(crop, img.height)), color=(0, 0, 0))
-    left = round((img.width - crop) / 2.0)
-    top = round((img.height - crop) / 2.0)
+        left, top = round((img.width - crop) / 2.0), round((img.height - crop) / 2.0)
     img = img.crop((left, top, left + crop, top + crop))
     return np.ascontiguousarray(np.asarray(img, dtype=np.uint8))
 

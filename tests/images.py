@@ -67,3 +67,23 @@ def bomb_png(side: int = 8000) -> bytes:
 def truncated_jpeg() -> bytes:
     data = photo_jpeg()
     return data[: len(data) // 3]
+
+
+# Extreme shapes: few bytes, few pixels, but a resize of the whole image would be enormous
+# (a 1×20000 PNG resized to a short side of 232 is 232×4.6 M pixels).
+EXTREME_SHAPES = {
+    "1x20000 png": (1, 20000, "PNG"),
+    "20000x1 png": (20000, 1, "PNG"),
+    "2x30000 png": (2, 30000, "PNG"),
+    "30000x2 png": (30000, 2, "PNG"),
+    "1x20000 jpeg": (1, 20000, "JPEG"),
+    "20000x1 jpeg": (20000, 1, "JPEG"),
+    "2x60000 jpeg": (2, 60000, "JPEG"),
+    "60000x2 jpeg": (60000, 2, "JPEG"),
+}
+
+
+def extreme_shape(width: int, height: int, fmt: str) -> bytes:
+    """A striped image of that shape (stripes, so that a wrong crop would show)."""
+    stripes = (np.arange(width * height, dtype=np.uint32) % 251).astype(np.uint8).reshape(height, width)
+    return encode(Image.fromarray(stripes).convert("RGB"), fmt)

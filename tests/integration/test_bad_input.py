@@ -3,6 +3,8 @@ server is healthy afterwards. Nothing a client sends may produce a 5xx."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 
@@ -99,6 +101,37 @@ def test_odd_but_valid_images_are_classified(client, case: str) -> None:
     r = image_post(client, make(), "img", ctype)
     assert r.status_code == 200, r.text
     assert len(r.json()["top_k"]) == 5
+
+
+@pytest.mark.parametrize("case", list(images.EXTREME_SHAPES))
+def test_extreme_shapes_are_classified(client, case: str) -> None:
+    width, height, fmt = images.EXTREME_SHAPES[case]
+    r = image_post(client, images.extreme_shape(width, height, fmt), "img", f"image/{fmt.lower()}")
+    assert r.status_code == 200, r.text
+    assert len(r.json()["top_k"]) == 5
+
+
+def front_peak_rss_mb(server) -> float:
+    """The front worker's peak resident memory (VmHWM) since it started."""
+    import psutil
+
+    for proc in psutil.Process(server.process.pid).children(recursive=True):
+        cmdline = proc.cmdline()
+        if "--service-name" in cmdline and cmdline[cmdline.index("--service-name") + 1] == "fastinfer":
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+            return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))) / 1024
+    raise AssertionError("no front worker found under bentoml serve")
+
+
+def test_front_memory_stays_bounded_on_extreme_shapes(client, server) -> None:
+    """A 1×20000 PNG (225 bytes) once took the front to 4.5 GB; 1×60000 asks for 13 GB."""
+    for _ in range(2):
+        for width, height, fmt in images.EXTREME_SHAPES.values():
+            data = images.extreme_shape(width, height, fmt)
+            assert image_post(client, data, "img", f"image/{fmt.lower()}").status_code == 200
+    peak = front_peak_rss_mb(server)
+    # The front idles at ~110 MB here; decoding a 40 MP photo adds ~150 MB. 1 GB is far from both.
+    assert peak < 1024, f"front peak RSS {peak:.0f} MB"
 
 
 def test_server_is_healthy_after_the_corpus(client) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -12,6 +14,7 @@ from fastinfer.preprocess import PreprocessSpec, decode, prepare
 from tests import images
 
 SPEC = PreprocessSpec(resize_size=232, crop_size=224)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def reference(data: bytes) -> np.ndarray:
@@ -102,3 +105,46 @@ def test_decompression_bomb_is_refused_before_decoding() -> None:
 def test_undecodable_input_is_invalid_image(data: bytes) -> None:
     with pytest.raises(InvalidImage):
         prepare(data, SPEC, 10**9)
+
+
+@pytest.mark.parametrize("case", list(images.EXTREME_SHAPES))
+def test_extreme_shapes_are_classified_at_bounded_cost(case: str) -> None:
+    """Each shape in a fresh interpreter, so that its peak memory is its own."""
+    import json
+    import subprocess
+    import sys
+
+    width, height, fmt = images.EXTREME_SHAPES[case]
+    script = f"""
+import json, resource, time
+from fastinfer.preprocess import PreprocessSpec, prepare
+from tests import images
+data = images.extreme_shape({width}, {height}, {fmt!r})
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t0 = time.perf_counter()
+out = prepare(data, PreprocessSpec(232, 224), 50_000_000).pixels
+seconds = time.perf_counter() - t0
+grew_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+print(json.dumps({{"shape": list(out.shape), "dtype": str(out.dtype), "grew_mb": grew_mb, "seconds": seconds}}))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout.splitlines()[-1])
+    assert seen["shape"] == [224, 224, 3] and seen["dtype"] == "uint8"
+    # Resizing the whole 1×20000 image took 4.5 GB and 17 s; the crop alone takes about 1 MB, 5 ms.
+    # (A bound, not a speed target: 64 MB and 5 s leave room for a slow machine.)
+    assert seen["grew_mb"] < 64, f"{case}: peak memory grew by {seen['grew_mb']:.0f} MB"
+    assert seen["seconds"] < 5, f"{case}: {seen['seconds']:.1f} s"
+
+
+@pytest.mark.parametrize("size", [(2, 900), (900, 2), (3, 2000), (1, 5000)])
+def test_crop_only_resampling_matches_the_whole_resize(size: tuple[int, int]) -> None:
+    """The bounded path gives torchvision's pixels to within one grey level (Pillow's box is float32)."""
+    from fastinfer.preprocess import resize_and_crop
+
+    width, height = size
+    rng = np.random.default_rng(0)
+    img = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+    ours = resize_and_crop(img, SPEC).astype(np.int16)
+    ref = reference(images.encode(img, "PNG")).astype(np.int16)
+    assert np.abs(ours - ref).max() <= 1
