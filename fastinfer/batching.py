@@ -51,6 +51,8 @@ class MicroBatcher:
 
     async def submit(self, images: np.ndarray) -> np.ndarray:
         """Queue ``images`` ([n,...]) to be run in a batch with others; returns their n outputs."""
+        if getattr(images, "ndim", 0) < 1 or len(images) < 1:
+            raise ValueError("submit needs an array of at least one row")
         loop = asyncio.get_running_loop()
         if self._worker is None or self._worker.done():
             self._wake = asyncio.Event()
@@ -75,22 +77,27 @@ class MicroBatcher:
                 while self._queued_rows() < self.max_batch_size and time.perf_counter() < deadline:
                     await asyncio.sleep(min(0.0005, max(0.0, deadline - time.perf_counter())))
             jobs = self._take()
-            if not jobs:
-                continue
+            if jobs:
+                await self._run_batch(jobs)
+
+    async def _run_batch(self, jobs: list[_Job]) -> None:
+        """Run the taken jobs as one batch; every one of them is resolved, whatever fails."""
+        try:
             batch = jobs[0].images if len(jobs) == 1 else np.concatenate([j.images for j in jobs])
-            try:
-                outputs = await self.run_now(batch)
-            except Exception as exc:  # the model failed: every caller in the batch learns why
-                for job in jobs:
-                    if not job.future.done():
-                        job.future.set_exception(exc)
-                continue
-            start = 0
+            outputs = await self.run_now(batch)
+            if len(outputs) != len(batch):
+                raise RuntimeError(f"the model returned {len(outputs)} rows for a batch of {len(batch)}")
+        except Exception as exc:  # e.g. the model failed or the jobs' shapes differ: each caller learns why
             for job in jobs:
-                n = len(job.images)
-                if not job.future.done():  # the caller may have gone away meanwhile
-                    job.future.set_result(outputs[start : start + n])
-                start += n
+                if not job.future.done():
+                    job.future.set_exception(exc)
+            return
+        start = 0
+        for job in jobs:
+            n = len(job.images)
+            if not job.future.done():  # the caller may have gone away meanwhile
+                job.future.set_result(outputs[start : start + n])
+            start += n
 
     def _take(self) -> list[_Job]:
         """Queued jobs, oldest first, up to max_batch_size rows (one job even if larger)."""

@@ -20,6 +20,28 @@ class Engine(Protocol):
         ...
 
 
+INPUT_SHAPE = (224, 224, 3)
+MAX_ROWS = 256
+"""The most images one engine call takes: a batch beyond it is a caller's bug, not a workload."""
+
+
+def check_batch(images: object) -> np.ndarray:
+    """The contract's input (uint8 [N,224,224,3], 1 <= N <= MAX_ROWS), or ValueError saying what is wrong.
+
+    Runners check at their door, so that a malformed array is refused with a clear message
+    instead of failing inside a batch with other callers' images.
+    """
+    if not isinstance(images, np.ndarray):
+        raise ValueError(f"images must be a numpy array, not {type(images).__name__}")
+    if images.dtype != np.uint8:
+        raise ValueError(f"images must be uint8, not {images.dtype}")
+    if images.ndim != 4 or images.shape[1:] != INPUT_SHAPE:
+        raise ValueError(f"images must be [N,224,224,3] NHWC RGB, not {list(images.shape)}")
+    if not 1 <= len(images) <= MAX_ROWS:
+        raise ValueError(f"a batch holds 1..{MAX_ROWS} images, not {len(images)}")
+    return images
+
+
 def warm_up(engine: Engine, batch_sizes: tuple[int, ...] = (1,)) -> None:
     """Run zeros through the engine so that lazy allocation and kernel choice happen before traffic."""
     for n in batch_sizes:

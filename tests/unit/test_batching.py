@@ -109,3 +109,47 @@ def test_cancelled_callers_are_dropped_from_the_queue() -> None:
 def test_invalid_batch_size() -> None:
     with pytest.raises(ValueError):
         MicroBatcher(lambda x: x, max_batch_size=0, max_latency_ms=0)
+
+
+def test_a_malformed_job_fails_its_batch_and_every_caller_hears_why() -> None:
+    """One job whose rows do not fit the others' (np.concatenate raises) must not end the batcher:
+    every caller taken with it gets the error, and the next call is served."""
+    run, _calls = slow_double()
+    batcher = MicroBatcher(run, max_batch_size=8, max_latency_ms=0)
+
+    async def main() -> tuple[list, np.ndarray]:
+        first = asyncio.ensure_future(batcher.submit(rows(0)))  # runs alone, keeps the model busy
+        await asyncio.sleep(0.005)
+        queued = [batcher.submit(rows(1)), batcher.submit(np.zeros((1, 5), np.float32)), batcher.submit(rows(2))]
+        results = await asyncio.wait_for(asyncio.gather(first, *queued, return_exceptions=True), 5)
+        return results, await asyncio.wait_for(batcher.submit(rows(3)), 5)
+
+    results, after = asyncio.run(main())
+    assert np.all(results[0] == 0)
+    assert all(isinstance(r, ValueError) for r in results[1:]), results
+    assert np.all(after == 6)
+
+
+def test_a_model_returning_the_wrong_row_count_fails_the_callers() -> None:
+    batcher = MicroBatcher(lambda x: x[:1], max_batch_size=8, max_latency_ms=0)
+    with pytest.raises(RuntimeError, match="returned 1 rows for a batch of 3"):
+        asyncio.run(asyncio.wait_for(batcher.submit(rows(0, n=3)), 5))
+
+
+@pytest.mark.parametrize(
+    "images, message",
+    [
+        ([[1, 2]], "numpy array"),
+        (np.zeros((1, 224, 224, 3), np.float32), "uint8"),
+        (np.zeros((224, 224, 3), np.uint8), r"\[N,224,224,3\]"),
+        (np.zeros((1, 3, 224, 224), np.uint8), r"\[N,224,224,3\]"),
+        (np.zeros((0, 224, 224, 3), np.uint8), "1..256"),
+        (np.zeros((257, 224, 224, 3), np.uint8), "1..256"),
+    ],
+    ids=["list", "float32", "no batch axis", "NCHW", "empty", "too many"],
+)
+def test_runners_refuse_malformed_arrays(images, message: str) -> None:
+    from fastinfer.engines import check_batch
+
+    with pytest.raises(ValueError, match=message):
+        check_batch(images)
