@@ -200,7 +200,7 @@ class FastInfer:
             metrics.CACHE_EVENTS.labels(event="bypass").inc()
         else:
             t0 = time.perf_counter()
-            cached, event = await self.cache.lookup(key)
+            cached, event = await self.cache.lookup(key, backend, info.tag, k)
             timings["cache"] = (time.perf_counter() - t0) * 1000
             metrics.CACHE_EVENTS.labels(event=event).inc()
             if cached is not None:

@@ -1,9 +1,25 @@
 """Response cache: Redis (shared by every worker and server) or a bounded in-process LRU.
 
 Keys: ``fastinfer:v<format>:<model tag>:<backend>:<top_k>:<sha256 of the image bytes>``; values
-are the response JSON. Redis is fail-open: every call has a short timeout, an error is counted,
-logged at most once per interval, and turns the cache off for a moment (a circuit breaker)
-instead of failing or slowing the request; the client reconnects by itself when Redis returns.
+are ``{"v": <format>, "body": <response body>}`` as JSON, in Redis and in memory alike. Redis is
+fail-open: every call has a short timeout, an error is counted, logged at most once per interval,
+and turns the cache off for a moment (a circuit breaker) instead of failing or slowing the
+request; the client reconnects by itself when Redis returns.
+
+Every read is validated (format version, keys and types, top_k length, backend and model equal to
+the key's): a shared Redis may hold another version's entries during a rolling deploy, or one
+written by hand. A bad entry is an ``invalid`` lookup, counted as a miss too: the request runs
+inference and its SET overwrites the entry. It is never an error, so it never opens the breaker.
+
+Key count (``/cache/stats``, polled by every dashboard tab) without SCAN: each SET also adds the
+key to a sorted set ``fastinfer:v<format>:index`` scored by its expiry time, in the same pipeline
+(one round trip). Counting drops the expired members (each is dropped once: amortised O(log n))
+and answers ZCARD (O(1)). Not DBSIZE: that is only right on a database of our own, which a shared
+Redis may not give us. The index stays bounded without anyone counting: every SET drops its
+expired members and refreshes its TTL, so it vanishes when writes stop. Caveats: the count is of
+entries this service wrote and that have not expired; one evicted by ``maxmemory`` or deleted by
+hand stays counted until its TTL, and expiry uses the writer's clock (skew of a few seconds
+between servers shifts the count by the entries expiring within it).
 """
 
 from __future__ import annotations
@@ -19,14 +35,73 @@ from typing import Any
 
 logger = logging.getLogger("fastinfer.cache")
 
-CACHE_FORMAT = "1"
-"""Bumped when the cached response's shape changes, so old entries are never served."""
+CACHE_FORMAT = "2"
+"""Bumped when the cached value's shape changes, so old entries are never served (2: ``{v, body}``)."""
 NAMESPACE = "fastinfer"
+INDEX_KEY = f"{NAMESPACE}:v{CACHE_FORMAT}:index"
+BODY_KEYS = frozenset({"class", "class_index", "confidence", "top_k", "backend", "model", "weights", "cached"})
+PREDICTION_KEYS = frozenset({"label", "index", "score"})
 
 
 def cache_key(image: bytes, backend: str, model_tag: str, top_k: int) -> str:
     digest = hashlib.sha256(image).hexdigest()
     return f"{NAMESPACE}:v{CACHE_FORMAT}:{model_tag}:{backend}:{top_k}:{digest}"
+
+
+class InvalidEntry(ValueError):
+    """A cached value this version must not serve; the message says why."""
+
+
+def encode_entry(body: dict[str, Any]) -> str:
+    return json.dumps({"v": CACHE_FORMAT, "body": body})
+
+
+def decode_entry(raw: str | bytes, backend: str, model_tag: str, top_k: int) -> dict[str, Any]:
+    """The response body stored in ``raw``, checked against what the key promises; else ValueError."""
+    entry = json.loads(raw)  # ValueError (JSONDecodeError, UnicodeDecodeError) when not JSON
+    if not isinstance(entry, dict) or entry.keys() != {"v", "body"}:
+        raise InvalidEntry("not a {v, body} object")
+    if entry["v"] != CACHE_FORMAT:
+        raise InvalidEntry(f"format {entry['v']!r}, this version reads {CACHE_FORMAT!r}")
+    body = entry["body"]
+    if not isinstance(body, dict) or body.keys() != BODY_KEYS:
+        raise InvalidEntry("the body's keys are not a response's")
+    if body["backend"] != backend or body["model"] != model_tag:
+        raise InvalidEntry(f"answers {body['backend']!r}/{body['model']!r}, the key {backend!r}/{model_tag!r}")
+    ranked = body["top_k"]
+    if not isinstance(ranked, list) or not ranked or len(ranked) != top_k or not all(map(_is_prediction, ranked)):
+        raise InvalidEntry(f"top_k is not a list of {top_k} predictions")
+    best = ranked[0]
+    if not (
+        isinstance(body["class"], str)
+        and _is_int(body["class_index"])
+        and _is_probability(body["confidence"])
+        and isinstance(body["weights"], str)
+        and isinstance(body["cached"], bool)
+    ):
+        raise InvalidEntry("a field has the wrong type")
+    if (body["class"], body["class_index"], body["confidence"]) != (best["label"], best["index"], best["score"]):
+        raise InvalidEntry("class, class_index, confidence disagree with top_k[0]")
+    return body
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON true is no index
+
+
+def _is_probability(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 1.0  # NaN fails
+
+
+def _is_prediction(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and value.keys() == PREDICTION_KEYS
+        and isinstance(value["label"], str)
+        and _is_int(value["index"])
+        and value["index"] >= 0
+        and _is_probability(value["score"])
+    )
 
 
 @dataclass
@@ -36,6 +111,7 @@ class CacheStats:
     hits: int = 0
     misses: int = 0
     errors: int = 0
+    invalid: int = 0  # bad entries read (also counted in misses)
     bypasses: int = 0
     degraded: str | None = None  # why the cache is not working right now
 
@@ -48,6 +124,7 @@ class CacheStats:
             "hits": self.hits,
             "misses": self.misses,
             "errors": self.errors,
+            "invalid": self.invalid,
             "bypasses": self.bypasses,
             "hit_rate": round(self.hits / lookups, 4) if lookups else 0.0,
             "keys": keys,
@@ -70,29 +147,38 @@ class ResponseCache:
         self.retry_after_s = retry_after_s
         self._open_until = 0.0
         self._last_log = 0.0
+        self._last_invalid_log = 0.0
 
-    async def lookup(self, key: str) -> tuple[dict[str, Any] | None, str]:
-        """The cached value (or None) and the event: ``hit``, ``miss`` or ``error``."""
+    async def lookup(self, key: str, backend: str, model_tag: str, top_k: int) -> tuple[dict[str, Any] | None, str]:
+        """The cached body (or None) and the event: ``hit``, ``miss``, ``invalid`` or ``error``.
+
+        ``backend``, ``model_tag`` and ``top_k`` are what ``key`` was made from: the entry must match them.
+        """
         if time.monotonic() < self._open_until:
             self.stats.errors += 1
             return None, "error"
         try:
-            value = await self._get(key)
+            raw = await self._get(key)
         except Exception as exc:
             self._failed("GET", exc)
             return None, "error"
         self._recovered()
-        if value is None:
+        if raw is None:
             self.stats.misses += 1
             return None, "miss"
+        try:
+            body = decode_entry(raw, backend, model_tag, top_k)
+        except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
+            self._invalid(key, exc)
+            return None, "invalid"
         self.stats.hits += 1
-        return value, "hit"
+        return body, "hit"
 
     async def store(self, key: str, value: dict[str, Any]) -> None:
         if time.monotonic() < self._open_until:
             return
         try:
-            await self._set(key, value)
+            await self._set(key, encode_entry(value))
         except Exception as exc:
             self._failed("SET", exc)
             return
@@ -119,15 +205,24 @@ class ResponseCache:
             self._last_log = now
             logger.warning("cache degraded, serving without it (retry every %.1fs): %s", self.retry_after_s, exc)
 
+    def _invalid(self, key: str, exc: BaseException) -> None:
+        # The store answered: a bad entry is the entry's fault, not an outage (no breaker).
+        self.stats.misses += 1
+        self.stats.invalid += 1
+        now = time.monotonic()
+        if now - self._last_invalid_log > 30:
+            self._last_invalid_log = now
+            logger.warning("cache entry %s ignored (%s): %s", key, type(exc).__name__, exc)
+
     def _recovered(self) -> None:
         if self.stats.degraded is not None:
             logger.warning("cache recovered: %s answers again", self.mode)
             self.stats.degraded = None
 
-    async def _get(self, key: str) -> dict[str, Any] | None:
+    async def _get(self, key: str) -> str | bytes | None:
         return None
 
-    async def _set(self, key: str, value: dict[str, Any]) -> None:
+    async def _set(self, key: str, raw: str | bytes) -> None:
         return None
 
     async def _key_count(self) -> int | None:
@@ -138,7 +233,11 @@ class ResponseCache:
 
 
 class MemoryCache(ResponseCache):
-    """A bounded LRU in this process (not shared between workers or servers)."""
+    """A bounded LRU in this process (not shared between workers or servers).
+
+    It keeps the encoded entry, as Redis does, so both are read through the same validation and
+    a hit hands out a fresh dict, never one another request could change.
+    """
 
     mode = "memory"
 
@@ -146,21 +245,21 @@ class MemoryCache(ResponseCache):
         super().__init__()
         self.max_entries = max_entries
         self.ttl_s = ttl_s
-        self._data: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
+        self._data: OrderedDict[str, tuple[float, str | bytes]] = OrderedDict()
 
-    async def _get(self, key: str) -> dict[str, Any] | None:
+    async def _get(self, key: str) -> str | bytes | None:
         item = self._data.get(key)
         if item is None:
             return None
-        expires, value = item
+        expires, raw = item
         if expires < time.monotonic():
             del self._data[key]
             return None
         self._data.move_to_end(key)
-        return value
+        return raw
 
-    async def _set(self, key: str, value: dict[str, Any]) -> None:
-        self._data[key] = (time.monotonic() + self.ttl_s, value)
+    async def _set(self, key: str, raw: str | bytes) -> None:
+        self._data[key] = (time.monotonic() + self.ttl_s, raw)
         self._data.move_to_end(key)
         while len(self._data) > self.max_entries:
             self._data.popitem(last=False)
@@ -190,18 +289,28 @@ class RedisCache(ResponseCache):
         except Exception:
             return False
 
-    async def _get(self, key: str) -> dict[str, Any] | None:
-        raw = await asyncio.wait_for(self.client.get(key), self.timeout_s)
-        return json.loads(raw) if raw else None
+    async def _get(self, key: str) -> bytes | None:
+        return await asyncio.wait_for(self.client.get(key), self.timeout_s)
 
-    async def _set(self, key: str, value: dict[str, Any]) -> None:
-        await asyncio.wait_for(self.client.set(key, json.dumps(value), ex=int(self.ttl_s)), self.timeout_s)
+    async def _set(self, key: str, raw: str | bytes) -> None:
+        ttl_ms = max(1, int(self.ttl_s * 1000))
+        now = time.time()
+        async with self.client.pipeline(transaction=False) as pipe:  # one round trip
+            pipe.set(key, raw, px=ttl_ms)
+            pipe.zadd(INDEX_KEY, {key: now + self.ttl_s})
+            pipe.zremrangebyscore(INDEX_KEY, "-inf", now)  # keeps the index bounded: each member dropped once
+            pipe.pexpire(INDEX_KEY, ttl_ms)  # and gone when writes stop
+            results = await asyncio.wait_for(pipe.execute(raise_on_error=False), self.timeout_s)
+        if isinstance(results[0], Exception):
+            raise results[0]
+        # An index command failing (say, a foreign value under INDEX_KEY) only skews the count.
 
     async def _key_count(self) -> int:
-        count = 0
-        async for _ in self.client.scan_iter(match=f"{NAMESPACE}:v{CACHE_FORMAT}:*", count=1000):
-            count += 1
-        return count
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.zremrangebyscore(INDEX_KEY, "-inf", time.time())
+            pipe.zcard(INDEX_KEY)
+            _, count = await asyncio.wait_for(pipe.execute(), self.timeout_s)
+        return int(count)
 
     async def close(self) -> None:
         await self.client.aclose()
