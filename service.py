@@ -1,6 +1,6 @@
 """FastInfer: the one BentoML entry service. Thin: HTTP in, runners for inference, JSON out.
 
-Request path (see ../shared/DESIGN.md): read + sha256 → response cache (a hit answers here) →
+Request path (README.md, "What it is"): read + sha256 → response cache (a hit answers here) →
 decode at reduced JPEG scale → resize/crop to uint8 224×224×3 (in a thread, off the event loop) →
 the backend's runner (``infer`` or the batching ``infer_batched``) → softmax/top-k → typed
 response with per-stage timings → cache SET (fail-open).
@@ -25,6 +25,7 @@ from fastinfer import analysis, hardware, metrics, store
 from fastinfer.api_inputs import AnalyzeInput, ClassifyInput, CompareInput, ImageInput
 from fastinfer.cache import ResponseCache, cache_key, open_cache
 from fastinfer.config import get_settings
+from fastinfer.cpu import CpuPool
 from fastinfer.errors import ApiError, BackendUnavailable, UnknownBackend
 from fastinfer.http import FrontMiddleware
 from fastinfer.live import LiveStats
@@ -82,8 +83,8 @@ class FastInfer:
         self.hardware = hardware.probe()
         self.cache: ResponseCache = ResponseCache()  # replaced at start-up (open_cache is async)
         self.live = LiveStats()
-        # Decoding is CPU-bound; more threads than cores only adds contention.
-        self.cpu_limiter = anyio.CapacityLimiter(hardware.cpu_count())
+        # Decoding is CPU-bound; more threads than cores only adds contention (see fastinfer.cpu).
+        self.cpu = CpuPool(hardware.cpu_count(), "front-cpu")
         for name, reason in self.unavailable.items():
             logger.warning("backend %s unavailable: %s", name, reason)
 
@@ -98,8 +99,9 @@ class FastInfer:
         )
 
     @bentoml.on_shutdown
-    async def _close_cache(self) -> None:
+    async def _close(self) -> None:
         await self.cache.close()
+        self.cpu.close()
 
     @bentoml.api(route="/classify", input_spec=ClassifyInput)
     async def classify(self, image: Path, backend: str, top_k: int, ctx: bentoml.Context) -> ClassifyResponse:
@@ -245,7 +247,7 @@ class FastInfer:
     async def _in_thread(self, work: Any, timings: dict[str, float], stage: str | None) -> Any:
         """CPU work off the event loop, at most one thread per core."""
         t0 = time.perf_counter()
-        result = await anyio.to_thread.run_sync(work, limiter=self.cpu_limiter)
+        result = await self.cpu.run(work)
         if stage:
             timings[stage] = (time.perf_counter() - t0) * 1000
         return result

@@ -4,7 +4,9 @@
   spike is refused instead of queued without bound.
 * A body whose Content-Length exceeds the limit is answered 413 before a byte is read; a
   chunked body is counted as it streams and cut off at the limit.
-* A request that has not started answering within ``timeout_s`` is cancelled → 504.
+* A request that has not started answering within ``timeout_s`` is cancelled → 504 (408 when
+  the client had not even finished sending its body). The deadline covers the whole request, so
+  it always fires before BentoML's own timeout (set later as a backstop) and answers in our shape.
 * Any 4xx/5xx JSON produced outside our handlers (BentoML's validation, unknown routes) is
   rewritten to ``{"error": {"code", "message"}}``.
 * Every answered API request is counted in ``fastinfer_requests_total{route,backend,status}``.
@@ -119,13 +121,22 @@ class FrontMiddleware:
         if length is not None and length > self.max_bytes:
             await _send_json(send, 413, self._too_large(length))
             return
-        if length is None and scope.get("method") in ("POST", "PUT", "PATCH"):
-            body = await self._read_limited(receive)
-            if body is None:
-                await _send_json(send, 413, self._too_large(None))
-                return
-            receive = _replay(body, receive)
-        task = asyncio.ensure_future(self.app(scope, receive, _ErrorRewriter(send)))
+        body = _BodyTracker(receive, expected=scope.get("method") in ("POST", "PUT", "PATCH") and length != 0)
+        gate = _Gate(send)
+
+        async def handle() -> None:
+            receive_body: Receive = body
+            if length is None and scope.get("method") in ("POST", "PUT", "PATCH"):
+                data = await self._read_limited(body)
+                if data is None:
+                    await _send_json(gate, 413, self._too_large(None))
+                    return
+                receive_body = _replay(data, body)
+            await self.app(scope, receive_body, _ErrorRewriter(gate))
+
+        # One deadline for the whole request, the body's arrival included, so that ours always
+        # answers before BentoML's own (later) timeout, and in our shape.
+        task = asyncio.ensure_future(handle())
         done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
         if task in done:
             task.result()
@@ -133,8 +144,21 @@ class FrontMiddleware:
         if send.status is not None:  # already answering: let it finish
             await task
             return
+        # Answer now; whatever the handler sends later is dropped. Its CPU work is bounded by the
+        # front's pool (fastinfer.cpu), so nothing waits for it here.
+        gate.close()
         task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        task.add_done_callback(_retrieve)
+        if not body.complete:  # the client is slow to send: its problem, said as a 4xx
+            await _send_json(
+                send,
+                408,
+                error_body(
+                    "request_timeout",
+                    f"The request body did not arrive within {self.timeout_s:g} s (FASTINFER_TIMEOUT_S).",
+                ),
+            )
+            return
         await _send_json(
             send,
             504,
@@ -181,6 +205,41 @@ class _Recorder:
         if message["type"] == "http.response.start":
             self.status = message["status"]
         await self.send(message)
+
+
+class _BodyTracker:
+    """Wraps ``receive`` and notes when the whole body has arrived."""
+
+    def __init__(self, receive: Receive, expected: bool) -> None:
+        self.receive = receive
+        self.complete = not expected
+
+    async def __call__(self) -> Message:
+        message = await self.receive()
+        if message["type"] == "http.disconnect" or not message.get("more_body", False):
+            self.complete = True
+        return message
+
+
+class _Gate:
+    """Wraps ``send``; once closed (we answered for the handler), drops what the handler sends."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.open = True
+
+    def close(self) -> None:
+        self.open = False
+
+    async def __call__(self, message: Message) -> None:
+        if self.open:
+            await self.send(message)
+
+
+def _retrieve(task: asyncio.Future[None]) -> None:
+    """Collect an abandoned handler's outcome, so that asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 class _ErrorRewriter:

@@ -25,7 +25,11 @@ STAGE_SECONDS = Histogram(
     ["stage", "backend"],
     buckets=_LATENCY_BUCKETS,
 )
-CACHE_EVENTS = Counter("fastinfer_cache_events", "Response cache lookups: hit, miss, invalid (a bad entry, also a miss), error, bypass", ["event"])
+CACHE_EVENTS = Counter(
+    "fastinfer_cache_events",
+    "Response cache lookups: hit, miss, invalid (a bad entry, also a miss), error, bypass",
+    ["event"],
+)
 BATCH_SIZE = Histogram(
     "fastinfer_batch_size",
     "Images per model call in a runner",

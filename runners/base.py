@@ -15,19 +15,29 @@ from typing import Any
 
 import bentoml
 import numpy as np
+from bentoml.exceptions import InvalidArgument
 from bentoml.models import BentoModel
 
 from fastinfer import hardware, store
 from fastinfer.backends import SPECS, open_engine
 from fastinfer.batching import MicroBatcher
 from fastinfer.config import get_settings
-from fastinfer.engines import warm_up
+from fastinfer.engines import check_batch, warm_up
 from fastinfer.metrics import BATCH_SIZE
+from runners.drain import leave_after_front
 
 logger = logging.getLogger("fastinfer.runner")
 NEVER_RECYCLE_REQUESTS = 2**62
 NEVER_RECYCLE_SECONDS = 10.0**9
 logging.getLogger("fastinfer").setLevel(logging.INFO)  # BentoML leaves the root logger at WARNING
+
+
+def _checked(images: np.ndarray) -> np.ndarray:
+    """The contract's input, or a 400 from the runner that says what is wrong with it."""
+    try:
+        return check_batch(images)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from exc
 
 
 def make_runner(backend: str, batching_backend: str | None = None) -> type:
@@ -54,6 +64,7 @@ def make_runner(backend: str, batching_backend: str | None = None) -> type:
             warm_up(self.engine, (1, batching.max_batch_size) if batching.enabled else (1,))
             self.models = [str(model.tag) for model in stored.values()]
             self.batch_sizes: Counter[int] = Counter()
+            self.calls: Counter[str] = Counter()  # per API, so that a test can tell infer_batched ran
             self.batcher = MicroBatcher(self._run, batching.max_batch_size, batching.max_latency_ms)
             runs_on = self.engine.describe()
             logger.info(
@@ -72,15 +83,22 @@ def make_runner(backend: str, batching_backend: str | None = None) -> type:
             BATCH_SIZE.labels(backend=name).observe(len(images))
             return self.engine.run(images)
 
+        @bentoml.on_startup
+        def _leave_after_front(self) -> None:
+            # The front may hold a request for up to the request timeout before it calls us.
+            leave_after_front(settings.request_timeout_s + 5)
+
         @bentoml.api
         async def infer(self, images: np.ndarray) -> np.ndarray:
             """uint8 [N,224,224,3] → float32 logits [N,1000], run as sent."""
-            return await self.batcher.run_now(images)
+            self.calls["infer"] += 1
+            return await self.batcher.run_now(_checked(images))
 
         @bentoml.api
         async def infer_batched(self, images: np.ndarray) -> np.ndarray:
             """As ``infer``, but calls that wait for the model run together, up to max_batch_size rows."""
-            return await self.batcher.submit(images)
+            self.calls["infer_batched"] += 1
+            return await self.batcher.submit(_checked(images))
 
         @bentoml.api
         def describe(self) -> dict[str, Any]:
@@ -89,6 +107,7 @@ def make_runner(backend: str, batching_backend: str | None = None) -> type:
                 **self.engine.describe(),
                 "models": self.models,
                 "batch_sizes_seen": dict(sorted(self.batch_sizes.items())),
+                "calls": {"infer": self.calls["infer"], "infer_batched": self.calls["infer_batched"]},
             }
 
     for size, ref in refs.items():  # class attributes, so that `bentoml build` packs the models

@@ -14,7 +14,7 @@ import redis
 
 from fastinfer import photos
 from fastinfer.cache import BODY_KEYS, CACHE_FORMAT, cache_key
-from tests.servers import NO_CACHE, start_server, stop_server
+from tests.servers import NO_CACHE
 
 _unique = itertools.count(1)
 
@@ -154,50 +154,3 @@ def test_redis_dies_under_load_and_comes_back(server, redis_server, client) -> N
         time.sleep(0.3)  # the breaker retries Redis about once a second
     assert classify(client, data)["cached"] is True
     assert client.get("/cache/stats").json()["healthy"] is True
-
-
-@pytest.fixture(scope="module")
-def second_server(server, bentoml_home, redis_server, tmp_path_factory):
-    # Its own BENTOML_HOME over the same model store: `bentoml serve` wipes
-    # $BENTOML_HOME/prometheus_multiproc_dir at start, which would blank the first server's metrics.
-    home = tmp_path_factory.mktemp("home2")
-    (home / "models").symlink_to(bentoml_home / "models")
-    srv = start_server(home, tmp_path_factory.mktemp("serve2") / "serve.log", {"REDIS_URL": redis_server.url})
-    yield srv
-    stop_server(srv)
-
-
-def test_two_servers_share_one_redis(client, second_server) -> None:
-    data = unique_jpeg()
-    assert classify(client, data)["cached"] is False
-    with httpx.Client(base_url=second_server.url, timeout=60) as other:
-        answer = classify(other, data)
-    assert answer["cached"] is True  # computed by the first server, served by the second
-
-
-def test_graceful_shutdown_finishes_in_flight_requests(second_server) -> None:
-    import os
-    import signal
-
-    result: dict = {}
-
-    def slow_request() -> None:
-        with httpx.Client(base_url=second_server.url, timeout=60) as c:
-            r = c.post(
-                "/classify",
-                files={"image": ("p.jpg", unique_jpeg(), "image/jpeg")},
-                data={"backend": "pytorch"},
-                headers=NO_CACHE,
-            )
-            result["status"] = r.status_code
-
-    thread = threading.Thread(target=slow_request)
-    thread.start()
-    time.sleep(0.05)  # the request is in flight (pytorch takes ~100 ms here)
-    # SIGTERM to `bentoml serve` itself, as docker stop and Kubernetes do (PID 1); it stops its
-    # workers in order and lets the front finish. (Signalling every worker at once would kill the
-    # runners under the front's feet: no orchestrator does that.)
-    os.kill(second_server.process.pid, signal.SIGTERM)
-    thread.join(30)
-    assert result.get("status") == 200, result
-    second_server.process.wait(30)

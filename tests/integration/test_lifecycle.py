@@ -1,0 +1,136 @@
+"""A second server (pytorch batching off, a 3 s deadline), for what the shared one cannot show: two
+servers sharing one Redis, which runner API a route really calls, the deadline against a slow
+client, and a graceful shutdown with a request provably in flight. The shutdown test stops this
+server, so it runs last."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+
+import httpx
+import pytest
+
+from fastinfer import photos
+from tests.servers import NO_CACHE, start_server, stop_server
+
+TIMEOUT_S = 3
+
+
+@pytest.fixture(scope="module")
+def own_server(built_models, bentoml_home, redis_server, tmp_path_factory):
+    # Its own BENTOML_HOME over the same model store: `bentoml serve` wipes
+    # $BENTOML_HOME/prometheus_multiproc_dir at start, which would blank the shared server's metrics.
+    home = tmp_path_factory.mktemp("home-lifecycle")
+    (home / "models").symlink_to(bentoml_home / "models")
+    env = {"REDIS_URL": redis_server.url, "FASTINFER_BATCHING_PYTORCH": "false", "FASTINFER_TIMEOUT_S": str(TIMEOUT_S)}
+    srv = start_server(home, tmp_path_factory.mktemp("serve-lifecycle") / "serve.log", env)
+    yield srv
+    stop_server(srv)
+
+
+def test_two_servers_share_one_redis(client, own_server) -> None:
+    data = photos.photo_jpeg("rocket.jpg", width=357, quality=81)  # bytes no other test sends
+    first = client.post("/classify", files={"image": ("p.jpg", data, "image/jpeg")})
+    with httpx.Client(base_url=own_server.url, timeout=60) as other:
+        second = other.post("/classify", files={"image": ("p.jpg", data, "image/jpeg")})
+    assert first.status_code == second.status_code == 200, (first.text, second.text)
+    assert first.json()["cached"] is False
+    assert second.json()["cached"] is True  # computed by the shared server, served by this one
+
+
+def runner_calls(client: httpx.Client, backend: str) -> dict[str, int]:
+    backends = {b["name"]: b for b in client.get("/backends").json()["backends"]}
+    return backends[backend]["runs_on"]["calls"]
+
+
+def test_predict_batched_goes_through_infer_batched(own_server) -> None:
+    """pytorch batching is off here, so /predict calls `infer` and only /predict/batched `infer_batched`."""
+    files = {"image": ("p.jpg", photos.photo_jpeg("coffee.png", width=333), "image/jpeg")}
+    with httpx.Client(base_url=own_server.url, timeout=60) as client:
+        before = runner_calls(client, "pytorch")
+        assert client.post("/predict", files=files, headers=NO_CACHE).status_code == 200
+        middle = runner_calls(client, "pytorch")
+        assert client.post("/predict/batched", files=files, headers=NO_CACHE).status_code == 200
+        after = runner_calls(client, "pytorch")
+    assert (middle["infer"] - before["infer"], middle["infer_batched"] - before["infer_batched"]) == (1, 0)
+    assert (after["infer"] - middle["infer"], after["infer_batched"] - middle["infer_batched"]) == (0, 1)
+
+
+def multipart(image: bytes, **fields: str) -> tuple[bytes, str]:
+    boundary = uuid.uuid4().hex
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode() for k, v in fields.items()
+    ]
+    parts.append(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="image"; filename="p.jpg"\r\n'
+        "Content-Type: image/jpeg\r\n\r\n".encode()
+        + image
+        + b"\r\n"
+    )
+    return b"".join(parts) + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+def open_upload(url: str, body: bytes, content_type: str) -> socket.socket:
+    """A POST /classify whose headers and first half of the body are sent; the rest is up to the caller."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=60)
+    head = (
+        f"POST /classify HTTP/1.1\r\nHost: {host}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body[: len(body) // 2])
+    return sock
+
+
+def read_response(sock: socket.socket) -> tuple[int, bytes]:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    return int(raw.split(b" ", 2)[1]), raw.split(b"\r\n\r\n", 1)[1]
+
+
+def test_a_client_too_slow_to_send_gets_our_408_before_bentomls_timeout(own_server) -> None:
+    body, ctype = multipart(photos.photo_jpeg("coffee.png", width=400))
+    started = time.monotonic()
+    with open_upload(own_server.url, body, ctype) as sock:  # ... and the second half never comes
+        status, payload = read_response(sock)
+    seconds = time.monotonic() - started
+    assert status == 408, payload
+    assert b'"code": "request_timeout"' in payload  # ours, not BentoML's {"error": "Not able to ..."}
+    assert TIMEOUT_S - 0.5 < seconds < TIMEOUT_S + 4  # BentoML's backstop would answer at TIMEOUT_S + 5
+
+
+def in_flight(client: httpx.Client, route: str) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        ours = f'endpoint="{route}"' in line and 'service_name="fastinfer"' in line
+        if line.startswith("bentoml_service_request_in_progress{") and ours:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_graceful_shutdown_finishes_a_request_in_flight(own_server) -> None:
+    """The request is half-uploaded when SIGTERM arrives, and the server says it is in progress:
+    it is in flight by construction, not by timing. It must still be answered."""
+    body, ctype = multipart(photos.photo_jpeg("chelsea.png", width=640), backend="pytorch")
+    with httpx.Client(base_url=own_server.url, timeout=10) as client, open_upload(own_server.url, body, ctype) as sock:
+        deadline = time.monotonic() + 2
+        while in_flight(client, "/classify") < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert in_flight(client, "/classify") >= 1, "the upload never showed as in progress"
+        # SIGTERM to `bentoml serve` itself, as docker stop and Kubernetes do (PID 1); it stops its
+        # workers in order and lets the front finish. (Signalling every worker at once would kill the
+        # runners under the front's feet: no orchestrator does that.)
+        os.kill(own_server.process.pid, signal.SIGTERM)
+        time.sleep(0.3)
+        sender = threading.Thread(target=sock.sendall, args=(body[len(body) // 2 :],))
+        sender.start()
+        status, payload = read_response(sock)
+        sender.join(5)
+    assert status == 200, payload
+    own_server.process.wait(30)

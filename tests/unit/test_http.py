@@ -1,0 +1,129 @@
+"""FrontMiddleware's deadline: our answer comes on time and in our shape, late output is dropped,
+a slow client gets a 4xx, and the work behind timed-out requests stays bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from typing import Any
+
+from fastinfer.cpu import CpuPool
+from fastinfer.http import FrontMiddleware
+
+TIMEOUT_S = 0.2
+
+
+def scope(method: str = "POST", body_length: int | None = 0) -> dict[str, Any]:
+    headers = [] if body_length is None else [(b"content-length", str(body_length).encode())]
+    return {"type": "http", "path": "/classify", "method": method, "headers": headers}
+
+
+async def call(app, request_scope: dict[str, Any], receive=None) -> tuple[list[dict[str, Any]], float]:
+    middleware = FrontMiddleware(app, max_bytes=10_000, max_concurrency=100, timeout_s=TIMEOUT_S, route_backends={})
+    sent: list[dict[str, Any]] = []
+    started = time.perf_counter()
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def whole_body() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    await middleware(request_scope, receive or whole_body, send)
+    return sent, time.perf_counter() - started
+
+
+def answer(sent: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+    return sent[0]["status"], json.loads(sent[1]["body"])
+
+
+class BlockingWork:
+    """An app whose handler does 1 s of uninterruptible CPU work (like a decode) on a pool."""
+
+    def __init__(self, pool: CpuPool) -> None:
+        self.pool = pool
+        self.running = 0
+        self.peak = 0
+        self.finished = 0
+        self.lock = threading.Lock()
+
+    def work(self) -> None:
+        with self.lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        time.sleep(1.0)
+        with self.lock:
+            self.running -= 1
+            self.finished += 1
+
+    async def __call__(self, scope, receive, send) -> None:
+        await receive()
+        await self.pool.run(self.work)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"late"})
+
+
+def test_a_stuck_handler_gets_our_504_on_time_and_its_late_answer_is_dropped() -> None:
+    pool = CpuPool(1)
+    app = BlockingWork(pool)
+
+    async def main() -> tuple[list[dict[str, Any]], float]:
+        sent, seconds = await call(app, scope())
+        await asyncio.sleep(1.3)  # the abandoned work ends meanwhile and tries to answer
+        return sent, seconds
+
+    sent, seconds = asyncio.run(main())
+    status, body = answer(sent)
+    assert status == 504 and body["error"]["code"] == "timeout", body
+    assert seconds < TIMEOUT_S + 0.5  # not after the 1 s of work: nothing waits for it
+    assert len(sent) == 2, sent  # the handler's own late 200 never reached the client
+    assert app.finished == 1
+    pool.close()
+
+
+def test_timed_out_work_never_runs_more_threads_than_the_pool() -> None:
+    """anyio's to_thread released its limiter on cancel: 3 waves of 5 timeouts ran 6 decodes at once
+    on a limit of 2. The pool keeps a started job's thread and drops jobs that never started."""
+    pool = CpuPool(2)
+    app = BlockingWork(pool)
+
+    async def main() -> list[int]:
+        statuses = []
+        for _ in range(3):
+            waves = await asyncio.gather(*(call(app, scope()) for _ in range(5)))
+            statuses += [answer(sent)[0] for sent, _ in waves]
+        return statuses
+
+    statuses = asyncio.run(main())
+    assert statuses == [504] * 15
+    assert app.peak <= 2, app.peak
+    pool.close()
+
+
+def test_a_client_too_slow_to_send_its_body_gets_a_408() -> None:
+    async def app(scope, receive, send) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def trickle() -> dict[str, Any]:
+        await asyncio.sleep(0.15)
+        return {"type": "http.request", "body": b"x", "more_body": True}
+
+    for length in (None, 5_000):  # chunked (read by the middleware) and sized (read by the app)
+        sent, seconds = asyncio.run(call(app, scope(body_length=length), trickle))
+        status, body = answer(sent)
+        assert status == 408 and body["error"]["code"] == "request_timeout", (length, body)
+        assert seconds < TIMEOUT_S + 0.5
+
+
+def test_a_fast_request_is_untouched() -> None:
+    async def app(scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"fine"})
+
+    sent, _ = asyncio.run(call(app, scope(method="GET", body_length=None)))
+    assert sent[0]["status"] == 200 and sent[1]["body"] == b"fine"
