@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,7 @@ class BuildContext:
     model: Uint8Classifier
     calibration_dir: Path | None = None
     int8_activations: str = "u8"
+    force: bool = False  # rebuild from the weights: never reuse a stored export
     _tmp: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
     _onnx: Path | None = None
     _calibration: list[np.ndarray] | None = None
@@ -62,17 +64,22 @@ class BuildContext:
         return str(self.calibration_dir) if self.calibration_dir else "bundled scikit-image photos (+crops, flips)"
 
     def onnx_fp32(self) -> Path:
-        """The FP32 ONNX file for these weights: the stored one if current, else exported once."""
+        """The FP32 ONNX file for these weights, in this build's own temp dir, made at most once.
+
+        A copy of the stored one when current (and not forcing), else a fresh export. Never the
+        stored file itself: rebuilding ``onnx`` deletes the version it supersedes mid-build.
+        """
         if self._onnx is None:
             from build_models.exporters import write_onnx_fp32
             from fastinfer.engines.onnx import MODEL_FILE
 
+            path = Path(self._tmp.name) / "fp32.onnx"
             stored = store.find("onnx")
-            if store.is_current(stored, self.weights.source_hash):
-                self._onnx = Path(stored.path) / MODEL_FILE
+            if not self.force and store.is_current(stored, self.weights.source_hash):
+                shutil.copyfile(Path(stored.path) / MODEL_FILE, path)
             else:
-                self._onnx = Path(self._tmp.name) / "fp32.onnx"
-                write_onnx_fp32(self, self._onnx)
+                write_onnx_fp32(self, path)
+            self._onnx = path
         return self._onnx
 
     def calibration_images(self) -> list[np.ndarray]:

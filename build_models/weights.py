@@ -2,7 +2,8 @@
 
 Pretrained weights may be impossible to fetch (an offline machine). ``auto`` then falls back
 to a seeded random init, loudly; the kind travels as a label into the store, ``/backends``
-and every response, so nobody mistakes a random model's answers for ImageNet's.
+and every response, so nobody mistakes a random model's answers for ImageNet's. A file in the
+torch.hub cache is only called ImageNet once its sha256 matches the prefix in its name.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import logging
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 
@@ -39,13 +41,57 @@ def state_hash(state_dict: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()[:16]
 
 
-def _imagenet() -> dict[str, torch.Tensor]:
+def imagenet_url() -> str:
     from torchvision.models import ResNet50_Weights
 
+    return ResNet50_Weights.IMAGENET1K_V2.url
+
+
+def hub_file(url: str) -> Path:
+    """Where torch.hub keeps (or would download) the file at ``url``."""
+    return Path(torch.hub.get_dir()) / "checkpoints" / Path(urlparse(url).path).name
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class WeightsHashMismatch(ValueError):
+    """A cached weights file whose contents do not match the hash in its name."""
+
+
+def verify_hub_file(path: Path) -> None:
+    """Check a cached file against the sha256 prefix in its name (``<name>-<8+ hex>.pth``).
+
+    torch.hub checks that prefix only when it downloads; a file already in the cache is loaded
+    unverified, so anything saved under torchvision's file name would pass for ImageNet.
+    """
+    match = torch.hub.HASH_REGEX.search(path.name)
+    expected = match.group(1) if match else ""
+    if len(expected) < 8:
+        raise WeightsHashMismatch(f"{path}: its name carries no sha256 prefix to verify it by")
+    actual = file_sha256(path)
+    if not actual.startswith(expected):
+        raise WeightsHashMismatch(
+            f"{path} is not the file its name claims: expected sha256 prefix {expected}, "
+            f"actual {actual[: len(expected)]} (delete it to download it again)"
+        )
+
+
+def _imagenet() -> dict[str, torch.Tensor]:
+    url = imagenet_url()
+    cached = hub_file(url)
+    if cached.exists():
+        verify_hub_file(cached)
     previous = socket.getdefaulttimeout()
     socket.setdefaulttimeout(15)  # an offline machine should fail fast, not hang
     try:
-        return ResNet50_Weights.IMAGENET1K_V2.get_state_dict(progress=False, check_hash=True)
+        # Loads the verified cached file, or downloads it and checks the hash as it does.
+        return torch.hub.load_state_dict_from_url(url, progress=False, check_hash=True)
     finally:
         socket.setdefaulttimeout(previous)
 
@@ -66,27 +112,35 @@ def _file(path: Path) -> dict[str, torch.Tensor]:
     return {k.removeprefix("module."): v for k, v in loaded.items()}
 
 
+def _random_init(fallback_reason: str | None = None) -> Weights:
+    state = _random()
+    description = f"seeded random init (seed {RANDOM_SEED})"
+    if fallback_reason:  # says why in the store too, not only in this build's log
+        description += f"; {fallback_reason}"
+    return Weights("random-init", description, state, state_hash(state))
+
+
 def load_weights(choice: str) -> Weights:
     """``auto`` | ``imagenet`` | ``random`` | a path to a ``.pth`` state_dict."""
     if choice in ("auto", "imagenet"):
         try:
             state = _imagenet()
-            return Weights("imagenet", f"torchvision {WEIGHTS_ENUM}", state, state_hash(state))
-        except Exception as exc:  # any network/cache failure: fall back only in auto mode
+        except Exception as exc:  # offline, or a cached file that fails its hash: fall back only in auto mode
             if choice == "imagenet":
                 raise RuntimeError(f"ImageNet weights could not be loaded: {exc}") from exc
+            reason = f"ImageNet weights not used: {type(exc).__name__}: {exc}"
             logger.warning(
-                "\n%s\n!! ImageNet weights unavailable (%s).\n!! Falling back to a RANDOM INIT "
-                "(seed %d): predictions will be meaningless.\n!! Every model and response is "
-                "labelled weights=random-init.\n%s",
+                "\n%s\n!! %s\n!! Falling back to a RANDOM INIT (seed %d): predictions will be meaningless."
+                "\n!! Every model and response is labelled weights=random-init.\n%s",
                 "!" * 78,
-                type(exc).__name__,
+                reason,
                 RANDOM_SEED,
                 "!" * 78,
             )
-    if choice in ("auto", "random"):
-        state = _random()
-        return Weights("random-init", f"seeded random init (seed {RANDOM_SEED})", state, state_hash(state))
+            return _random_init(reason)
+        return Weights("imagenet", f"torchvision {WEIGHTS_ENUM}", state, state_hash(state))
+    if choice == "random":
+        return _random_init()
     path = Path(choice)
     if not path.is_file():
         raise FileNotFoundError(f"--weights {choice!r}: not auto|imagenet|random and not a file")

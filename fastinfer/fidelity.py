@@ -15,6 +15,11 @@ from fastinfer import photos
 from fastinfer.engines import Engine
 from fastinfer.preprocess import PreprocessSpec, prepare
 
+INT8_MIN_TOP1, INT8_MIN_TOP5, INT8_MAX_ERROR = 0.90, 0.85, 5.0
+"""The INT8 gates against FP32 PyTorch, shared by the gated tests (tests/unit/test_fidelity.py, where
+they are shown to catch a model calibrated on nothing and a wrong input scale) and the build's
+verification (build_models)."""
+
 
 @dataclass(frozen=True)
 class Fidelity:

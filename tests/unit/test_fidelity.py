@@ -23,7 +23,7 @@ from fastinfer import fidelity as fid
 from fastinfer.backends import open_engine
 from fastinfer.preprocess import PreprocessSpec
 
-TOP1, TOP5, MAX_ERROR = 0.90, 0.85, 5.0
+TOP1, TOP5, MAX_ERROR = fid.INT8_MIN_TOP1, fid.INT8_MIN_TOP5, fid.INT8_MAX_ERROR
 
 
 def passes(f: fid.Fidelity) -> bool:

@@ -37,3 +37,70 @@ def test_local_state_dict_file(tmp_path) -> None:
 def test_unknown_choice_is_an_error() -> None:
     with pytest.raises(FileNotFoundError):
         weights.load_weights("no-such-file.pth")
+
+
+@pytest.fixture
+def hub_dir(tmp_path, monkeypatch):
+    """A private torch.hub cache: nothing a test writes here can reach a real build."""
+    monkeypatch.setattr(torch.hub, "_hub_dir", None)  # restored after the test
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    checkpoints = tmp_path / "hub" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    assert weights.hub_file(weights.imagenet_url()).parent == checkpoints
+    return checkpoints
+
+
+@pytest.fixture
+def not_imagenet(hub_dir):
+    """A random-init state_dict saved under torchvision's own file name for IMAGENET1K_V2."""
+    path = hub_dir / "resnet50-11ad3fa6.pth"
+    assert weights.hub_file(weights.imagenet_url()) == path
+    torch.save(weights.load_weights("random").state_dict, path)
+    return path
+
+
+def no_download(*args, **kwargs):
+    raise AssertionError("must not reach torch.hub with a cached file that fails its hash")
+
+
+def test_a_cached_file_that_fails_its_hash_is_refused(not_imagenet, monkeypatch) -> None:
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", no_download)
+    actual = weights.file_sha256(not_imagenet)[:8]
+    with pytest.raises(RuntimeError, match="ImageNet weights could not be loaded") as err:
+        weights.load_weights("imagenet")
+    message = str(err.value)
+    assert str(not_imagenet) in message and "11ad3fa6" in message and actual in message
+
+
+def test_auto_falls_back_and_says_why_when_the_hash_fails(not_imagenet, monkeypatch, caplog) -> None:
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", no_download)
+    w = weights.load_weights("auto")
+    assert w.kind == "random-init"
+    assert "RANDOM INIT" in caplog.text and str(not_imagenet) in caplog.text
+    # The reason travels into the store's metadata with the description.
+    assert "WeightsHashMismatch" in w.description and str(not_imagenet) in w.description
+    assert "11ad3fa6" in w.description
+
+
+def test_a_cached_file_that_matches_its_hash_is_imagenet(hub_dir, monkeypatch) -> None:
+    state = weights.load_weights("random").state_dict
+    staged = hub_dir / "staged.pth"
+    torch.save(state, staged)
+    path = hub_dir / f"resnet50-{weights.file_sha256(staged)[:10]}.pth"
+    staged.rename(path)
+    monkeypatch.setattr(weights, "imagenet_url", lambda: f"https://download.pytorch.org/models/{path.name}")
+    w = weights.load_weights("imagenet")
+    assert w.kind == "imagenet"
+    assert w.source_hash == weights.state_hash(state)
+
+
+def test_an_absent_file_is_downloaded_with_its_hash_checked(hub_dir, monkeypatch) -> None:
+    calls = []
+
+    def download(url, **kwargs):
+        calls.append((url, kwargs))
+        raise OSError("offline")
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", download)
+    assert weights.load_weights("auto").kind == "random-init"
+    assert calls == [(weights.imagenet_url(), {"progress": False, "check_hash": True})]

@@ -1,0 +1,64 @@
+"""An export that diverges from PyTorch beyond its artifact's tolerance fails the build, and is not stored."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import bentoml
+import numpy as np
+import pytest
+from PIL import Image
+
+from build_models import ARTIFACTS, FP32_TOLERANCE, INT8_TOLERANCE, VerificationError, build, exporters
+from fastinfer.fidelity import Fidelity
+
+
+def stored_tags(name: str) -> list[str]:
+    return sorted(str(m.tag) for m in bentoml.models.list(name))
+
+
+def test_tolerances_on_known_numbers() -> None:
+    exact = Fidelity("x", images=8, top1_agreement=1.0, top5_overlap=1.0, cosine=1.0, max_abs_error=3e-5)
+    assert FP32_TOLERANCE.violations(exact) == [] and INT8_TOLERANCE.violations(exact) == []
+    assert FP32_TOLERANCE.violations(replace(exact, max_abs_error=float("nan")))
+    one_flip = replace(exact, top1_agreement=7 / 8, top5_overlap=0.9, max_abs_error=2.0)
+    assert INT8_TOLERANCE.violations(one_flip) == []
+    assert len(FP32_TOLERANCE.violations(one_flip)) == 2
+    assert len(INT8_TOLERANCE.violations(replace(one_flip, top1_agreement=6 / 8, top5_overlap=0.8))) == 2
+    assert len(INT8_TOLERANCE.violations(replace(one_flip, max_abs_error=5.1))) == 1
+
+
+def shifted_onnx(ctx: Any, out_dir: Path) -> dict[str, Any]:
+    """The FP32 export with every logit shifted by +0.5: top-1 intact, the model wrong."""
+    import onnx
+    from onnx import numpy_helper
+
+    extra = exporters.export_onnx(ctx, out_dir)
+    path = out_dir / exporters.ONNX_FILE
+    model = onnx.load(path)
+    (bias,) = [t for t in model.graph.initializer if list(t.dims) == [1000]]  # the classifier's bias
+    bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias) + np.float32(0.5), bias.name))
+    onnx.save(model, path)
+    return extra
+
+
+def test_a_divergent_export_fails_the_build_and_stores_nothing(built_models, monkeypatch) -> None:
+    before = stored_tags("resnet50-onnx")
+    monkeypatch.setitem(ARTIFACTS, "onnx", replace(ARTIFACTS["onnx"], export=shifted_onnx))
+    with pytest.raises(VerificationError, match=r"resnet50-onnx: .*max \|logit diff\| 0\.5\d* > 0\.001") as err:
+        build("random", only=["onnx"], force=True, progress=print)
+    assert "Nothing stored" in str(err.value) and before[0] in str(err.value)
+    assert stored_tags("resnet50-onnx") == before  # the previous version stays, nothing new
+
+
+def test_int8_calibrated_on_a_black_image_fails_the_build(built_models, tmp_path) -> None:
+    """The real INT8 tolerance against a real broken quantization (measured here: max |logit diff| 15.5)."""
+    black = tmp_path / "calibration"
+    black.mkdir()
+    Image.new("RGB", (300, 300)).save(black / "black.png")
+    before = stored_tags("resnet50-onnx-int8")
+    with pytest.raises(VerificationError, match=r"resnet50-onnx-int8: .*max \|logit diff\| [\d.]+ > 5"):
+        build("random", only=["onnx-int8"], force=True, progress=print, calibration_dir=black)
+    assert stored_tags("resnet50-onnx-int8") == before
