@@ -8,6 +8,7 @@ response with per-stage timings → cache SET (fail-open).
 
 import asyncio
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from starlette.staticfiles import StaticFiles
 
 from fastinfer import analysis, hardware, metrics, store
 from fastinfer.api_inputs import AnalyzeInput, ClassifyInput, CompareInput, ImageInput
-from fastinfer.cache import ResponseCache, cache_key, open_cache
+from fastinfer.cache import Expected, ResponseCache, cache_key, open_cache
 from fastinfer.config import get_settings
 from fastinfer.cpu import CpuPool
 from fastinfer.errors import ApiError, BackendUnavailable, UnknownBackend
@@ -45,6 +46,13 @@ from runners import REGISTRY, runs_here, unavailable_reason
 from runners.coreml import CoremlRunner
 from runners.onnx import OnnxInt8DynamicRunner, OnnxInt8Runner, OnnxRunner
 from runners.pytorch import PytorchRunner
+
+# Runners on loopback TCP instead of Unix sockets. On SIGTERM `bentoml serve` deletes its runners'
+# socket files at once, before any worker stops, so a runner that stays up for the front to drain
+# (runners/drain.py) could not take a new connection; a TCP port stays open as long as the runner.
+# Read by `bentoml serve` when it creates the runners' sockets, after importing this module.
+# Measured here (AMD EPYC, onnx-int8, two rounds each): no difference beyond noise (README, Overload).
+os.environ.setdefault("BENTOML_NO_UDS", "1")
 
 logger = logging.getLogger("fastinfer.service")
 DASHBOARD_DIR = Path(__file__).parent / "dashboard"
@@ -202,7 +210,8 @@ class FastInfer:
             metrics.CACHE_EVENTS.labels(event="bypass").inc()
         else:
             t0 = time.perf_counter()
-            cached, event = await self.cache.lookup(key, backend, info.tag, k)
+            expected = Expected(backend, info.tag, k, info.weights, info.categories)
+            cached, event = await self.cache.lookup(key, expected)
             timings["cache"] = (time.perf_counter() - t0) * 1000
             metrics.CACHE_EVENTS.labels(event=event).inc()
             if cached is not None:
@@ -361,4 +370,6 @@ FastInfer.add_asgi_middleware(
     max_concurrency=settings.max_concurrency,
     timeout_s=settings.request_timeout_s,
     route_backends=ROUTE_BACKENDS,
+    max_uploads=settings.max_uploads,
+    body_idle_s=settings.body_idle_s,
 )

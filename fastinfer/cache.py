@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +58,19 @@ def encode_entry(body: dict[str, Any]) -> str:
     return json.dumps({"v": CACHE_FORMAT, "body": body})
 
 
-def decode_entry(raw: str | bytes, backend: str, model_tag: str, top_k: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Expected:
+    """What an entry under a key must say: the key's backend, model and top_k, and that model's
+    weights kind and class names (so that no entry can relabel a random-init model, or a class)."""
+
+    backend: str
+    model_tag: str
+    top_k: int
+    weights: str
+    categories: Sequence[str] = ()
+
+
+def decode_entry(raw: str | bytes, expected: Expected) -> dict[str, Any]:
     """The response body stored in ``raw``, checked against what the key promises; else ValueError."""
     entry = json.loads(raw)  # ValueError (JSONDecodeError, UnicodeDecodeError) when not JSON
     if not isinstance(entry, dict) or entry.keys() != {"v", "body"}:
@@ -66,23 +80,41 @@ def decode_entry(raw: str | bytes, backend: str, model_tag: str, top_k: int) -> 
     body = entry["body"]
     if not isinstance(body, dict) or body.keys() != BODY_KEYS:
         raise InvalidEntry("the body's keys are not a response's")
-    if body["backend"] != backend or body["model"] != model_tag:
-        raise InvalidEntry(f"answers {body['backend']!r}/{body['model']!r}, the key {backend!r}/{model_tag!r}")
+    if (body["backend"], body["model"], body["weights"]) != (expected.backend, expected.model_tag, expected.weights):
+        raise InvalidEntry(
+            f"answers {body['backend']!r}/{body['model']!r}/{body['weights']!r}, the key "
+            f"{expected.backend!r}/{expected.model_tag!r}/{expected.weights!r}"
+        )
     ranked = body["top_k"]
-    if not isinstance(ranked, list) or not ranked or len(ranked) != top_k or not all(map(_is_prediction, ranked)):
-        raise InvalidEntry(f"top_k is not a list of {top_k} predictions")
+    k = expected.top_k
+    if not isinstance(ranked, list) or not ranked or len(ranked) != k or not all(map(_is_prediction, ranked)):
+        raise InvalidEntry(f"top_k is not a list of {k} predictions")
+    _check_ranking(ranked, expected.categories)
     best = ranked[0]
     if not (
         isinstance(body["class"], str)
         and _is_int(body["class_index"])
         and _is_probability(body["confidence"])
-        and isinstance(body["weights"], str)
         and isinstance(body["cached"], bool)
     ):
         raise InvalidEntry("a field has the wrong type")
     if (body["class"], body["class_index"], body["confidence"]) != (best["label"], best["index"], best["score"]):
         raise InvalidEntry("class, class_index, confidence disagree with top_k[0]")
     return body
+
+
+def _check_ranking(ranked: list[dict[str, Any]], categories: Sequence[str]) -> None:
+    """A softmax top-k: distinct classes, each with its own name, scores falling, summing to <= 1."""
+    indices = [p["index"] for p in ranked]
+    if len(set(indices)) != len(indices):
+        raise InvalidEntry("a class appears twice in top_k")
+    if categories and any(
+        i >= len(categories) or p["label"] != categories[i] for i, p in zip(indices, ranked, strict=True)
+    ):
+        raise InvalidEntry("a label is not its class index's name")
+    scores = [p["score"] for p in ranked]
+    if any(a < b for a, b in itertools.pairwise(scores)) or sum(scores) > 1.0 + 1e-3:  # 4-decimal rounding
+        raise InvalidEntry("top_k scores are not a ranked softmax")
 
 
 def _is_int(value: Any) -> bool:
@@ -149,16 +181,20 @@ class ResponseCache:
         self._last_log = 0.0
         self._last_invalid_log = 0.0
 
-    async def lookup(self, key: str, backend: str, model_tag: str, top_k: int) -> tuple[dict[str, Any] | None, str]:
+    async def lookup(self, key: str, expected: Expected) -> tuple[dict[str, Any] | None, str]:
         """The cached body (or None) and the event: ``hit``, ``miss``, ``invalid`` or ``error``.
 
-        ``backend``, ``model_tag`` and ``top_k`` are what ``key`` was made from: the entry must match them.
+        ``expected`` is what ``key`` was made from: the entry must match it.
         """
         if time.monotonic() < self._open_until:
             self.stats.errors += 1
             return None, "error"
         try:
             raw = await self._get(key)
+        except InvalidEntry as exc:  # readable, but not a value of ours (e.g. a list under the key)
+            self._recovered()
+            self._invalid(key, exc)
+            return None, "invalid"
         except Exception as exc:
             self._failed("GET", exc)
             return None, "error"
@@ -167,7 +203,7 @@ class ResponseCache:
             self.stats.misses += 1
             return None, "miss"
         try:
-            body = decode_entry(raw, backend, model_tag, top_k)
+            body = decode_entry(raw, expected)
         except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
             self._invalid(key, exc)
             return None, "invalid"
@@ -290,7 +326,16 @@ class RedisCache(ResponseCache):
             return False
 
     async def _get(self, key: str) -> bytes | None:
-        return await asyncio.wait_for(self.client.get(key), self.timeout_s)
+        from redis.exceptions import ResponseError
+
+        try:
+            return await asyncio.wait_for(self.client.get(key), self.timeout_s)
+        except ResponseError as exc:
+            # WRONGTYPE: a list, hash or set under our key. Redis answered: no outage, just a bad
+            # entry, which the SET after inference replaces (SET overwrites any type).
+            if "WRONGTYPE" in str(exc):
+                raise InvalidEntry(f"not a string value: {exc}") from exc
+            raise
 
     async def _set(self, key: str, raw: str | bytes) -> None:
         ttl_ms = max(1, int(self.ttl_s * 1000))

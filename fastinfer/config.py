@@ -41,6 +41,8 @@ class Settings:
     threads: int = 0  # 0 = decide from the core count (see fastinfer.hardware)
     request_timeout_s: int = 30
     max_concurrency: int = 64
+    max_uploads: int = 128  # bodies arriving at once (they take no handling slot while they arrive)
+    body_idle_s: int = 10  # a body that stalls this long gets 408
     batching: dict[str, BatchingConfig] = field(default_factory=dict)
     cache: str = "auto"  # redis | memory | off | auto
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -114,6 +116,8 @@ def get_settings() -> Settings:
         threads=_int("FASTINFER_THREADS", Settings.threads),
         request_timeout_s=_int("FASTINFER_TIMEOUT_S", Settings.request_timeout_s),
         max_concurrency=_int("FASTINFER_MAX_CONCURRENCY", Settings.max_concurrency),
+        max_uploads=_int("FASTINFER_MAX_UPLOADS", Settings.max_uploads),
+        body_idle_s=_int("FASTINFER_BODY_IDLE_S", Settings.body_idle_s),
         batching={name: _batching(name) for name in BACKENDS},
         cache=os.environ.get("FASTINFER_CACHE", "auto").strip().lower() or "auto",
         redis_url=os.environ.get("REDIS_URL", "").strip() or Settings.redis_url,

@@ -2,11 +2,13 @@
 
 * More requests in flight than ``max_concurrency`` → 429 at once (with Retry-After), so that a
   spike is refused instead of queued without bound.
-* A body whose Content-Length exceeds the limit is answered 413 before a byte is read; a
-  chunked body is counted as it streams and cut off at the limit.
-* A request that has not started answering within ``timeout_s`` is cancelled → 504 (408 when
-  the client had not even finished sending its body). The deadline covers the whole request, so
-  it always fires before BentoML's own timeout (set later as a backstop) and answers in our shape.
+* The body is read here, before the request takes one of the ``max_concurrency`` slots: a body
+  whose Content-Length exceeds the limit is answered 413 before a byte is read, a chunked one is
+  cut off at the limit, one that stalls for ``body_idle_s`` gets 408, and at most
+  ``max_uploads`` bodies arrive at once (429 beyond), so slow uploads cannot starve the rest.
+* A request that has not started answering within ``timeout_s`` is answered 504 (408 when the
+  client had not even finished sending its body). The deadline covers the whole request, so it
+  always fires before BentoML's own timeout (set later as a backstop) and answers in our shape.
 * Any 4xx/5xx JSON produced outside our handlers (BentoML's validation, unknown routes) is
   rewritten to ``{"error": {"code", "message"}}``.
 * Every answered API request is counted in ``fastinfer_requests_total{route,backend,status}``.
@@ -79,6 +81,9 @@ def _validation_error(detail: list[dict[str, Any]]) -> dict[str, Any]:
     return error_body(code, "; ".join(parts))
 
 
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
 class FrontMiddleware:
     def __init__(
         self,
@@ -87,13 +92,18 @@ class FrontMiddleware:
         max_concurrency: int,
         timeout_s: float,
         route_backends: Mapping[str, str],
+        max_uploads: int | None = None,
+        body_idle_s: float = 10.0,
     ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.max_concurrency = max_concurrency
+        self.max_uploads = max_uploads if max_uploads is not None else 2 * max_concurrency
         self.timeout_s = timeout_s
+        self.body_idle_s = body_idle_s
         self.route_backends = dict(route_backends)  # API route → backend label when the handler sets none
-        self.in_flight = 0
+        self.in_flight = 0  # requests being handled (their body is in)
+        self.uploading = 0  # requests whose body is still arriving
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in UNLIMITED_PATHS:
@@ -102,13 +112,23 @@ class FrontMiddleware:
         path = scope["path"]
         state = scope.setdefault("state", {})  # created here, so that copies of the scope share it
         recorder = _Recorder(send)
+        # One deadline for the whole request, the body's arrival included, so that ours always
+        # answers before BentoML's own (later) timeout, and in our shape.
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
         try:
+            if scope.get("method") in BODY_METHODS:
+                # The body is read before the request takes a handling slot: a client that uploads
+                # slowly (or never finishes) holds an upload slot, never one that others need.
+                body = await self._receive_body(scope, receive, recorder, deadline)
+                if body is None:  # answered (413, 408, 429), or the client has gone
+                    return
+                receive = _replay(body, receive)
             if self.in_flight >= self.max_concurrency:
                 await _send_json(recorder, 429, self._overloaded(), [(b"retry-after", b"1")])
                 return
             self.in_flight += 1
             try:
-                await self._admitted(scope, receive, recorder)
+                await self._handle(scope, receive, recorder, deadline)
             finally:
                 self.in_flight -= 1
         finally:
@@ -116,28 +136,45 @@ class FrontMiddleware:
                 backend = state.get("fastinfer_backend") or self.route_backends[path]
                 REQUESTS.labels(route=path, backend=backend, status=str(recorder.status)).inc()
 
-    async def _admitted(self, scope: Scope, receive: Receive, send: _Recorder) -> None:
+    async def _receive_body(self, scope: Scope, receive: Receive, send: _Recorder, deadline: float) -> bytes | None:
+        """The whole body, or None once answered: 413 over the limit, 408 when it stalls for
+        ``body_idle_s`` or is not in by the deadline, 429 when too many are uploading already."""
         length = _content_length(scope)
         if length is not None and length > self.max_bytes:
             await _send_json(send, 413, self._too_large(length))
-            return
-        body = _BodyTracker(receive, expected=scope.get("method") in ("POST", "PUT", "PATCH") and length != 0)
+            return None
+        if self.uploading >= self.max_uploads:
+            await _send_json(send, 429, self._overloaded(), [(b"retry-after", b"1")])
+            return None
+        self.uploading += 1
+        loop = asyncio.get_running_loop()
+        chunks: list[bytes] = []
+        total = 0
+        try:
+            while True:
+                wait = min(self.body_idle_s, deadline - loop.time())
+                try:
+                    message = await asyncio.wait_for(receive(), max(wait, 0.0))
+                except TimeoutError:
+                    await _send_json(send, 408, self._slow_body())
+                    return None
+                if message["type"] == "http.disconnect":  # the client left: nobody to answer
+                    return None
+                chunk = message.get("body", b"")
+                total += len(chunk)
+                if total > self.max_bytes:
+                    await _send_json(send, 413, self._too_large(length))
+                    return None
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+        finally:
+            self.uploading -= 1
+
+    async def _handle(self, scope: Scope, receive: Receive, send: _Recorder, deadline: float) -> None:
         gate = _Gate(send)
-
-        async def handle() -> None:
-            receive_body: Receive = body
-            if length is None and scope.get("method") in ("POST", "PUT", "PATCH"):
-                data = await self._read_limited(body)
-                if data is None:
-                    await _send_json(gate, 413, self._too_large(None))
-                    return
-                receive_body = _replay(data, body)
-            await self.app(scope, receive_body, _ErrorRewriter(gate))
-
-        # One deadline for the whole request, the body's arrival included, so that ours always
-        # answers before BentoML's own (later) timeout, and in our shape.
-        task = asyncio.ensure_future(handle())
-        done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
+        task = asyncio.ensure_future(self.app(scope, receive, _ErrorRewriter(gate)))
+        done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - asyncio.get_running_loop().time()))
         if task in done:
             task.result()
             return
@@ -149,16 +186,6 @@ class FrontMiddleware:
         gate.close()
         task.cancel()
         task.add_done_callback(_retrieve)
-        if not body.complete:  # the client is slow to send: its problem, said as a 4xx
-            await _send_json(
-                send,
-                408,
-                error_body(
-                    "request_timeout",
-                    f"The request body did not arrive within {self.timeout_s:g} s (FASTINFER_TIMEOUT_S).",
-                ),
-            )
-            return
         await _send_json(
             send,
             504,
@@ -169,7 +196,7 @@ class FrontMiddleware:
         return error_body(
             "overloaded",
             f"The server is at its limit of {self.max_concurrency} concurrent requests "
-            "(FASTINFER_MAX_CONCURRENCY); retry shortly.",
+            f"(FASTINFER_MAX_CONCURRENCY) or {self.max_uploads} uploads; retry shortly.",
         )
 
     def _too_large(self, length: int | None) -> dict[str, Any]:
@@ -179,19 +206,12 @@ class FrontMiddleware:
             f"The request body is {size}; the limit is {self.max_bytes:,} bytes (FASTINFER_MAX_BYTES).",
         )
 
-    async def _read_limited(self, receive: Receive) -> bytes | None:
-        chunks, total = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return b"".join(chunks)
-            chunk = message.get("body", b"")
-            total += len(chunk)
-            if total > self.max_bytes:
-                return None
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+    def _slow_body(self) -> dict[str, Any]:
+        return error_body(
+            "request_timeout",
+            f"The request body stalled for {self.body_idle_s:g} s or did not arrive within "
+            f"{self.timeout_s:g} s (FASTINFER_BODY_IDLE_S, FASTINFER_TIMEOUT_S).",
+        )
 
 
 class _Recorder:
@@ -205,20 +225,6 @@ class _Recorder:
         if message["type"] == "http.response.start":
             self.status = message["status"]
         await self.send(message)
-
-
-class _BodyTracker:
-    """Wraps ``receive`` and notes when the whole body has arrived."""
-
-    def __init__(self, receive: Receive, expected: bool) -> None:
-        self.receive = receive
-        self.complete = not expected
-
-    async def __call__(self) -> Message:
-        message = await self.receive()
-        if message["type"] == "http.disconnect" or not message.get("more_body", False):
-            self.complete = True
-        return message
 
 
 class _Gate:

@@ -68,24 +68,31 @@ def decode(data: bytes, max_pixels: int, target_short_side: int) -> Image.Image:
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
-    """Any Pillow mode → 8-bit RGB. Transparency is composited onto white."""
+    """Any Pillow mode → 8-bit RGB. Transparency is composited onto white.
+
+    Written to keep few full-size copies (memory per pixel bounds what one decode may cost): at
+    most the decoded image, one RGBA or float32 copy and the RGB result.
+    """
     if img.mode == "RGB":
         return img
-    if img.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
-        # 16-bit greyscale: scale the full range to 8 bits instead of clipping at 255.
-        arr = np.asarray(img).astype(np.float32)
-        peak = 65535.0 if img.mode.startswith("I;16") or arr.max() > 255 else 255.0
-        arr = np.clip(arr * (255.0 / peak) + 0.5, 0, 255).astype(np.uint8)
-        return Image.fromarray(arr).convert("RGB")
-    if img.mode == "F":
-        arr = np.clip(np.asarray(img), 0, 255).astype(np.uint8)
-        return Image.fromarray(arr).convert("RGB")
+    if img.mode in ("I;16", "I;16B", "I;16L", "I;16N"):
+        # 16-bit greyscale: the top 8 bits, instead of Pillow's clipping at 255.
+        return Image.fromarray((np.asarray(img, dtype=np.uint16) >> 8).astype(np.uint8)).convert("RGB")
+    if img.mode in ("I", "F"):
+        arr = np.array(img, dtype=np.float32)  # one copy, then scaled in place
+        if img.mode == "I" and arr.max() > 255:  # 32-bit samples holding a 16-bit range
+            arr *= 255.0 / 65535.0
+        if img.mode == "I":
+            arr += 0.5
+        np.clip(arr, 0, 255, out=arr)
+        return Image.fromarray(arr.astype(np.uint8)).convert("RGB")
     if img.mode == "P" and "transparency" in img.info:
         img = img.convert("RGBA")
     if img.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
-        rgba = img.convert("RGBA")
-        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(background, rgba).convert("RGB")
+        rgba = img if img.mode == "RGBA" else img.convert("RGBA")
+        white = Image.new("RGB", rgba.size, (255, 255, 255))
+        white.paste(rgba, mask=rgba)  # the alpha band is the mask
+        return white
     return img.convert("RGB")
 
 

@@ -121,4 +121,8 @@ def test_manifests_agree_with_the_code(client) -> None:
     assert redis_url.split("//")[1].split(":")[0] in redis_services
     (hpa,) = [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
     assert hpa["spec"]["scaleTargetRef"]["name"] == "fastinfer"
-    assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > 30  # > FASTINFER_TIMEOUT_S
+    # Shutdown: the grace periods outlast what may be in flight (a request may take FASTINFER_TIMEOUT_S).
+    timeout_s = int(next(e["value"] for e in container["env"] if e["name"] == "FASTINFER_TIMEOUT_S"))
+    pre_stop_s = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
+    assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > pre_stop_s + timeout_s
+    assert int(app["stop_grace_period"].removesuffix("s")) > int(app["environment"]["FASTINFER_TIMEOUT_S"])

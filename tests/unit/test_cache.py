@@ -8,6 +8,7 @@ import asyncio
 import json
 import socket
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ import redis
 from fastinfer.cache import (
     CACHE_FORMAT,
     INDEX_KEY,
+    Expected,
     MemoryCache,
     RedisCache,
     ResponseCache,
@@ -29,7 +31,7 @@ KEY = cache_key(b"image", "onnx", TAG, 5)
 
 def body(k: int = 5, backend: str = "onnx", model: str = TAG) -> dict[str, Any]:
     """A response body as service.FastInfer._body makes it."""
-    ranked = [{"label": f"class {i}", "index": i, "score": round(0.5 / (i + 1), 4)} for i in range(k)]
+    ranked = [{"label": f"class {i}", "index": i, "score": round(0.4 / 2**i, 4)} for i in range(k)]
     return {
         "class": ranked[0]["label"],
         "class_index": ranked[0]["index"],
@@ -42,8 +44,12 @@ def body(k: int = 5, backend: str = "onnx", model: str = TAG) -> dict[str, Any]:
     }
 
 
+CATEGORIES = [f"class {i}" for i in range(1000)]
+EXPECTED = Expected("onnx", TAG, 5, "random-init", CATEGORIES)
+
+
 async def lookup(cache: ResponseCache, key: str = KEY) -> tuple[dict[str, Any] | None, str]:
-    return await cache.lookup(key, "onnx", TAG, 5)
+    return await cache.lookup(key, EXPECTED)
 
 
 def test_key_changes_with_every_input() -> None:
@@ -194,6 +200,20 @@ BAD_ENTRIES: dict[str, str | bytes] = {
     "class disagrees with top_k": changed(**{"class": "class 1"}),
     "another backend than the key": changed(backend="pytorch"),
     "another model than the key": changed(model="resnet50-onnx:def"),
+    "weights relabelled": changed(weights="imagenet"),
+    "a label not its index's name": entry(
+        {**body(), "class": "hacked", "top_k": [{**body()["top_k"][0], "label": "hacked"}, *body()["top_k"][1:]]}
+    ),
+    "an index beyond the classes": entry(
+        {**body(), "class_index": 999999, "top_k": [{**body()["top_k"][0], "index": 999999}, *body()["top_k"][1:]]}
+    ),
+    "a class twice": changed(top_k=[*body()["top_k"][:4], body()["top_k"][0]]),
+    "scores rising": changed(
+        top_k=body()["top_k"][::-1], **{"class": "class 4", "class_index": 4, "confidence": 0.025}
+    ),
+    "scores summing above 1": entry(
+        {**body(), "confidence": 0.95, "top_k": [{**body()["top_k"][0], "score": 0.95}, *body()["top_k"][1:]]}
+    ),
 }
 
 
@@ -228,9 +248,10 @@ def test_redis_stores_what_it_reads(redis_url: str) -> None:
             assert json.loads(await cache.client.get(KEY)) == {"v": CACHE_FORMAT, "body": body()}
             assert await lookup(cache) == (body(), "hit")
             # the same entry read for another top_k, backend or model than it holds is not served
-            assert (await cache.lookup(KEY, "onnx", TAG, 3))[1] == "invalid"
-            assert (await cache.lookup(KEY, "pytorch", TAG, 5))[1] == "invalid"
-            assert (await cache.lookup(KEY, "onnx", "resnet50-onnx:def", 5))[1] == "invalid"
+            assert (await cache.lookup(KEY, replace(EXPECTED, top_k=3)))[1] == "invalid"
+            assert (await cache.lookup(KEY, replace(EXPECTED, backend="pytorch")))[1] == "invalid"
+            assert (await cache.lookup(KEY, replace(EXPECTED, model_tag="resnet50-onnx:def")))[1] == "invalid"
+            assert (await cache.lookup(KEY, replace(EXPECTED, weights="imagenet")))[1] == "invalid"
         finally:
             await cache.close()
 
@@ -320,3 +341,27 @@ def test_a_foreign_value_under_the_index_costs_the_count_only(redis_url: str) ->
 
     stats = asyncio.run(main())
     assert stats["keys"] is None and stats["errors"] == 0 and stats["healthy"] is True
+
+
+@pytest.mark.parametrize("kind", ["list", "hash", "set"])
+def test_another_redis_type_under_the_key_is_invalid_not_an_outage(kind: str, redis_url: str) -> None:
+    """WRONGTYPE once counted as a Redis failure: the breaker opened for every request, and the SET
+    that would replace the value was skipped while it was open, so one key kept the cache off."""
+
+    async def main() -> dict:
+        cache = RedisCache(redis_url, ttl_s=60, timeout_s=1)
+        other = cache_key(b"another image", "onnx", TAG, 5)
+        try:
+            await cache.store(other, body())
+            writes = {"list": cache.client.rpush, "hash": cache.client.hset, "set": cache.client.sadd}
+            await (writes[kind](KEY, "x", "y") if kind == "hash" else writes[kind](KEY, "x"))
+            assert await lookup(cache) == (None, "invalid")
+            assert await lookup(cache, other) == (body(), "hit")  # everyone else still served
+            await cache.store(KEY, body())
+            assert await lookup(cache) == (body(), "hit")
+            return await cache.describe()
+        finally:
+            await cache.close()
+
+    stats = asyncio.run(main())
+    assert stats["errors"] == 0 and stats["healthy"] is True and stats["invalid"] == 1

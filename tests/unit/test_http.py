@@ -20,8 +20,15 @@ def scope(method: str = "POST", body_length: int | None = 0) -> dict[str, Any]:
     return {"type": "http", "path": "/classify", "method": method, "headers": headers}
 
 
-async def call(app, request_scope: dict[str, Any], receive=None) -> tuple[list[dict[str, Any]], float]:
-    middleware = FrontMiddleware(app, max_bytes=10_000, max_concurrency=100, timeout_s=TIMEOUT_S, route_backends={})
+def middleware_for(app, **limits: Any) -> FrontMiddleware:
+    options = {"max_bytes": 10_000, "max_concurrency": 100, "timeout_s": TIMEOUT_S, **limits}
+    return FrontMiddleware(app, route_backends={}, **options)
+
+
+async def call(
+    app, request_scope: dict[str, Any], receive=None, middleware: FrontMiddleware | None = None
+) -> tuple[list[dict[str, Any]], float]:
+    middleware = middleware or middleware_for(app)
     sent: list[dict[str, Any]] = []
     started = time.perf_counter()
 
@@ -103,21 +110,85 @@ def test_timed_out_work_never_runs_more_threads_than_the_pool() -> None:
 
 
 def test_a_client_too_slow_to_send_its_body_gets_a_408() -> None:
-    async def app(scope, receive, send) -> None:
-        while (await receive()).get("more_body"):
-            pass
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"ok"})
+    app = ok_app
 
     async def trickle() -> dict[str, Any]:
         await asyncio.sleep(0.15)
         return {"type": "http.request", "body": b"x", "more_body": True}
 
-    for length in (None, 5_000):  # chunked (read by the middleware) and sized (read by the app)
+    for length in (None, 5_000):  # chunked and sized: each byte in time, the whole too late
         sent, seconds = asyncio.run(call(app, scope(body_length=length), trickle))
         status, body = answer(sent)
         assert status == 408 and body["error"]["code"] == "request_timeout", (length, body)
         assert seconds < TIMEOUT_S + 0.5
+
+
+async def never_arrives() -> dict[str, Any]:
+    await asyncio.sleep(3600)
+    raise AssertionError("unreachable")
+
+
+async def ok_app(scope, receive, send) -> None:
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def test_a_stalled_body_gets_408_after_the_idle_limit_not_the_deadline() -> None:
+    middleware = middleware_for(ok_app, timeout_s=30, body_idle_s=0.2)
+    sent, seconds = asyncio.run(call(ok_app, scope(body_length=5_000), never_arrives, middleware))
+    status, body = answer(sent)
+    assert status == 408 and body["error"]["code"] == "request_timeout"
+    assert seconds < 2
+
+
+def test_stalled_uploads_take_no_handling_slot() -> None:
+    """64 sockets sending headers and nothing more once made every other request a 429 for 30 s."""
+    middleware = middleware_for(ok_app, max_concurrency=2, timeout_s=5, body_idle_s=5)
+
+    async def main() -> tuple[list[dict[str, Any]], int]:
+        stalled = [asyncio.ensure_future(call(ok_app, scope(body_length=5_000), never_arrives, middleware))]
+        stalled += [asyncio.ensure_future(call(ok_app, scope(body_length=5_000), never_arrives, middleware))]
+        await asyncio.sleep(0.05)
+        uploading = middleware.uploading
+        sent, _ = await call(ok_app, scope(), None, middleware)
+        for task in stalled:
+            task.cancel()
+        return sent, uploading
+
+    sent, uploading = asyncio.run(main())
+    assert uploading == 2
+    assert sent[0]["status"] == 200, sent
+
+
+def test_uploads_beyond_their_limit_are_refused_at_once() -> None:
+    middleware = middleware_for(ok_app, max_uploads=1, body_idle_s=5, timeout_s=5)
+
+    async def main() -> list[dict[str, Any]]:
+        first = asyncio.ensure_future(call(ok_app, scope(body_length=5_000), never_arrives, middleware))
+        await asyncio.sleep(0.05)
+        sent, _ = await call(ok_app, scope(body_length=5_000), never_arrives, middleware)
+        first.cancel()
+        return sent
+
+    status, body = answer(asyncio.run(main()))
+    assert status == 429 and body["error"]["code"] == "overloaded"
+
+
+def test_a_client_leaving_mid_upload_reaches_no_handler() -> None:
+    called = []
+
+    async def app(scope, receive, send) -> None:
+        called.append(True)
+
+    messages = iter([{"type": "http.request", "body": b"half", "more_body": True}, {"type": "http.disconnect"}])
+
+    async def receive() -> dict[str, Any]:
+        return next(messages)
+
+    sent, _ = asyncio.run(call(app, scope(body_length=5_000), receive))
+    assert sent == [] and called == []
 
 
 def test_a_fast_request_is_untouched() -> None:

@@ -107,19 +107,19 @@ def test_undecodable_input_is_invalid_image(data: bytes) -> None:
         prepare(data, SPEC, 10**9)
 
 
-@pytest.mark.parametrize("case", list(images.EXTREME_SHAPES))
-def test_extreme_shapes_are_classified_at_bounded_cost(case: str) -> None:
-    """Each shape in a fresh interpreter, so that its peak memory is its own."""
+def prepare_in_a_fresh_interpreter(make_data: str) -> dict:
+    """``prepare`` of the bytes ``make_data`` (Python, with ``images`` and ``Image`` imported) in a
+    new interpreter, so that its peak memory is its own: output shape, peak growth, seconds."""
     import json
     import subprocess
     import sys
 
-    width, height, fmt = images.EXTREME_SHAPES[case]
     script = f"""
 import json, resource, time
+from PIL import Image
 from fastinfer.preprocess import PreprocessSpec, prepare
 from tests import images
-data = images.extreme_shape({width}, {height}, {fmt!r})
+data = {make_data}
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t0 = time.perf_counter()
 out = prepare(data, PreprocessSpec(232, 224), 50_000_000).pixels
@@ -131,10 +131,35 @@ print(json.dumps({{"shape": list(out.shape), "dtype": str(out.dtype), "grew_mb":
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout.splitlines()[-1])
     assert seen["shape"] == [224, 224, 3] and seen["dtype"] == "uint8"
+    return seen
+
+
+@pytest.mark.parametrize("case", list(images.EXTREME_SHAPES))
+def test_extreme_shapes_are_classified_at_bounded_cost(case: str) -> None:
+    width, height, fmt = images.EXTREME_SHAPES[case]
+    seen = prepare_in_a_fresh_interpreter(f"images.extreme_shape({width}, {height}, {fmt!r})")
     # Resizing the whole 1×20000 image took 4.5 GB and 17 s; the crop alone takes about 1 MB, 5 ms.
     # (A bound, not a speed target: 64 MB and 5 s leave room for a slow machine.)
     assert seen["grew_mb"] < 64, f"{case}: peak memory grew by {seen['grew_mb']:.0f} MB"
     assert seen["seconds"] < 5, f"{case}: {seen['seconds']:.1f} s"
+
+
+SIDE = 3000  # 9 MP: large enough that the full-size copies dominate the peak
+MODES = {
+    "rgba png": f"images.encode(Image.new('RGBA', ({SIDE}, {SIDE}), (9, 99, 199, 128)), 'PNG')",
+    "palette gif with transparency": (f"images.encode(Image.new('P', ({SIDE}, {SIDE}), 3), 'GIF', transparency=3)"),
+    "16-bit png": f"images.encode(Image.new('I;16', ({SIDE}, {SIDE}), 40000), 'PNG')",
+    "rgb png": f"images.encode(Image.new('RGB', ({SIDE}, {SIDE}), (9, 99, 199)), 'PNG')",
+}
+
+
+@pytest.mark.parametrize("case", list(MODES))
+def test_memory_per_pixel_stays_low_for_every_mode(case: str) -> None:
+    """What one decode may cost is bytes per pixel × FASTINFER_MAX_PIXELS. Compositing alpha through
+    two RGBA copies and scaling 16 bits through float32 took ~20 bytes a pixel; now at most ~12."""
+    seen = prepare_in_a_fresh_interpreter(MODES[case])
+    per_pixel = seen["grew_mb"] * 2**20 / SIDE**2
+    assert per_pixel < 14, f"{case}: {per_pixel:.1f} bytes per pixel"
 
 
 @pytest.mark.parametrize("size", [(2, 900), (900, 2), (3, 2000), (1, 5000)])
