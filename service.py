@@ -8,11 +8,11 @@ response with per-stage timings → cache SET (fail-open).
 
 import asyncio
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import anyio
 import bentoml
 import numpy as np
@@ -46,13 +46,6 @@ from runners import REGISTRY, runs_here, unavailable_reason
 from runners.coreml import CoremlRunner
 from runners.onnx import OnnxInt8DynamicRunner, OnnxInt8Runner, OnnxRunner
 from runners.pytorch import PytorchRunner
-
-# Runners on loopback TCP instead of Unix sockets. On SIGTERM `bentoml serve` deletes its runners'
-# socket files at once, before any worker stops, so a runner that stays up for the front to drain
-# (runners/drain.py) could not take a new connection; a TCP port stays open as long as the runner.
-# Read by `bentoml serve` when it creates the runners' sockets, after importing this module.
-# Measured here (AMD EPYC, onnx-int8, two rounds each): no difference beyond noise (README, Overload).
-os.environ.setdefault("BENTOML_NO_UDS", "1")
 
 logger = logging.getLogger("fastinfer.service")
 DASHBOARD_DIR = Path(__file__).parent / "dashboard"
@@ -230,9 +223,15 @@ class FastInfer:
     async def _infer(self, backend: str, pixels: np.ndarray, batched: bool | None, timings: dict[str, float]) -> Any:
         entry = REGISTRY[backend]
         t0 = time.perf_counter()
+        call = getattr(getattr(self, entry.runner).to_async, entry.method(batched))
         try:
-            call = getattr(getattr(self, entry.runner).to_async, entry.method(batched))
-            logits = await call(pixels[np.newaxis])
+            try:
+                logits = await call(pixels[np.newaxis])
+            except aiohttp.ClientConnectorError:
+                # Nothing was sent, so one retry is safe. At SIGTERM the runner's socket file is
+                # gone for a moment before the runner links it back (runners/drain.py).
+                await asyncio.sleep(0.1)
+                logits = await call(pixels[np.newaxis])
         except Exception as exc:  # runner down or crashed: the server's fault, said plainly
             logger.exception("runner %s failed", backend)
             raise BackendUnavailable(f"The {backend} runner failed: {type(exc).__name__}") from exc

@@ -65,6 +65,14 @@ def _int(name: str, default: int) -> int:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from exc
 
 
+def _positive(name: str, default: int) -> int:
+    """An integer >= 1: a limit of 0 would refuse everything, not switch the limit off."""
+    value = _int(name, default)
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return value
+
+
 def _bool(name: str, default: bool) -> bool:
     raw = os.environ.get(name, "").strip().lower()
     if not raw:
@@ -109,15 +117,15 @@ def get_settings() -> Settings:
         raise ValueError(f"FASTINFER_DEFAULT_BACKEND must be one of {', '.join(BACKENDS)}")
     return Settings(
         default_backend=default_backend,
-        max_bytes=_int("FASTINFER_MAX_BYTES", Settings.max_bytes),
-        max_pixels=_int("FASTINFER_MAX_PIXELS", Settings.max_pixels),
+        max_bytes=_positive("FASTINFER_MAX_BYTES", Settings.max_bytes),
+        max_pixels=_positive("FASTINFER_MAX_PIXELS", Settings.max_pixels),
         front_workers=_int("FASTINFER_FRONT_WORKERS", Settings.front_workers),
         runner_workers=_int("FASTINFER_RUNNER_WORKERS", Settings.runner_workers),
         threads=_int("FASTINFER_THREADS", Settings.threads),
-        request_timeout_s=_int("FASTINFER_TIMEOUT_S", Settings.request_timeout_s),
-        max_concurrency=_int("FASTINFER_MAX_CONCURRENCY", Settings.max_concurrency),
-        max_uploads=_int("FASTINFER_MAX_UPLOADS", Settings.max_uploads),
-        body_idle_s=_int("FASTINFER_BODY_IDLE_S", Settings.body_idle_s),
+        request_timeout_s=_positive("FASTINFER_TIMEOUT_S", Settings.request_timeout_s),
+        max_concurrency=_positive("FASTINFER_MAX_CONCURRENCY", Settings.max_concurrency),
+        max_uploads=_positive("FASTINFER_MAX_UPLOADS", Settings.max_uploads),
+        body_idle_s=_positive("FASTINFER_BODY_IDLE_S", Settings.body_idle_s),
         batching={name: _batching(name) for name in BACKENDS},
         cache=os.environ.get("FASTINFER_CACHE", "auto").strip().lower() or "auto",
         redis_url=os.environ.get("REDIS_URL", "").strip() or Settings.redis_url,

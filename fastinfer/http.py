@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
+from tempfile import SpooledTemporaryFile
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -82,6 +83,9 @@ def _validation_error(detail: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+SPOOL_IN_MEMORY = 1024 * 1024  # a body beyond this waits on disk, as Starlette's multipart parts do
+REPLAY_CHUNK = 64 * 1024
+CLOSE = [(b"connection", b"close")]  # answered before the body was read: the rest is not read either
 
 
 class FrontMiddleware:
@@ -112,43 +116,55 @@ class FrontMiddleware:
         path = scope["path"]
         state = scope.setdefault("state", {})  # created here, so that copies of the scope share it
         recorder = _Recorder(send)
-        # One deadline for the whole request, the body's arrival included, so that ours always
-        # answers before BentoML's own (later) timeout, and in our shape.
-        deadline = asyncio.get_running_loop().time() + self.timeout_s
         try:
-            if scope.get("method") in BODY_METHODS:
-                # The body is read before the request takes a handling slot: a client that uploads
-                # slowly (or never finishes) holds an upload slot, never one that others need.
-                body = await self._receive_body(scope, receive, recorder, deadline)
-                if body is None:  # answered (413, 408, 429), or the client has gone
-                    return
-                receive = _replay(body, receive)
-            if self.in_flight >= self.max_concurrency:
-                await _send_json(recorder, 429, self._overloaded(), [(b"retry-after", b"1")])
-                return
-            self.in_flight += 1
-            try:
-                await self._handle(scope, receive, recorder, deadline)
-            finally:
-                self.in_flight -= 1
+            await self._admit(scope, receive, recorder)
         finally:
             if path in self.route_backends and recorder.status is not None:
                 backend = state.get("fastinfer_backend") or self.route_backends[path]
                 REQUESTS.labels(route=path, backend=backend, status=str(recorder.status)).inc()
 
-    async def _receive_body(self, scope: Scope, receive: Receive, send: _Recorder, deadline: float) -> bytes | None:
-        """The whole body, or None once answered: 413 over the limit, 408 when it stalls for
-        ``body_idle_s`` or is not in by the deadline, 429 when too many are uploading already."""
+    async def _admit(self, scope: Scope, receive: Receive, send: _Recorder) -> None:
+        # One deadline for the whole request, the body's arrival included, so that ours always
+        # answers before BentoML's own (later) timeout, and in our shape.
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        spool: SpooledTemporaryFile[bytes] | None = None
+        try:
+            if scope.get("method") in BODY_METHODS:
+                # The body is read before the request takes a handling slot: a client that uploads
+                # slowly (or never finishes) holds an upload slot, never one that others need.
+                spool = await self._receive_body(scope, receive, send, deadline)
+                if spool is None:  # answered (413, 408, 429), or the client has gone
+                    return
+                receive = _replay(spool, receive)
+            if self.in_flight >= self.max_concurrency:
+                await _send_json(send, 429, self._overloaded(), [(b"retry-after", b"1")])
+                return
+            self.in_flight += 1
+            try:
+                await self._handle(scope, receive, send, deadline)
+            finally:
+                self.in_flight -= 1
+        finally:
+            if spool is not None:
+                spool.close()
+
+    async def _receive_body(
+        self, scope: Scope, receive: Receive, send: _Recorder, deadline: float
+    ) -> SpooledTemporaryFile[bytes] | None:
+        """The whole body, spooled (in memory up to SPOOL_IN_MEMORY, then on disk), or None once
+        answered: 413 over the limit, 408 when it stalls for ``body_idle_s`` or is not in by the
+        deadline, 429 when too many are uploading or the server is full, or the client has gone.
+        Answers sent before the body is in close the connection: what is left of it is not read."""
         length = _content_length(scope)
         if length is not None and length > self.max_bytes:
-            await _send_json(send, 413, self._too_large(length))
+            await _send_json(send, 413, self._too_large(length), CLOSE)
             return None
-        if self.uploading >= self.max_uploads:
-            await _send_json(send, 429, self._overloaded(), [(b"retry-after", b"1")])
+        if self.uploading >= self.max_uploads or self.in_flight >= self.max_concurrency:
+            await _send_json(send, 429, self._overloaded(), [(b"retry-after", b"1"), *CLOSE])
             return None
         self.uploading += 1
         loop = asyncio.get_running_loop()
-        chunks: list[bytes] = []
+        spool: SpooledTemporaryFile[bytes] = SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)  # noqa: SIM115 (returned)
         total = 0
         try:
             while True:
@@ -156,20 +172,22 @@ class FrontMiddleware:
                 try:
                     message = await asyncio.wait_for(receive(), max(wait, 0.0))
                 except TimeoutError:
-                    await _send_json(send, 408, self._slow_body())
-                    return None
+                    await _send_json(send, 408, self._slow_body(), CLOSE)
+                    break
                 if message["type"] == "http.disconnect":  # the client left: nobody to answer
-                    return None
+                    break
                 chunk = message.get("body", b"")
                 total += len(chunk)
                 if total > self.max_bytes:
-                    await _send_json(send, 413, self._too_large(length))
-                    return None
-                chunks.append(chunk)
+                    await _send_json(send, 413, self._too_large(length), CLOSE)
+                    break
+                spool.write(chunk)
                 if not message.get("more_body", False):
-                    return b"".join(chunks)
+                    return spool
         finally:
             self.uploading -= 1
+        spool.close()
+        return None
 
     async def _handle(self, scope: Scope, receive: Receive, send: _Recorder, deadline: float) -> None:
         gate = _Gate(send)
@@ -296,18 +314,27 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-def _replay(body: bytes, original: Receive) -> Receive:
-    """The already-read body once, then the real channel (which reports a real disconnect)."""
-    sent = False
+def _replay(spool: SpooledTemporaryFile[bytes], original: Receive) -> Receive:
+    """The already-read body, in chunks, then the real channel (which reports a real disconnect)."""
+    spool.seek(0)
+    done = False
 
     async def receive() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await original()
+        nonlocal done
+        if done:
+            return await original()
+        chunk = spool.read(REPLAY_CHUNK)
+        done = spool.tell() >= spool_size(spool)
+        return {"type": "http.request", "body": chunk, "more_body": not done}
 
     return receive
+
+
+def spool_size(spool: SpooledTemporaryFile[bytes]) -> int:
+    position = spool.tell()
+    size = spool.seek(0, 2)
+    spool.seek(position)
+    return size
 
 
 async def _send_json(

@@ -76,8 +76,13 @@ def to_rgb(img: Image.Image) -> Image.Image:
     if img.mode == "RGB":
         return img
     if img.mode in ("I;16", "I;16B", "I;16L", "I;16N"):
-        # 16-bit greyscale: the top 8 bits, instead of Pillow's clipping at 255.
-        return Image.fromarray((np.asarray(img, dtype=np.uint16) >> 8).astype(np.uint8)).convert("RGB")
+        # 16-bit greyscale: scaled to 8 bits and rounded (round(v / 257), in integers and in place),
+        # instead of Pillow's clipping at 255.
+        v = np.array(img, dtype=np.uint32)
+        v *= 2
+        v += 257
+        v //= 514
+        return Image.fromarray(v.astype(np.uint8)).convert("RGB")
     if img.mode in ("I", "F"):
         arr = np.array(img, dtype=np.float32)  # one copy, then scaled in place
         if img.mode == "I" and arr.max() > 255:  # 32-bit samples holding a 16-bit range

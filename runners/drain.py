@@ -6,13 +6,27 @@ needs its runner *afterwards*, and the runner had already gone: "UnixClientConne
 during every rolling update. So a runner defers its own shutdown until no front worker is left
 beside it (or the request deadline has passed), then shuts down as usual. Only SIGTERM — what
 docker stop and Kubernetes send — is deferred; Ctrl-C (SIGINT) still stops everything at once.
+
+Staying up is not enough: before it signals the workers, `bentoml serve` deletes the directory of
+their Unix socket files, so the front could not open a new connection to a runner that still
+listens. A runner therefore keeps a second name (a hard link) for its socket file from start-up,
+and on SIGTERM links it back where the front looks for it. (Loopback TCP would avoid this, but
+anyone on the host could then reach the runners, whose API takes pickles; the socket directory
+is private to the user.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import logging
+import os
+import shutil
 import signal
+import socket
+import sys
+import tempfile
 import time
 from types import FrameType
 from typing import Any
@@ -42,11 +56,55 @@ def front_workers_alive() -> bool:
     return False
 
 
+def listening_socket_path() -> str | None:
+    """The file of the Unix socket this worker serves (circus passes it as ``--fd N``), if any."""
+    args = sys.argv
+    if "--fd" not in args[:-1]:
+        return None
+    try:
+        with socket.socket(fileno=os.dup(int(args[args.index("--fd") + 1]))) as sock:
+            name = sock.getsockname() if sock.family == socket.AF_UNIX else None
+    except (OSError, ValueError):
+        return None
+    return name if isinstance(name, str) and name else None
+
+
+class SocketName:
+    """A spare hard link to a Unix socket's file, to put the file back after someone deletes it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._spare_dir = tempfile.mkdtemp(prefix="fastinfer-runner-")  # private, like the original
+        self._spare = os.path.join(self._spare_dir, "socket")
+        os.link(path, self._spare)
+        self.restored = False
+        atexit.register(self.remove)
+
+    def restore(self) -> None:
+        """Link the socket back at its path if it is gone (its directory too, user-only)."""
+        if os.path.exists(self.path):
+            return
+        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+        with contextlib.suppress(FileExistsError):  # another runner's restore raced ours: fine
+            os.link(self._spare, self.path)
+        self.restored = True
+
+    def remove(self) -> None:
+        if self.restored:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.dirname(self.path))  # the last runner out removes the directory
+        shutil.rmtree(self._spare_dir, ignore_errors=True)
+
+
 def leave_after_front(max_wait_s: float) -> None:
     """From inside the running worker (an on_startup hook, once uvicorn has its handler): defer SIGTERM."""
     shut_down = signal.getsignal(signal.SIGTERM)
     if not callable(shut_down):  # no server handler to defer (not under uvicorn)
         return
+    path = listening_socket_path()
+    name = SocketName(path) if path else None
     loop = asyncio.get_running_loop()
     started: list[asyncio.Task[None]] = []  # the task must be referenced, or it may be collected
 
@@ -54,11 +112,15 @@ def leave_after_front(max_wait_s: float) -> None:
         deadline = time.monotonic() + max_wait_s
         while front_workers_alive() and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
+        if name is not None:  # nobody will connect again (the process may end without atexit)
+            name.remove()
         shut_down(signum, frame)
 
     def on_sigterm(signum: int, frame: FrameType | None) -> Any:
         if started:  # a second SIGTERM while draining: stop now
             return shut_down(signum, frame)
+        if name is not None:
+            name.restore()  # at once: `bentoml serve` deleted it just before signalling
         logger.info("SIGTERM: serving until the front has drained (at most %.0fs)", max_wait_s)
         loop.call_soon_threadsafe(lambda: started.append(loop.create_task(drain(signum, frame))))
 

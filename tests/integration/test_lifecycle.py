@@ -117,8 +117,8 @@ def in_flight(client: httpx.Client, route: str) -> float:
 def test_graceful_shutdown_finishes_every_request_in_flight(own_server) -> None:
     """Eight requests to one runner are half-uploaded when SIGTERM arrives, and the server says all
     eight are in progress: they are in flight by construction, not by timing. Every one must still be
-    answered. (While the runners listened on Unix sockets, `bentoml serve` deleted the socket files
-    at SIGTERM: a request that found a pooled connection got 200, those that needed a new one 503.)"""
+    answered. (`bentoml serve` deletes the runners' socket files at SIGTERM; before runners/drain.py
+    linked them back, a request that found a pooled connection got 200, one that needed a new one 503.)"""
     uploads = [multipart(photos.photo_jpeg("chelsea.png", width=400 + i), backend="pytorch") for i in range(8)]
     with httpx.Client(base_url=own_server.url, timeout=10) as client:
         sockets = [open_upload(own_server.url, body, ctype) for body, ctype in uploads]

@@ -141,6 +141,8 @@ def test_a_stalled_body_gets_408_after_the_idle_limit_not_the_deadline() -> None
     status, body = answer(sent)
     assert status == 408 and body["error"]["code"] == "request_timeout"
     assert seconds < 2
+    # The rest of the body is never read, so the connection must not be reused for another request.
+    assert (b"connection", b"close") in sent[0]["headers"]
 
 
 def test_stalled_uploads_take_no_handling_slot() -> None:
@@ -172,8 +174,10 @@ def test_uploads_beyond_their_limit_are_refused_at_once() -> None:
         first.cancel()
         return sent
 
-    status, body = answer(asyncio.run(main()))
+    sent = asyncio.run(main())
+    status, body = answer(sent)
     assert status == 429 and body["error"]["code"] == "overloaded"
+    assert (b"connection", b"close") in sent[0]["headers"]
 
 
 def test_a_client_leaving_mid_upload_reaches_no_handler() -> None:
@@ -198,3 +202,68 @@ def test_a_fast_request_is_untouched() -> None:
 
     sent, _ = asyncio.run(call(app, scope(method="GET", body_length=None)))
     assert sent[0]["status"] == 200 and sent[1]["body"] == b"fine"
+
+
+def chunks_then_stall(total: int, chunk: int = 64 * 1024):
+    """A receive() that delivers ``total`` bytes in chunks, then never sends the rest."""
+    sent = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent >= total:
+            await asyncio.sleep(3600)
+        sent += chunk
+        return {"type": "http.request", "body": b"x" * chunk, "more_body": True}
+
+    return receive
+
+
+def test_pending_uploads_wait_on_disk_beyond_a_megabyte_each() -> None:
+    """Holding every arriving body in memory made 24 pending 19 MB uploads cost the front 1.4 GB."""
+    import tracemalloc
+
+    middleware = middleware_for(ok_app, max_bytes=50_000_000, timeout_s=30, body_idle_s=30)
+
+    async def main() -> int:
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        uploads = [
+            asyncio.ensure_future(call(ok_app, scope(body_length=20_000_000), chunks_then_stall(4_000_000), middleware))
+            for _ in range(10)
+        ]
+        while middleware.uploading < 10:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # every upload has delivered its 4 MB
+        held = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        for upload in uploads:
+            upload.cancel()
+        await asyncio.gather(*uploads, return_exceptions=True)
+        return held
+
+    held = asyncio.run(main())
+    assert held < 10 * 1.5 * 2**20, f"{held / 2**20:.0f} MB held for 10 pending uploads of 4 MB"
+
+
+def test_a_multi_chunk_body_reaches_the_handler_whole() -> None:
+    received = bytearray()
+
+    async def app(scope, receive, send) -> None:
+        while True:
+            message = await receive()
+            received.extend(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    payload = bytes(range(256)) * 12_000  # 3 MB: beyond the in-memory part of the spool
+    parts = [payload[i : i + 100_000] for i in range(0, len(payload), 100_000)]
+    messages = iter({"type": "http.request", "body": p, "more_body": i < len(parts) - 1} for i, p in enumerate(parts))
+
+    async def receive() -> dict[str, Any]:
+        return next(messages)
+
+    middleware = middleware_for(app, max_bytes=10_000_000)
+    sent, _ = asyncio.run(call(app, scope(body_length=len(payload)), receive, middleware))
+    assert sent[0]["status"] == 200 and bytes(received) == payload

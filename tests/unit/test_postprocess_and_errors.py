@@ -69,3 +69,15 @@ def test_bad_settings_say_which_variable(monkeypatch) -> None:
             get_settings()
     finally:
         get_settings.cache_clear()
+
+
+@pytest.mark.parametrize("name", ["FASTINFER_BODY_IDLE_S", "FASTINFER_MAX_UPLOADS", "FASTINFER_MAX_CONCURRENCY"])
+def test_a_limit_of_zero_is_refused_not_taken_as_off(monkeypatch, name: str) -> None:
+    """FASTINFER_BODY_IDLE_S=0 made every POST a 408; FASTINFER_MAX_UPLOADS=0 every POST a 429."""
+    get_settings.cache_clear()
+    monkeypatch.setenv(name, "0")
+    try:
+        with pytest.raises(ValueError, match=f"{name} must be at least 1"):
+            get_settings()
+    finally:
+        get_settings.cache_clear()
