@@ -8,7 +8,7 @@ WEIGHTS ?= auto
 # The model store lives in the project unless you point BENTOML_HOME elsewhere.
 export BENTOML_HOME ?= $(CURDIR)/bentoml_home
 
-.PHONY: serve test models lint clean-models bento container bench
+.PHONY: serve test system-deps models lint clean-models bento container bench
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,7 +23,11 @@ models: $(VENV)/.installed
 serve: models
 	$(VENV)/bin/bentoml serve service:FastInfer --port $(PORT)
 
-test: models
+# redis-server and chromium: what pip cannot install (apt-get as root, else one line naming them).
+system-deps:
+	@scripts/system-deps
+
+test: system-deps models
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 

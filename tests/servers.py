@@ -40,7 +40,7 @@ class RedisServer:
     def start(self) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            pytest.fail("redis-server is not installed (apt-get install redis-server; .ci/run does)")
+            pytest.fail("redis-server is not installed (apt-get install redis-server; make test does)")
         self.process = subprocess.Popen(
             [
                 binary,
