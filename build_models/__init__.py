@@ -174,7 +174,7 @@ def build(
                 extra = export(ctx, Path(tmp))
                 if artifact.name == "onnx-int8":
                     progress(f"{step}: calibrated on {extra['calibration_images']} images ({ctx.calibration_source})")
-                verified: dict[str, float] = {}
+                check: Fidelity | None = None
                 if artifact.tolerance is not None:
                     if batch is None:
                         batch = verification_batch(spec)
@@ -195,11 +195,6 @@ def build(
                             f"{'; '.join(problems)} ({found}). Nothing stored{kept}."
                         )
                     progress(f"{step}: verified vs PyTorch {found}")
-                    verified = {
-                        "max_abs_diff_vs_pytorch": check.max_abs_error,
-                        "top1_agreement_vs_pytorch": check.top1_agreement,
-                        "top5_overlap_vs_pytorch": check.top5_overlap,
-                    }
                 elif artifact.name == "coreml" and not hardware.is_macos():
                     progress(f"{step}: converted; CoreML prediction needs macOS, so it is verified there (fidelity)")
                 labels = {
@@ -224,7 +219,15 @@ def build(
                     },
                     "weights_description": weights.description,
                     "categories": categories(),
-                    **verified,
+                    **(
+                        {}
+                        if check is None
+                        else {
+                            "max_abs_diff_vs_pytorch": check.max_abs_error,
+                            "top1_agreement_vs_pytorch": check.top1_agreement,
+                            "top5_overlap_vs_pytorch": check.top5_overlap,
+                        }
+                    ),
                     **extra,
                 }
                 import bentoml
@@ -238,7 +241,7 @@ def build(
                     bentoml.models.delete(existing.tag)
             seconds = time.perf_counter() - t0
             progress(f"{step}: stored {stored.tag} in {seconds:.1f}s")
-            diff, agree = verified.get("max_abs_diff_vs_pytorch"), verified.get("top1_agreement_vs_pytorch")
+            diff, agree = (None, None) if check is None else (check.max_abs_error, check.top1_agreement)
             results.append(BuildResult(name, str(stored.tag), True, seconds, diff, agree))
     finally:
         ctx.close()

@@ -41,7 +41,7 @@ class Settings:
     threads: int = 0  # 0 = decide from the core count (see fastinfer.hardware)
     request_timeout_s: int = 30
     max_concurrency: int = 64
-    max_uploads: int = 128  # bodies arriving at once (they take no handling slot while they arrive)
+    max_uploads: int = 128  # bodies arriving at once (no handling slot while they arrive); 2 × max_concurrency
     body_idle_s: int = 10  # a body that stalls this long gets 408
     batching: dict[str, BatchingConfig] = field(default_factory=dict)
     cache: str = "auto"  # redis | memory | off | auto
@@ -115,6 +115,7 @@ def get_settings() -> Settings:
         raise ValueError("FASTINFER_CACHE must be one of auto, redis, memory, off")
     if default_backend not in BACKENDS:
         raise ValueError(f"FASTINFER_DEFAULT_BACKEND must be one of {', '.join(BACKENDS)}")
+    max_concurrency = _positive("FASTINFER_MAX_CONCURRENCY", Settings.max_concurrency)
     return Settings(
         default_backend=default_backend,
         max_bytes=_positive("FASTINFER_MAX_BYTES", Settings.max_bytes),
@@ -123,8 +124,8 @@ def get_settings() -> Settings:
         runner_workers=_int("FASTINFER_RUNNER_WORKERS", Settings.runner_workers),
         threads=_int("FASTINFER_THREADS", Settings.threads),
         request_timeout_s=_positive("FASTINFER_TIMEOUT_S", Settings.request_timeout_s),
-        max_concurrency=_positive("FASTINFER_MAX_CONCURRENCY", Settings.max_concurrency),
-        max_uploads=_positive("FASTINFER_MAX_UPLOADS", Settings.max_uploads),
+        max_concurrency=max_concurrency,
+        max_uploads=_positive("FASTINFER_MAX_UPLOADS", 2 * max_concurrency),
         body_idle_s=_positive("FASTINFER_BODY_IDLE_S", Settings.body_idle_s),
         batching={name: _batching(name) for name in BACKENDS},
         cache=os.environ.get("FASTINFER_CACHE", "auto").strip().lower() or "auto",

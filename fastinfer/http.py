@@ -96,13 +96,13 @@ class FrontMiddleware:
         max_concurrency: int,
         timeout_s: float,
         route_backends: Mapping[str, str],
-        max_uploads: int | None = None,
-        body_idle_s: float = 10.0,
+        max_uploads: int,
+        body_idle_s: float,
     ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.max_concurrency = max_concurrency
-        self.max_uploads = max_uploads if max_uploads is not None else 2 * max_concurrency
+        self.max_uploads = max_uploads
         self.timeout_s = timeout_s
         self.body_idle_s = body_idle_s
         self.route_backends = dict(route_backends)  # API route → backend label when the handler sets none
@@ -315,7 +315,9 @@ def _content_length(scope: Scope) -> int | None:
 
 
 def _replay(spool: SpooledTemporaryFile[bytes], original: Receive) -> Receive:
-    """The already-read body, in chunks, then the real channel (which reports a real disconnect)."""
+    """The body just written to ``spool``, in chunks, then the real channel (which reports a real
+    disconnect)."""
+    size = spool.tell()  # written to the end
     spool.seek(0)
     done = False
 
@@ -324,17 +326,10 @@ def _replay(spool: SpooledTemporaryFile[bytes], original: Receive) -> Receive:
         if done:
             return await original()
         chunk = spool.read(REPLAY_CHUNK)
-        done = spool.tell() >= spool_size(spool)
+        done = spool.tell() >= size
         return {"type": "http.request", "body": chunk, "more_body": not done}
 
     return receive
-
-
-def spool_size(spool: SpooledTemporaryFile[bytes]) -> int:
-    position = spool.tell()
-    size = spool.seek(0, 2)
-    spool.seek(position)
-    return size
 
 
 async def _send_json(

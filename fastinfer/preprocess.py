@@ -85,9 +85,9 @@ def to_rgb(img: Image.Image) -> Image.Image:
         return Image.fromarray(v.astype(np.uint8)).convert("RGB")
     if img.mode in ("I", "F"):
         arr = np.array(img, dtype=np.float32)  # one copy, then scaled in place
-        if img.mode == "I" and arr.max() > 255:  # 32-bit samples holding a 16-bit range
-            arr *= 255.0 / 65535.0
         if img.mode == "I":
+            if arr.max() > 255:  # 32-bit samples holding a 16-bit range
+                arr *= 255.0 / 65535.0
             arr += 0.5
         np.clip(arr, 0, 255, out=arr)
         return Image.fromarray(arr.astype(np.uint8)).convert("RGB")

@@ -5,9 +5,11 @@ integration tests' servers use 0)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
@@ -157,6 +159,15 @@ def redis_url(redis_server) -> str:
     return url
 
 
+@contextlib.asynccontextmanager
+async def redis_cache(url: str, ttl_s: float = 60) -> AsyncIterator[RedisCache]:
+    cache = RedisCache(url, ttl_s=ttl_s, timeout_s=1)
+    try:
+        yield cache
+    finally:
+        await cache.close()
+
+
 def entry(value: Any) -> str:
     return json.dumps({"v": CACHE_FORMAT, "body": value})
 
@@ -242,8 +253,7 @@ def test_a_bad_entry_is_an_invalid_miss_never_an_error(kind: str, bad: str, requ
 
 def test_redis_stores_what_it_reads(redis_url: str) -> None:
     async def main() -> None:
-        cache = RedisCache(redis_url, ttl_s=60, timeout_s=1)
-        try:
+        async with redis_cache(redis_url) as cache:
             await cache.store(KEY, body())
             assert json.loads(await cache.client.get(KEY)) == {"v": CACHE_FORMAT, "body": body()}
             assert await lookup(cache) == (body(), "hit")
@@ -252,8 +262,6 @@ def test_redis_stores_what_it_reads(redis_url: str) -> None:
             assert (await cache.lookup(KEY, replace(EXPECTED, backend="pytorch")))[1] == "invalid"
             assert (await cache.lookup(KEY, replace(EXPECTED, model_tag="resnet50-onnx:def")))[1] == "invalid"
             assert (await cache.lookup(KEY, replace(EXPECTED, weights="imagenet")))[1] == "invalid"
-        finally:
-            await cache.close()
 
     asyncio.run(main())
 
@@ -267,8 +275,7 @@ async def calls(client: Any, command: str) -> int:
 
 def test_redis_key_count_is_exact_and_never_scans(redis_url: str) -> None:
     async def main() -> tuple[dict, dict[str, int]]:
-        cache = RedisCache(redis_url, ttl_s=60, timeout_s=1)
-        try:
+        async with redis_cache(redis_url) as cache:
             async with cache.client.pipeline(transaction=False) as pipe:  # another app's keys, and v1's
                 for i in range(5000):
                     pipe.set(f"otherapp:session:{i}" if i % 2 else f"fastinfer:v1:old:onnx:5:{i}", "x")
@@ -281,8 +288,6 @@ def test_redis_key_count_is_exact_and_never_scans(redis_url: str) -> None:
             stats = await cache.describe()
             after = {c: await calls(cache.client, c) for c in before}
             return stats, {c: after[c] - before[c] for c in before}
-        finally:
-            await cache.close()
 
     stats, issued = asyncio.run(main())
     assert issued == {"scan": 0, "keys": 0, "dbsize": 0}
@@ -291,8 +296,7 @@ def test_redis_key_count_is_exact_and_never_scans(redis_url: str) -> None:
 
 def test_redis_key_count_goes_down_as_entries_expire(redis_url: str) -> None:
     async def main() -> list[int]:
-        cache = RedisCache(redis_url, ttl_s=1.0, timeout_s=1)
-        try:
+        async with redis_cache(redis_url, ttl_s=1.0) as cache:
             counts = []
             for i in range(12):
                 await cache.store(cache_key(f"image {i}".encode(), "onnx", TAG, 5), body())
@@ -303,16 +307,13 @@ def test_redis_key_count_goes_down_as_entries_expire(redis_url: str) -> None:
             await asyncio.sleep(1.2)
             counts.append((await cache.describe())["keys"])
             return counts
-        finally:
-            await cache.close()
 
     assert asyncio.run(main()) == [12, 1, 0]
 
 
 def test_redis_index_stays_bounded_when_nobody_counts(redis_url: str) -> None:
     async def main() -> None:
-        cache = RedisCache(redis_url, ttl_s=1.0, timeout_s=1)  # long enough for 50 SETs on a busy machine
-        try:
+        async with redis_cache(redis_url, ttl_s=1.0) as cache:  # long enough for 50 SETs on a busy machine
             for i in range(50):
                 await cache.store(cache_key(f"image {i}".encode(), "onnx", TAG, 5), body())
             assert await cache.client.zcard(INDEX_KEY) == 50
@@ -322,22 +323,17 @@ def test_redis_index_stays_bounded_when_nobody_counts(redis_url: str) -> None:
             assert 0 < await cache.client.pttl(INDEX_KEY) <= 1000
             await asyncio.sleep(1.2)
             assert await cache.client.exists(INDEX_KEY) == 0  # writes stopped: the index is gone too
-        finally:
-            await cache.close()
 
     asyncio.run(main())
 
 
 def test_a_foreign_value_under_the_index_costs_the_count_only(redis_url: str) -> None:
     async def main() -> dict:
-        cache = RedisCache(redis_url, ttl_s=60, timeout_s=1)
-        try:
+        async with redis_cache(redis_url) as cache:
             await cache.client.set(INDEX_KEY, "not a sorted set")  # every index command fails: WRONGTYPE
             await cache.store(KEY, body())
             assert await lookup(cache) == (body(), "hit")
             return await cache.describe()
-        finally:
-            await cache.close()
 
     stats = asyncio.run(main())
     assert stats["keys"] is None and stats["errors"] == 0 and stats["healthy"] is True
@@ -349,9 +345,8 @@ def test_another_redis_type_under_the_key_is_invalid_not_an_outage(kind: str, re
     that would replace the value was skipped while it was open, so one key kept the cache off."""
 
     async def main() -> dict:
-        cache = RedisCache(redis_url, ttl_s=60, timeout_s=1)
-        other = cache_key(b"another image", "onnx", TAG, 5)
-        try:
+        async with redis_cache(redis_url) as cache:
+            other = cache_key(b"another image", "onnx", TAG, 5)
             await cache.store(other, body())
             writes = {"list": cache.client.rpush, "hash": cache.client.hset, "set": cache.client.sadd}
             await (writes[kind](KEY, "x", "y") if kind == "hash" else writes[kind](KEY, "x"))
@@ -360,8 +355,6 @@ def test_another_redis_type_under_the_key_is_invalid_not_an_outage(kind: str, re
             await cache.store(KEY, body())
             assert await lookup(cache) == (body(), "hit")
             return await cache.describe()
-        finally:
-            await cache.close()
 
     stats = asyncio.run(main())
     assert stats["errors"] == 0 and stats["healthy"] is True and stats["invalid"] == 1

@@ -21,7 +21,8 @@ def scope(method: str = "POST", body_length: int | None = 0) -> dict[str, Any]:
 
 
 def middleware_for(app, **limits: Any) -> FrontMiddleware:
-    options = {"max_bytes": 10_000, "max_concurrency": 100, "timeout_s": TIMEOUT_S, **limits}
+    options = {"max_bytes": 10_000, "max_concurrency": 100, "max_uploads": 200, "body_idle_s": 10}
+    options.update({"timeout_s": TIMEOUT_S, **limits})
     return FrontMiddleware(app, route_backends={}, **options)
 
 

@@ -53,9 +53,11 @@ def test_settings_from_environment(monkeypatch) -> None:
     monkeypatch.setenv("FASTINFER_MAX_BYTES", "123")
     monkeypatch.setenv("FASTINFER_BATCHING_PYTORCH", "true")
     monkeypatch.setenv("FASTINFER_MAX_BATCH_SIZE_PYTORCH", "4")
+    monkeypatch.setenv("FASTINFER_MAX_CONCURRENCY", "8")
     try:
         s = get_settings()
         assert s.max_bytes == 123
+        assert s.max_uploads == 16  # follows max_concurrency unless set
         assert s.batching_for("pytorch").enabled and s.batching_for("pytorch").max_batch_size == 4
     finally:
         get_settings.cache_clear()
