@@ -7,7 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
-from build_models import ARTIFACT_NAMES, build, missing
+from build_models import ARTIFACT_NAMES, VerificationError, build, missing
+from build_models.weights import NotResNet50Weights
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,14 +27,18 @@ def main(argv: list[str] | None = None) -> int:
         print("build_models: every model is in the store; nothing to do (use --force to rebuild)")
         return 0
     only = [n.strip() for n in args.only.split(",") if n.strip()] or None
-    build(
-        args.weights,
-        only=only,
-        force=args.force,
-        progress=lambda m: print(m, flush=True),
-        calibration_dir=args.calibration_dir,
-        int8_activations=args.int8_activations,
-    )
+    try:
+        build(
+            args.weights,
+            only=only,
+            force=args.force,
+            progress=lambda m: print(m, flush=True),
+            calibration_dir=args.calibration_dir,
+            int8_activations=args.int8_activations,
+        )
+    except (NotResNet50Weights, FileNotFoundError, VerificationError) as exc:  # said in one line, no traceback
+        print(f"build_models: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

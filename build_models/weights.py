@@ -103,13 +103,43 @@ def _random() -> dict[str, torch.Tensor]:
     return resnet50(weights=None).state_dict()
 
 
+class NotResNet50Weights(ValueError):
+    """A weights file that does not hold a ResNet-50 state_dict; the message says what is wrong."""
+
+
 def _file(path: Path) -> dict[str, torch.Tensor]:
-    loaded = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # empty, truncated, not a torch file, or unsafe to unpickle
+        raise NotResNet50Weights(f"{path} is not a readable torch file: {type(exc).__name__}: {exc}") from exc
     if isinstance(loaded, dict) and "state_dict" in loaded:
         loaded = loaded["state_dict"]
     if not isinstance(loaded, dict):
-        raise ValueError(f"{path} does not hold a state_dict")
-    return {k.removeprefix("module."): v for k, v in loaded.items()}
+        raise NotResNet50Weights(f"{path} does not hold a state_dict")
+    state = {str(k).removeprefix("module."): v for k, v in loaded.items()}
+    check_resnet50(state, path)
+    return state
+
+
+def check_resnet50(state: dict[str, object], source: Path) -> None:
+    """Every tensor torchvision's ResNet-50 has, with its shape, and nothing else: said in one line."""
+    from torchvision.models import resnet50
+
+    expected = {k: tuple(v.shape) for k, v in resnet50(weights=None).state_dict().items()}
+    missing = sorted(expected.keys() - state.keys())
+    unexpected = sorted(state.keys() - expected.keys())
+    misshapen = sorted(
+        k
+        for k in expected.keys() & state.keys()
+        if not isinstance(state[k], torch.Tensor) or tuple(state[k].shape) != expected[k]
+    )
+    problems = [
+        f"{len(names)} {what} (e.g. {names[0]})"
+        for what, names in (("missing", missing), ("unexpected", unexpected), ("of the wrong shape", misshapen))
+        if names
+    ]
+    if problems:
+        raise NotResNet50Weights(f"{source} is not a ResNet-50 state_dict: tensors {'; '.join(problems)}")
 
 
 def _random_init(fallback_reason: str | None = None) -> Weights:

@@ -37,6 +37,8 @@ class GuardedInput(IODescriptor):
         if request.headers.get("content-type", "").startswith("multipart/form-data"):
             try:
                 form = await request.form()  # cached on the request: parsed once
+            except OSError:  # e.g. no space left to spool a part: the server's trouble, not the client's
+                raise
             except Exception as exc:
                 raise field_error("body", "invalid_multipart", f"The multipart body is malformed: {exc}") from exc
             unknown = sorted(set(form) - set(cls.model_fields))
@@ -53,7 +55,7 @@ class GuardedInput(IODescriptor):
                         raise field_error(name, "not_a_file", f"'{name}' must be a file upload, not a text field")
         try:
             return await super().from_http_request(request, serde)
-        except ValidationError:
+        except (ValidationError, OSError):
             raise
         except Exception as exc:  # any other parser failure is about the request, not the server
             raise field_error("body", "unparsable", f"The request could not be parsed: {exc}") from exc

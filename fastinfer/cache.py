@@ -113,7 +113,7 @@ def _check_ranking(ranked: list[dict[str, Any]], categories: Sequence[str]) -> N
     ):
         raise InvalidEntry("a label is not its class index's name")
     scores = [p["score"] for p in ranked]
-    if any(a < b for a, b in itertools.pairwise(scores)) or sum(scores) > 1.0 + 1e-3:  # 4-decimal rounding
+    if any(a < b for a, b in itertools.pairwise(scores)) or sum(scores) > 1.0 + 1e-3:  # float rounding
         raise InvalidEntry("top_k scores are not a ranked softmax")
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Mapping
 from tempfile import SpooledTemporaryFile
 from typing import Any
@@ -26,6 +27,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fastinfer.errors import error_body
 from fastinfer.metrics import REQUESTS
+
+logger = logging.getLogger("fastinfer.http")
 
 # Probes and scrapes are never refused, timed out or counted as traffic.
 UNLIMITED_PATHS = frozenset({"/livez", "/readyz", "/healthz", "/metrics"})
@@ -110,14 +113,32 @@ class FrontMiddleware:
         self.uploading = 0  # requests whose body is still arriving
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in UNLIMITED_PATHS:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         path = scope["path"]
+        refused = _unwanted_body(scope)
+        if refused is not None:  # on every route, probes included: the server would read it all
+            await _send_json(send, *refused, CLOSE)
+            return
+        if path in UNLIMITED_PATHS:
+            await self.app(scope, receive, _ErrorRewriter(send))
+            return
         state = scope.setdefault("state", {})  # created here, so that copies of the scope share it
         recorder = _Recorder(send)
         try:
             await self._admit(scope, receive, recorder)
+        except Exception:
+            if recorder.status is not None:  # already answering: nothing else can be said
+                raise
+            # E.g. no space left to spool a body. Unanswered, BentoML's outer timeout would give a
+            # plain-text 500 only after timeout_s + 5 s.
+            logger.exception("front: failed before answering %s", path)
+            await _send_json(
+                recorder,
+                503,
+                error_body("unavailable", "The server could not take this request now (logged); retry shortly."),
+            )
         finally:
             if path in self.route_backends and recorder.status is not None:
                 backend = state.get("fastinfer_backend") or self.route_backends[path]
@@ -302,6 +323,22 @@ def _is_json_or_text(start: Message) -> bool:
         if key.lower() == b"content-type":
             return value.startswith((b"application/json", b"text/plain"))
     return True
+
+
+def _unwanted_body(scope: Scope) -> tuple[int, dict[str, Any]] | None:
+    """A body where none is taken, or framing a proxy could read differently: refused before a byte.
+
+    uvicorn reads and discards a body nobody reads, without limit: 50 GB in 20 s into a POST
+    /livez kept the front's event loop busy.
+    """
+    headers = dict(scope.get("headers", []))
+    chunked, length = b"transfer-encoding" in headers, _content_length(scope)
+    if chunked and b"content-length" in headers:
+        return 400, error_body("bad_request", "Content-Length and Transfer-Encoding together are refused.")
+    has_body = chunked or bool(length)
+    if has_body and (scope.get("method") not in BODY_METHODS or scope["path"] in UNLIMITED_PATHS):
+        return 413, error_body("payload_too_large", f"{scope.get('method')} {scope['path']} takes no request body.")
+    return None
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -268,3 +268,49 @@ def test_a_multi_chunk_body_reaches_the_handler_whole() -> None:
     middleware = middleware_for(app, max_bytes=10_000_000)
     sent, _ = asyncio.run(call(app, scope(body_length=len(payload)), receive, middleware))
     assert sent[0]["status"] == 200 and bytes(received) == payload
+
+
+def test_a_body_where_none_is_taken_is_refused_before_a_byte_is_read() -> None:
+    """uvicorn reads and discards a body nobody reads, without limit: 50 GB in 20 s into POST /livez."""
+    called = []
+
+    async def app(scope, receive, send) -> None:
+        called.append(scope["path"])
+
+    for method, path in [("POST", "/livez"), ("POST", "/metrics"), ("GET", "/cache/stats"), ("DELETE", "/classify")]:
+        request = {**scope(method=method, body_length=10**12), "path": path}
+        sent, _ = asyncio.run(call(app, request, never_arrives))
+        status, body = answer(sent)
+        assert status == 413 and body["error"]["code"] == "payload_too_large", (method, path, body)
+        assert (b"connection", b"close") in sent[0]["headers"]
+    assert called == []
+
+
+def test_content_length_with_chunked_framing_is_refused() -> None:
+    request = scope(body_length=10)
+    request["headers"].append((b"transfer-encoding", b"chunked"))
+    status, body = answer(asyncio.run(call(ok_app, request, never_arrives))[0])
+    assert status == 400 and body["error"]["code"] == "bad_request"
+
+
+def test_a_failure_before_answering_is_our_503_at_once() -> None:
+    """No space left to spool a body once escaped the middleware: BentoML's outer timeout then sent a
+    plain-text 500, 25 s later."""
+
+    async def disk_full() -> dict[str, Any]:
+        raise OSError(28, "No space left on device")
+
+    sent, seconds = asyncio.run(call(ok_app, scope(body_length=5_000), disk_full))
+    status, body = answer(sent)
+    assert status == 503 and body["error"]["code"] == "unavailable"
+    assert seconds < 1
+
+
+def test_probe_routes_answer_errors_in_our_shape() -> None:
+    async def app(scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 405, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"Method Not Allowed"})
+
+    request = {**scope(method="POST", body_length=0), "path": "/livez"}
+    status, body = answer(asyncio.run(call(app, request))[0])
+    assert status == 405 and body["error"]["code"] == "method_not_allowed"

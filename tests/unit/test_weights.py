@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -104,3 +106,32 @@ def test_an_absent_file_is_downloaded_with_its_hash_checked(hub_dir, monkeypatch
     monkeypatch.setattr(torch.hub, "load_state_dict_from_url", download)
     assert weights.load_weights("auto").kind == "random-init"
     assert calls == [(weights.imagenet_url(), {"progress": False, "check_hash": True})]
+
+
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        (b"", "not a readable torch file"),
+        ({"a": 1, "b": "x"}, "tensors 320 missing"),
+        ({}, "tensors 320 missing"),
+        ("wrong shape", "1 of the wrong shape (e.g. fc.weight)"),
+    ],
+    ids=["empty file", "dict of non-tensors", "empty dict", "one tensor misshapen"],
+)
+def test_a_file_that_is_not_resnet50_weights_is_refused_in_one_line(tmp_path, capsys, content, says: str) -> None:
+    """They ended the build in tracebacks (EOFError, AttributeError from hashing, a torch key dump)."""
+    from build_models.__main__ import main
+
+    path = tmp_path / "weights.pth"
+    if content == "wrong shape":
+        state = weights.load_weights("random").state_dict
+        torch.save({**state, "fc.weight": torch.zeros(10, 2048)}, path)
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        torch.save(content, path)
+    with pytest.raises(weights.NotResNet50Weights, match=re.escape(says)):
+        weights.load_weights(str(path))
+    assert main(["--weights", str(path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("build_models: ") and "\n" not in err and "Traceback" not in err
