@@ -174,14 +174,18 @@ class FrontMiddleware:
     ) -> SpooledTemporaryFile[bytes] | None:
         """The whole body, spooled (in memory up to SPOOL_IN_MEMORY, then on disk), or None once
         answered: 413 over the limit, 408 when it stalls for ``body_idle_s`` or is not in by the
-        deadline, 429 when too many are uploading or the server is full, or the client has gone.
-        Answers sent before the body is in close the connection: what is left of it is not read."""
+        deadline, 429 when too many are uploading, or the client has gone. Answers sent before
+        the body is in close the connection (what is left of it is not read), but for a 429 to a
+        body of known length."""
         length = _content_length(scope)
         if length is not None and length > self.max_bytes:
             await _send_json(send, 413, self._too_large(length), CLOSE)
             return None
-        if self.uploading >= self.max_uploads or self.in_flight >= self.max_concurrency:
-            await _send_json(send, 429, self._overloaded(), [(b"retry-after", b"1"), *CLOSE])
+        if self.uploading >= self.max_uploads:
+            # A body of known, allowed length is left for the server to drain (bounded), so that the
+            # client, still sending, reads its 429 instead of a reset connection; any other is cut off.
+            close = [] if length is not None else CLOSE
+            await _send_json(send, 429, self._overloaded(), [(b"retry-after", b"1"), *close])
             return None
         self.uploading += 1
         loop = asyncio.get_running_loop()
