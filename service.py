@@ -16,6 +16,7 @@ import aiohttp
 import anyio
 import bentoml
 import numpy as np
+from bentoml.exceptions import ServiceUnavailable
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -42,10 +43,7 @@ from fastinfer.schemas import (
     Timings,
     summarise,
 )
-from runners import REGISTRY, runs_here, unavailable_reason
-from runners.coreml import CoremlRunner
-from runners.onnx import OnnxInt8DynamicRunner, OnnxInt8Runner, OnnxRunner
-from runners.pytorch import PytorchRunner
+from runners import REGISTRY, attach, unavailable_reason
 
 logger = logging.getLogger("fastinfer.service")
 DASHBOARD_DIR = Path(__file__).parent / "dashboard"
@@ -66,14 +64,8 @@ def error_response(ctx: bentoml.Context, exc: ApiError) -> JSONResponse:
     workers=settings.front_workers,
     traffic={"timeout": settings.request_timeout_s + 5},
 )
+@attach  # one bentoml.depends per runner that can run here (fastinfer/backends.py is the table)
 class FastInfer:
-    pytorch = bentoml.depends(PytorchRunner)
-    onnx = bentoml.depends(OnnxRunner)
-    onnx_int8 = bentoml.depends(OnnxInt8Runner)
-    onnx_int8_dynamic = bentoml.depends(OnnxInt8DynamicRunner)
-    if runs_here("coreml"):  # off macOS the CoreML runner is not started at all
-        coreml = bentoml.depends(CoremlRunner)
-
     def __init__(self) -> None:
         self.unavailable = {name: reason for name in REGISTRY if (reason := unavailable_reason(name))}
         self.models = {
@@ -130,6 +122,12 @@ class FastInfer:
     async def predict_coreml(self, image: Path, top_k: int, ctx: bentoml.Context) -> ClassifyResponse:
         """The seed's route: CoreML FP16, batch 1 (macOS; 503 with the reason elsewhere)."""
         return await self._answer(ctx, image, "coreml", top_k)
+
+    @bentoml.api(route="/predict/openvino", input_spec=ImageInput)
+    async def predict_openvino(self, image: Path, top_k: int, ctx: bentoml.Context) -> ClassifyResponse:
+        """OpenVINO: the FP32 model at the CPU's best precision (BF16 where the CPU has BF16 units;
+        `FASTINFER_OPENVINO_PRECISION`); the response's `runs_on` in GET /backends says which."""
+        return await self._answer(ctx, image, "openvino", top_k)
 
     @bentoml.api(route="/predict/batched", input_spec=ImageInput)
     async def predict_batched(self, image: Path, top_k: int, ctx: bentoml.Context) -> ClassifyResponse:
@@ -232,6 +230,12 @@ class FastInfer:
                 # gone for a moment before the runner links it back (runners/drain.py).
                 await asyncio.sleep(0.1)
                 logits = await call(pixels[np.newaxis])
+        except ServiceUnavailable as exc:
+            # The runner is up but could not load its model. BentoML hides a 5xx's message, so ask the
+            # runner why, and remember it: later requests get the 503 without the round trip.
+            reason = (await self._describe(entry.runner)).get("error") or f"The {backend} runner is unavailable"
+            self.unavailable.update({b: reason for b, e in REGISTRY.items() if e.runner == entry.runner})
+            raise BackendUnavailable(reason) from exc
         except Exception as exc:  # runner down or crashed: the server's fault, said plainly
             logger.exception("runner %s failed", backend)
             raise BackendUnavailable(f"The {backend} runner failed: {type(exc).__name__}") from exc
@@ -345,6 +349,7 @@ ROUTE_BACKENDS = {
     "/predict/onnx": "onnx",
     "/predict/quantized": "onnx-int8",
     "/predict/coreml": "coreml",
+    "/predict/openvino": "openvino",
     "/predict/batched": "pytorch",
     "/predict/batched/coreml": "coreml-batched",
     "/compare": "all",

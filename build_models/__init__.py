@@ -13,8 +13,8 @@ import math
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,8 @@ import numpy as np
 
 from build_models import exporters
 from fastinfer import fidelity, hardware, photos, store
-from fastinfer.fidelity import Fidelity, compare
+from fastinfer.backends import anywhere, open_engine, openvino_missing
+from fastinfer.fidelity import Fidelity, Gate, compare
 from fastinfer.preprocess import PreprocessSpec, prepare
 
 logger = logging.getLogger("build_models")
@@ -37,31 +38,12 @@ class VerificationError(RuntimeError):
     """An export that diverges from the PyTorch reference beyond its artifact's tolerance."""
 
 
-@dataclass(frozen=True)
-class Tolerance:
-    """How far an export may drift from the PyTorch reference on the verification photos."""
-
-    max_abs_diff: float
-    min_top1: float
-    min_top5: float = 0.0
-
-    def violations(self, f: Fidelity) -> list[str]:
-        out = []
-        if not f.max_abs_error <= self.max_abs_diff:  # written so that NaN fails too
-            out.append(f"max |logit diff| {f.max_abs_error:.3g} > {self.max_abs_diff:g}")
-        if f.top1_agreement < self.min_top1:
-            out.append(f"top-1 agreement {f.top1_agreement:.1%} < {self.min_top1:.1%}")
-        if f.top5_overlap < self.min_top5:
-            out.append(f"top-5 overlap {f.top5_overlap:.1%} < {self.min_top5:.1%}")
-        return out
-
-
 # The same graph in another runtime: measured max |logit diff| ~3e-5 here.
-FP32_TOLERANCE = Tolerance(max_abs_diff=1e-3, min_top1=1.0)
+FP32_TOLERANCE = fidelity.FP32_GATE
 # The INT8 fidelity gates (fastinfer.fidelity; 36 photos there) on the 8 verification photos:
 # 90% of 8 rounds down to 7, so one photo may flip.
-INT8_TOLERANCE = Tolerance(
-    max_abs_diff=fidelity.INT8_MAX_ERROR,
+INT8_TOLERANCE = Gate(
+    max_abs_error=fidelity.INT8_MAX_ERROR,
     min_top1=math.floor(fidelity.INT8_MIN_TOP1 * VERIFICATION_PHOTOS) / VERIFICATION_PHOTOS,
     min_top5=fidelity.INT8_MIN_TOP5,
 )
@@ -74,19 +56,54 @@ class Artifact:
     name: str
     precision: str
     export: Callable[..., dict[str, Any]]
+    # Run on real photos against PyTorch (by its backend's engine, with ``verify_options``); beyond
+    # this the build fails and stores nothing. None: not checked at build time (pytorch is the
+    # reference; CoreML predicts only on macOS).
+    tolerance: Gate | None = None
+    verify_options: Mapping[str, Any] = field(default_factory=dict)
+    requires: Callable[[], str | None] = anywhere  # None when this machine can build it, else why not
     batches: tuple[int | None, ...] = (None,)
-    # Run with ONNX Runtime on real photos against PyTorch; beyond this the build fails and stores
-    # nothing. None: not checked at build time (pytorch is the reference; CoreML predicts only on macOS).
-    tolerance: Tolerance | None = None
 
+
+ONNX_CPU = {"cpu_only": True}  # verify the export itself, not an accelerator's rendition of it
 
 ARTIFACTS: dict[str, Artifact] = {
     a.name: a
     for a in (
         Artifact("pytorch", "fp32", exporters.export_pytorch),
-        Artifact("onnx", "fp32", exporters.export_onnx, tolerance=FP32_TOLERANCE),
-        Artifact("onnx-int8", "int8-static", exporters.export_onnx_int8_static, tolerance=INT8_TOLERANCE),
-        Artifact("onnx-int8-dynamic", "int8-dynamic", exporters.export_onnx_int8_dynamic, tolerance=INT8_TOLERANCE),
+        Artifact("onnx", "fp32", exporters.export_onnx, tolerance=FP32_TOLERANCE, verify_options=ONNX_CPU),
+        Artifact(
+            "onnx-int8",
+            "int8-static",
+            exporters.export_onnx_int8_static,
+            tolerance=INT8_TOLERANCE,
+            verify_options=ONNX_CPU,
+        ),
+        Artifact(
+            "onnx-int8-dynamic",
+            "int8-dynamic",
+            exporters.export_onnx_int8_dynamic,
+            tolerance=INT8_TOLERANCE,
+            verify_options=ONNX_CPU,
+        ),
+        # The IR is verified at f32: the export must be the same graph. BF16 is a run-time choice,
+        # gated by fidelity (tests/unit/test_fidelity.py).
+        Artifact(
+            "openvino",
+            "fp32",
+            exporters.export_openvino,
+            tolerance=FP32_TOLERANCE,
+            verify_options={"precision": "f32", "cache_dir": None},
+            requires=openvino_missing,
+        ),
+        Artifact(
+            "openvino-int8",
+            "int8-static",
+            exporters.export_openvino_int8,
+            tolerance=INT8_TOLERANCE,
+            verify_options={"cache_dir": None},
+            requires=openvino_missing,
+        ),
         Artifact("coreml", "fp16", exporters.export_coreml, batches=(1, 2, 4, 8)),
     )
 }
@@ -163,6 +180,10 @@ def build(
             name = store.model_name(artifact.name, size)
             step = f"[{i}/{len(jobs)}] {name}"
             existing = store.find(artifact.name, size)
+            cannot = artifact.requires()
+            if cannot is not None:
+                progress(f"{step}: skipped: {cannot}")
+                continue
             if not force and store.is_current(existing, weights.source_hash):
                 progress(f"{step}: up to date ({existing.tag}), skipped")
                 results.append(BuildResult(name, str(existing.tag), False, 0.0))
@@ -172,17 +193,18 @@ def build(
             export = artifact.export if size is None else partial(artifact.export, batch=size)
             with tempfile.TemporaryDirectory() as tmp:
                 extra = export(ctx, Path(tmp))
-                if artifact.name == "onnx-int8":
-                    progress(f"{step}: calibrated on {extra['calibration_images']} images ({ctx.calibration_source})")
+                if "calibration_images" in extra:
+                    images, source = extra["calibration_images"], extra["calibration_source"]
+                    progress(f"{step}: INT8 calibration: {images} images ({source})")
                 check: Fidelity | None = None
                 if artifact.tolerance is not None:
                     if batch is None:
                         batch = verification_batch(spec)
                         with torch.inference_mode():
                             reference = ctx.model(torch.from_numpy(batch)).numpy()
-                    from fastinfer.engines.onnx import OnnxEngine
-
-                    check = compare(name, reference, OnnxEngine(tmp, cpu_only=True).run(batch))
+                    engine = open_engine(artifact.name, dirs={None: tmp}, **artifact.verify_options)
+                    check = compare(name, reference, engine.run(batch))
+                    del engine  # let go of the files before they move into the store
                     found = (
                         f"on {check.images} real photos: max |logit diff| {check.max_abs_error:.2e}, "
                         f"top-1 agreement {check.top1_agreement:.0%}, top-5 overlap {check.top5_overlap:.0%}"
@@ -249,5 +271,10 @@ def build(
 
 
 def missing() -> list[str]:
-    """Store names of the models the store lacks entirely."""
-    return [store.model_name(a.name, b) for a in ARTIFACTS.values() for b in a.batches if store.find(a.name, b) is None]
+    """Store names of the models the store lacks entirely (of those this machine can build)."""
+    return [
+        store.model_name(a.name, b)
+        for a in ARTIFACTS.values()
+        for b in a.batches
+        if a.requires() is None and store.find(a.name, b) is None
+    ]

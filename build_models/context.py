@@ -6,7 +6,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image
@@ -57,6 +57,7 @@ class BuildContext:
     force: bool = False  # rebuild from the weights: never reuse a stored export
     _tmp: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
     _onnx: Path | None = None
+    _onnx_int8: tuple[Path, dict[str, Any]] | None = None
     _calibration: list[np.ndarray] | None = None
 
     @property
@@ -81,6 +82,30 @@ class BuildContext:
                 write_onnx_fp32(self, path)
             self._onnx = path
         return self._onnx
+
+    def onnx_int8(self) -> tuple[Path, dict[str, Any]]:
+        """The calibrated static QDQ INT8 ONNX file and its calibration metadata, made at most once.
+
+        ``onnx-int8`` stores it and ``openvino-int8`` converts it, so both run one calibration. The
+        stored one is reused only when it was calibrated the same way (source and activation type).
+        """
+        if self._onnx_int8 is None:
+            from build_models.exporters import int8_scheme, write_onnx_int8_static
+            from fastinfer.engines.onnx import MODEL_FILE
+
+            path = Path(self._tmp.name) / "int8.onnx"
+            stored = store.find("onnx-int8")
+            meta = dict(stored.info.metadata) if stored is not None else {}
+            same = meta.get("calibration_source") == self.calibration_source and str(
+                meta.get("quantization", "")
+            ).startswith(int8_scheme(self) + ",")
+            if not self.force and store.is_current(stored, self.weights.source_hash) and same:
+                shutil.copyfile(Path(stored.path) / MODEL_FILE, path)
+                calibration = {k: meta[k] for k in ("quantization", "calibration_images", "calibration_source")}
+            else:
+                calibration = write_onnx_int8_static(self, path)
+            self._onnx_int8 = (path, calibration)
+        return self._onnx_int8
 
     def calibration_images(self) -> list[np.ndarray]:
         if self._calibration is None:

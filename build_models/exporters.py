@@ -21,6 +21,7 @@ import numpy as np
 
 from fastinfer.engines.coreml import PACKAGE_DIR as COREML_PACKAGE
 from fastinfer.engines.onnx import MODEL_FILE as ONNX_FILE
+from fastinfer.engines.openvino import MODEL_FILE as OPENVINO_FILE
 from fastinfer.engines.pytorch import STATE_FILE
 
 if TYPE_CHECKING:
@@ -83,8 +84,8 @@ def export_onnx(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
     return {"format": "onnx", "file": ONNX_FILE, "opset": ONNX_OPSET}
 
 
-def export_onnx_int8_static(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
-    """Static QDQ INT8, per-channel weights, calibrated (MinMax) on real photos.
+def write_onnx_int8_static(ctx: BuildContext, path: Path) -> dict[str, Any]:
+    """Static QDQ INT8, per-channel weights, calibrated (MinMax) on real photos; returns its metadata.
 
     Activations are uint8 by default (U8S8): measured on ORT 1.32 / AVX-512 VNNI, S8S8 QDQ left 20 of
     53 convolutions unfused in FP32 and ran no faster than FP32 (33.6 vs 31.6 ms), while U8S8 fused all
@@ -115,7 +116,7 @@ def export_onnx_int8_static(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
         quant_pre_process(str(ctx.onnx_fp32()), str(prepared), skip_symbolic_shape=True)
         quantize_static(
             str(prepared),
-            str(out_dir / ONNX_FILE),
+            str(path),
             Photos(),
             quant_format=QuantFormat.QDQ,
             activation_type=activations,
@@ -123,14 +124,21 @@ def export_onnx_int8_static(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
             per_channel=True,
             calibrate_method=CalibrationMethod.MinMax,
         )
-    scheme = f"{ctx.int8_activations.upper()}S8"
     return {
-        "format": "onnx",
-        "file": ONNX_FILE,
-        "quantization": f"static QDQ {scheme}, per-channel weights, MinMax calibration",
+        "quantization": f"{int8_scheme(ctx)}, per-channel weights, MinMax calibration",
         "calibration_images": len(images),
         "calibration_source": ctx.calibration_source,
     }
+
+
+def int8_scheme(ctx: BuildContext) -> str:
+    return f"static QDQ {ctx.int8_activations.upper()}S8"
+
+
+def export_onnx_int8_static(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
+    path, calibration = ctx.onnx_int8()
+    shutil.copyfile(path, out_dir / ONNX_FILE)
+    return {"format": "onnx", "file": ONNX_FILE, **calibration}
 
 
 def export_onnx_int8_dynamic(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
@@ -170,4 +178,36 @@ def export_coreml(ctx: BuildContext, out_dir: Path, batch: int) -> dict[str, Any
         "file": COREML_PACKAGE,
         "static_batch": batch,
         "input_dtype": "int32 (0..255)",
+    }
+
+
+def write_openvino(onnx_file: Path, out_dir: Path) -> str:
+    """Convert an ONNX model to OpenVINO IR (model.xml + model.bin), weights kept as they are; returns
+    OpenVINO's version. ``ov.save_model`` would halve FP32 weights to FP16 by default: not here, so that
+    the runtime (not the file) decides the precision (FASTINFER_OPENVINO_PRECISION)."""
+    from fastinfer.engines.openvino import import_openvino
+
+    ov = import_openvino()  # without its usage telemetry
+    with quiet("openvino"):
+        model = ov.convert_model(str(onnx_file))
+        ov.save_model(model, str(out_dir / OPENVINO_FILE), compress_to_fp16=False)
+    return ov.get_version()
+
+
+def export_openvino(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
+    """The FP32 ONNX export as OpenVINO IR: same graph, same uint8 NHWC contract."""
+    version = write_openvino(ctx.onnx_fp32(), out_dir)
+    return {"format": "openvino ir", "file": OPENVINO_FILE, "converted_from": "onnx fp32", "openvino": version}
+
+
+def export_openvino_int8(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
+    """The static QDQ INT8 ONNX model of this build as OpenVINO IR: one calibration for both runtimes."""
+    path, calibration = ctx.onnx_int8()
+    version = write_openvino(path, out_dir)
+    return {
+        "format": "openvino ir",
+        "file": OPENVINO_FILE,
+        "converted_from": "onnx int8 (the onnx-int8 model's QDQ graph)",
+        "openvino": version,
+        **calibration,
     }

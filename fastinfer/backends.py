@@ -1,44 +1,148 @@
-"""What each backend is, independent of serving: its stored models, where it can run, how to open it.
+"""The one table of backends: what each is, where it can run, how to open it, how it is served.
 
-Runners (BentoML), the profiler, fidelity and doctor all open engines through :func:`open_engine`,
-so a backend means the same thing everywhere.
+A backend is one row of :data:`SPECS` (plus its engine class and its build step in build_models).
+Everything else derives from this table: the API's backend names, the batching settings, the
+runners and the front's dependencies on them, the profiler, fidelity, doctor and the benchmarks.
+Nothing heavy is imported here: an engine's module is imported only when the engine is opened.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 from fastinfer import hardware, store
-from fastinfer.config import BACKENDS
 from fastinfer.engines import Engine
+
+
+def anywhere() -> str | None:
+    return None
+
+
+def macos_only() -> str | None:
+    return None if hardware.is_macos() else "CoreML prediction needs macOS"
+
+
+@cache
+def openvino_missing() -> str | None:
+    """Why OpenVINO cannot run here, without importing it (the HTTP front stays light)."""
+    if importlib.util.find_spec("openvino") is None:
+        return "OpenVINO is not installed (pip install openvino; see pyproject.toml for the version)"
+    return None
+
+
+def openvino_cache_dir() -> str:
+    """Compiled OpenVINO models, kept beside the model store so that a restart does not recompile."""
+    home = os.environ.get("BENTOML_HOME") or os.path.join(os.path.expanduser("~"), "bentoml")
+    return os.path.join(home, "cache", "openvino")
+
+
+def _cpu_only() -> dict[str, Any]:
+    # INT8 kernels exist on the CPU EP; only FP32 goes to the CoreML / CUDA EPs.
+    return {"cpu_only": True}
+
+
+def _openvino(expect: str) -> Callable[[], dict[str, Any]]:
+    def options() -> dict[str, Any]:
+        from fastinfer.config import get_settings
+
+        precision = get_settings().openvino_precision if expect == "float" else "auto"
+        return {"precision": precision, "cache_dir": openvino_cache_dir(), "expect": expect, "preflight": True}
+
+    return options
 
 
 @dataclass(frozen=True)
 class BackendSpec:
-    name: str
+    name: str  # an API value
     artifact: str  # stored model family: resnet50-<artifact>[-b<N>]
     description: str
+    engine: str  # "module:Class"; the class's ``open(dirs, threads, **options)`` loads the models
+    options: Callable[[], Mapping[str, Any]] = dict  # engine options, read when the engine is opened
     static_batches: tuple[int | None, ...] = (None,)  # the models it loads (None = dynamic batch)
-    needs_macos: bool = False
+    platform: Callable[[], str | None] = anywhere  # None when this machine can run it, else why not
+    runner: str = ""  # the backend whose runner serves this one ("" = its own)
+    batching: tuple[bool, int, int] = (True, 8, 0)  # default (enabled, max batch size, max latency ms)
 
     def model_names(self) -> list[str]:
         return [store.model_name(self.artifact, b) for b in self.static_batches]
 
+    @property
+    def runner_name(self) -> str:
+        return self.runner or self.name
+
 
 COREML_BATCHES = (1, 2, 4, 8)
+TORCH = "fastinfer.engines.pytorch:TorchEngine"
+ONNX = "fastinfer.engines.onnx:OnnxEngine"
+COREML = "fastinfer.engines.coreml:CoreMLEngine"
+OPENVINO = "fastinfer.engines.openvino:OpenVinoEngine"
+
+# Batching defaults measured (README "Batching"): max_latency_ms is how long a request arriving at an
+# idle model lingers for companions; under load batches form without it, from the requests that
+# queue while the model is busy.
 SPECS: dict[str, BackendSpec] = {
     s.name: s
     for s in (
-        BackendSpec("pytorch", "pytorch", "torchvision ResNet-50, eager (MPS / CUDA / CPU)"),
-        BackendSpec("onnx", "onnx", "ONNX Runtime FP32 (CoreML EP / CUDA EP / CPU EP)"),
-        BackendSpec("onnx-int8", "onnx-int8", "ONNX Runtime static QDQ INT8, per-channel (CPU EP)"),
-        BackendSpec("onnx-int8-dynamic", "onnx-int8-dynamic", "ONNX Runtime dynamic INT8, ConvInteger (CPU EP)"),
-        BackendSpec("coreml", "coreml", "CoreML FP16, batch 1 (Neural Engine / GPU / CPU)", (1,), True),
-        BackendSpec("coreml-batched", "coreml", "CoreML FP16, static b1/b2/b4/b8, padded", COREML_BATCHES, True),
+        BackendSpec("pytorch", "pytorch", "torchvision ResNet-50, eager (MPS / CUDA / CPU)", TORCH),
+        BackendSpec("onnx", "onnx", "ONNX Runtime FP32 (CoreML EP / CUDA EP / CPU EP)", ONNX),
+        BackendSpec("onnx-int8", "onnx-int8", "ONNX Runtime static QDQ INT8, per-channel (CPU EP)", ONNX, _cpu_only),
+        BackendSpec(
+            "onnx-int8-dynamic", "onnx-int8-dynamic", "ONNX Runtime dynamic INT8, ConvInteger (CPU EP)", ONNX, _cpu_only
+        ),
+        BackendSpec(
+            "openvino",
+            "openvino",
+            "OpenVINO IR of the FP32 model at the CPU's best precision (BF16 on AVX-512 BF16 / AMX)",
+            OPENVINO,
+            _openvino("float"),
+            platform=openvino_missing,
+        ),
+        BackendSpec(
+            "openvino-int8",
+            "openvino-int8",
+            "OpenVINO IR of the static QDQ INT8 model (VNNI / AMX-INT8)",
+            OPENVINO,
+            _openvino("int8"),
+            platform=openvino_missing,
+        ),
+        BackendSpec(
+            "coreml",
+            "coreml",
+            "CoreML FP16, batch 1 (Neural Engine / GPU / CPU)",
+            COREML,
+            static_batches=(1,),
+            platform=macos_only,
+            runner="coreml-batched",  # the same runner, called without batching: the batch-1 model as sent
+            batching=(False, 1, 0),
+        ),
+        BackendSpec(
+            "coreml-batched",
+            "coreml",
+            "CoreML FP16, static b1/b2/b4/b8, padded",
+            COREML,
+            static_batches=COREML_BATCHES,
+            platform=macos_only,
+        ),
     )
 }
-assert tuple(SPECS) == BACKENDS, "fastinfer.backends.SPECS and fastinfer.config.BACKENDS must agree"
+
+BACKENDS: tuple[str, ...] = tuple(SPECS)
+"""Backend names, in the order they are shown. They are API values."""
+
+RUNNERS: tuple[str, ...] = tuple(dict.fromkeys(s.runner_name for s in SPECS.values()))
+"""Backends that own a runner process; the others are served by one of these."""
+
+
+def runs_here(runner: str) -> bool:
+    """Whether a runner process should be started on this machine at all."""
+    return any(s.runner_name == runner and s.platform() is None for s in SPECS.values())
 
 
 def unavailable_reason(name: str) -> str | None:
@@ -49,8 +153,9 @@ def unavailable_reason(name: str) -> str | None:
     ]
     if missing:
         return f"{', '.join(missing)} not in the model store; run `python -m build_models`"
-    if spec.needs_macos and not hardware.is_macos():
-        return f"CoreML prediction needs macOS; the models are built and stored ({', '.join(spec.model_names())})"
+    reason = spec.platform()
+    if reason is not None:
+        return f"{reason}; the models are built and stored ({', '.join(spec.model_names())})"
     return None
 
 
@@ -63,20 +168,18 @@ def model_dirs(name: str) -> dict[int | None, str]:
     return {b: m.path for b, m in found.items() if m is not None}
 
 
-def open_engine(name: str, threads: int = 0, dirs: dict[int | None, str] | None = None) -> Engine:
-    """Load a backend's engine in this process, from the store (or from ``dirs``)."""
-    dirs = dirs or model_dirs(name)
-    if name == "pytorch":
-        from fastinfer.engines.pytorch import TorchEngine
+def engine_class(name: str) -> Any:
+    module, _, cls = SPECS[name].engine.partition(":")
+    return getattr(importlib.import_module(module), cls)
 
-        return TorchEngine(dirs[None], threads=threads)
-    if name.startswith("onnx"):
-        from fastinfer.engines.onnx import OnnxEngine
 
-        # INT8 kernels exist on the CPU EP; only FP32 goes to CoreML/CUDA EPs.
-        return OnnxEngine(dirs[None], threads=threads, cpu_only=name != "onnx")
-    if name.startswith("coreml"):
-        from fastinfer.engines.coreml import CoreMLEngine
+def open_engine(
+    name: str, threads: int = 0, dirs: Mapping[int | None, str | Path] | None = None, **overrides: Any
+) -> Engine:
+    """Load a backend's engine in this process, from the store (or from ``dirs``).
 
-        return CoreMLEngine.load({b: Path(d) for b, d in dirs.items() if b is not None})
-    raise KeyError(name)
+    ``overrides`` replace the table's engine options (the build verifies an OpenVINO export at f32).
+    """
+    spec = SPECS[name]
+    dirs = {b: str(d) for b, d in (dirs or model_dirs(name)).items()}
+    return engine_class(name).open(dirs, threads, **{**spec.options(), **overrides})

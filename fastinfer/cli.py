@@ -25,6 +25,10 @@ def _available() -> dict[str, str | None]:
     return {name: unavailable_reason(name) for name in BACKENDS}
 
 
+# What an engine's describe() says about where its work runs (see "No silent fallbacks", README).
+PLACEMENT_KEYS = ("node_placement", "layer_precision", "precision", "precision_requested", "fallbacks")
+
+
 def _write_json(path: Path | None, data: Any) -> None:
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -48,17 +52,27 @@ def doctor(args: argparse.Namespace) -> int:
     print("FastInfer doctor\n")
     for key in ("os", "cpu", "cores", "isa", "apple_chip", "neural_engine", "cuda", "mps"):
         print(f"  {key:14} {hw.get(key)}")
+    meaning: dict[str, str] = hw.get("isa_meaning", {})  # type: ignore[assignment]
+    for label, text in meaning.items():
+        print(f"  {'':14} {label}: {text}")
     print("\nbackends:")
     for name, reason in reasons.items():
         entry: dict[str, Any] = {"available": reason is None, "reason": reason}
-        if reason is None and name.startswith("onnx"):
-            placement = open_engine(name).describe()  # type: ignore[attr-defined]
-            entry |= {"node_placement": placement["node_placement"], "fallbacks": placement["fallbacks"]}
+        if reason is None and not name.startswith("coreml"):  # CoreML's placement is CoreML's secret
+            try:
+                runs_on = open_engine(name).describe()
+            except Exception as exc:  # a model that cannot load here: said, not a crash of doctor
+                entry |= {"available": False, "reason": f"could not be loaded: {type(exc).__name__}: {exc}"}
+            else:
+                entry |= {key: runs_on[key] for key in PLACEMENT_KEYS if key in runs_on}
         report["backends"][name] = entry
-        status = "available" if reason is None else f"unavailable: {reason}"
+        status = "available" if entry["available"] else f"unavailable: {entry['reason']}"
         print(f"  {name:18} {status}")
-        for p, n in entry.get("node_placement", {}).items():
-            print(f"  {'':18}   {p} {n}")
+        if "precision" in entry:
+            print(f"  {'':18}   precision {entry['precision']} (requested {entry.get('precision_requested')})")
+        for placement in ("node_placement", "layer_precision"):
+            for what, count in entry.get(placement, {}).items():
+                print(f"  {'':18}   {what} {count}")
         for fallback in entry.get("fallbacks", []):
             print(f"  {'':18}   WARNING: {fallback}")
     rec = report["recommended"]
@@ -83,9 +97,9 @@ def fidelity(args: argparse.Namespace) -> int:
             print(f"{name}: skipped ({reason})", file=sys.stderr)
             continue
         print(f"{name}: running ...", file=sys.stderr)
-        results.append(fid.compare(name, reference, fid.run_batched(open_engine(name), images)))
+        results.append(fid.measure(name, open_engine(name), images, reference))
     print(fid.table(results))
-    _write_json(args.json, [r.as_dict() for r in results])
+    _write_json(args.json, results)
     return 0
 
 

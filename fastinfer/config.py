@@ -10,8 +10,9 @@ import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-BACKENDS: tuple[str, ...] = ("pytorch", "onnx", "onnx-int8", "onnx-int8-dynamic", "coreml", "coreml-batched")
-"""Backend names, in the order they are shown. They are API values."""
+from fastinfer.backends import BACKENDS, SPECS
+
+OPENVINO_PRECISIONS = ("auto", "bf16", "f32")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Settings:
     cache_timeout_ms: int = 50
     cache_max_entries: int = 10000
     groq: GroqConfig = field(default_factory=GroqConfig)
+    openvino_precision: str = "auto"  # auto = the CPU's best (bf16 where it has BF16 units), or bf16 | f32
 
     def batching_for(self, backend: str) -> BatchingConfig:
         return self.batching[backend]  # every backend has an entry (get_settings builds them all)
@@ -84,22 +86,9 @@ def _bool(name: str, default: bool) -> bool:
     raise ValueError(f"{name} must be true or false, got {raw!r}")
 
 
-# Batching defaults per backend (measured; see README "Batching"). max_latency_ms is how long
-# a request arriving at an idle model lingers for companions; under load batches form without
-# it, from the requests that queue while the model is busy.
-_BATCHING_DEFAULTS: dict[str, tuple[bool, int, int]] = {
-    "pytorch": (True, 8, 0),
-    "onnx": (True, 8, 0),
-    "onnx-int8": (True, 8, 0),
-    "onnx-int8-dynamic": (True, 8, 0),
-    "coreml": (False, 1, 0),  # the batch-1 model, as sent
-    "coreml-batched": (True, 8, 0),  # static b1/b2/b4/b8: batch, pad, slice
-}
-
-
 def _batching(backend: str) -> BatchingConfig:
     key = backend.upper().replace("-", "_")
-    on, size, latency = _BATCHING_DEFAULTS[backend]
+    on, size, latency = SPECS[backend].batching
     return BatchingConfig(
         enabled=_bool(f"FASTINFER_BATCHING_{key}", on),
         max_batch_size=_int(f"FASTINFER_MAX_BATCH_SIZE_{key}", size),
@@ -115,6 +104,9 @@ def get_settings() -> Settings:
         raise ValueError("FASTINFER_CACHE must be one of auto, redis, memory, off")
     if default_backend not in BACKENDS:
         raise ValueError(f"FASTINFER_DEFAULT_BACKEND must be one of {', '.join(BACKENDS)}")
+    openvino_precision = os.environ.get("FASTINFER_OPENVINO_PRECISION", "auto").strip().lower() or "auto"
+    if openvino_precision not in OPENVINO_PRECISIONS:
+        raise ValueError(f"FASTINFER_OPENVINO_PRECISION must be one of {', '.join(OPENVINO_PRECISIONS)}")
     max_concurrency = _positive("FASTINFER_MAX_CONCURRENCY", Settings.max_concurrency)
     return Settings(
         default_backend=default_backend,
@@ -133,6 +125,7 @@ def get_settings() -> Settings:
         cache_ttl_s=_int("FASTINFER_CACHE_TTL", Settings.cache_ttl_s),
         cache_timeout_ms=_int("FASTINFER_CACHE_TIMEOUT_MS", Settings.cache_timeout_ms),
         cache_max_entries=_int("FASTINFER_CACHE_MAX_ENTRIES", Settings.cache_max_entries),
+        openvino_precision=openvino_precision,
         groq=GroqConfig(
             api_key=os.environ.get("GROQ_API_KEY", "").strip(),
             model=os.environ.get("FASTINFER_GROQ_MODEL", "").strip() or GroqConfig.model,

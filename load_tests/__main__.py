@@ -118,6 +118,7 @@ def cache_hit_share(url: str, before: dict[str, Any]) -> float:
 
 
 def profile_here(out: Path, backends: list[str]) -> dict[str, Any]:
+    from fastinfer import fidelity as fid
     from fastinfer import profile as prof
     from fastinfer.backends import open_engine
     from fastinfer.plots import plot_profile
@@ -126,6 +127,10 @@ def profile_here(out: Path, backends: list[str]) -> dict[str, Any]:
     engines = {name: open_engine(name) for name in backends}
     result = prof.run(engines, [1, 8], 10, PreprocessSpec())
     plot_profile(result, out / "profile.png")
+    say("fidelity against FP32 PyTorch (fastinfer fidelity)")
+    images = fid.fidelity_images(PreprocessSpec())
+    reference = fid.run_batched(engines["pytorch"] if "pytorch" in engines else open_engine("pytorch"), images)
+    result["fidelity"] = [fid.measure(n, e, images, reference) for n, e in engines.items() if n != "pytorch"]
     del engines
     return result
 

@@ -1,28 +1,41 @@
-"""The registry: backend name → the runner that serves it, and how (``infer`` or ``infer_batched``).
+"""The serving side of the backend table: one runner service per runner-owning backend.
 
-Several backends may share one runner: ``coreml`` and ``coreml-batched`` are the same CoreML
-runner called without and with batching. What a backend *is* (models, platform) lives in
-fastinfer/backends.py; this module only adds the serving side.
+What a backend *is* (engine, models, platform, batching defaults) is its row in
+fastinfer/backends.py. Here each row that owns a runner becomes a ``@bentoml.service``
+(runners/base.py), and :func:`attach` gives the front one ``bentoml.depends`` per runner that
+can run on this machine. Several backends may share a runner: ``coreml`` is the
+``coreml-batched`` runner called without batching.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
-from fastinfer import hardware
-from fastinfer.backends import SPECS, BackendSpec
+import bentoml
+
+from fastinfer.backends import RUNNERS, SPECS, BackendSpec, runs_here
 from fastinfer.backends import unavailable_reason as unavailable_reason
 from fastinfer.config import get_settings
+from runners.base import make_runner
+
+
+def attribute(runner: str) -> str:
+    """The front service's attribute that holds a runner (``bentoml.depends``)."""
+    return runner.replace("-", "_")
 
 
 @dataclass(frozen=True)
 class Backend:
     spec: BackendSpec
-    runner: str  # attribute of the front service that holds the runner (bentoml.depends)
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def runner(self) -> str:
+        return attribute(self.spec.runner_name)
 
     def method(self, batched: bool | None = None) -> str:
         """``infer_batched`` when batching is on for this backend (or forced), else ``infer``."""
@@ -30,17 +43,18 @@ class Backend:
         return "infer_batched" if on else "infer"
 
 
-RUNNER_OF = {
-    "pytorch": "pytorch",
-    "onnx": "onnx",
-    "onnx-int8": "onnx_int8",
-    "onnx-int8-dynamic": "onnx_int8_dynamic",
-    "coreml": "coreml",
-    "coreml-batched": "coreml",
-}
-REGISTRY: dict[str, Backend] = {name: Backend(spec, RUNNER_OF[name]) for name, spec in SPECS.items()}
+REGISTRY: dict[str, Backend] = {name: Backend(spec) for name, spec in SPECS.items()}
+F = TypeVar("F", bound=type)
+SERVICES = {runner: make_runner(runner) for runner in RUNNERS}
 
 
-def runs_here(runner: str) -> bool:
-    """Whether a runner process should be started on this machine at all."""
-    return any(b.runner == runner and not (b.spec.needs_macos and not hardware.is_macos()) for b in REGISTRY.values())
+def attach(front: F) -> F:
+    """Class decorator for the front, under ``@bentoml.service``: depend on every runner that runs here.
+
+    A runner that cannot run here (CoreML off macOS, OpenVINO not installed) is not started at all;
+    its backends answer 503 with the reason.
+    """
+    for runner, service in SERVICES.items():
+        if runs_here(runner):
+            setattr(front, attribute(runner), bentoml.depends(service))
+    return front

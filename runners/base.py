@@ -15,14 +15,14 @@ from typing import Any
 
 import bentoml
 import numpy as np
-from bentoml.exceptions import InvalidArgument
+from bentoml.exceptions import InvalidArgument, ServiceUnavailable
 from bentoml.models import BentoModel
 
 from fastinfer import hardware, store
 from fastinfer.backends import SPECS, open_engine
 from fastinfer.batching import MicroBatcher
 from fastinfer.config import get_settings
-from fastinfer.engines import check_batch, warm_up
+from fastinfer.engines import Engine, check_batch, warm_up
 from fastinfer.metrics import BATCH_SIZE
 from runners.drain import leave_after_front
 
@@ -30,6 +30,13 @@ logger = logging.getLogger("fastinfer.runner")
 NEVER_RECYCLE_REQUESTS = 2**62
 NEVER_RECYCLE_SECONDS = 10.0**9
 logging.getLogger("fastinfer").setLevel(logging.INFO)  # BentoML leaves the root logger at WARNING
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception as one short line: runtimes (OpenVINO's C++ core) raise pages of context."""
+    text = " ".join(str(exc).split()) or "(no message)"
+    text = f"{type(exc).__name__}: {text}"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _checked(images: np.ndarray) -> np.ndarray:
@@ -40,32 +47,36 @@ def _checked(images: np.ndarray) -> np.ndarray:
         raise InvalidArgument(str(exc)) from exc
 
 
-def make_runner(backend: str, batching_backend: str | None = None) -> type:
-    """Build the BentoML service class ``runner-<backend>`` over fastinfer.backends.open_engine.
+def make_runner(backend: str) -> Any:
+    """Build the BentoML service ``runner-<backend>`` over fastinfer.backends.open_engine.
 
-    ``batching_backend`` names the backend whose batching settings ``infer_batched`` follows
-    (the CoreML runner batches for ``coreml-batched``).
+    ``infer_batched`` follows this backend's batching settings; backends served by this runner
+    (its row's ``runner``) call it with or without batching according to their own.
     """
     settings = get_settings()
     spec = SPECS[backend]
-    batching = settings.batching_for(batching_backend or backend)
+    batching = settings.batching_for(backend)
     threads = hardware.intra_op_threads(settings.runner_workers, settings.threads)
     refs = {size: BentoModel(f"{store.model_name(spec.artifact, size)}:latest") for size in spec.static_batches}
     name = backend
 
     class Runner:
         def __init__(self) -> None:
-            missing = [str(ref.tag) for ref in refs.values() if ref.stored is None]
-            if missing:
-                raise RuntimeError(f"{', '.join(missing)} not in the model store; run `python -m build_models`")
-            started = time.perf_counter()
-            stored = {size: ref.resolve() for size, ref in refs.items()}
-            self.engine = open_engine(backend, threads, {size: model.path for size, model in stored.items()})
-            warm_up(self.engine, (1, batching.max_batch_size) if batching.enabled else (1,))
-            self.models = [str(model.tag) for model in stored.values()]
+            self.models = [str(ref.tag) for ref in refs.values()]
             self.batch_sizes: Counter[int] = Counter()
             self.calls: Counter[str] = Counter()  # per API, so that a test can tell infer_batched ran
             self.batcher = MicroBatcher(self._run, batching.max_batch_size, batching.max_latency_ms)
+            self.failure: str | None = None
+            started = time.perf_counter()
+            try:
+                self.engine = self._load()
+            except Exception as exc:
+                # A model that cannot load (missing, corrupt, a runtime that cannot compile it on this
+                # CPU) makes this backend unavailable, with the reason; it must not take the service
+                # down with it, as a runner that dies at start-up would.
+                self.failure = f"{name} could not be loaded: {one_line(exc)}"
+                logger.error("runner %s: %s", name, self.failure)
+                return
             runs_on = self.engine.describe()
             logger.info(
                 "runner %s: %s loaded and warmed up in %.1fs on %s",
@@ -77,10 +88,22 @@ def make_runner(backend: str, batching_backend: str | None = None) -> type:
             for fallback in runs_on.get("fallbacks", []):
                 logger.warning("runner %s: NOT fully accelerated: %s", name, fallback)
 
+        def _load(self) -> Engine:
+            missing = [str(ref.tag) for ref in refs.values() if ref.stored is None]
+            if missing:
+                raise LookupError(f"{', '.join(missing)} not in the model store; run `python -m build_models`")
+            stored = {size: ref.resolve() for size, ref in refs.items()}
+            self.models = [str(model.tag) for model in stored.values()]
+            engine = open_engine(backend, threads, {size: model.path for size, model in stored.items()})
+            warm_up(engine, (1, batching.max_batch_size) if batching.enabled else (1,))
+            return engine
+
         def _run(self, images: np.ndarray) -> np.ndarray:
             """Every model call, batched or not: counted for /backends and the batch-size histogram."""
             self.batch_sizes[len(images)] += 1
             BATCH_SIZE.labels(backend=name).observe(len(images))
+            if self.failure is not None:
+                raise ServiceUnavailable(self.failure)
             return self.engine.run(images)
 
         @bentoml.on_startup
@@ -103,6 +126,8 @@ def make_runner(backend: str, batching_backend: str | None = None) -> type:
         @bentoml.api
         def describe(self) -> dict[str, Any]:
             """Where this runner runs (device / execution providers, threads), its models, batch sizes seen."""
+            if self.failure is not None:
+                return {"error": self.failure, "models": self.models}
             return {
                 **self.engine.describe(),
                 "models": self.models,

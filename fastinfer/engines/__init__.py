@@ -11,7 +11,11 @@ import numpy as np
 
 
 class Engine(Protocol):
-    """A loaded model that honours the contract uint8 [N,224,224,3] → float32 [N,1000]."""
+    """A loaded model that honours the contract uint8 [N,224,224,3] → float32 [N,1000].
+
+    Each engine class also has ``open(dirs, threads, **options)``: its stored model directories
+    (``{None: dir}``, or one per static batch size) and the options of its row in fastinfer/backends.py.
+    """
 
     def run(self, images: np.ndarray) -> np.ndarray: ...
 

@@ -36,6 +36,11 @@ class CoreMLEngine:
         self._description = description or {}
 
     @classmethod
+    def open(cls, dirs: Mapping[int | None, str], threads: int = 0, **options: Any) -> CoreMLEngine:
+        """The stored static-batch models (CoreML chooses its own threads)."""
+        return cls.load({b: d for b, d in dirs.items() if b is not None})
+
+    @classmethod
     def load(cls, model_dirs: Mapping[int, str | Path]) -> CoreMLEngine:
         """Load the stored mlpackages with ComputeUnit.ALL (Neural Engine, GPU or CPU). macOS only."""
         import coremltools as ct

@@ -11,6 +11,7 @@ import json
 import os
 import tempfile
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,10 @@ class OnnxEngine:
             self.input_name = self.session.get_inputs()[0].name
             self.run(np.zeros((1, 224, 224, 3), dtype=np.uint8))
             self.node_placement = placement_from_profile(Path(self.session.end_profiling()))
+
+    @classmethod
+    def open(cls, dirs: Mapping[int | None, str], threads: int = 0, **options: Any) -> OnnxEngine:
+        return cls(dirs[None], threads=threads, **options)
 
     def _options(self, ort: Any, profile_dir: Path) -> Any:
         options = ort.SessionOptions()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,10 @@ class TorchEngine:
         state = torch.load(Path(model_dir) / STATE_FILE, map_location="cpu", weights_only=True)
         self.model = resnet50(state).to(self.device)
         self._torch = torch
+
+    @classmethod
+    def open(cls, dirs: Mapping[int | None, str], threads: int = 0, **options: Any) -> TorchEngine:
+        return cls(dirs[None], threads=threads, **options)
 
     def run(self, images: np.ndarray) -> np.ndarray:
         torch = self._torch

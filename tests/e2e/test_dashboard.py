@@ -62,6 +62,12 @@ def test_dashboard_end_to_end(server, fake_groq, browser, tmp_path) -> None:
     page.check("#backend-onnx-int8")
     page.wait_for_function("document.querySelector('#result').innerText.includes('onnx-int8')")
 
+    # OpenVINO (the x86 backends) is offered because /backends lists it; it classifies too.
+    page.check("#backend-openvino-int8")
+    page.wait_for_function("document.querySelector('#result').innerText.includes('openvino-int8')")
+    page.check("#backend-onnx-int8")
+    page.wait_for_function("document.querySelector('#result').innerText.includes('onnx-int8')")
+
     # The same photo again on the same backend comes from the cache, with its badge.
     page.click("#classify-btn")
     page.wait_for_selector("#cached-badge")
@@ -69,7 +75,8 @@ def test_dashboard_end_to_end(server, fake_groq, browser, tmp_path) -> None:
     # Compare all: one row per available backend and a summary.
     page.check("#backend-compare")
     page.wait_for_selector("#compare-table")
-    assert page.locator("#compare-table tr[data-backend]").count() >= 4
+    assert page.locator("#compare-table tr[data-backend]").count() >= 6
+    assert page.locator("#compare-table tr[data-backend='openvino']").count() == 1
     assert "fastest" in page.inner_text("#compare-summary")
 
     # Analyze: the fake Groq's text appears.

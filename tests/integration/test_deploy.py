@@ -59,9 +59,14 @@ def test_bento_holds_code_dashboard_models_and_a_dockerfile(bento) -> None:
     assert "FROM python:3.11" in dockerfile
     manifest = yaml.safe_load((root / "bento.yaml").read_text())
     models = {m["tag"].split(":")[0] for svc in manifest["services"] for m in svc["models"]}
-    assert {"resnet50-pytorch", "resnet50-onnx", "resnet50-onnx-int8", "resnet50-onnx-int8-dynamic"} <= models
+    from fastinfer.backends import SPECS
+
+    here = {n for s in SPECS.values() if s.platform() is None for n in s.model_names()}
+    assert {"resnet50-openvino", "resnet50-openvino-int8"} <= here  # OpenVINO runs on this machine
+    assert here <= models, f"the bento lacks {here - models}"
     requirements = (root / "env" / "python" / "requirements.txt").read_text()
     assert "bentoml==1.4.40" in requirements and "torch==2.14.1" in requirements
+    assert "openvino==2026.4.1" in requirements  # the container runs the OpenVINO backends too
 
 
 def test_the_built_bento_serves_by_tag(bento, redis_server, tmp_path) -> None:
@@ -71,8 +76,9 @@ def test_the_built_bento_serves_by_tag(bento, redis_server, tmp_path) -> None:
         photo = tmp_path / "moto.jpg"
         photo.write_bytes(photos.benchmark_photo())
         with bentoml.SyncHTTPClient(srv.url, timeout=120) as client:
-            result = client.classify(image=photo, backend="onnx-int8", top_k=3)
-        assert result["backend"] == "onnx-int8" and len(result["top_k"]) == 3
+            for backend in ("onnx-int8", "openvino-int8"):
+                result = client.classify(image=photo, backend=backend, top_k=3)
+                assert result["backend"] == backend and len(result["top_k"]) == 3
     finally:
         stop_server(srv)
 

@@ -1,11 +1,12 @@
 """A second server (pytorch batching off, a 3 s deadline), for what the shared one cannot show: two
-servers sharing one Redis, which runner API a route really calls, the deadline against a slow
-client, and a graceful shutdown with a request provably in flight. The shutdown test stops this
+servers sharing one Redis, which runner API a route really calls, a corrupt model in the store, the
+deadline against a slow client, and a graceful shutdown with a request provably in flight. The shutdown test stops this
 server, so it runs last."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import time
@@ -19,18 +20,44 @@ from fastinfer import photos
 from tests.servers import NO_CACHE, start_server, stop_server
 
 TIMEOUT_S = 3
+CORRUPT = "resnet50-openvino-int8"
 
 
 @pytest.fixture(scope="module")
 def own_server(built_models, bentoml_home, redis_server, tmp_path_factory):
     # Its own BENTOML_HOME over the same model store: `bentoml serve` wipes
     # $BENTOML_HOME/prometheus_multiproc_dir at start, which would blank the shared server's metrics.
+    # One model in it is broken: openvino-int8's weights file is cut short (a failed copy, a full disk).
     home = tmp_path_factory.mktemp("home-lifecycle")
-    (home / "models").symlink_to(bentoml_home / "models")
+    for model in (bentoml_home / "models").iterdir():
+        if model.name != CORRUPT:
+            (home / "models").mkdir(exist_ok=True)
+            (home / "models" / model.name).symlink_to(model)
+    shutil.copytree(bentoml_home / "models" / CORRUPT, home / "models" / CORRUPT)
+    version = (home / "models" / CORRUPT / "latest").read_text().strip()
+    weights = home / "models" / CORRUPT / version / "model.bin"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
     env = {"REDIS_URL": redis_server.url, "FASTINFER_BATCHING_PYTORCH": "false", "FASTINFER_TIMEOUT_S": str(TIMEOUT_S)}
     srv = start_server(home, tmp_path_factory.mktemp("serve-lifecycle") / "serve.log", env)
     yield srv
     stop_server(srv)
+
+
+def test_a_corrupt_model_makes_its_backend_unavailable_and_the_rest_serves(own_server) -> None:
+    files = {"image": ("p.jpg", photos.photo_jpeg("astronaut.png", width=301), "image/jpeg")}
+    with httpx.Client(base_url=own_server.url, timeout=60) as client:
+        assert client.get("/readyz").status_code == 200
+        broken = client.post("/classify", data={"backend": "openvino-int8"}, files=files)
+        assert broken.status_code == 503, broken.text
+        error = broken.json()["error"]
+        assert error["code"] == "backend_unavailable" and "openvino-int8 could not be loaded" in error["message"]
+        info = {b["name"]: b for b in client.get("/backends").json()["backends"]}
+        assert info["openvino-int8"]["available"] is False
+        assert "could not be loaded" in info["openvino-int8"]["reason"]
+        for backend in ("openvino", "onnx-int8", "pytorch"):  # the same runtime, another model, another runtime
+            ok = client.post("/classify", data={"backend": backend}, files=files)
+            assert ok.status_code == 200 and ok.json()["backend"] == backend, ok.text
+            assert info[backend]["available"] is True
 
 
 def test_two_servers_share_one_redis(client, own_server) -> None:

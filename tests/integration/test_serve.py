@@ -87,6 +87,15 @@ def test_backends_describes_each_backend(client) -> None:
     assert onnx["execution_providers"] == ["CPUExecutionProvider"] and onnx["fallbacks"] == []
     total = onnx["node_placement"]["CPUExecutionProvider"]
     assert total.endswith("nodes") and total.split("/")[0] == total.split("/")[1].split()[0]
+    # OpenVINO: the precision actually used, and every convolution counted at it (no silent FP32).
+    openvino = by_name["openvino"]["runs_on"]
+    bf16 = "avx512_bf16" in body["hardware"]["isa"] or "amx_bf16" in body["hardware"]["isa"]
+    assert openvino["precision_requested"] == "auto" and openvino["precision"] == ("bf16" if bf16 else "f32")
+    assert openvino["layer_precision"]["Convolution"] == f"{openvino['precision']} 53/53", openvino
+    assert openvino["fallbacks"] == [] and openvino["cache_dir"]
+    int8 = by_name["openvino-int8"]["runs_on"]
+    (placed,) = [int8["layer_precision"]["Convolution"]]
+    assert placed.split()[0] in ("u8", "i8") and placed.endswith(" 53/53") and int8["fallbacks"] == [], int8
 
 
 SEED_ROUTES = {
@@ -117,7 +126,7 @@ def test_readiness_and_swagger(client) -> None:
     assert client.get("/livez").status_code == 200
     assert "swagger" in client.get("/").text.lower()
     spec = client.get("/docs.json").json()
-    for route in ("/classify", *SEED_ROUTES):
+    for route in ("/classify", "/predict/openvino", *SEED_ROUTES):
         assert "post" in spec["paths"][route], route
     schema = spec["components"]["schemas"]
     assert any("top_k" in s.get("properties", {}) for s in schema.values())

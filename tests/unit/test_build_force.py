@@ -20,17 +20,13 @@ STORED = [(a, b) for a in ARTIFACTS.values() for b in a.batches]
 
 def assert_loads(backend: str, model: bentoml.Model) -> None:
     """The stored files are there and the engine that serves them can run them (CoreML: macOS only)."""
+    from fastinfer.backends import open_engine
     from fastinfer.engines.coreml import PACKAGE_DIR
-    from fastinfer.engines.onnx import OnnxEngine
-    from fastinfer.engines.pytorch import TorchEngine
 
     one = np.zeros((1, 224, 224, 3), dtype=np.uint8)
-    if backend == "pytorch":
-        assert TorchEngine(model.path, device="cpu").run(one).shape == (1, 1000)
-    elif backend.startswith("onnx"):
-        assert OnnxEngine(model.path, cpu_only=True).run(one).shape == (1, 1000)
+    if backend != "coreml":
+        assert open_engine(backend, dirs={None: model.path}).run(one).shape == (1, 1000)
     else:
-        assert backend == "coreml", backend
         package = Path(model.path) / PACKAGE_DIR
         assert package.is_dir() and (package / "Manifest.json").is_file(), package
 

@@ -16,8 +16,12 @@ def test_doctor_reports_hardware_backends_and_a_recommendation(built_models, tmp
     assert set(report["backends"]) == set(BACKENDS)
     onnx = report["backends"]["onnx"]
     assert onnx["available"] and onnx["node_placement"]["CPUExecutionProvider"].endswith("nodes")
+    int8 = report["backends"]["openvino-int8"]
+    assert int8["available"] and int8["layer_precision"]["Convolution"].endswith(" 53/53") and not int8["fallbacks"]
+    assert report["backends"]["openvino"]["precision"] in ("bf16", "f32")
     assert report["recommended"]["backend"] in BACKENDS and "(rule)" in report["recommended"]["why"]
-    assert "recommended here:" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "recommended here:" in printed and "Convolution u8 53/53" in printed
 
 
 def test_bench_then_doctor_recommends_from_measurements(built_models, tmp_path, capsys) -> None:
@@ -25,7 +29,7 @@ def test_bench_then_doctor_recommends_from_measurements(built_models, tmp_path, 
     assert cli.main(["bench", "--batches", "1", "--repeats", "2", "--json", str(bench)]) == 0
     data = json.loads(bench.read_text())
     rows = {r["backend"]: r for r in data["engines"]}
-    assert {"pytorch", "onnx", "onnx-int8", "onnx-int8-dynamic"} <= rows.keys()
+    assert {"pytorch", "onnx", "onnx-int8", "onnx-int8-dynamic", "openvino", "openvino-int8"} <= rows.keys()
     assert all(r["median_ms"] > 0 and r["batch"] == 1 for r in rows.values())
     assert "× vs onnx FP32" in capsys.readouterr().out
     doctor = tmp_path / "doctor.json"
@@ -38,6 +42,9 @@ def test_fidelity_writes_a_table_and_json(built_models, tmp_path, capsys) -> Non
     out = tmp_path / "fidelity.json"
     assert cli.main(["fidelity", "--json", str(out)]) == 0
     rows = {r["backend"]: r for r in json.loads(out.read_text())}
-    assert {"onnx", "onnx-int8", "onnx-int8-dynamic"} <= rows.keys()
-    assert rows["onnx"]["top1_agreement"] == 1.0
-    assert "| backend | images | top-1 agreement" in capsys.readouterr().out
+    assert {"onnx", "onnx-int8", "onnx-int8-dynamic", "openvino", "openvino-int8"} <= rows.keys()
+    assert rows["onnx"]["top1_agreement"] == 1.0 and rows["onnx"]["gate"] == "fp32"
+    assert all(r["gate_passed"] for r in rows.values()), rows
+    assert rows["openvino-int8"]["gate"] == "int8"
+    assert rows["openvino"]["gate"] == {"bf16": "bf16", "f32": "fp32"}[rows["openvino"]["precision"]]
+    assert "| backend | runs at | images | top-1 agreement" in capsys.readouterr().out

@@ -46,10 +46,42 @@ def test_onnx_fp32_is_the_reference(images, reference) -> None:
     assert f.max_abs_error <= 1e-3 and f.cosine > 0.99999
 
 
-@pytest.mark.parametrize("backend", ["onnx-int8", "onnx-int8-dynamic"])
+def test_openvino_at_f32_is_the_reference(images, reference) -> None:
+    f = fid.compare("openvino", reference, fid.run_batched(open_engine("openvino", precision="f32"), images))
+    assert f.top1_agreement == 1.0 and f.top5_overlap == 1.0 and f.max_abs_error <= 1e-3
+
+
+@pytest.mark.parametrize("backend", ["onnx-int8", "onnx-int8-dynamic", "openvino-int8"])
 def test_int8_backends_pass_the_gates(images, reference, backend: str) -> None:
     f = fid.compare(backend, reference, fid.run_batched(open_engine(backend), images))
     assert passes(f), f
+    assert fid.INT8_GATE.passes(f)
+
+
+@pytest.fixture(scope="module")
+def bf16() -> object:
+    engine = open_engine("openvino")
+    if engine.describe()["precision"] != "bf16":
+        pytest.skip("this CPU has no BF16 units (AVX-512 BF16 / AMX): openvino runs f32 here (tested above)")
+    return engine
+
+
+def test_openvino_in_bf16_passes_the_bf16_gates(images, reference, bf16) -> None:
+    f = fid.compare("openvino", reference, fid.run_batched(bf16, images))
+    assert fid.BF16_GATE.passes(f), f
+    assert f.max_abs_error > 1e-3, "BF16 that equals FP32 to 1e-3 is not running in BF16"
+
+
+def test_the_bf16_gates_catch_a_shifted_input_a_wrong_scale_and_an_int8_model(images, reference, bf16) -> None:
+    shifted = np.clip(images.astype(np.int16) + 8, 0, 255).astype(np.uint8)
+    wrong = (images.astype(np.float32) / 255 * 4).astype(np.uint8)
+    for name, logits in (
+        ("8 grey levels off", fid.run_batched(bf16, shifted)),
+        ("wrong input scale", fid.run_batched(bf16, wrong)),
+        ("the INT8 model", fid.run_batched(open_engine("openvino-int8"), images)),
+    ):
+        f = fid.compare(name, reference, logits)
+        assert not fid.BF16_GATE.passes(f), f
 
 
 def test_the_gates_catch_a_model_calibrated_on_nothing(built_models, images, reference, tmp_path) -> None:

@@ -1,0 +1,207 @@
+"""The OpenVINO engine: same logits as ORT at f32, an honest per-layer precision report, clear errors,
+a compiled-model cache and a crash-proof preflight.
+
+IRs are converted here from the stored ONNX models (FP32 and static QDQ INT8), as the build does.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fastinfer import fidelity as fid
+from fastinfer import hardware, store
+from fastinfer.engines import openvino as ove
+from fastinfer.engines.onnx import OnnxEngine
+from fastinfer.preprocess import PreprocessSpec
+
+CONVOLUTIONS = 53  # ResNet-50
+
+
+def convert(onnx_dir: str, out_dir: Path) -> Path:
+    ov = ove.import_openvino()
+    out_dir.mkdir()
+    model = ov.convert_model(str(Path(onnx_dir) / "model.onnx"))
+    ov.save_model(model, str(out_dir / ove.MODEL_FILE), compress_to_fp16=False)
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def irs(built_models, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("openvino-ir")
+    return {
+        "float": convert(store.find("onnx").path, root / "fp32"),
+        "int8": convert(store.find("onnx-int8").path, root / "int8"),
+    }
+
+
+@pytest.fixture(scope="module")
+def images() -> np.ndarray:
+    return fid.fidelity_images(PreprocessSpec())[::6]  # 6 real photos, differently framed
+
+
+def native_bf16() -> bool:
+    return "BF16" in ove.import_openvino().Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
+def test_importing_the_module_does_not_import_openvino() -> None:
+    code = "import sys, fastinfer.engines.openvino; assert 'openvino' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_f32_equals_onnx_runtime(irs, images) -> None:
+    reference = OnnxEngine(store.find("onnx").path, threads=2, cpu_only=True).run(images)
+    engine = ove.OpenVinoEngine(irs["float"], threads=2, precision="f32")
+    logits = engine.run(images)
+    assert logits.shape == (len(images), 1000) and logits.dtype == np.float32
+    assert float(np.max(np.abs(logits - reference))) <= 1e-3
+    assert engine.run(images[:1]).shape == (1, 1000)
+
+
+def test_auto_precision_is_reported_as_compiled(irs) -> None:
+    described = ove.OpenVinoEngine.open({None: str(irs["float"])}).describe()
+    actual = "bf16" if native_bf16() else "f32"  # OpenVINO's CPU default
+    assert described["precision_requested"] == "auto" and described["precision"] == actual
+    assert described["layer_precision"]["Convolution"] == f"{actual} {CONVOLUTIONS}/{CONVOLUTIONS}"
+    assert described["layer_precision"]["FullyConnected"] == f"{actual} 1/1"
+    assert described["fallbacks"] == []
+    assert described["threads"] == hardware.cpu_count() and described["streams"] == 1
+    assert described["runtime"].startswith("OpenVINO 20")
+
+
+def test_forced_f32_is_f32_everywhere_and_no_fallback(irs) -> None:
+    described = ove.OpenVinoEngine(irs["float"], threads=1, precision="f32").describe()
+    assert described["precision"] == described["precision_requested"] == "f32"
+    assert described["layer_precision"]["Convolution"] == f"f32 {CONVOLUTIONS}/{CONVOLUTIONS}"
+    assert described["fallbacks"] == [] and described["threads"] == 1
+
+
+def test_int8_model_runs_its_convolutions_in_int8(irs, images) -> None:
+    engine = ove.OpenVinoEngine(irs["int8"], threads=2, expect="int8")
+    convolutions = engine.layers["Convolution"]
+    assert sum(convolutions.values()) == CONVOLUTIONS
+    assert set(convolutions) <= {"u8", "i8"}, convolutions
+    assert engine.describe()["fallbacks"] == []
+    reference = OnnxEngine(store.find("onnx-int8").path, threads=2, cpu_only=True).run(images)
+    assert np.array_equal(np.argmax(engine.run(images), 1), np.argmax(reference, 1))
+
+
+def test_bad_options_are_refused_before_loading(tmp_path) -> None:
+    with pytest.raises(ValueError, match="auto, bf16, f32"):
+        ove.OpenVinoEngine(tmp_path, precision="fp16")
+    with pytest.raises(ValueError, match="float, int8"):
+        ove.OpenVinoEngine(tmp_path, expect="int4")
+
+
+def test_bf16_is_refused_on_a_cpu_without_native_bf16(irs, monkeypatch) -> None:
+    ov = ove.import_openvino()
+
+    class NoBf16Core(ov.Core):
+        def get_property(self, device, name, *args):
+            if name == "OPTIMIZATION_CAPABILITIES":
+                return ["WINOGRAD", "FP32", "INT8", "BIN", "EXPORT_IMPORT"]
+            return super().get_property(device, name, *args)
+
+    monkeypatch.setattr(ov, "Core", NoBf16Core)
+    with pytest.raises(ValueError, match="native BF16"):
+        ove.OpenVinoEngine(irs["float"], precision="bf16")
+    assert ove.OpenVinoEngine(irs["float"], precision="auto").describe()["fallbacks"] == []
+
+
+def test_missing_model_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"no OpenVINO IR at .*model\.xml"):
+        ove.OpenVinoEngine(tmp_path / "nowhere")
+
+
+def test_corrupt_model_is_a_clear_error(irs, tmp_path) -> None:
+    (tmp_path / ove.MODEL_FILE).write_text("<net>not an IR")
+    with pytest.raises(RuntimeError, match=r"OpenVINO could not compile .*Unable to read the model"):
+        ove.OpenVinoEngine(tmp_path)
+    (tmp_path / ove.MODEL_FILE).write_bytes((irs["int8"] / ove.MODEL_FILE).read_bytes())  # no model.bin
+    with pytest.raises(RuntimeError, match=r"OpenVINO could not compile .*bin file"):
+        ove.OpenVinoEngine(tmp_path)
+
+
+def test_the_cache_is_filled_and_reused(irs, images, tmp_path) -> None:
+    cache = tmp_path / "cache"
+    first = ove.OpenVinoEngine(irs["int8"], threads=2, cache_dir=cache, expect="int8")
+    blobs = list(cache.glob("*.blob"))
+    assert blobs, list(cache.iterdir())
+    second = ove.OpenVinoEngine(irs["int8"], threads=2, cache_dir=cache, expect="int8")
+    assert list(cache.glob("*.blob")) == blobs  # imported, not compiled anew
+    assert np.array_equal(first.run(images), second.run(images))
+    described = second.describe()
+    assert described["cache_dir"] == str(cache) and described["compile_s"] >= 0
+    assert described["layer_precision"] == first.describe()["layer_precision"]
+
+
+def test_preflight(irs, tmp_path, monkeypatch) -> None:
+    cache = tmp_path / "cache"
+    assert ove.preflight(irs["int8"], threads=2, cache_dir=cache) is None
+    assert list(cache.glob("*.blob"))  # so that the engine's compile is a cache hit
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / ove.MODEL_FILE).write_text("<net>not an IR")
+    reason = ove.preflight(broken)
+    assert reason and "compile_model failed" in reason and "Unable to read the model" in reason
+    assert "no OpenVINO IR" in (ove.preflight(tmp_path / "nowhere") or "")
+
+    monkeypatch.setattr(ove, "_PREFLIGHT", "import os, signal; os.kill(os.getpid(), signal.SIGFPE)")
+    assert ove.preflight(irs["int8"]) == "OpenVINO compile_model crashed with SIGFPE on this CPU"
+
+
+class Op:
+    """Stands in for a runtime-graph op: rt_info values as plain strings or as OVAny-like objects."""
+
+    class Any:
+        def __init__(self, text: str) -> None:
+            self.text = text
+
+        def astype(self, kind: type) -> str:
+            return self.text
+
+    def __init__(self, layer: str | None, precision: str, wrapped: bool = False) -> None:
+        wrap = Op.Any if wrapped else str
+        self.info = {} if layer is None else {"layerType": wrap(layer), "runtimePrecision": wrap(precision)}
+
+    def get_rt_info(self) -> dict:
+        return self.info
+
+
+class Graph:
+    def __init__(self, ops: list[Op]) -> None:
+        self.ops = ops
+
+    def get_ordered_ops(self) -> list[Op]:
+        return self.ops
+
+
+def test_layer_precision_and_fallbacks_on_a_mixed_graph() -> None:
+    ops = [Op("Convolution", "u8", wrapped=True)] * 50 + [Op("Convolution", "f32")] * 3
+    ops += [Op("FullyConnected", "f32"), Op("Pooling", "u8"), Op(None, "")]
+    counts = ove.layer_precision(Graph(ops))
+    assert counts == {
+        "Convolution": Counter(u8=50, f32=3),
+        "FullyConnected": Counter(f32=1),
+        "Pooling": Counter(u8=1),
+    }
+    assert ove.summary(counts["Convolution"]) == "u8 50/53, f32 3/53"
+    assert ove.fallbacks(counts, "int8", "bf16") == [
+        "3/53 Convolution layers do not run in INT8: 3 in f32",
+        "1/1 FullyConnected layers do not run in INT8: 1 in f32",
+    ]
+
+    float_counts = {"Convolution": Counter(bf16=52, f32=1), "FullyConnected": Counter(bf16=1)}
+    assert ove.fallbacks(float_counts, "float", "bf16") == ["1/53 Convolution layers do not run in bf16: 1 in f32"]
+    assert ove.fallbacks({"Convolution": Counter(f32=53)}, "float", "f32") == []  # asked for, not a fallback
+    assert ove.fallbacks({"Convolution": Counter(bf16=53)}, "float", "bf16") == []
+    assert ove.fallbacks({"Convolution": Counter(i8=53)}, "int8", "f32") == []
+    assert ove.fallbacks({}, "int8", "bf16") == [
+        "OpenVINO reported no Convolution layers in the runtime graph: their precision is unknown"
+    ]
