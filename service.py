@@ -46,6 +46,7 @@ from fastinfer.schemas import (
 from runners import REGISTRY, attach, unavailable_reason
 
 logger = logging.getLogger("fastinfer.service")
+RUNNER_FAILURE_MEMORY_S = 10.0
 DASHBOARD_DIR = Path(__file__).parent / "dashboard"
 settings = get_settings()
 
@@ -73,6 +74,7 @@ class FastInfer:
             for name, entry in REGISTRY.items()
             if (m := store.find(entry.spec.artifact, entry.spec.static_batches[0])) is not None
         }
+        self.runner_failures: dict[str, tuple[str, float]] = {}  # runner → (why, until when it is believed)
         self.hardware = hardware.probe()
         self.cache: ResponseCache = ResponseCache()  # replaced at start-up (open_cache is async)
         self.live = LiveStats()
@@ -146,7 +148,7 @@ class FastInfer:
         ctx.request.state.fastinfer_backend = "all"
         try:
             started = time.perf_counter()
-            names = [n for n in REGISTRY if n not in self.unavailable]
+            names = [n for n in REGISTRY if self._unavailable(n) is None]
             if not names:
                 raise BackendUnavailable("No backend can run here; see GET /backends for why.")
             shared: dict[str, float] = {}
@@ -155,12 +157,17 @@ class FastInfer:
             results = []
             for name in names:
                 timings = dict(shared)
-                logits = await self._infer(name, prepared.pixels, None, timings)
+                try:
+                    logits = await self._infer(name, prepared.pixels, None, timings)
+                except BackendUnavailable:  # its runner could not load its model: listed as unavailable
+                    continue
                 timings["total"] = sum(timings.values())  # what a request to this backend alone would take
                 results.append(self._respond(name, self._body(name, logits, top_k), timings, started))
+            if not results:
+                raise BackendUnavailable("No backend can run here; see GET /backends for why.")
         except ApiError as exc:
             return error_response(ctx, exc)
-        return summarise(results, [n for n in REGISTRY if n in self.unavailable], started)
+        return summarise(results, [n for n in REGISTRY if self._unavailable(n) is not None], started)
 
     @bentoml.api(route="/analyze", input_spec=AnalyzeInput)
     async def analyze(self, results: list[dict[str, Any]], question: str, ctx: bentoml.Context) -> AnalyzeResponse:
@@ -186,8 +193,8 @@ class FastInfer:
         started = time.perf_counter()
         if backend not in REGISTRY:
             raise UnknownBackend(f"Unknown backend {backend!r}; valid backends: {', '.join(REGISTRY)}")
-        if backend in self.unavailable:
-            raise BackendUnavailable(self.unavailable[backend])
+        if (reason := self._unavailable(backend)) is not None:
+            raise BackendUnavailable(reason)
         info = self.models[backend]
         timings: dict[str, float] = {}
 
@@ -213,6 +220,13 @@ class FastInfer:
             await self.cache.store(key, body)
         return self._respond(backend, body, timings, started)
 
+    def _unavailable(self, backend: str) -> str | None:
+        """Why a backend cannot answer now: it cannot run here, or its runner recently failed to load."""
+        if backend in self.unavailable:
+            return self.unavailable[backend]
+        reason, until = self.runner_failures.get(REGISTRY[backend].runner, ("", 0.0))
+        return reason if time.monotonic() < until else None
+
     async def _prepare(self, data: bytes, spec: PreprocessSpec, timings: dict[str, float]) -> Prepared:
         prepared = await self._in_thread(lambda: prepare(data, spec, settings.max_pixels), timings, None)
         timings["decode"], timings["preprocess"] = prepared.decode_ms, prepared.preprocess_ms
@@ -232,9 +246,10 @@ class FastInfer:
                 logits = await call(pixels[np.newaxis])
         except ServiceUnavailable as exc:
             # The runner is up but could not load its model. BentoML hides a 5xx's message, so ask the
-            # runner why, and remember it: later requests get the 503 without the round trip.
+            # runner why, and remember it for a while: requests meanwhile get the 503 without the round
+            # trip; after it the runner is asked again (it retries the load, runners/base.py).
             reason = (await self._describe(entry.runner)).get("error") or f"The {backend} runner is unavailable"
-            self.unavailable.update({b: reason for b, e in REGISTRY.items() if e.runner == entry.runner})
+            self.runner_failures[entry.runner] = (reason, time.monotonic() + RUNNER_FAILURE_MEMORY_S)
             raise BackendUnavailable(reason) from exc
         except Exception as exc:  # runner down or crashed: the server's fault, said plainly
             logger.exception("runner %s failed", backend)

@@ -17,15 +17,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from build_models import exporters
+from build_models.context import BuildContext
 from fastinfer import fidelity, hardware, photos, store
-from fastinfer.backends import anywhere, open_engine, openvino_missing
+from fastinfer.backends import anywhere, open_engine, openvino_cache_dir, openvino_missing
+from fastinfer.engines import EngineUnavailable
+from fastinfer.engines.openvino import cache_folder
 from fastinfer.fidelity import Fidelity, Gate, compare
 from fastinfer.preprocess import PreprocessSpec, prepare
+
+if TYPE_CHECKING:
+    from bentoml import Model
 
 logger = logging.getLogger("build_models")
 
@@ -62,6 +68,9 @@ class Artifact:
     tolerance: Gate | None = None
     verify_options: Mapping[str, Any] = field(default_factory=dict)
     requires: Callable[[], str | None] = anywhere  # None when this machine can build it, else why not
+    # Beside the weights' hash and the build format: is a stored model still what this build would
+    # make? (The INT8 models also depend on the calibration, and openvino-int8 on onnx-int8's file.)
+    still_current: Callable[[BuildContext, Model], bool] = lambda ctx, model: True
     batches: tuple[int | None, ...] = (None,)
 
 
@@ -103,6 +112,7 @@ ARTIFACTS: dict[str, Artifact] = {
             tolerance=INT8_TOLERANCE,
             verify_options={"cache_dir": None},
             requires=openvino_missing,
+            still_current=BuildContext.converts_stored_int8,
         ),
         Artifact("coreml", "fp16", exporters.export_coreml, batches=(1, 2, 4, 8)),
     )
@@ -148,16 +158,16 @@ def build(
     force: bool = False,
     progress: Callable[[str], None] = print,
     calibration_dir: Path | None = None,
-    int8_activations: str = "u8",
+    int8_activations: str | None = None,
 ) -> list[BuildResult]:
     """Build (or confirm current) every artifact named in ``only`` (default: all).
 
-    ``force`` rebuilds every one from the weights. Raises :class:`VerificationError` when an export
+    ``force`` rebuilds every one from the weights; ``calibration_dir`` / ``int8_activations`` (default
+    u8), when given, rebuild the INT8 models calibrated otherwise. Raises :class:`VerificationError` when an export
     diverges from PyTorch beyond its tolerance; that artifact is not stored (a previous version stays).
     """
     import torch
 
-    from build_models.context import BuildContext
     from build_models.weights import load_weights
     from fastinfer.torch_model import resnet50
 
@@ -170,7 +180,15 @@ def build(
     weights = load_weights(weights_choice)
     progress(f"weights: {weights.kind} ({weights.description}), source hash {weights.source_hash}")
     spec = preprocess_spec()
-    ctx = BuildContext(weights, spec, resnet50(weights.state_dict), calibration_dir, int8_activations, force)
+    ctx = BuildContext(
+        weights,
+        spec,
+        resnet50(weights.state_dict),
+        calibration_dir,
+        int8_activations or "u8",
+        int8_activations is not None,
+        force,
+    )
     jobs = [(ARTIFACTS[n], b) for n in names for b in ARTIFACTS[n].batches]
     batch: np.ndarray | None = None
     reference: np.ndarray | None = None
@@ -184,7 +202,7 @@ def build(
             if cannot is not None:
                 progress(f"{step}: skipped: {cannot}")
                 continue
-            if not force and store.is_current(existing, weights.source_hash):
+            if not force and store.is_current(existing, weights.source_hash) and artifact.still_current(ctx, existing):
                 progress(f"{step}: up to date ({existing.tag}), skipped")
                 results.append(BuildResult(name, str(existing.tag), False, 0.0))
                 continue
@@ -202,7 +220,11 @@ def build(
                         batch = verification_batch(spec)
                         with torch.inference_mode():
                             reference = ctx.model(torch.from_numpy(batch)).numpy()
-                    engine = open_engine(artifact.name, dirs={None: tmp}, **artifact.verify_options)
+                    try:
+                        engine = open_engine(artifact.name, dirs={None: tmp}, **artifact.verify_options)
+                    except EngineUnavailable as exc:  # its runtime cannot run on this machine: not a bad export
+                        progress(f"{step}: skipped: {exc}")
+                        continue
                     check = compare(name, reference, engine.run(batch))
                     del engine  # let go of the files before they move into the store
                     found = (
@@ -260,6 +282,7 @@ def build(
                         # model is its own business (1.4 stages it in TMPDIR, then copies it to the store).
                         shutil.move(f, Path(stored.path) / f.name)
                 if existing is not None:  # superseded: keep the store from growing on every --force
+                    shutil.rmtree(cache_folder(openvino_cache_dir(), existing.path), ignore_errors=True)
                     bentoml.models.delete(existing.tag)
             seconds = time.perf_counter() - t0
             progress(f"{step}: stored {stored.tag} in {seconds:.1f}s")

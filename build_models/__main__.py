@@ -17,9 +17,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(ARTIFACT_NAMES)}")
     parser.add_argument("--force", action="store_true", help="rebuild even when the store is current")
     parser.add_argument("--if-missing", action="store_true", help="do nothing when every model is stored")
-    parser.add_argument("--calibration-dir", type=Path, help="your own images to calibrate static INT8 on")
     parser.add_argument(
-        "--int8-activations", choices=["u8", "s8"], default="u8", help="static INT8 activation type (default u8)"
+        "--calibration-dir", type=Path, help="your own images to calibrate static INT8 on (rebuilds both INT8 models)"
+    )
+    parser.add_argument(
+        "--int8-activations",
+        choices=["u8", "s8"],
+        help="static INT8 activation type (default u8); given, it rebuilds INT8 models of the other type",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -36,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
             calibration_dir=args.calibration_dir,
             int8_activations=args.int8_activations,
         )
-    except (NotResNet50Weights, FileNotFoundError, VerificationError) as exc:  # said in one line, no traceback
+    except (NotResNet50Weights, FileNotFoundError, VerificationError, RuntimeError) as exc:  # one line, no traceback
         print(f"build_models: {exc}", file=sys.stderr)
         return 1
     return 0

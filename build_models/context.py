@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -15,6 +16,8 @@ from fastinfer import photos, store
 from fastinfer.preprocess import PreprocessSpec, prepare
 
 if TYPE_CHECKING:
+    from bentoml import Model
+
     from build_models.weights import Weights
     from fastinfer.torch_model import Uint8Classifier
 
@@ -47,6 +50,22 @@ def directory_images(directory: Path, spec: PreprocessSpec) -> list[np.ndarray]:
     return [prepare(p.read_bytes(), spec, 10**9).pixels for p in files]
 
 
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def stored_int8_sha256() -> str | None:
+    """The sha256 of the stored onnx-int8 model's file (None when there is none)."""
+    from fastinfer.engines.onnx import MODEL_FILE
+
+    stored = store.find("onnx-int8")
+    return None if stored is None else file_sha256(Path(stored.path) / MODEL_FILE)
+
+
 @dataclass
 class BuildContext:
     weights: Weights
@@ -54,6 +73,7 @@ class BuildContext:
     model: Uint8Classifier
     calibration_dir: Path | None = None
     int8_activations: str = "u8"
+    int8_activations_given: bool = False  # asked for explicitly: a stored INT8 model of another kind is stale
     force: bool = False  # rebuild from the weights: never reuse a stored export
     _tmp: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
     _onnx: Path | None = None
@@ -83,29 +103,41 @@ class BuildContext:
             self._onnx = path
         return self._onnx
 
-    def onnx_int8(self) -> tuple[Path, dict[str, Any]]:
+    def onnx_int8(self, fresh: bool = False) -> tuple[Path, dict[str, Any]]:
         """The calibrated static QDQ INT8 ONNX file and its calibration metadata, made at most once.
 
-        ``onnx-int8`` stores it and ``openvino-int8`` converts it, so both run one calibration. The
-        stored one is reused only when it was calibrated the same way (source and activation type).
+        ``onnx-int8`` stores it (``fresh``: it is being rebuilt, so calibrate); ``openvino-int8``
+        converts the one of this build, else the stored one: one calibration for both runtimes.
         """
         if self._onnx_int8 is None:
-            from build_models.exporters import int8_scheme, write_onnx_int8_static
+            from build_models.exporters import write_onnx_int8_static
             from fastinfer.engines.onnx import MODEL_FILE
 
             path = Path(self._tmp.name) / "int8.onnx"
             stored = store.find("onnx-int8")
-            meta = dict(stored.info.metadata) if stored is not None else {}
-            same = meta.get("calibration_source") == self.calibration_source and str(
-                meta.get("quantization", "")
-            ).startswith(int8_scheme(self) + ",")
-            if not self.force and store.is_current(stored, self.weights.source_hash) and same:
+            if not fresh and not self.force and store.is_current(stored, self.weights.source_hash):
                 shutil.copyfile(Path(stored.path) / MODEL_FILE, path)
+                meta = stored.info.metadata
                 calibration = {k: meta[k] for k in ("quantization", "calibration_images", "calibration_source")}
             else:
                 calibration = write_onnx_int8_static(self, path)
             self._onnx_int8 = (path, calibration)
         return self._onnx_int8
+
+    def calibrated_as_asked(self, model: Model) -> bool:
+        """A stored onnx-int8 model is current only if calibrated as this build asks (when it asks)."""
+        from build_models.exporters import int8_scheme
+
+        meta = model.info.metadata
+        if self.calibration_dir is not None and meta.get("calibration_source") != self.calibration_source:
+            return False
+        return self.int8_activations_given is False or str(meta.get("quantization", "")).startswith(
+            int8_scheme(self) + ","
+        )
+
+    def converts_stored_int8(self, model: Model) -> bool:
+        """A stored openvino-int8 model is current only if converted from the onnx-int8 model stored now."""
+        return model.info.metadata.get("int8_onnx_sha256") == stored_int8_sha256()
 
     def calibration_images(self) -> list[np.ndarray]:
         if self._calibration is None:

@@ -136,7 +136,7 @@ def int8_scheme(ctx: BuildContext) -> str:
 
 
 def export_onnx_int8_static(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
-    path, calibration = ctx.onnx_int8()
+    path, calibration = ctx.onnx_int8(fresh=True)
     shutil.copyfile(path, out_dir / ONNX_FILE)
     return {"format": "onnx", "file": ONNX_FILE, **calibration}
 
@@ -202,12 +202,15 @@ def export_openvino(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
 
 def export_openvino_int8(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
     """The static QDQ INT8 ONNX model of this build as OpenVINO IR: one calibration for both runtimes."""
+    from build_models.context import file_sha256
+
     path, calibration = ctx.onnx_int8()
     version = write_openvino(path, out_dir)
     return {
         "format": "openvino ir",
         "file": OPENVINO_FILE,
         "converted_from": "onnx int8 (the onnx-int8 model's QDQ graph)",
+        "int8_onnx_sha256": file_sha256(path),
         "openvino": version,
         **calibration,
     }

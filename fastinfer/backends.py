@@ -146,16 +146,18 @@ def runs_here(runner: str) -> bool:
 
 
 def unavailable_reason(name: str) -> str | None:
-    """None when the backend can run on this machine, else why not."""
+    """None when the backend can run on this machine, else why not (the platform first: where it
+    cannot run, building its models is not the fix)."""
     spec = SPECS[name]
     missing = [
         n for n, b in zip(spec.model_names(), spec.static_batches, strict=True) if store.find(spec.artifact, b) is None
     ]
-    if missing:
-        return f"{', '.join(missing)} not in the model store; run `python -m build_models`"
     reason = spec.platform()
     if reason is not None:
-        return f"{reason}; the models are built and stored ({', '.join(spec.model_names())})"
+        stored = "" if missing else f"; the models are built and stored ({', '.join(spec.model_names())})"
+        return reason + stored
+    if missing:
+        return f"{', '.join(missing)} not in the model store; run `python -m build_models`"
     return None
 
 

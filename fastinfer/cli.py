@@ -41,14 +41,9 @@ def doctor(args: argparse.Namespace) -> int:
 
     hw = hardware.probe(check_torch=True)
     reasons = _available()
-    available = [n for n, r in reasons.items() if r is None]
     profile = json.loads(args.profile.read_text()) if args.profile and args.profile.exists() else None
     throughput = {r["backend"]: r["images_per_s"] for r in profile["engines"]} if profile else None
-    report: dict[str, Any] = {
-        "hardware": hw,
-        "backends": {},
-        "recommended": hardware.recommend(hw, available, throughput),
-    }
+    report: dict[str, Any] = {"hardware": hw, "backends": {}}
     print("FastInfer doctor\n")
     for key in ("os", "cpu", "cores", "isa", "apple_chip", "neural_engine", "cuda", "mps"):
         print(f"  {key:14} {hw.get(key)}")
@@ -75,7 +70,9 @@ def doctor(args: argparse.Namespace) -> int:
                 print(f"  {'':18}   {what} {count}")
         for fallback in entry.get("fallbacks", []):
             print(f"  {'':18}   WARNING: {fallback}")
-    rec = report["recommended"]
+    # Only from what actually loaded: a backend whose model fails here is not recommended.
+    available = [n for n, e in report["backends"].items() if e["available"]]
+    rec = report["recommended"] = hardware.recommend(hw, available, throughput)
     print(f"\nrecommended here: {rec['backend']} — {rec['why']}")
     _write_json(args.json, report)
     return 0

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from fastinfer.backends import BACKENDS, SPECS
-
-OPENVINO_PRECISIONS = ("auto", "bf16", "f32")
+from fastinfer.engines.openvino import PRECISIONS as OPENVINO_PRECISIONS  # without importing openvino
 
 
 @dataclass(frozen=True)

@@ -101,20 +101,23 @@ def compare(backend: str, reference: np.ndarray, logits: np.ndarray) -> Fidelity
 
 def gate_for(backend: str, precision: str | None) -> tuple[str, Gate] | None:
     """Which gate a backend answers to, by what it computes in (None: no gate, e.g. CoreML FP16)."""
-    if "int8" in backend:
+    if "int8" in backend or precision == "int8":
         return "int8", INT8_GATE
     if precision == "bf16":
         return "bf16", BF16_GATE
-    if precision in (None, "f32", "fp32"):
+    if precision in ("f32", "fp32"):
         return "fp32", FP32_GATE
-    return None
+    return None  # FP16 (CoreML), or an engine that does not say
 
 
 def measure(backend: str, engine: Engine, images: np.ndarray, reference: np.ndarray) -> dict[str, object]:
     """One backend against the reference, with the precision it ran at and its gate's verdict."""
-    precision = engine.describe().get("precision")
+    described = engine.describe()
+    precision = "int8" if "int8" in backend else described.get("precision")
+    if precision is None and "CoreMLExecutionProvider" not in described.get("execution_providers", []):
+        precision = "fp32"  # ONNX Runtime's CPU / CUDA EP run the graph as it is (the CoreML EP may use FP16)
     f = compare(backend, reference, run_batched(engine, images))
-    out: dict[str, object] = {**f.as_dict(), "precision": precision or "fp32"}
+    out: dict[str, object] = {**f.as_dict(), "precision": precision or "unknown"}
     gate = gate_for(backend, precision)
     if gate is not None:
         out |= {"gate": gate[0], "gate_passed": gate[1].passes(f)}

@@ -85,7 +85,7 @@ ISA_MEANING = {
     "amx_int8": "AMX tiles for INT8 matrix products: openvino-int8 uses them (oneDNN), the widest INT8 lead",
     "avx512_bf16": "BF16 dot products: openvino runs the FP32 model in BF16 (auto precision), ~2× FP32",
     "amx_bf16": "AMX tiles for BF16: openvino's BF16 runs on them, several times FP32",
-    "neon": "ARM SIMD: FP32 and INT8 kernels of ONNX Runtime and OpenVINO",
+    "neon": "ARM SIMD: ONNX Runtime's FP32 and INT8 kernels (OpenVINO's INT8 kernels are x86-only)",
 }
 
 
@@ -173,7 +173,7 @@ def recommend(hw: dict[str, object], available: list[str], profile: dict[str, fl
         ),
         ("onnx-int8", int8_units, "x86 integer dot-product units (VNNI/AMX) run static INT8 ~2× faster than FP32"),
         ("openvino", bool(isa & {"avx512_bf16", "amx_bf16"}), "BF16 units: OpenVINO runs the FP32 model in BF16"),
-        ("openvino", not hw.get("apple_chip"), "OpenVINO FP32 on the CPU: no integer or BF16 units found"),
+        ("openvino", hw.get("machine") in ("x86_64", "AMD64"), "OpenVINO FP32 on an x86 CPU without INT8/BF16 units"),
         ("onnx", True, "ONNX Runtime FP32 on the CPU: no integer dot-product units or accelerator found"),
     ]
     for name, applies, why in rules:

@@ -110,6 +110,23 @@ def _openvino_targets(results: dict[str, Any]) -> list[str]:
             f"- **`{backend}` >= {factor:g}× `{baseline}` at 10 clients, zero errors: {'met' if ok else 'NOT met'}.** "
             f"{new['req_per_s']} vs {old['req_per_s']} req/s = {ratio:.2f}×, {new['failures']} errors."
         )
+        by_users = {(r["backend"], r["users"]): r["req_per_s"] for r in results["runs"] if r["scenario"] == "inference"}
+        others = [
+            f"{by_users[(backend, u)] / by_users[(baseline, u)]:.2f}× at {u}"
+            for (b, u) in sorted(by_users)
+            if b == backend and u != 10 and (baseline, u) in by_users
+        ]
+        if others:
+            line += f" At the other concurrencies: {', '.join(others)} users."
+        ceilings = [Ceiling(**c) for c in results.get("profile", {}).get("ceilings", [])]
+        new_ceiling, old_ceiling = best_ceiling(ceilings, backend), best_ceiling(ceilings, baseline)
+        if new_ceiling and old_ceiling:
+            line += (
+                " Where the CPU binds, the profiler's ceilings (CPU per request: decode, inference and the "
+                f"estimated HTTP cost) allow "
+                f"{new_ceiling.req_per_s / old_ceiling.req_per_s:.2f}× ({new_ceiling.req_per_s} vs "
+                f"{old_ceiling.req_per_s} req/s)."
+            )
         f = fidelity.get(backend)
         if backend == "openvino" and f:
             precision = f.get("precision", "?")

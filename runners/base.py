@@ -8,6 +8,7 @@ model is busy run together; see fastinfer/batching.py for why not BentoML's disp
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
@@ -27,6 +28,7 @@ from fastinfer.metrics import BATCH_SIZE
 from runners.drain import leave_after_front
 
 logger = logging.getLogger("fastinfer.runner")
+RELOAD_AFTER_S = 30.0
 NEVER_RECYCLE_REQUESTS = 2**62
 NEVER_RECYCLE_SECONDS = 10.0**9
 logging.getLogger("fastinfer").setLevel(logging.INFO)  # BentoML leaves the root logger at WARNING
@@ -67,6 +69,11 @@ def make_runner(backend: str) -> Any:
             self.calls: Counter[str] = Counter()  # per API, so that a test can tell infer_batched ran
             self.batcher = MicroBatcher(self._run, batching.max_batch_size, batching.max_latency_ms)
             self.failure: str | None = None
+            self.failed_at = 0.0
+            self._reloading = asyncio.Lock()
+            self._try_load()
+
+        def _try_load(self) -> None:
             started = time.perf_counter()
             try:
                 self.engine = self._load()
@@ -75,8 +82,10 @@ def make_runner(backend: str) -> Any:
                 # CPU) makes this backend unavailable, with the reason; it must not take the service
                 # down with it, as a runner that dies at start-up would.
                 self.failure = f"{name} could not be loaded: {one_line(exc)}"
+                self.failed_at = time.monotonic()
                 logger.error("runner %s: %s", name, self.failure)
                 return
+            self.failure = None
             runs_on = self.engine.describe()
             logger.info(
                 "runner %s: %s loaded and warmed up in %.1fs on %s",
@@ -87,6 +96,18 @@ def make_runner(backend: str) -> Any:
             )
             for fallback in runs_on.get("fallbacks", []):
                 logger.warning("runner %s: NOT fully accelerated: %s", name, fallback)
+
+        async def _loaded(self) -> None:
+            """Raise the load failure as a 503, after retrying the load at most every RELOAD_AFTER_S:
+            a transient cause (memory, a slow start) heals without a restart; a lasting one costs one
+            load attempt per interval."""
+            if self.failure is None:
+                return
+            async with self._reloading:
+                if self.failure is not None and time.monotonic() - self.failed_at >= RELOAD_AFTER_S:
+                    await asyncio.to_thread(self._try_load)
+            if self.failure is not None:
+                raise ServiceUnavailable(self.failure)
 
         def _load(self) -> Engine:
             missing = [str(ref.tag) for ref in refs.values() if ref.stored is None]
@@ -102,8 +123,6 @@ def make_runner(backend: str) -> Any:
             """Every model call, batched or not: counted for /backends and the batch-size histogram."""
             self.batch_sizes[len(images)] += 1
             BATCH_SIZE.labels(backend=name).observe(len(images))
-            if self.failure is not None:
-                raise ServiceUnavailable(self.failure)
             return self.engine.run(images)
 
         @bentoml.on_startup
@@ -115,12 +134,14 @@ def make_runner(backend: str) -> Any:
         async def infer(self, images: np.ndarray) -> np.ndarray:
             """uint8 [N,224,224,3] → float32 logits [N,1000], run as sent."""
             self.calls["infer"] += 1
+            await self._loaded()
             return await self.batcher.run_now(_checked(images))
 
         @bentoml.api
         async def infer_batched(self, images: np.ndarray) -> np.ndarray:
             """As ``infer``, but calls that wait for the model run together, up to max_batch_size rows."""
             self.calls["infer_batched"] += 1
+            await self._loaded()
             return await self.batcher.submit(_checked(images))
 
         @bentoml.api

@@ -24,6 +24,13 @@ class Engine(Protocol):
         ...
 
 
+class EngineUnavailable(RuntimeError):
+    """This machine cannot run this engine (its runtime crashes here, or lacks what was asked for).
+
+    Not a defect of the model: the build skips the artifact with the reason, a runner reports it.
+    """
+
+
 INPUT_SHAPE = (224, 224, 3)
 MAX_ROWS = 256
 """The most images one engine call takes: a batch beyond it is a caller's bug, not a workload."""

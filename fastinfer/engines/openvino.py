@@ -39,14 +39,21 @@ from typing import Any
 import numpy as np
 
 from fastinfer import hardware
+from fastinfer.engines import EngineUnavailable
 
 MODEL_FILE = "model.xml"
-PRECISIONS = ("auto", "bf16", "f32")
+PRECISIONS = ("auto", "bf16", "f32")  # FASTINFER_OPENVINO_PRECISION's values (fastinfer.config)
 EXPECTS = ("float", "int8")
 REPORTED_LAYERS = ("Convolution", "FullyConnected", "MatMul", "Pooling")
 COMPUTE_LAYERS = ("Convolution", "FullyConnected", "MatMul")
 """The layers whose precision decides speed: the ones the fallback check looks at."""
 PREFLIGHT_TIMEOUT_S = 120
+MAX_REQUEST_ROWS = 32
+"""Rows per inference call: the reused request keeps the buffers of its largest batch (a 256-row batch
+left ~900 MB resident in BF16), and beyond 8-16 rows a bigger batch is no faster per image."""
+CPU_SIGNALS = {signal.SIGFPE, signal.SIGILL, signal.SIGSEGV, signal.SIGBUS}
+"""A child killed by one of these crashed on an instruction: about this CPU. Others (SIGKILL: out of
+memory, most likely) are about the moment."""
 
 
 def import_openvino() -> Any:
@@ -104,7 +111,7 @@ class OpenVinoEngine:
         if precision == "bf16" and "BF16" not in capabilities:
             # Without native BF16, OpenVINO takes a bf16 hint silently: emulated (slower than f32) on
             # AVX-512, ignored (f32) on AVX2. Neither is what was asked for, so refuse.
-            raise ValueError(
+            raise EngineUnavailable(
                 f"precision 'bf16' needs a CPU with native BF16 (AVX-512 BF16, AMX or AVX2-VNNI-2); this one "
                 f"offers {', '.join(capabilities)}. Use 'auto' (f32 here) or 'f32'"
             )
@@ -117,6 +124,7 @@ class OpenVinoEngine:
         except RuntimeError as e:
             raise RuntimeError(f"OpenVINO could not compile {self.xml}: {openvino_message(e)}") from e
         self.compile_s = time.perf_counter() - started
+        self.loaded_from_cache = bool(self.compiled.get_property("LOADED_FROM_CACHE"))
         self.precision = self.compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
         self.streams = int(self.compiled.get_property("NUM_STREAMS"))
         self.layers = layer_precision(self.compiled.get_runtime_model())
@@ -134,13 +142,20 @@ class OpenVinoEngine:
         ``preflight=True`` first compiles in a child process (see :func:`preflight`), so that a crash of
         OpenVINO on this CPU becomes an exception with the reason instead of a dead process.
         """
+        model_dir = dirs[None]
+        if options.get("cache_dir"):
+            options["cache_dir"] = cache_folder(options["cache_dir"], model_dir)
         if options.pop("preflight", False):
-            reason = preflight(dirs[None], threads, options.get("precision", "auto"), options.get("cache_dir"))
+            reason = preflight(model_dir, threads, options.get("precision", "auto"), options.get("cache_dir"))
             if reason is not None:
-                raise RuntimeError(reason)
-        return cls(dirs[None], threads=threads, **options)
+                raise EngineUnavailable(reason)
+        return cls(model_dir, threads=threads, **options)
 
     def run(self, images: np.ndarray) -> np.ndarray:
+        if len(images) > MAX_REQUEST_ROWS:  # the request keeps its largest buffers: bound them
+            return np.concatenate(
+                [self.run(images[i : i + MAX_REQUEST_ROWS]) for i in range(0, len(images), MAX_REQUEST_ROWS)]
+            )
         x = np.ascontiguousarray(images, dtype=np.uint8)
         with self._lock:
             # share_outputs=False: the result is a copy, not the request's buffer that the next call overwrites.
@@ -163,7 +178,15 @@ class OpenVinoEngine:
             "fallbacks": self.fallbacks(),
             "compile_s": round(self.compile_s, 3),
             "cache_dir": self.cache_dir,
+            "loaded_from_cache": self.loaded_from_cache,
         }
+
+
+def cache_folder(cache_root: str | Path, model_dir: str | Path) -> str:
+    """One cache folder per stored model version (``<root>/<name>/<version>``): a rebuild starts a new
+    one, and the build removes the superseded version's folder with the model (OpenVINO keys its
+    blobs by the model's path too, so old ones would otherwise pile up)."""
+    return str(Path(cache_root) / Path(model_dir).parent.name / Path(model_dir).name)
 
 
 def usable_cache_dir(cache_dir: str | Path | None) -> str | None:
@@ -280,15 +303,18 @@ def preflight(
         )
     except subprocess.TimeoutExpired:
         return f"OpenVINO did not compile {xml} within {PREFLIGHT_TIMEOUT_S} s"
+    except OSError as e:  # the interpreter could not be started (permissions, memory)
+        return f"the OpenVINO preflight could not start {sys.executable}: {e}"
     if child.returncode == 0:
         return None
     stage = "the first inference" if "compiled" in child.stdout.split() else "compile_model"
     if child.returncode < 0:
         try:
-            name = signal.Signals(-child.returncode).name
+            sig = signal.Signals(-child.returncode)
         except ValueError:
-            name = f"signal {-child.returncode}"
-        return f"OpenVINO {stage} crashed with {name} on this CPU"
+            return f"OpenVINO {stage} was killed by signal {-child.returncode}"
+        where = " on this CPU" if sig in CPU_SIGNALS else " (out of memory?)" if sig == signal.SIGKILL else ""
+        return f"OpenVINO {stage} crashed with {sig.name}{where}"
     for line in reversed(child.stdout.splitlines()):
         if line.startswith("{"):
             message = openvino_message(RuntimeError(json.loads(line)["error"]))

@@ -37,4 +37,4 @@ class TorchEngine:
             return self.model(batch).float().cpu().numpy()
 
     def describe(self) -> dict[str, Any]:
-        return {"device": self.device, "threads": self._torch.get_num_threads()}
+        return {"device": self.device, "threads": self._torch.get_num_threads(), "precision": "fp32"}

@@ -47,6 +47,11 @@ def test_a_corrupt_model_makes_its_backend_unavailable_and_the_rest_serves(own_s
     files = {"image": ("p.jpg", photos.photo_jpeg("astronaut.png", width=301), "image/jpeg")}
     with httpx.Client(base_url=own_server.url, timeout=60) as client:
         assert client.get("/readyz").status_code == 200
+        # First /compare (before any request learnt of the failure): every other backend, this one unavailable.
+        compared = client.post("/compare", files=files)
+        assert compared.status_code == 200, compared.text
+        assert "openvino-int8" in compared.json()["summary"]["unavailable"]
+        assert {r["backend"] for r in compared.json()["results"]} >= {"openvino", "onnx-int8", "pytorch"}
         broken = client.post("/classify", data={"backend": "openvino-int8"}, files=files)
         assert broken.status_code == 503, broken.text
         error = broken.json()["error"]

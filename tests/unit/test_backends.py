@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from bentoml.exceptions import ServiceUnavailable
 from fastinfer import backends, store
 from fastinfer.backends import BACKENDS, RUNNERS, SPECS, open_engine, runs_here, unavailable_reason
 from fastinfer.config import get_settings
+from fastinfer.engines import EngineUnavailable
 
 
 def test_every_name_setting_and_runner_derives_from_the_table() -> None:
@@ -62,6 +64,28 @@ def test_a_missing_model_is_named(built_models, monkeypatch) -> None:
     assert unavailable_reason("openvino") == ("resnet50-openvino not in the model store; run `python -m build_models`")
 
 
+def test_without_openvino_and_without_its_models_the_reason_is_openvino(built_models, monkeypatch) -> None:
+    real = store.find
+    monkeypatch.setattr(
+        store, "find", lambda artifact, batch=None: None if "openvino" in artifact else real(artifact, batch)
+    )
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    backends.openvino_missing.cache_clear()
+    try:
+        reason = unavailable_reason("openvino")
+    finally:
+        backends.openvino_missing.cache_clear()
+    assert reason is not None and reason.startswith("OpenVINO is not installed") and "model store" not in reason
+
+
+def test_every_backend_has_a_build_step() -> None:
+    from build_models import ARTIFACTS
+
+    for name, spec in SPECS.items():
+        artifact = ARTIFACTS[spec.artifact]  # KeyError: a backend whose models nothing builds
+        assert set(spec.static_batches) <= set(artifact.batches), name
+
+
 def corrupt_copy(name: str, tmp_path: Path) -> Path:
     copy = tmp_path / name
     shutil.copytree(store.find(name).path, copy)
@@ -88,3 +112,40 @@ def test_a_runner_whose_engine_cannot_load_stays_up_and_says_why(built_models, m
     assert len(described["error"]) <= 330 and "\n" not in described["error"]
     with pytest.raises(ServiceUnavailable, match="could not be loaded"):
         asyncio.run(runner.infer(np.zeros((1, 224, 224, 3), np.uint8)))
+
+
+def test_a_failed_load_is_retried_and_then_serves(built_models, monkeypatch) -> None:
+    import runners.base
+
+    attempts = []
+
+    def flaky(backend: str, threads: int, dirs: dict) -> object:
+        attempts.append(backend)
+        if len(attempts) == 1:
+            raise MemoryError("a transient failure")
+        return open_engine(backend, threads, dirs)
+
+    monkeypatch.setattr(runners.base, "open_engine", flaky)
+    monkeypatch.setattr(runners.base, "RELOAD_AFTER_S", 0.0)
+    runner = runners.base.make_runner("onnx-int8").inner()
+    assert "MemoryError: a transient failure" in runner.describe()["error"]
+    logits = asyncio.run(runner.infer(np.zeros((2, 224, 224, 3), np.uint8)))
+    assert logits.shape == (2, 1000) and len(attempts) == 2 and "error" not in runner.describe()
+    assert runner.describe()["batch_sizes_seen"] == {2: 1}  # only real model runs are counted
+
+
+def test_doctor_recommends_only_what_loaded(built_models, monkeypatch, tmp_path, capsys) -> None:
+    from fastinfer import cli
+
+    def failing(name: str, *args: object, **kwargs: object) -> object:
+        if name.startswith("openvino"):
+            raise EngineUnavailable("OpenVINO compile_model crashed with SIGFPE on this CPU")
+        return open_engine(name, *args, **kwargs)
+
+    monkeypatch.setattr(backends, "open_engine", failing)
+    out = tmp_path / "doctor.json"
+    assert cli.main(["doctor", "--json", str(out), "--profile", str(tmp_path / "none.json")]) == 0
+    report = json.loads(out.read_text())
+    assert report["backends"]["openvino-int8"]["available"] is False
+    assert "SIGFPE" in report["backends"]["openvino-int8"]["reason"]
+    assert report["recommended"]["backend"] == "onnx-int8"

@@ -62,3 +62,73 @@ def test_int8_calibrated_on_a_black_image_fails_the_build(built_models, tmp_path
     with pytest.raises(VerificationError, match=r"resnet50-onnx-int8: .*max \|logit diff\| [\d.]+ > 5"):
         build("random", only=["onnx-int8"], force=True, progress=print, calibration_dir=black)
     assert stored_tags("resnet50-onnx-int8") == before
+
+
+def test_a_runtime_that_cannot_run_here_skips_its_artifact_and_the_build_goes_on(built_models, monkeypatch) -> None:
+    import build_models
+    from fastinfer.engines import EngineUnavailable
+
+    real = build_models.open_engine
+
+    def crashing(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.startswith("openvino"):
+            raise EngineUnavailable("OpenVINO compile_model crashed with SIGFPE on this CPU")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(build_models, "open_engine", crashing)
+    before = stored_tags("resnet50-openvino")
+    said: list[str] = []
+    results = build("random", only=["openvino", "onnx"], force=True, progress=said.append)
+    assert [r.name for r in results] == ["resnet50-onnx"]  # built after the skipped one
+    assert any("resnet50-openvino: skipped: OpenVINO compile_model crashed with SIGFPE" in s for s in said), said
+    assert stored_tags("resnet50-openvino") == before
+
+
+def test_a_build_that_fails_says_so_in_one_line(monkeypatch, capsys) -> None:
+    from build_models import __main__ as cli
+
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("OpenVINO could not compile model.xml: Incorrect weights in bin file!")
+
+    monkeypatch.setattr(cli, "build", fail)
+    assert cli.main(["--only", "openvino"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == "build_models: OpenVINO could not compile model.xml: Incorrect weights in bin file!"
+
+
+def test_openvino_int8_is_the_conversion_of_the_stored_onnx_int8_model(built_models) -> None:
+    from build_models.context import stored_int8_sha256
+    from fastinfer import store
+
+    meta = store.find("openvino-int8").info.metadata
+    assert meta["int8_onnx_sha256"] == stored_int8_sha256()  # one calibration for both runtimes
+    assert meta["calibration_source"] == store.find("onnx-int8").info.metadata["calibration_source"]
+
+
+class Stored:
+    """A stored model's metadata, for the currency checks."""
+
+    def __init__(self, **metadata: Any) -> None:
+        self.info = type("Info", (), {"metadata": metadata})()
+
+
+def test_int8_models_are_stale_when_calibrated_otherwise_than_asked(tmp_path, monkeypatch) -> None:
+    from build_models import context as c
+
+    def ctx(calibration_dir: Path | None = None, activations: str | None = None) -> c.BuildContext:
+        return c.BuildContext(None, None, None, calibration_dir, activations or "u8", activations is not None)  # type: ignore[arg-type]
+
+    bundled = {
+        "calibration_source": ctx().calibration_source,
+        "quantization": "static QDQ U8S8, per-channel weights, MinMax calibration",
+    }
+    assert ctx().calibrated_as_asked(Stored(**bundled))  # nothing asked: the stored calibration stands
+    assert not ctx(tmp_path).calibrated_as_asked(Stored(**bundled))
+    assert ctx(tmp_path).calibrated_as_asked(Stored(**{**bundled, "calibration_source": str(tmp_path)}))
+    assert ctx(activations="u8").calibrated_as_asked(Stored(**bundled))
+    assert not ctx(activations="s8").calibrated_as_asked(Stored(**bundled))
+
+    monkeypatch.setattr(c, "stored_int8_sha256", lambda: "abc")
+    assert ctx().converts_stored_int8(Stored(int8_onnx_sha256="abc"))
+    assert not ctx().converts_stored_int8(Stored(int8_onnx_sha256="old"))
+    assert not ctx().converts_stored_int8(Stored())

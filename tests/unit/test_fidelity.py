@@ -15,6 +15,8 @@ weights it is the classic failure; these gates then apply as they are.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -120,3 +122,15 @@ def test_metrics_on_known_logits() -> None:
     swapped[0, [0, 1]] = swapped[0, [1, 0]]
     f = fid.compare("swapped", ref, swapped)
     assert f.top1_agreement == 0.5 and f.top5_overlap == 1.0 and f.max_abs_error == 1.0
+
+
+def test_each_backend_answers_to_the_gate_of_what_it_computes_in() -> None:
+    ok = fid.Fidelity("x", 36, top1_agreement=1.0, top5_overlap=0.99, cosine=0.99999, max_abs_error=0.39)
+    assert fid.BF16_GATE.passes(ok)  # what OpenVINO BF16 measured here
+    assert not fid.BF16_GATE.passes(replace(ok, max_abs_error=1.52))  # the INT8 model's error
+    assert not fid.BF16_GATE.passes(replace(ok, top5_overlap=0.92))
+    assert not fid.BF16_GATE.passes(replace(ok, max_abs_error=float("nan")))
+    assert fid.gate_for("openvino-int8", "bf16") == ("int8", fid.INT8_GATE)
+    assert fid.gate_for("openvino", "bf16") == ("bf16", fid.BF16_GATE)
+    assert fid.gate_for("openvino", "f32") == ("fp32", fid.FP32_GATE)
+    assert fid.gate_for("coreml-batched", "fp16") is None

@@ -16,6 +16,7 @@ import pytest
 
 from fastinfer import fidelity as fid
 from fastinfer import hardware, store
+from fastinfer.engines import EngineUnavailable
 from fastinfer.engines import openvino as ove
 from fastinfer.engines.onnx import OnnxEngine
 from fastinfer.preprocess import PreprocessSpec
@@ -108,7 +109,7 @@ def test_bf16_is_refused_on_a_cpu_without_native_bf16(irs, monkeypatch) -> None:
             return super().get_property(device, name, *args)
 
     monkeypatch.setattr(ov, "Core", NoBf16Core)
-    with pytest.raises(ValueError, match="native BF16"):
+    with pytest.raises(EngineUnavailable, match="native BF16"):
         ove.OpenVinoEngine(irs["float"], precision="bf16")
     assert ove.OpenVinoEngine(irs["float"], precision="auto").describe()["fallbacks"] == []
 
@@ -130,10 +131,10 @@ def test_corrupt_model_is_a_clear_error(irs, tmp_path) -> None:
 def test_the_cache_is_filled_and_reused(irs, images, tmp_path) -> None:
     cache = tmp_path / "cache"
     first = ove.OpenVinoEngine(irs["int8"], threads=2, cache_dir=cache, expect="int8")
-    blobs = list(cache.glob("*.blob"))
-    assert blobs, list(cache.iterdir())
+    assert list(cache.glob("*.blob")), list(cache.iterdir())
+    assert first.describe()["loaded_from_cache"] is False
     second = ove.OpenVinoEngine(irs["int8"], threads=2, cache_dir=cache, expect="int8")
-    assert list(cache.glob("*.blob")) == blobs  # imported, not compiled anew
+    assert second.describe()["loaded_from_cache"] is True  # imported, not compiled anew
     assert np.array_equal(first.run(images), second.run(images))
     described = second.describe()
     assert described["cache_dir"] == str(cache) and described["compile_s"] >= 0
@@ -144,6 +145,7 @@ def test_preflight(irs, tmp_path, monkeypatch) -> None:
     cache = tmp_path / "cache"
     assert ove.preflight(irs["int8"], threads=2, cache_dir=cache) is None
     assert list(cache.glob("*.blob"))  # so that the engine's compile is a cache hit
+    assert ove.OpenVinoEngine(irs["int8"], threads=2, cache_dir=cache).describe()["loaded_from_cache"] is True
 
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -154,6 +156,29 @@ def test_preflight(irs, tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(ove, "_PREFLIGHT", "import os, signal; os.kill(os.getpid(), signal.SIGFPE)")
     assert ove.preflight(irs["int8"]) == "OpenVINO compile_model crashed with SIGFPE on this CPU"
+    monkeypatch.setattr(ove, "_PREFLIGHT", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert ove.preflight(irs["int8"]) == "OpenVINO compile_model crashed with SIGKILL (out of memory?)"
+
+
+def test_open_preflights_and_keeps_one_cache_folder_per_stored_version(irs, tmp_path, monkeypatch) -> None:
+    version = tmp_path / "resnet50-openvino-int8" / "abc123"
+    version.parent.mkdir()
+    version.symlink_to(irs["int8"])
+    engine = ove.OpenVinoEngine.open({None: str(version)}, 2, cache_dir=str(tmp_path / "cache"), preflight=True)
+    assert engine.describe()["cache_dir"] == str(tmp_path / "cache" / "resnet50-openvino-int8" / "abc123")
+    assert engine.describe()["loaded_from_cache"] is True  # the preflight child compiled it
+
+    monkeypatch.setattr(ove, "preflight", lambda *a: "OpenVINO compile_model crashed with SIGFPE on this CPU")
+    with pytest.raises(EngineUnavailable, match="SIGFPE"):
+        ove.OpenVinoEngine.open({None: str(version)}, 2, preflight=True)
+
+
+def test_a_batch_larger_than_one_request_is_split_and_answered_in_order(irs, images) -> None:
+    engine = ove.OpenVinoEngine(irs["int8"], threads=2, expect="int8")
+    many = np.concatenate([images] * (ove.MAX_REQUEST_ROWS // len(images) + 2))[: ove.MAX_REQUEST_ROWS + 5]
+    whole = engine.run(many)
+    assert whole.shape == (len(many), 1000)
+    assert np.allclose(whole[-5:], engine.run(many[-5:]), atol=1e-4)
 
 
 class Op:
