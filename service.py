@@ -28,7 +28,7 @@ from fastinfer.api_inputs import AnalyzeInput, ClassifyInput, CompareInput, Imag
 from fastinfer.cache import Expected, ResponseCache, cache_key, open_cache
 from fastinfer.config import get_settings
 from fastinfer.cpu import CpuPool
-from fastinfer.errors import ApiError, BackendUnavailable, UnknownBackend
+from fastinfer.errors import ApiError, BackendUnavailable, RunnerNotLoaded, UnknownBackend
 from fastinfer.http import FrontMiddleware
 from fastinfer.live import LiveStats
 from fastinfer.postprocess import top_k as rank
@@ -159,7 +159,7 @@ class FastInfer:
                 timings = dict(shared)
                 try:
                     logits = await self._infer(name, prepared.pixels, None, timings)
-                except BackendUnavailable:  # its runner could not load its model: listed as unavailable
+                except RunnerNotLoaded:  # listed as unavailable (a runner that crashed is still an error)
                     continue
                 timings["total"] = sum(timings.values())  # what a request to this backend alone would take
                 results.append(self._respond(name, self._body(name, logits, top_k), timings, started))
@@ -250,7 +250,7 @@ class FastInfer:
             # trip; after it the runner is asked again (it retries the load, runners/base.py).
             reason = (await self._describe(entry.runner)).get("error") or f"The {backend} runner is unavailable"
             self.runner_failures[entry.runner] = (reason, time.monotonic() + RUNNER_FAILURE_MEMORY_S)
-            raise BackendUnavailable(reason) from exc
+            raise RunnerNotLoaded(reason) from exc
         except Exception as exc:  # runner down or crashed: the server's fault, said plainly
             logger.exception("runner %s failed", backend)
             raise BackendUnavailable(f"The {backend} runner failed: {type(exc).__name__}") from exc

@@ -107,7 +107,8 @@ class BuildContext:
         """The calibrated static QDQ INT8 ONNX file and its calibration metadata, made at most once.
 
         ``onnx-int8`` stores it (``fresh``: it is being rebuilt, so calibrate); ``openvino-int8``
-        converts the one of this build, else the stored one: one calibration for both runtimes.
+        converts the one of this build, else the stored one when it is current and calibrated as
+        asked (even under ``--force``: one calibration for both runtimes).
         """
         if self._onnx_int8 is None:
             from build_models.exporters import write_onnx_int8_static
@@ -115,7 +116,8 @@ class BuildContext:
 
             path = Path(self._tmp.name) / "int8.onnx"
             stored = store.find("onnx-int8")
-            if not fresh and not self.force and store.is_current(stored, self.weights.source_hash):
+            reusable = store.is_current(stored, self.weights.source_hash) and self.calibrated_as_asked(stored)
+            if not fresh and reusable:
                 shutil.copyfile(Path(stored.path) / MODEL_FILE, path)
                 meta = stored.info.metadata
                 calibration = {k: meta[k] for k in ("quantization", "calibration_images", "calibration_source")}
@@ -138,6 +140,9 @@ class BuildContext:
     def converts_stored_int8(self, model: Model) -> bool:
         """A stored openvino-int8 model is current only if converted from the onnx-int8 model stored now."""
         return model.info.metadata.get("int8_onnx_sha256") == stored_int8_sha256()
+
+    def converts_stored_int8_as_asked(self, model: Model) -> bool:
+        return self.converts_stored_int8(model) and self.calibrated_as_asked(model)
 
     def calibration_images(self) -> list[np.ndarray]:
         if self._calibration is None:

@@ -48,5 +48,9 @@ class BackendUnavailable(ApiError):
     status, code = 503, "backend_unavailable"
 
 
+class RunnerNotLoaded(BackendUnavailable):
+    """The backend's runner is up but could not load its model (it says why; see runners/base.py)."""
+
+
 def error_body(code: str, message: str) -> dict[str, Any]:
     return {"error": {"code": code, "message": message}}

@@ -23,7 +23,7 @@ from fastinfer import hardware, store
 from fastinfer.backends import SPECS, open_engine
 from fastinfer.batching import MicroBatcher
 from fastinfer.config import get_settings
-from fastinfer.engines import Engine, check_batch, warm_up
+from fastinfer.engines import Engine, EngineUnavailable, check_batch, warm_up
 from fastinfer.metrics import BATCH_SIZE
 from runners.drain import leave_after_front
 
@@ -70,6 +70,7 @@ def make_runner(backend: str) -> Any:
             self.batcher = MicroBatcher(self._run, batching.max_batch_size, batching.max_latency_ms)
             self.failure: str | None = None
             self.failed_at = 0.0
+            self.lasting = False
             self._reloading = asyncio.Lock()
             self._try_load()
 
@@ -83,6 +84,7 @@ def make_runner(backend: str) -> Any:
                 # down with it, as a runner that dies at start-up would.
                 self.failure = f"{name} could not be loaded: {one_line(exc)}"
                 self.failed_at = time.monotonic()
+                self.lasting = isinstance(exc, EngineUnavailable)  # about this machine: no retry heals it
                 logger.error("runner %s: %s", name, self.failure)
                 return
             self.failure = None
@@ -99,12 +101,14 @@ def make_runner(backend: str) -> Any:
 
         async def _loaded(self) -> None:
             """Raise the load failure as a 503, after retrying the load at most every RELOAD_AFTER_S:
-            a transient cause (memory, a slow start) heals without a restart; a lasting one costs one
-            load attempt per interval."""
+            a transient cause (memory, a slow start) heals without a restart. Not retried: what is
+            about this machine (EngineUnavailable). While a retry runs, other callers get the 503
+            at once rather than wait for it."""
             if self.failure is None:
                 return
-            async with self._reloading:
-                if self.failure is not None and time.monotonic() - self.failed_at >= RELOAD_AFTER_S:
+            due = not self.lasting and time.monotonic() - self.failed_at >= RELOAD_AFTER_S
+            if due and not self._reloading.locked():
+                async with self._reloading:
                     await asyncio.to_thread(self._try_load)
             if self.failure is not None:
                 raise ServiceUnavailable(self.failure)

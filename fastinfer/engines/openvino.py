@@ -107,14 +107,7 @@ class OpenVinoEngine:
 
         ov = import_openvino()
         core = ov.Core()
-        capabilities = core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-        if precision == "bf16" and "BF16" not in capabilities:
-            # Without native BF16, OpenVINO takes a bf16 hint silently: emulated (slower than f32) on
-            # AVX-512, ignored (f32) on AVX2. Neither is what was asked for, so refuse.
-            raise EngineUnavailable(
-                f"precision 'bf16' needs a CPU with native BF16 (AVX-512 BF16, AMX or AVX2-VNNI-2); this one "
-                f"offers {', '.join(capabilities)}. Use 'auto' (f32 here) or 'f32'"
-            )
+        check_precision(core, precision)
         if self.cache_dir:
             core.set_property({"CACHE_DIR": self.cache_dir})
         started = time.perf_counter()
@@ -145,10 +138,11 @@ class OpenVinoEngine:
         model_dir = dirs[None]
         if options.get("cache_dir"):
             options["cache_dir"] = cache_folder(options["cache_dir"], model_dir)
+        precision = options.get("precision", "auto")
         if options.pop("preflight", False):
-            reason = preflight(model_dir, threads, options.get("precision", "auto"), options.get("cache_dir"))
-            if reason is not None:
-                raise EngineUnavailable(reason)
+            if precision == "bf16":  # refused at once, not after a child's compile
+                check_precision(import_openvino().Core(), precision)
+            preflight(model_dir, threads, precision, options.get("cache_dir"))
         return cls(model_dir, threads=threads, **options)
 
     def run(self, images: np.ndarray) -> np.ndarray:
@@ -180,6 +174,17 @@ class OpenVinoEngine:
             "cache_dir": self.cache_dir,
             "loaded_from_cache": self.loaded_from_cache,
         }
+
+
+def check_precision(core: Any, precision: str) -> None:
+    """Refuse bf16 on a CPU without native BF16: OpenVINO would take the hint silently, emulated (slower
+    than f32) on AVX-512 or ignored (f32) on AVX2. Neither is what was asked for."""
+    capabilities = core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    if precision == "bf16" and "BF16" not in capabilities:
+        raise EngineUnavailable(
+            f"precision 'bf16' needs a CPU with native BF16 (AVX-512 BF16, AMX or AVX2-VNNI-2); this one "
+            f"offers {', '.join(capabilities)}. Use 'auto' (f32 here) or 'f32'"
+        )
 
 
 def cache_folder(cache_root: str | Path, model_dir: str | Path) -> str:
@@ -280,17 +285,21 @@ except Exception as e:
 
 def preflight(
     model_dir: str | Path, threads: int = 0, precision: str = "auto", cache_dir: str | Path | None = None
-) -> str | None:
-    """Compile the model and run one image in a child process: None when that works, else why not.
+) -> None:
+    """Compile the model and run one image in a child process; raise why not, if it fails.
 
     OpenVINO has crashed the whole process on some CPUs (a SIGFPE in compile_model on some AMD EPYC
     models, in some releases); in a child, that becomes a reason instead of a dead runner. The child
     fills ``cache_dir`` with the same properties as the engine, so the engine's own compile is then a
     cache hit. Costs about 0.6 s (FP32) / 0.7 s (INT8) here: interpreter, import, compile, one image.
+
+    Raises :class:`EngineUnavailable` when the child crashed on an instruction (about this CPU: the
+    build skips the artifact, a runner does not retry), ``RuntimeError`` for anything else (a bad
+    model, a timeout, memory: a build fails, a runner retries later).
     """
     xml = Path(model_dir) / MODEL_FILE
     if not xml.is_file():
-        return f"no OpenVINO IR at {xml}; run `python -m build_models`"
+        raise FileNotFoundError(f"no OpenVINO IR at {xml}; run `python -m build_models`")
     threads = threads if threads > 0 else hardware.cpu_count()
     cache_dir = usable_cache_dir(cache_dir)
     args = {"xml": str(xml), "config": compile_config(threads, precision), "cache_dir": str(cache_dir or "")}
@@ -301,23 +310,25 @@ def preflight(
             text=True,
             timeout=PREFLIGHT_TIMEOUT_S,
         )
-    except subprocess.TimeoutExpired:
-        return f"OpenVINO did not compile {xml} within {PREFLIGHT_TIMEOUT_S} s"
+    except subprocess.TimeoutExpired as e:
+        raise RuntimeError(f"OpenVINO did not compile {xml} within {PREFLIGHT_TIMEOUT_S} s") from e
     except OSError as e:  # the interpreter could not be started (permissions, memory)
-        return f"the OpenVINO preflight could not start {sys.executable}: {e}"
+        raise RuntimeError(f"the OpenVINO preflight could not start {sys.executable}: {e}") from e
     if child.returncode == 0:
-        return None
+        return
     stage = "the first inference" if "compiled" in child.stdout.split() else "compile_model"
     if child.returncode < 0:
         try:
             sig = signal.Signals(-child.returncode)
         except ValueError:
-            return f"OpenVINO {stage} was killed by signal {-child.returncode}"
-        where = " on this CPU" if sig in CPU_SIGNALS else " (out of memory?)" if sig == signal.SIGKILL else ""
-        return f"OpenVINO {stage} crashed with {sig.name}{where}"
+            raise RuntimeError(f"OpenVINO {stage} was killed by signal {-child.returncode}") from None
+        if sig in CPU_SIGNALS:
+            raise EngineUnavailable(f"OpenVINO {stage} crashed with {sig.name} on this CPU")
+        memory = " (out of memory?)" if sig == signal.SIGKILL else ""
+        raise RuntimeError(f"OpenVINO {stage} was killed by {sig.name}{memory}")
     for line in reversed(child.stdout.splitlines()):
         if line.startswith("{"):
             message = openvino_message(RuntimeError(json.loads(line)["error"]))
-            return f"OpenVINO {stage} failed for {xml}: {message}"
+            raise RuntimeError(f"OpenVINO {stage} failed for {xml}: {message}")
     tail = child.stderr.strip().splitlines()[-1:] or [f"exit status {child.returncode}"]
-    return f"OpenVINO {stage} failed: {tail[0]}"
+    raise RuntimeError(f"OpenVINO {stage} failed: {tail[0]}")

@@ -134,6 +134,36 @@ def test_a_failed_load_is_retried_and_then_serves(built_models, monkeypatch) -> 
     assert runner.describe()["batch_sizes_seen"] == {2: 1}  # only real model runs are counted
 
 
+def test_a_failure_about_this_machine_is_not_retried_and_a_retry_in_progress_does_not_block(
+    built_models, monkeypatch
+) -> None:
+    import runners.base
+
+    attempts = []
+
+    def crash(backend: str, threads: int, dirs: dict) -> object:
+        attempts.append(backend)
+        raise EngineUnavailable("OpenVINO compile_model crashed with SIGFPE on this CPU")
+
+    monkeypatch.setattr(runners.base, "open_engine", crash)
+    monkeypatch.setattr(runners.base, "RELOAD_AFTER_S", 0.0)
+    runner = runners.base.make_runner("openvino-int8").inner()
+    for _ in range(3):
+        with pytest.raises(ServiceUnavailable, match="SIGFPE on this CPU"):
+            asyncio.run(runner.infer(np.zeros((1, 224, 224, 3), np.uint8)))
+    assert attempts == ["openvino-int8"]  # loaded once, at start-up
+
+    runner.lasting = False  # a transient failure, with a retry already running: answered at once
+
+    async def while_reloading() -> None:
+        async with runner._reloading:
+            with pytest.raises(ServiceUnavailable):
+                await runner.infer(np.zeros((1, 224, 224, 3), np.uint8))
+
+    asyncio.run(while_reloading())
+    assert attempts == ["openvino-int8"]
+
+
 def test_doctor_recommends_only_what_loaded(built_models, monkeypatch, tmp_path, capsys) -> None:
     from fastinfer import cli
 

@@ -84,16 +84,23 @@ def test_a_runtime_that_cannot_run_here_skips_its_artifact_and_the_build_goes_on
     assert stored_tags("resnet50-openvino") == before
 
 
-def test_a_build_that_fails_says_so_in_one_line(monkeypatch, capsys) -> None:
+def test_an_export_that_does_not_load_fails_the_build_in_one_line(built_models, monkeypatch, capsys) -> None:
+    """A broken IR is the export's fault, not this CPU's: the build fails (it is not skipped)."""
     from build_models import __main__ as cli
 
-    def fail(*args: Any, **kwargs: Any) -> None:
-        raise RuntimeError("OpenVINO could not compile model.xml: Incorrect weights in bin file!")
+    def truncated(ctx: Any, out_dir: Path) -> dict[str, Any]:
+        extra = exporters.export_openvino(ctx, out_dir)
+        weights = out_dir / "model.bin"
+        weights.write_bytes(weights.read_bytes()[:100_000])
+        return extra
 
-    monkeypatch.setattr(cli, "build", fail)
-    assert cli.main(["--only", "openvino"]) == 1
-    err = capsys.readouterr().err
-    assert err.strip() == "build_models: OpenVINO could not compile model.xml: Incorrect weights in bin file!"
+    monkeypatch.setitem(ARTIFACTS, "openvino", replace(ARTIFACTS["openvino"], export=truncated))
+    before = stored_tags("resnet50-openvino")
+    assert cli.main(["--weights", "random", "--only", "openvino", "--force"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("build_models: resnet50-openvino: the export does not load: OpenVINO "), err
+    assert "\n" not in err and "Nothing stored; resnet50-openvino:" in err
+    assert stored_tags("resnet50-openvino") == before
 
 
 def test_openvino_int8_is_the_conversion_of_the_stored_onnx_int8_model(built_models) -> None:

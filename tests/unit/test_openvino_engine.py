@@ -6,6 +6,7 @@ IRs are converted here from the stored ONNX models (FP32 and static QDQ INT8), a
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -53,6 +54,19 @@ def native_bf16() -> bool:
 def test_importing_the_module_does_not_import_openvino() -> None:
     code = "import sys, fastinfer.engines.openvino; assert 'openvino' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_openvino_is_used_without_its_telemetry(irs, tmp_path) -> None:
+    """Importing, converting and compiling leave no trace of openvino_telemetry (it writes ~/intel)."""
+    code = (
+        "from fastinfer.engines import openvino as ove\n"
+        "ov = ove.import_openvino()\n"
+        f"ov.convert_model({str(store.find('onnx-int8').path + '/model.onnx')!r})\n"
+        f"ove.OpenVinoEngine({str(irs['int8'])!r}, threads=1, expect='int8')\n"
+    )
+    env = {**os.environ, "HOME": str(tmp_path), "CI": ""}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=Path(__file__).parents[2])
+    assert not (tmp_path / "intel").exists(), list((tmp_path / "intel").iterdir())
 
 
 def test_f32_equals_onnx_runtime(irs, images) -> None:
@@ -113,6 +127,13 @@ def test_bf16_is_refused_on_a_cpu_without_native_bf16(irs, monkeypatch) -> None:
         ove.OpenVinoEngine(irs["float"], precision="bf16")
     assert ove.OpenVinoEngine(irs["float"], precision="auto").describe()["fallbacks"] == []
 
+    def no_preflight(*args: object) -> None:
+        raise AssertionError("bf16 on this CPU is refused before a child compiles anything")
+
+    monkeypatch.setattr(ove, "preflight", no_preflight)
+    with pytest.raises(EngineUnavailable, match="native BF16"):
+        ove.OpenVinoEngine.open({None: str(irs["float"])}, 2, precision="bf16", preflight=True)
+
 
 def test_missing_model_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match=r"no OpenVINO IR at .*model\.xml"):
@@ -150,14 +171,20 @@ def test_preflight(irs, tmp_path, monkeypatch) -> None:
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / ove.MODEL_FILE).write_text("<net>not an IR")
-    reason = ove.preflight(broken)
-    assert reason and "compile_model failed" in reason and "Unable to read the model" in reason
-    assert "no OpenVINO IR" in (ove.preflight(tmp_path / "nowhere") or "")
+    with pytest.raises(RuntimeError, match=r"compile_model failed .*Unable to read the model") as bad:
+        ove.preflight(broken)
+    assert not isinstance(bad.value, EngineUnavailable)  # a bad model is not this CPU's fault
+    with pytest.raises(FileNotFoundError, match="no OpenVINO IR"):
+        ove.preflight(tmp_path / "nowhere")
 
+    # A crash on an instruction is about this CPU (EngineUnavailable); a kill is about the moment.
     monkeypatch.setattr(ove, "_PREFLIGHT", "import os, signal; os.kill(os.getpid(), signal.SIGFPE)")
-    assert ove.preflight(irs["int8"]) == "OpenVINO compile_model crashed with SIGFPE on this CPU"
+    with pytest.raises(EngineUnavailable, match=r"^OpenVINO compile_model crashed with SIGFPE on this CPU$"):
+        ove.preflight(irs["int8"])
     monkeypatch.setattr(ove, "_PREFLIGHT", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
-    assert ove.preflight(irs["int8"]) == "OpenVINO compile_model crashed with SIGKILL (out of memory?)"
+    with pytest.raises(RuntimeError, match=r"killed by SIGKILL \(out of memory\?\)") as killed:
+        ove.preflight(irs["int8"])
+    assert not isinstance(killed.value, EngineUnavailable)
 
 
 def test_open_preflights_and_keeps_one_cache_folder_per_stored_version(irs, tmp_path, monkeypatch) -> None:
@@ -168,7 +195,10 @@ def test_open_preflights_and_keeps_one_cache_folder_per_stored_version(irs, tmp_
     assert engine.describe()["cache_dir"] == str(tmp_path / "cache" / "resnet50-openvino-int8" / "abc123")
     assert engine.describe()["loaded_from_cache"] is True  # the preflight child compiled it
 
-    monkeypatch.setattr(ove, "preflight", lambda *a: "OpenVINO compile_model crashed with SIGFPE on this CPU")
+    def crash(*args: object) -> None:
+        raise EngineUnavailable("OpenVINO compile_model crashed with SIGFPE on this CPU")
+
+    monkeypatch.setattr(ove, "preflight", crash)
     with pytest.raises(EngineUnavailable, match="SIGFPE"):
         ove.OpenVinoEngine.open({None: str(version)}, 2, preflight=True)
 
