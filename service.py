@@ -47,6 +47,7 @@ from runners import REGISTRY, attach, unavailable_reason
 
 logger = logging.getLogger("fastinfer.service")
 RUNNER_FAILURE_MEMORY_S = 10.0
+NO_BACKEND = "No backend can run here; see GET /backends for why."
 DASHBOARD_DIR = Path(__file__).parent / "dashboard"
 settings = get_settings()
 
@@ -128,7 +129,7 @@ class FastInfer:
     @bentoml.api(route="/predict/openvino", input_spec=ImageInput)
     async def predict_openvino(self, image: Path, top_k: int, ctx: bentoml.Context) -> ClassifyResponse:
         """OpenVINO: the FP32 model at the CPU's best precision (BF16 where the CPU has BF16 units;
-        `FASTINFER_OPENVINO_PRECISION`); the response's `runs_on` in GET /backends says which."""
+        `FASTINFER_OPENVINO_PRECISION`); GET /backends says which (`runs_on.precision`)."""
         return await self._answer(ctx, image, "openvino", top_k)
 
     @bentoml.api(route="/predict/batched", input_spec=ImageInput)
@@ -150,7 +151,7 @@ class FastInfer:
             started = time.perf_counter()
             names = [n for n in REGISTRY if self._unavailable(n) is None]
             if not names:
-                raise BackendUnavailable("No backend can run here; see GET /backends for why.")
+                raise BackendUnavailable(NO_BACKEND)
             shared: dict[str, float] = {}
             data = await self._in_thread(image.read_bytes, shared, "read")
             prepared = await self._prepare(data, self.models[names[0]].preprocess, shared)
@@ -164,7 +165,7 @@ class FastInfer:
                 timings["total"] = sum(timings.values())  # what a request to this backend alone would take
                 results.append(self._respond(name, self._body(name, logits, top_k), timings, started))
             if not results:
-                raise BackendUnavailable("No backend can run here; see GET /backends for why.")
+                raise BackendUnavailable(NO_BACKEND)
         except ApiError as exc:
             return error_response(ctx, exc)
         return summarise(results, [n for n in REGISTRY if self._unavailable(n) is not None], started)

@@ -181,15 +181,7 @@ def build(
     weights = load_weights(weights_choice)
     progress(f"weights: {weights.kind} ({weights.description}), source hash {weights.source_hash}")
     spec = preprocess_spec()
-    ctx = BuildContext(
-        weights,
-        spec,
-        resnet50(weights.state_dict),
-        calibration_dir,
-        int8_activations or "u8",
-        int8_activations is not None,
-        force,
-    )
+    ctx = BuildContext(weights, spec, resnet50(weights.state_dict), calibration_dir, int8_activations, force)
     # In the table's order, whatever the order of --only: openvino-int8 converts onnx-int8's result.
     jobs = [(a, b) for a in ARTIFACTS.values() if a.name in names for b in a.batches]
     batch: np.ndarray | None = None
@@ -229,7 +221,6 @@ def build(
                         progress(f"{step}: skipped: {exc}")
                         continue
                     except Exception as exc:
-                        kept = f"; {existing.tag} stays" if existing is not None else ""
                         raise VerificationError(
                             f"{name}: the export does not load: {exc}. Nothing stored{kept}."
                         ) from exc
@@ -289,6 +280,7 @@ def build(
                         # model is its own business (1.4 stages it in TMPDIR, then copies it to the store).
                         shutil.move(f, Path(stored.path) / f.name)
                 if existing is not None:  # superseded: keep the store from growing on every --force
+                    # and its compiled OpenVINO models, if any (only OpenVINO engines keep a cache)
                     shutil.rmtree(cache_folder(openvino_cache_dir(), existing.path), ignore_errors=True)
                     bentoml.models.delete(existing.tag)
             seconds = time.perf_counter() - t0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -50,17 +49,10 @@ def directory_images(directory: Path, spec: PreprocessSpec) -> list[np.ndarray]:
     return [prepare(p.read_bytes(), spec, 10**9).pixels for p in files]
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def stored_int8_sha256() -> str | None:
     """The sha256 of the stored onnx-int8 model's file (None when there is none)."""
     from fastinfer.engines.onnx import MODEL_FILE
+    from fastinfer.store import file_sha256
 
     stored = store.find("onnx-int8")
     return None if stored is None else file_sha256(Path(stored.path) / MODEL_FILE)
@@ -72,13 +64,16 @@ class BuildContext:
     spec: PreprocessSpec
     model: Uint8Classifier
     calibration_dir: Path | None = None
-    int8_activations: str = "u8"
-    int8_activations_given: bool = False  # asked for explicitly: a stored INT8 model of another kind is stale
+    int8_activations: str | None = None  # None: not asked for (u8; a stored model of either kind stands)
     force: bool = False  # rebuild from the weights: never reuse a stored export
     _tmp: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
     _onnx: Path | None = None
     _onnx_int8: tuple[Path, dict[str, Any]] | None = None
     _calibration: list[np.ndarray] | None = None
+
+    @property
+    def activation_type(self) -> str:
+        return self.int8_activations or "u8"
 
     @property
     def calibration_source(self) -> str:
@@ -133,9 +128,7 @@ class BuildContext:
         meta = model.info.metadata
         if self.calibration_dir is not None and meta.get("calibration_source") != self.calibration_source:
             return False
-        return self.int8_activations_given is False or str(meta.get("quantization", "")).startswith(
-            int8_scheme(self) + ","
-        )
+        return self.int8_activations is None or str(meta.get("quantization", "")).startswith(int8_scheme(self) + ",")
 
     def converts_stored_int8(self, model: Model) -> bool:
         """A stored openvino-int8 model is current only if converted from the onnx-int8 model stored now."""

@@ -110,7 +110,7 @@ def write_onnx_int8_static(ctx: BuildContext, path: Path) -> dict[str, Any]:
             img = next(self.remaining, None)
             return None if img is None else {"images": img[np.newaxis]}
 
-    activations = QuantType.QUInt8 if ctx.int8_activations == "u8" else QuantType.QInt8
+    activations = QuantType.QUInt8 if ctx.activation_type == "u8" else QuantType.QInt8
     with tempfile.TemporaryDirectory() as tmp, quiet("onnxruntime", "root"):
         prepared = Path(tmp) / "prepared.onnx"
         quant_pre_process(str(ctx.onnx_fp32()), str(prepared), skip_symbolic_shape=True)
@@ -132,7 +132,7 @@ def write_onnx_int8_static(ctx: BuildContext, path: Path) -> dict[str, Any]:
 
 
 def int8_scheme(ctx: BuildContext) -> str:
-    return f"static QDQ {ctx.int8_activations.upper()}S8"
+    return f"static QDQ {ctx.activation_type.upper()}S8"
 
 
 def export_onnx_int8_static(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
@@ -202,7 +202,7 @@ def export_openvino(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
 
 def export_openvino_int8(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
     """The static QDQ INT8 ONNX model of this build as OpenVINO IR: one calibration for both runtimes."""
-    from build_models.context import file_sha256
+    from fastinfer.store import file_sha256
 
     path, calibration = ctx.onnx_int8()
     version = write_openvino(path, out_dir)

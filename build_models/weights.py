@@ -17,6 +17,8 @@ from urllib.parse import urlparse
 
 import torch
 
+from fastinfer.store import file_sha256
+
 logger = logging.getLogger(__name__)
 
 RANDOM_SEED = 0
@@ -50,14 +52,6 @@ def imagenet_url() -> str:
 def hub_file(url: str) -> Path:
     """Where torch.hub keeps (or would download) the file at ``url``."""
     return Path(torch.hub.get_dir()) / "checkpoints" / Path(urlparse(url).path).name
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class WeightsHashMismatch(ValueError):

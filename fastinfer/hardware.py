@@ -78,13 +78,14 @@ ISA_FLAGS = {
 }
 
 
-# What each feature means for the backends (shown by GET /backends and `fastinfer doctor`).
+# What each feature means for the backends (shown by GET /backends and `fastinfer doctor`). Measured
+# figures are from BENCHMARKS.md (AMD EPYC, AVX-512 VNNI + BF16); the AMX ones are published figures.
 ISA_MEANING = {
-    "avx512_vnni": "INT8 dot products: static INT8 (openvino-int8, onnx-int8) runs ~1.5-2× faster than FP32",
+    "avx512_vnni": "INT8 dot products: static INT8 (openvino-int8, onnx-int8) ran 2.7-3.8× FP32 ONNX in process",
     "avx_vnni": "INT8 dot products (256-bit): static INT8 (openvino-int8, onnx-int8) beats FP32",
-    "amx_int8": "AMX tiles for INT8 matrix products: openvino-int8 uses them (oneDNN), the widest INT8 lead",
-    "avx512_bf16": "BF16 dot products: openvino runs the FP32 model in BF16 (auto precision), ~2× FP32",
-    "amx_bf16": "AMX tiles for BF16: openvino's BF16 runs on them, several times FP32",
+    "amx_int8": "AMX tiles for INT8: openvino-int8 uses them (oneDNN); published ~170-200 img/s/core",
+    "avx512_bf16": "BF16 dot products: openvino runs the FP32 model in BF16 (auto precision), ~2× its FP32",
+    "amx_bf16": "AMX tiles for BF16: openvino's BF16 runs on them; published ~70-110 img/s/core (FP32 ~14-17)",
     "neon": "ARM SIMD: ONNX Runtime's FP32 and INT8 kernels (OpenVINO's INT8 kernels are x86-only)",
 }
 
@@ -169,7 +170,7 @@ def recommend(hw: dict[str, object], available: list[str], profile: dict[str, fl
         (
             "openvino-int8",
             int8_units,
-            "x86 integer dot-product units (VNNI/AMX): OpenVINO's static INT8 ran 1.4-1.6× ONNX Runtime's here",
+            "x86 integer dot-product units (VNNI/AMX): OpenVINO's static INT8 ran ~1.4× ONNX Runtime's in process",
         ),
         ("onnx-int8", int8_units, "x86 integer dot-product units (VNNI/AMX) run static INT8 ~2× faster than FP32"),
         ("openvino", bool(isa & {"avx512_bf16", "amx_bf16"}), "BF16 units: OpenVINO runs the FP32 model in BF16"),

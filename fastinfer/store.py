@@ -7,7 +7,9 @@ parameters and the class names, so that serving needs nothing but the store.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastinfer.preprocess import PreprocessSpec
@@ -20,6 +22,14 @@ BUILD_FORMAT = "1"
 
 INPUT_SPEC = {"name": "images", "dtype": "uint8", "shape": ["N", 224, 224, 3], "layout": "NHWC RGB"}
 OUTPUT_SPEC = {"name": "logits", "dtype": "float32", "shape": ["N", 1000]}
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def model_name(backend: str, batch: int | None = None) -> str:

@@ -123,7 +123,7 @@ def test_int8_models_are_stale_when_calibrated_otherwise_than_asked(tmp_path, mo
     from build_models import context as c
 
     def ctx(calibration_dir: Path | None = None, activations: str | None = None) -> c.BuildContext:
-        return c.BuildContext(None, None, None, calibration_dir, activations or "u8", activations is not None)  # type: ignore[arg-type]
+        return c.BuildContext(None, None, None, calibration_dir, activations)  # type: ignore[arg-type]
 
     bundled = {
         "calibration_source": ctx().calibration_source,
