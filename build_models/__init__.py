@@ -279,10 +279,12 @@ def build(
                         # Not Path.rename, which cannot cross filesystems: where BentoML stages a new
                         # model is its own business (1.4 stages it in TMPDIR, then copies it to the store).
                         shutil.move(f, Path(stored.path) / f.name)
-                if existing is not None:  # superseded: keep the store from growing on every --force
-                    # and its compiled OpenVINO models, if any (only OpenVINO engines keep a cache)
-                    shutil.rmtree(cache_folder(openvino_cache_dir(), existing.path), ignore_errors=True)
-                    bentoml.models.delete(existing.tag)
+                # Every superseded version goes (not only the last: a build killed before this point
+                # leaves one), with its compiled OpenVINO models if any: the store does not grow.
+                for old in bentoml.models.list(name):
+                    if old.tag != stored.tag:
+                        shutil.rmtree(cache_folder(openvino_cache_dir(), old.path), ignore_errors=True)
+                        bentoml.models.delete(old.tag)
             seconds = time.perf_counter() - t0
             progress(f"{step}: stored {stored.tag} in {seconds:.1f}s")
             diff, agree = (None, None) if check is None else (check.max_abs_error, check.top1_agreement)

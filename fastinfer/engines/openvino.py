@@ -40,6 +40,7 @@ import numpy as np
 
 from fastinfer import hardware
 from fastinfer.engines import EngineUnavailable
+from fastinfer.store import file_sha256
 
 MODEL_FILE = "model.xml"
 PRECISIONS = ("auto", "bf16", "f32")  # FASTINFER_OPENVINO_PRECISION's values (fastinfer.config)
@@ -137,7 +138,7 @@ class OpenVinoEngine:
         """
         model_dir = dirs[None]
         if options.get("cache_dir"):
-            options["cache_dir"] = cache_folder(options["cache_dir"], model_dir)
+            options["cache_dir"] = str(Path(cache_folder(options["cache_dir"], model_dir)) / content_key(model_dir))
         precision = options.get("precision", "auto")
         if options.pop("preflight", False):
             if precision == "bf16":  # refused at once, not after a child's compile
@@ -192,6 +193,14 @@ def cache_folder(cache_root: str | Path, model_dir: str | Path) -> str:
     one, and the build removes the superseded version's folder with the model (OpenVINO keys its
     blobs by the model's path too, so old ones would otherwise pile up)."""
     return str(Path(cache_root) / Path(model_dir).parent.name / Path(model_dir).name)
+
+
+def content_key(model_dir: str | Path) -> str:
+    """The IR's files' content, as a cache sub-folder name. OpenVINO keys its blobs by the model's path
+    and compile settings, not by the weights: new weights under the same path (a store restored, a tag
+    re-imported) were served from the old blob (0.64 logits off the files on disk)."""
+    xml = Path(model_dir) / MODEL_FILE
+    return (file_sha256(xml)[:8] + file_sha256(xml.with_suffix(".bin"))[:8]) if xml.is_file() else "none"
 
 
 def usable_cache_dir(cache_dir: str | Path | None) -> str | None:

@@ -46,3 +46,11 @@ def test_force_rebuilds_every_artifact_in_one_run(built_models, monkeypatch) -> 
         assert [str(m.tag) for m in bentoml.models.list(r.name)] == [r.tag]
     for artifact, size in STORED:  # every stored model, rebuilt or not, has its files and loads
         assert_loads(artifact.name, store.find(artifact.name, size))
+
+
+def test_a_rebuild_removes_every_superseded_version(built_models) -> None:
+    """A build killed between storing and deleting leaves an old version behind: the next one removes it."""
+    with bentoml.models.create("resnet50-pytorch", labels={"backend": "pytorch"}) as orphan:
+        (Path(orphan.path) / "state_dict.pt").write_bytes(b"left by a killed build")
+    results = build("random", only=["pytorch"], force=True, progress=print)
+    assert [str(m.tag) for m in bentoml.models.list("resnet50-pytorch")] == [results[0].tag]

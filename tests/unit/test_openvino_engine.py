@@ -7,6 +7,7 @@ IRs are converted here from the stored ONNX models (FP32 and static QDQ INT8), a
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -192,7 +193,8 @@ def test_open_preflights_and_keeps_one_cache_folder_per_stored_version(irs, tmp_
     version.parent.mkdir()
     version.symlink_to(irs["int8"])
     engine = ove.OpenVinoEngine.open({None: str(version)}, 2, cache_dir=str(tmp_path / "cache"), preflight=True)
-    assert engine.describe()["cache_dir"] == str(tmp_path / "cache" / "resnet50-openvino-int8" / "abc123")
+    cache_dir = Path(engine.describe()["cache_dir"])
+    assert cache_dir.parent == tmp_path / "cache" / "resnet50-openvino-int8" / "abc123"
     assert engine.describe()["loaded_from_cache"] is True  # the preflight child compiled it
 
     def crash(*args: object) -> None:
@@ -201,6 +203,22 @@ def test_open_preflights_and_keeps_one_cache_folder_per_stored_version(irs, tmp_
     monkeypatch.setattr(ove, "preflight", crash)
     with pytest.raises(EngineUnavailable, match="SIGFPE"):
         ove.OpenVinoEngine.open({None: str(version)}, 2, preflight=True)
+
+
+def test_new_weights_under_the_same_path_are_not_served_from_the_old_cache(irs, images, tmp_path) -> None:
+    version = tmp_path / "resnet50-openvino" / "v1"
+    shutil.copytree(irs["float"], version)
+    cache = str(tmp_path / "cache")
+    old = ove.OpenVinoEngine.open({None: str(version)}, 2, cache_dir=cache, precision="f32").run(images)
+    weights = np.fromfile(version / "model.bin", dtype=np.uint8)  # other weights, same path and size
+    middle = weights[len(weights) // 2 : len(weights) // 2 + 4_000_000].view(np.float32)
+    middle *= 3
+    weights.tofile(version / "model.bin")
+    reopened = ove.OpenVinoEngine.open({None: str(version)}, 2, cache_dir=cache, precision="f32")
+    assert reopened.describe()["loaded_from_cache"] is False
+    uncached = ove.OpenVinoEngine(version, threads=2, precision="f32").run(images)
+    assert np.allclose(reopened.run(images), uncached, atol=1e-4)
+    assert not np.allclose(old, uncached, atol=1e-2)
 
 
 def test_a_batch_larger_than_one_request_is_split_and_answered_in_order(irs, images) -> None:
