@@ -46,8 +46,12 @@ PREDICTION_KEYS = frozenset({"label", "index", "score"})
 
 
 def cache_key(image: bytes, backend: str, model_tag: str, top_k: int) -> str:
-    digest = hashlib.sha256(image).hexdigest()
-    return f"{NAMESPACE}:v{CACHE_FORMAT}:{model_tag}:{backend}:{top_k}:{digest}"
+    return digest_key(hashlib.sha256(image).hexdigest(), backend, model_tag, top_k)
+
+
+def digest_key(sha256_hex: str, backend: str, model_tag: str, top_k: int) -> str:
+    """The key of an image whose sha256 is already known (hashed off the event loop, for instance)."""
+    return f"{NAMESPACE}:v{CACHE_FORMAT}:{model_tag}:{backend}:{top_k}:{sha256_hex}"
 
 
 class InvalidEntry(ValueError):

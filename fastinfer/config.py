@@ -43,6 +43,7 @@ class Settings:
     max_concurrency: int = 64
     max_uploads: int = 128  # bodies arriving at once (no handling slot while they arrive); 2 × max_concurrency
     body_idle_s: int = 10  # a body that stalls this long gets 408
+    max_batch_images: int = 32  # images in one POST /classify/batch
     batching: dict[str, BatchingConfig] = field(default_factory=dict)
     cache: str = "auto"  # redis | memory | off | auto
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -118,6 +119,7 @@ def get_settings() -> Settings:
         max_concurrency=max_concurrency,
         max_uploads=_positive("FASTINFER_MAX_UPLOADS", 2 * max_concurrency),
         body_idle_s=_positive("FASTINFER_BODY_IDLE_S", Settings.body_idle_s),
+        max_batch_images=_positive("FASTINFER_MAX_BATCH_IMAGES", Settings.max_batch_images),
         batching={name: _batching(name) for name in BACKENDS},
         cache=os.environ.get("FASTINFER_CACHE", "auto").strip().lower() or "auto",
         redis_url=os.environ.get("REDIS_URL", "").strip() or Settings.redis_url,

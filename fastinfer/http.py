@@ -12,6 +12,12 @@
 * Any 4xx/5xx JSON produced outside our handlers (BentoML's validation, unknown routes) is
   rewritten to ``{"error": {"code", "message"}}``.
 * Every answered API request is counted in ``fastinfer_requests_total{route,backend,status}``.
+* The image routes (``lanes``) are answered here from the body in memory (fastinfer/image_api.py),
+  without a temporary file and without BentoML's per-request machinery; everything else goes on to
+  the app with the body replayed.
+
+Bodies are held in memory while all the bodies held stay within ``MEMORY_FOR_BODIES``; beyond it a
+body is moved to a temporary file, so that many large uploads at once cannot exhaust memory.
 """
 
 from __future__ import annotations
@@ -19,9 +25,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
-from tempfile import SpooledTemporaryFile
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from tempfile import TemporaryFile
+from typing import IO, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -86,8 +92,11 @@ def _validation_error(detail: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-SPOOL_IN_MEMORY = 1024 * 1024  # a body beyond this waits on disk, as Starlette's multipart parts do
+MEMORY_FOR_BODIES = 256 * 1024 * 1024  # all bodies held in memory at once, per front worker
 REPLAY_CHUNK = 64 * 1024
+
+Lane = Callable[[Scope, bytes, Send], Awaitable[None]]
+"""Answers a request whose whole body is in hand (an image route); sends an ASGI response."""
 CLOSE = [(b"connection", b"close")]  # answered before the body was read: the rest is not read either
 
 
@@ -101,8 +110,10 @@ class FrontMiddleware:
         route_backends: Mapping[str, str],
         max_uploads: int,
         body_idle_s: float,
+        lanes: Mapping[str, Lane] | None = None,
     ) -> None:
         self.app = app
+        self.lanes = dict(lanes or {})  # POST route → its handler over the body in memory
         self.max_bytes = max_bytes
         self.max_concurrency = max_concurrency
         self.max_uploads = max_uploads
@@ -111,6 +122,7 @@ class FrontMiddleware:
         self.route_backends = dict(route_backends)  # API route → backend label when the handler sets none
         self.in_flight = 0  # requests being handled (their body is in)
         self.uploading = 0  # requests whose body is still arriving
+        self.memory = _MemoryBudget(MEMORY_FOR_BODIES)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -119,7 +131,7 @@ class FrontMiddleware:
         path = scope["path"]
         refused = _unwanted_body(scope)
         if refused is not None:  # on every route, probes included: the server would read it all
-            await _send_json(send, *refused, CLOSE)
+            await send_json(send, *refused, CLOSE)
             return
         if path in UNLIMITED_PATHS:
             await self.app(scope, receive, _ErrorRewriter(send))
@@ -134,7 +146,7 @@ class FrontMiddleware:
             # E.g. no space left to spool a body. Unanswered, BentoML's outer timeout would give a
             # plain-text 500 only after timeout_s + 5 s.
             logger.exception("front: failed before answering %s", path)
-            await _send_json(
+            await send_json(
                 recorder,
                 503,
                 error_body("unavailable", "The server could not take this request now (logged); retry shortly."),
@@ -148,75 +160,82 @@ class FrontMiddleware:
         # One deadline for the whole request, the body's arrival included, so that ours always
         # answers before BentoML's own (later) timeout, and in our shape.
         deadline = asyncio.get_running_loop().time() + self.timeout_s
-        spool: SpooledTemporaryFile[bytes] | None = None
+        body: _Body | None = None
+        app: ASGIApp = self.app
         try:
             if scope.get("method") in BODY_METHODS:
                 # The body is read before the request takes a handling slot: a client that uploads
                 # slowly (or never finishes) holds an upload slot, never one that others need.
-                spool = await self._receive_body(scope, receive, send, deadline)
-                if spool is None:  # answered (413, 408, 429), or the client has gone
+                body = await self._receive_body(scope, receive, send, deadline)
+                if body is None:  # answered (413, 408, 429), or the client has gone
                     return
-                receive = _replay(spool, receive)
+                lane = self.lanes.get(scope["path"]) if scope.get("method") == "POST" else None
+                if lane is not None:
+                    data = body.read()
+                    app = lambda s, _r, snd: lane(s, data, snd)  # noqa: E731 (the body is already in hand)
+                else:
+                    receive = _replay(body, receive)
             if self.in_flight >= self.max_concurrency:
-                await _send_json(send, 429, self._overloaded(), [(b"retry-after", b"1")])
+                await send_json(send, 429, self._overloaded(), [(b"retry-after", b"1")])
                 return
             self.in_flight += 1
             try:
-                await self._handle(scope, receive, send, deadline)
+                await self._handle(app, scope, receive, send, deadline)
             finally:
                 self.in_flight -= 1
         finally:
-            if spool is not None:
-                spool.close()
+            if body is not None:
+                body.close()
 
-    async def _receive_body(
-        self, scope: Scope, receive: Receive, send: _Recorder, deadline: float
-    ) -> SpooledTemporaryFile[bytes] | None:
-        """The whole body, spooled (in memory up to SPOOL_IN_MEMORY, then on disk), or None once
+    async def _receive_body(self, scope: Scope, receive: Receive, send: _Recorder, deadline: float) -> _Body | None:
+        """The whole body (in memory within MEMORY_FOR_BODIES, else in a temporary file), or None once
         answered: 413 over the limit, 408 when it stalls for ``body_idle_s`` or is not in by the
         deadline, 429 when too many are uploading, or the client has gone. Answers sent before
         the body is in close the connection (what is left of it is not read), but for a 429 to a
         body of known length."""
         length = _content_length(scope)
         if length is not None and length > self.max_bytes:
-            await _send_json(send, 413, self._too_large(length), CLOSE)
+            await send_json(send, 413, self._too_large(length), CLOSE)
             return None
         if self.uploading >= self.max_uploads:
             # A body of known, allowed length is left for the server to drain (bounded), so that the
             # client, still sending, reads its 429 instead of a reset connection; any other is cut off.
             close = [] if length is not None else CLOSE
-            await _send_json(send, 429, self._overloaded(), [(b"retry-after", b"1"), *close])
+            await send_json(send, 429, self._overloaded(), [(b"retry-after", b"1"), *close])
             return None
         self.uploading += 1
         loop = asyncio.get_running_loop()
-        spool: SpooledTemporaryFile[bytes] = SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)  # noqa: SIM115 (returned)
-        total = 0
+        body = _Body(self.memory)
+        total, complete = 0, False
         try:
             while True:
                 wait = min(self.body_idle_s, deadline - loop.time())
                 try:
-                    message = await asyncio.wait_for(receive(), max(wait, 0.0))
+                    async with asyncio.timeout(max(wait, 0.0)):  # no task per chunk, unlike wait_for
+                        message = await receive()
                 except TimeoutError:
-                    await _send_json(send, 408, self._slow_body(), CLOSE)
+                    await send_json(send, 408, self._slow_body(), CLOSE)
                     break
                 if message["type"] == "http.disconnect":  # the client left: nobody to answer
                     break
                 chunk = message.get("body", b"")
                 total += len(chunk)
                 if total > self.max_bytes:
-                    await _send_json(send, 413, self._too_large(length), CLOSE)
+                    await send_json(send, 413, self._too_large(length), CLOSE)
                     break
-                spool.write(chunk)
+                body.write(chunk)
                 if not message.get("more_body", False):
-                    return spool
+                    complete = True
+                    return body
         finally:
             self.uploading -= 1
-        spool.close()
+            if not complete:  # refused, abandoned or cancelled: its memory (or file) goes now
+                body.close()
         return None
 
-    async def _handle(self, scope: Scope, receive: Receive, send: _Recorder, deadline: float) -> None:
+    async def _handle(self, app: ASGIApp, scope: Scope, receive: Receive, send: _Recorder, deadline: float) -> None:
         gate = _Gate(send)
-        task = asyncio.ensure_future(self.app(scope, receive, _ErrorRewriter(gate)))
+        task = asyncio.ensure_future(app(scope, receive, _ErrorRewriter(gate)))
         done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - asyncio.get_running_loop().time()))
         if task in done:
             task.result()
@@ -229,7 +248,7 @@ class FrontMiddleware:
         gate.close()
         task.cancel()
         task.add_done_callback(_retrieve)
-        await _send_json(
+        await send_json(
             send,
             504,
             error_body("timeout", f"The request did not finish within {self.timeout_s:g} s (FASTINFER_TIMEOUT_S)."),
@@ -313,7 +332,7 @@ class _ErrorRewriter:
                 return
             status = self.start["status"]
             extra = [(k, v) for k, v in self.start.get("headers", []) if k.lower() not in _REPLACED]
-            await _send_json(self.send, status, normalise_error(status, b"".join(self.chunks)), extra)
+            await send_json(self.send, status, normalise_error(status, b"".join(self.chunks)), extra)
             self.start = None
             return
         await self.send(message)
@@ -355,25 +374,88 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-def _replay(spool: SpooledTemporaryFile[bytes], original: Receive) -> Receive:
-    """The body just written to ``spool``, in chunks, then the real channel (which reports a real
-    disconnect)."""
-    size = spool.tell()  # written to the end
-    spool.seek(0)
+class _MemoryBudget:
+    """Bytes of request bodies held in memory by one front worker, against a limit."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+
+class _Body:
+    """A request body as it arrives: chunks in memory while the budget allows (an ordinary photo
+    never touches the disk), else moved to a temporary file."""
+
+    def __init__(self, budget: _MemoryBudget) -> None:
+        self.budget = budget
+        self.chunks: list[bytes] = []
+        self.held = 0  # bytes of this body counted in the budget
+        self.file: IO[bytes] | None = None
+        self.size = 0
+
+    def write(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.file is None and self.budget.used + len(chunk) > self.budget.limit:
+            self.file = TemporaryFile()  # noqa: SIM115 (closed in close())
+            self.file.writelines(self.chunks)
+            self._release()
+        if self.file is not None:
+            self.file.write(chunk)
+            return
+        self.chunks.append(chunk)
+        self.held += len(chunk)
+        self.budget.used += len(chunk)
+
+    def read(self) -> bytes:
+        """The whole body as one bytes object."""
+        if self.file is not None:
+            self.file.seek(0)
+            return self.file.read()
+        if len(self.chunks) != 1:
+            self.chunks = [b"".join(self.chunks)]  # one copy, kept: the budget still counts it once
+        return self.chunks[0]
+
+    def pieces(self) -> Any:
+        """The body in chunks of at most REPLAY_CHUNK bytes."""
+        if self.file is not None:
+            self.file.seek(0)
+            while chunk := self.file.read(REPLAY_CHUNK):
+                yield chunk
+            return
+        for chunk in self.chunks:
+            for start in range(0, len(chunk), REPLAY_CHUNK):
+                yield chunk[start : start + REPLAY_CHUNK]
+
+    def close(self) -> None:
+        self._release()
+        if self.file is not None:
+            self.file.close()
+
+    def _release(self) -> None:
+        self.budget.used -= self.held
+        self.held = 0
+        self.chunks = []
+
+
+def _replay(body: _Body, original: Receive) -> Receive:
+    """The body just received, in chunks, then the real channel (which reports a real disconnect)."""
+    pieces = iter(body.pieces())
+    pending = next(pieces, b"")
     done = False
 
     async def receive() -> Message:
-        nonlocal done
+        nonlocal pending, done
         if done:
             return await original()
-        chunk = spool.read(REPLAY_CHUNK)
-        done = spool.tell() >= size
+        chunk = pending
+        pending = next(pieces, None)
+        done = pending is None
         return {"type": "http.request", "body": chunk, "more_body": not done}
 
     return receive
 
 
-async def _send_json(
+async def send_json(
     send: Send, status: int, payload: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
     body = json.dumps(payload).encode()

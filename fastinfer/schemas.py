@@ -40,6 +40,23 @@ class ClassifyResponse(BaseModel):
     cached: bool = False
 
 
+class ErrorDetail(BaseModel):
+    code: str = Field(description="machine-readable, e.g. invalid_image, unknown_backend, backend_unavailable")
+    message: str = Field(description="what went wrong, for a person")
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx/5xx, on every route."""
+
+    error: ErrorDetail
+
+
+class BatchResponse(BaseModel):
+    results: list[ClassifyResponse | ErrorResponse] = Field(
+        description="one per image, in the order sent: a prediction, or the error for that image alone"
+    )
+
+
 class BatchingInfo(BaseModel):
     enabled: bool
     max_batch_size: int
@@ -87,17 +104,19 @@ class AnalyzeResponse(BaseModel):
     model: str = Field(description="the Groq model that wrote it")
 
 
-def summarise(results: list[ClassifyResponse], unavailable: list[str], started: float) -> CompareResponse:
-    by_time = sorted(results, key=lambda r: r.timings_ms.total)
-    top1 = {r.backend: r.class_ for r in results}
-    return CompareResponse(
-        results=results,
-        summary=CompareSummary(
-            fastest=by_time[0].backend,
-            slowest=by_time[-1].backend,
-            all_agree_top1=len(set(top1.values())) == 1,
-            top1=top1,
-            unavailable=unavailable,
-        ),
-        total_ms=round((time.perf_counter() - started) * 1000, 3),
+def summarise(results: list[dict[str, Any]], unavailable: list[str], started: float) -> dict[str, Any]:
+    """/compare's answer (CompareResponse's shape) from the backends' ClassifyResponse-shaped bodies."""
+    by_time = sorted(results, key=lambda r: r["timings_ms"]["total"])
+    top1 = {r["backend"]: r["class"] for r in results}
+    summary = CompareSummary(
+        fastest=by_time[0]["backend"],
+        slowest=by_time[-1]["backend"],
+        all_agree_top1=len(set(top1.values())) == 1,
+        top1=top1,
+        unavailable=unavailable,
     )
+    return {
+        "results": results,
+        "summary": summary.model_dump(),
+        "total_ms": round((time.perf_counter() - started) * 1000, 3),
+    }

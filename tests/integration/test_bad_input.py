@@ -67,6 +67,57 @@ BAD = {
         None,
     ),
     "unknown route": (lambda c: c.get("/no/such/route"), 404, "not_found"),
+    # The raw-body form and the batch route: the same contract.
+    "empty raw image body": (
+        lambda c: c.post("/classify", content=b"", headers={"content-type": "image/jpeg"}),
+        400,
+        "invalid_image",
+    ),
+    "raw body, not an image": (
+        lambda c: c.post("/predict/onnx", content=b"hello", headers={"content-type": "image/png"}),
+        400,
+        "invalid_image",
+    ),
+    "raw body, a media type not taken": (
+        lambda c: c.post("/classify", content=images.photo_jpeg(), headers={"content-type": "video/mp4"}),
+        415,
+        None,
+    ),
+    "raw body over the limit": (
+        lambda c: c.post("/classify", content=b"\xff" * (LIMIT + 1), headers={"content-type": "image/jpeg"}),
+        413,
+        "payload_too_large",
+    ),
+    "raw body, unknown query parameter": (
+        lambda c: c.post("/classify?key=1", content=images.photo_jpeg(), headers={"content-type": "image/jpeg"}),
+        400,
+        None,
+    ),
+    "malformed multipart": (
+        lambda c: c.post(
+            "/classify",
+            content=b"--x\r\nContent-Disposition: form-data; name=image; filename=a\r\n\r\nab",
+            headers={"content-type": "multipart/form-data; boundary=x"},
+        ),
+        400,
+        None,
+    ),
+    "batch of 0 images": (lambda c: c.post("/classify/batch", files={"top_k": (None, "1")}), 400, None),
+    "batch over the limit": (
+        lambda c: c.post("/classify/batch", files=[("images", (f"{i}", b"x")) for i in range(33)]),
+        400,
+        None,
+    ),
+    "batch as a raw body": (
+        lambda c: c.post("/classify/batch", content=images.photo_jpeg(), headers={"content-type": "image/jpeg"}),
+        400,
+        None,
+    ),
+    "batch with an unknown backend": (
+        lambda c: c.post("/classify/batch", files=[("images", ("a.jpg", images.photo_jpeg()))], data={"backend": "x"}),
+        400,
+        "unknown_backend",
+    ),
 }
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import bentoml
@@ -102,6 +104,7 @@ SEED_ROUTES = {
     "/predict": "pytorch",
     "/predict/onnx": "onnx",
     "/predict/quantized": "onnx-int8",
+    "/predict/openvino": "openvino",
     "/predict/batched": "pytorch",
     "/predict/coreml": "coreml",
     "/predict/batched/coreml": "coreml-batched",
@@ -137,3 +140,83 @@ def test_typed_backend_enum_in_schema(client) -> None:
     text = httpx.Response(200, json=spec).text
     for name in BACKENDS:
         assert f'"{name}"' in text
+
+
+def test_the_original_apis_curl_examples_work_unchanged(client, tmp_path) -> None:
+    """`curl -F "file=@image.jpg" .../predict/coreml`, from the original FastInfer README: the field
+    is `file`, and the answer carries its keys."""
+    photo = photo_file(tmp_path)
+    for route, backend in SEED_ROUTES.items():
+        done = subprocess.run(
+            ["curl", "-s", "-w", "\\n%{http_code}", "-F", f"file=@{photo}", f"{client.base_url}{route}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        body, status = done.stdout.rsplit("\n", 1)
+        if backend in HERE:
+            assert status == "200", (route, body)
+            answer = json.loads(body)
+            assert answer.keys() >= SEED_KEYS and answer["backend"] == backend
+        else:
+            assert status == "503" and "needs macOS" in json.loads(body)["error"]["message"]
+
+
+def test_a_raw_image_body_with_query_parameters(client) -> None:
+    data = photos.benchmark_photo()
+    raw = client.post(
+        "/classify",
+        content=data,
+        params={"backend": "onnx-int8", "top_k": "2"},
+        headers={"Content-Type": "image/jpeg", **NO_CACHE},
+    )
+    form = client.post(
+        "/classify", files={"image": ("m.jpg", data, "image/jpeg")}, data={"backend": "onnx-int8"}, headers=NO_CACHE
+    )
+    assert raw.status_code == 200 and form.status_code == 200, (raw.text, form.text)
+    assert raw.json()["backend"] == "onnx-int8" and len(raw.json()["top_k"]) == 2
+    assert raw.json()["top_k"] == form.json()["top_k"][:2]  # same image, same answer, whatever the form
+    seed = client.post("/predict/quantized", content=data, headers={"Content-Type": "image/jpeg"})
+    assert seed.status_code == 200 and seed.json()["backend"] == "onnx-int8"
+
+
+def test_a_batch_is_answered_in_order_with_an_error_in_the_bad_images_slot(client) -> None:
+    pool = [data for _, data in photos.benchmark_pool()[:6]]
+    files = [("images", (f"{i}.jpg", data, "image/jpeg")) for i, data in enumerate(pool[:3])]
+    files.insert(1, ("images", ("notes.txt", b"not an image", "text/plain")))
+    r = client.post("/classify/batch", files=files, data={"backend": "onnx-int8", "top_k": "3"}, headers=NO_CACHE)
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert len(results) == 4 and results[1]["error"]["code"] == "invalid_image"
+    singles = [
+        client.post("/classify", files={"image": ("x.jpg", d, "image/jpeg")}, data={"backend": "onnx-int8"},
+                    headers=NO_CACHE).json()
+        for d in pool[:3]
+    ]  # fmt: skip
+    for got, single in zip([results[0], results[2], results[3]], singles, strict=True):
+        assert got["backend"] == "onnx-int8" and got["cached"] is False
+        assert [p["index"] for p in got["top_k"]] == [p["index"] for p in single["top_k"][:3]]
+        assert abs(got["confidence"] - single["confidence"]) < 1e-3  # one batch = the same answers
+    # All bad: still 200, each slot says why (documented); none at all, or too many: 400.
+    bad = client.post("/classify/batch", files=[("images", ("a", b"x")), ("images", ("b", b""))])
+    assert bad.status_code == 200 and [x["error"]["code"] for x in bad.json()["results"]] == ["invalid_image"] * 2
+    assert client.post("/classify/batch", data={"top_k": "1"}, files={"x": (None, "")}).status_code == 400
+    many = [("images", (f"{i}.jpg", b"x", "image/jpeg")) for i in range(33)]
+    assert (
+        client.post("/classify/batch", files=many)
+        .json()["error"]["message"]
+        .endswith("the limit is 32 (FASTINFER_MAX_BATCH_IMAGES).")
+    )
+
+
+def test_a_batch_uses_the_cache_per_image_and_the_python_client(server, client, tmp_path) -> None:
+    first, second = (tmp_path / "a.jpg", tmp_path / "b.jpg")
+    first.write_bytes(photos.benchmark_pool()[7][1])
+    second.write_bytes(photos.benchmark_pool()[8][1])
+    single = {"backend": "onnx", "top_k": "1"}  # the cache key covers backend, model, top_k and the bytes
+    client.post("/classify", files={"image": ("a.jpg", first.read_bytes(), "image/jpeg")}, data=single)
+    with bentoml.SyncHTTPClient(server.url) as python_client:
+        answer = python_client.classify_batch(images=[first, second], backend="onnx", top_k=1)
+    results = answer["results"] if isinstance(answer, dict) else answer.model_dump(by_alias=True)["results"]
+    assert [r["cached"] for r in results] == [True, False]
+    assert all(r["backend"] == "onnx" and len(r["top_k"]) == 1 for r in results)

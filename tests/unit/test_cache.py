@@ -32,7 +32,7 @@ KEY = cache_key(b"image", "onnx", TAG, 5)
 
 
 def body(k: int = 5, backend: str = "onnx", model: str = TAG) -> dict[str, Any]:
-    """A response body as service.FastInfer._body makes it."""
+    """A response body as fastinfer.pipeline.Pipeline._body makes it."""
     ranked = [{"label": f"class {i}", "index": i, "score": round(0.4 / 2**i, 4)} for i in range(k)]
     return {
         "class": ranked[0]["label"],

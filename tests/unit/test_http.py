@@ -9,6 +9,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from fastinfer.cpu import CpuPool
 from fastinfer.http import FrontMiddleware
 
@@ -235,11 +237,13 @@ def chunks_then_stall(total: int, chunk: int = 64 * 1024):
     return receive
 
 
-def test_pending_uploads_wait_on_disk_beyond_a_megabyte_each() -> None:
-    """Holding every arriving body in memory made 24 pending 19 MB uploads cost the front 1.4 GB."""
+def test_pending_uploads_beyond_the_memory_budget_wait_on_disk() -> None:
+    """Holding every arriving body in memory made 24 pending 19 MB uploads cost the front 1.4 GB:
+    bodies are held in memory only within MEMORY_FOR_BODIES (here 8 MB), the rest go to disk."""
     import tracemalloc
 
     middleware = middleware_for(ok_app, max_bytes=50_000_000, timeout_s=30, body_idle_s=30)
+    middleware.memory.limit = 8 * 2**20
 
     async def main() -> int:
         tracemalloc.start()
@@ -252,17 +256,59 @@ def test_pending_uploads_wait_on_disk_beyond_a_megabyte_each() -> None:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.2)  # every upload has delivered its 4 MB
         held = tracemalloc.get_traced_memory()[0] - before
+        assert middleware.memory.used <= middleware.memory.limit
         tracemalloc.stop()
         for upload in uploads:
             upload.cancel()
         await asyncio.gather(*uploads, return_exceptions=True)
+        assert middleware.memory.used == 0  # every body released its share
         return held
 
     held = asyncio.run(main())
-    assert held < 10 * 1.5 * 2**20, f"{held / 2**20:.0f} MB held for 10 pending uploads of 4 MB"
+    assert held < 8 * 2**20 + 4 * 2**20, f"{held / 2**20:.0f} MB held for 10 pending uploads of 4 MB"
 
 
-def test_a_multi_chunk_body_reaches_the_handler_whole() -> None:
+def test_a_body_within_the_budget_never_touches_the_disk(monkeypatch) -> None:
+    """BentoML's typed Path input wrote every upload to a temporary file; ours stay in memory."""
+    import fastinfer.http as http
+
+    def no_disk() -> None:
+        raise AssertionError("a temporary file was created")
+
+    monkeypatch.setattr(http, "TemporaryFile", no_disk)
+    seen: list[bytes] = []
+
+    async def lane(_scope, body: bytes, send) -> None:
+        seen.append(body)
+        await http.send_json(send, 200, {"ok": True})
+
+    middleware = FrontMiddleware(
+        ok_app,
+        route_backends={},
+        max_bytes=10_000_000,
+        max_concurrency=4,
+        max_uploads=4,
+        body_idle_s=10,
+        timeout_s=5,
+        lanes={"/classify": lane},
+    )
+    payload = bytes(range(256)) * 12_000  # 3 MB, in 64 KB chunks
+    messages = iter(
+        {"type": "http.request", "body": payload[i : i + 65_536], "more_body": i + 65_536 < len(payload)}
+        for i in range(0, len(payload), 65_536)
+    )
+
+    async def receive() -> dict[str, Any]:
+        return next(messages)
+
+    sent, _ = asyncio.run(call(ok_app, scope(body_length=len(payload)), receive, middleware))
+    assert answer(sent)[0] == 200
+    assert seen == [payload]
+    assert middleware.memory.used == 0
+
+
+@pytest.mark.parametrize("budget", [64 * 2**20, 1_000_000], ids=["in memory", "moved to disk midway"])
+def test_a_multi_chunk_body_reaches_the_handler_whole(budget: int) -> None:
     received = bytearray()
 
     async def app(scope, receive, send) -> None:
@@ -274,7 +320,7 @@ def test_a_multi_chunk_body_reaches_the_handler_whole() -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    payload = bytes(range(256)) * 12_000  # 3 MB: beyond the in-memory part of the spool
+    payload = bytes(range(256)) * 12_000  # 3 MB
     parts = [payload[i : i + 100_000] for i in range(0, len(payload), 100_000)]
     messages = iter({"type": "http.request", "body": p, "more_body": i < len(parts) - 1} for i, p in enumerate(parts))
 
@@ -282,8 +328,10 @@ def test_a_multi_chunk_body_reaches_the_handler_whole() -> None:
         return next(messages)
 
     middleware = middleware_for(app, max_bytes=10_000_000)
+    middleware.memory.limit = budget
     sent, _ = asyncio.run(call(app, scope(body_length=len(payload)), receive, middleware))
     assert sent[0]["status"] == 200 and bytes(received) == payload
+    assert middleware.memory.used == 0
 
 
 def test_a_body_where_none_is_taken_is_refused_before_a_byte_is_read() -> None:

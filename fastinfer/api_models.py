@@ -1,0 +1,39 @@
+"""Response models of the GET routes mounted beside the typed BentoML APIs.
+
+They are plain Starlette routes, so BentoML knows nothing of what they answer: these models say
+it in the OpenAPI spec (fastinfer/openapi.py). The shapes are what the code returns:
+``ResponseCache.describe`` (fastinfer/cache.py) and ``LiveStats.snapshot`` (fastinfer/live.py).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class CacheStatsResponse(BaseModel):
+    """The response cache as this front worker sees it (counts are per worker)."""
+
+    mode: str = Field(description="redis (host:port/db) | memory | off, or the fallback taken at start-up")
+    healthy: bool = Field(description="false while the cache is failing (requests are served without it)")
+    degraded: str | None = Field(default=None, description="the last failure, while unhealthy")
+    hits: int = Field(ge=0)
+    misses: int = Field(ge=0)
+    errors: int = Field(ge=0, description="lookups that failed or skipped a failing cache")
+    invalid: int = Field(ge=0, description="entries found but ignored because they did not validate")
+    bypasses: int = Field(ge=0, description="requests sent with Cache-Control: no-cache")
+    hit_rate: float = Field(ge=0.0, le=1.0, description="hits / (hits + misses)")
+    keys: int | None = Field(default=None, description="entries in the cache (null when it cannot be counted)")
+    since: str = Field(description="UTC time the counts start from, ISO 8601")
+
+
+class LiveStatsResponse(BaseModel):
+    """Recent traffic of this front worker, as the dashboard's live panel shows it."""
+
+    served: int = Field(ge=0, description="classifications answered")
+    cached: int = Field(ge=0, description="of those, answered by the response cache")
+    since: str = Field(description="UTC time the counts start from, ISO 8601")
+    p50_ms: dict[str, float] = Field(
+        description="backend → median total latency of its recent requests that were not cache hits"
+    )
+    window: int = Field(description="how many recent requests per backend the medians cover")
+    cache: CacheStatsResponse

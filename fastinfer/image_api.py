@@ -1,0 +1,293 @@
+"""The image APIs over HTTP: every form a client may send, read from the body the front already
+holds in memory (fastinfer/http.py), run through the one pipeline (fastinfer/pipeline.py), and
+answered as JSON in a single write.
+
+The forms, on every image route:
+* multipart/form-data, the image in the field ``image`` or ``file`` (the original FastInfer API's
+  name), ``backend`` (``/classify`` only) and ``top_k`` as form fields — what Swagger and
+  ``bentoml.SyncHTTPClient`` send (the client JSON-encodes text fields: ``"onnx"`` is read as onnx);
+* the image as the whole body, ``Content-Type: image/*`` (or application/octet-stream), with
+  ``backend`` and ``top_k`` as query parameters — the cheapest form for programs;
+* ``POST /classify/batch``: multipart with the field ``images`` repeated (1..FASTINFER_MAX_BATCH_IMAGES).
+
+Why not BentoML's own handling of these APIs (service.py still declares them, for the OpenAPI spec,
+Swagger and the Python client): its typed ``Path`` input writes every upload to a temporary file,
+then validates and serialises through its IO models; measured, that path cost more CPU per request
+than our cache-hit path does in total (BENCHMARKS.md, "The HTTP path"). A client cannot tell the
+two apart: same routes, fields, answers and error shape.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl
+
+from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.types import Send
+
+from fastinfer.errors import ApiError, error_body
+from fastinfer.http import send_json
+from fastinfer.pipeline import Image, Pipeline
+from fastinfer.schemas import summarise
+
+logger = logging.getLogger("fastinfer.image_api")
+
+TOP_K_MAX = 20
+FILE_FIELDS = ("image", "file")  # ``file``: the original FastInfer API's field name
+BATCH_FIELD = "images"
+RAW_TYPES = ("image/", "application/octet-stream")
+MAX_TEXT_FIELD = 1024  # bytes; backend names and top_k are short
+
+
+class BadRequest(ApiError):
+    status, code = 400, "invalid_request"
+
+
+class UnsupportedMediaType(ApiError):
+    status, code = 415, "unsupported_media_type"
+
+
+@dataclass(frozen=True)
+class Route:
+    """What one image route does: its backend (None: the request names it), and its kind."""
+
+    backend: str | None
+    kind: str = "one"  # one | batch | compare
+    batched: bool | None = None  # force adaptive batching on or off; None: the backend's setting
+
+    @property
+    def metric_label(self) -> str:
+        """The request metric's backend label until the request names one."""
+        return self.backend or ("all" if self.kind == "compare" else "none")
+
+    @property
+    def text_fields(self) -> tuple[str, ...]:
+        return ("backend", "top_k") if self.backend is None else ("top_k",)
+
+    @property
+    def file_fields(self) -> tuple[str, ...]:
+        return (BATCH_FIELD,) if self.kind == "batch" else FILE_FIELDS
+
+
+ROUTES: dict[str, Route] = {
+    "/classify": Route(None),
+    "/classify/batch": Route(None, "batch"),
+    "/compare": Route("all", "compare"),
+    # The original FastInfer API's routes (its clients work unchanged): a fixed backend each.
+    "/predict": Route("pytorch"),
+    "/predict/onnx": Route("onnx"),
+    "/predict/quantized": Route("onnx-int8"),
+    "/predict/coreml": Route("coreml"),
+    "/predict/openvino": Route("openvino"),
+    "/predict/batched": Route("pytorch", batched=True),
+    "/predict/batched/coreml": Route("coreml-batched"),
+}
+
+
+@dataclass
+class Form:
+    """What a request carries once parsed: its images (bytes, in memory) and its text fields."""
+
+    images: list[Image] = field(default_factory=list)
+    fields: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Limits:
+    default_backend: str
+    max_batch_images: int
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return value.decode("latin-1")
+    return ""
+
+
+def parse(scope: dict[str, Any], body: bytes, route: Route, limits: Limits) -> Form:
+    """The request's images and fields, or the 4xx that says what is wrong with it."""
+    ctype, options = parse_options_header(_header(scope, b"content-type"))
+    form = Form()
+    query = _query(scope, route)
+    if ctype == b"multipart/form-data":
+        boundary = options.get(b"boundary")
+        if not boundary:
+            raise BadRequest("The multipart body has no boundary in its Content-Type header.")
+        _parse_multipart(body, boundary, route, limits, form)
+    elif ctype.startswith(tuple(t.encode() for t in RAW_TYPES)):
+        if route.kind == "batch":
+            raise BadRequest(f"A batch is sent as multipart/form-data, one '{BATCH_FIELD}' part per image.")
+        form.images.append(Image(body))
+    elif not body or ctype in (b"", b"application/json", b"application/x-www-form-urlencoded", b"text/plain"):
+        raise BadRequest(_how_to_send(route))
+    else:
+        raise UnsupportedMediaType(f"Content-Type {ctype.decode('latin-1')!r} is not taken here. {_how_to_send(route)}")
+    for name, value in query.items():
+        if name in form.fields:
+            raise BadRequest(f"'{name}' is given both as a form field and as a query parameter.")
+        form.fields[name] = value
+    if not form.images:
+        raise ApiError(_how_to_send(route), code="invalid_image")
+    return form
+
+
+def _how_to_send(route: Route) -> str:
+    if route.kind == "batch":
+        return f"Send the images as multipart/form-data, one '{BATCH_FIELD}' part per image."
+    return (
+        "Send the image as multipart/form-data in the field 'image' (or 'file'), or as the whole body "
+        "with Content-Type: image/* (e.g. image/jpeg)."
+    )
+
+
+def _query(scope: dict[str, Any], route: Route) -> dict[str, str]:
+    raw = scope.get("query_string", b"").decode("latin-1")
+    values: dict[str, str] = {}
+    for name, value in parse_qsl(raw, keep_blank_values=True):
+        if name not in route.text_fields:
+            raise BadRequest(f"Unknown query parameter {name!r}; this API takes {', '.join(route.text_fields)}.")
+        if name in values:
+            raise BadRequest(f"The query parameter {name!r} is given twice.")
+        values[name] = value
+    return values
+
+
+def _parse_multipart(body: bytes, boundary: bytes, route: Route, limits: Limits, form: Form) -> None:
+    """Parts straight from the body in memory (python-multipart's parser: what Starlette uses)."""
+    max_files = limits.max_batch_images if route.kind == "batch" else 1
+    parts: list[tuple[dict[bytes, bytes], list[bytes]]] = []
+    header: list[bytes] = [b"", b""]  # the header being read: name, value
+    ended = False
+
+    def on_part_begin() -> None:
+        if len(parts) >= max_files + len(route.text_fields) + 1:
+            raise BadRequest(f"Too many parts in the multipart body (more than {max_files} image(s) and the fields).")
+        parts.append(({}, []))
+
+    def on_header_field(data: bytes, start: int, end: int) -> None:
+        header[0] += data[start:end]
+
+    def on_header_value(data: bytes, start: int, end: int) -> None:
+        header[1] += data[start:end]
+
+    def on_header_end() -> None:
+        parts[-1][0][header[0].lower()] = header[1]
+        header[0], header[1] = b"", b""
+
+    def on_part_data(data: bytes, start: int, end: int) -> None:
+        parts[-1][1].append(data[start:end])
+
+    def on_end() -> None:
+        nonlocal ended
+        ended = True
+
+    callbacks: dict[str, Callable[..., None]] = {
+        "on_part_begin": on_part_begin,
+        "on_header_field": on_header_field,
+        "on_header_value": on_header_value,
+        "on_header_end": on_header_end,
+        "on_part_data": on_part_data,
+        "on_end": on_end,
+    }
+    try:
+        parser = MultipartParser(boundary, callbacks)  # type: ignore[arg-type]
+        parser.write(body)
+        parser.finalize()
+    except ApiError:
+        raise
+    except Exception as exc:  # the parser's errors are about the body
+        raise BadRequest(f"The multipart body is malformed: {exc}") from exc
+    if not ended:
+        raise BadRequest("The multipart body is malformed: it ends before its closing boundary.")
+    unknown: list[str] = []
+    for headers, chunks in parts:
+        disposition, options = parse_options_header(headers.get(b"content-disposition", b""))
+        if disposition != b"form-data" or b"name" not in options:
+            raise BadRequest("A multipart part has no Content-Disposition: form-data; name=...")
+        name = options[b"name"].decode("utf-8", "replace")
+        data = b"".join(chunks)
+        if name in route.file_fields:
+            if b"filename" not in options:
+                raise ApiError(f"'{name}' must be a file upload, not a text field", code="invalid_image")
+            form.images.append(Image(data, options[b"filename"].decode("utf-8", "replace")))
+        elif name in route.text_fields:
+            if name in form.fields:
+                raise BadRequest(f"The field {name!r} is given twice.")
+            form.fields[name] = _text(name, data)
+        else:
+            unknown.append(name)
+    if unknown:
+        takes = ", ".join((*route.file_fields, *route.text_fields))
+        raise BadRequest(f"Unknown form field(s) {', '.join(map(repr, sorted(set(unknown))))}; this API takes {takes}.")
+    if route.kind != "batch" and len(form.images) > 1:
+        raise BadRequest("Send one image per request ('image' or 'file', once); several go to POST /classify/batch.")
+    if len(form.images) > max_files:
+        raise BadRequest(
+            f"The batch has {len(form.images)} images; the limit is {max_files} (FASTINFER_MAX_BATCH_IMAGES)."
+        )
+
+
+def _text(name: str, data: bytes) -> str:
+    if len(data) > MAX_TEXT_FIELD:
+        raise BadRequest(f"The field {name!r} is too long ({len(data)} bytes).")
+    try:
+        value = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"The field {name!r} is not UTF-8 text.") from exc
+    if value.startswith('"'):  # bentoml.SyncHTTPClient sends text fields JSON-encoded
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            return value
+        return decoded if isinstance(decoded, str) else value
+    return value
+
+
+def top_k(form: Form) -> int:
+    raw = form.fields.get("top_k", "5").strip()
+    try:
+        k = int(raw)
+    except ValueError:
+        k = 0
+    if not 1 <= k <= TOP_K_MAX:
+        raise ApiError(f"top_k: must be a whole number from 1 to {TOP_K_MAX}, got {raw[:40]!r}", code="invalid_top_k")
+    return k
+
+
+async def answer(
+    pipeline: Pipeline, route: Route, scope: dict[str, Any], body: bytes, limits: Limits
+) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body for one image-route request (never raises for a client's mistake)."""
+    state = scope.setdefault("state", {})
+    started = time.perf_counter()
+    try:
+        form = parse(scope, body, route, limits)
+        k = top_k(form)
+        backend = route.backend or form.fields.get("backend", "").strip() or limits.default_backend
+        if route.kind != "compare":
+            state["fastinfer_backend"] = backend  # the request metric's label (fastinfer.http)
+        bypass = "no-cache" in _header(scope, b"cache-control").lower()
+        if route.kind == "compare":
+            results, skipped = await pipeline.compare(form.images[0], k, pipeline.backends)
+            return 200, summarise(results, skipped, started)
+        if route.kind == "batch":
+            return 200, {"results": await pipeline.classify_many(form.images, backend, k, bypass=bypass)}
+        return 200, await pipeline.classify(form.images[0], backend, k, bypass=bypass, batched=route.batched)
+    except ApiError as exc:
+        return exc.status, exc.body()
+
+
+async def serve(pipeline: Pipeline, scope: dict[str, Any], body: bytes, send: Send, limits: Limits) -> None:
+    """Answer one image-route request on ``send`` (FrontMiddleware's lane)."""
+    try:
+        status, payload = await answer(pipeline, ROUTES[scope["path"]], scope, body, limits)
+    except Exception:  # a bug or a runtime failure, not the client's doing: logged, said plainly
+        logger.exception("%s failed", scope["path"])
+        status, payload = 500, error_body("internal_error", "The server failed to handle this request (logged).")
+    await send_json(send, status, payload)

@@ -1,0 +1,61 @@
+"""GET /backends: what each backend is, whether it can answer here and why not, where it runs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from fastinfer import hardware
+from fastinfer.backends import BackendSpec
+from fastinfer.config import Settings
+from fastinfer.schemas import BackendInfo, BackendsResponse, BatchingInfo
+from fastinfer.store import StoredModelInfo
+
+
+class Entry(Protocol):
+    spec: BackendSpec
+    runner: str
+
+
+def backends(
+    registry: Mapping[str, Entry],
+    unavailable: Mapping[str, str],
+    models: Mapping[str, StoredModelInfo],
+    described: Mapping[str, dict[str, Any]],
+    settings: Settings,
+    machine: dict[str, Any],
+) -> BackendsResponse:
+    """The /backends answer from the table, what cannot run here, the stored models and what each
+    runner says of itself (``described``: runner → its ``describe()``, or ``{"error": why}``)."""
+    infos = []
+    for name, entry in registry.items():
+        batching = settings.batching_for(name)
+        model = models.get(name)
+        reason = unavailable.get(name)
+        runs_on = dict(described.get(entry.runner, {})) if reason is None else {}
+        if reason is None and "error" in runs_on:
+            reason = runs_on.pop("error")
+        infos.append(
+            BackendInfo(
+                name=name,
+                description=entry.spec.description,
+                available=reason is None,
+                reason=reason,
+                model=model.tag if model else None,
+                models=runs_on.pop("models", [model.tag] if model else []),
+                weights=model.weights if model else None,
+                runs_on=runs_on,
+                batching=BatchingInfo(
+                    enabled=batching.enabled,
+                    max_batch_size=batching.max_batch_size,
+                    max_latency_ms=batching.max_latency_ms,
+                ),
+            )
+        )
+    available = [i.name for i in infos if i.available]
+    return BackendsResponse(
+        default=settings.default_backend,
+        hardware=machine,
+        recommended=hardware.recommend(machine, available),
+        backends=infos,
+    )

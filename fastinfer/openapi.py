@@ -1,0 +1,555 @@
+"""The OpenAPI spec (``/docs.json``, Swagger UI at ``/``) made to tell the whole API.
+
+BentoML 1.4 builds the spec of a new-style service in ``Service.openapi_spec``
+(_bentoml_sdk/service/factory.py), from ``generate_spec`` (_bentoml_sdk/service/openapi.py). It
+documents the typed ``@bentoml.api`` methods as BentoML sees them, and of the mounted apps only
+FastAPI ones. So it misses what FastInfer serves beside them: the GET routes of the mounted
+Starlette app, the other forms of the image routes (the field ``file``, a raw ``image/*`` body
+with query parameters), ``POST /classify/batch``, and the error shape that every 4xx/5xx has.
+
+The hook: ``@bentoml.service(service_class=...)`` lets a service choose its ``Service`` subclass.
+:class:`DocumentedService` overrides ``openapi_spec`` only, so everything that reads the spec
+(``/docs.json``, ``bentoml build``'s ``apis/openapi.yaml``) gets the same full spec, and nothing
+else changes: ``bentoml.SyncHTTPClient`` reads ``/schema.json`` (``Service.schema()``), which is
+left alone. :func:`extend_spec` is the whole change, a function of the spec as JSON and the service.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import os
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+import attrs
+import bentoml
+
+# The spec's own classes: openapi_spec must return one (bento build yaml-dumps it by its type).
+from bentoml._internal.service.openapi import APP_TAG, INFRA_TAG
+from bentoml._internal.service.openapi.specification import OpenAPISpecification, PathItem, Tag
+from pydantic import BaseModel
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from fastinfer.api_models import CacheStatsResponse, LiveStatsResponse
+from fastinfer.backends import BACKENDS
+from fastinfer.config import get_settings
+from fastinfer.errors import BackendUnavailable, ImageTooLarge, InvalidImage, PayloadTooLarge, UnknownBackend
+from fastinfer.schemas import BackendsResponse, BatchResponse, ErrorResponse
+
+T = TypeVar("T")
+REF = "#/components/schemas/{model}"
+BATCH_ROUTE = "/classify/batch"
+DEFAULT_MAX_BATCH_IMAGES = 32
+STATUS_TAG = Tag(name="Status", description="What the service knows about itself: backends, cache, live traffic.")
+METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
+RAW_TYPES = ("image/*", "application/octet-stream")  # what fastinfer/image_api.py reads as a raw image body
+IMAGE_FIELDS = ("image", "file")  # ``file``: the original FastInfer API's field name
+BATCH_FIELD = "images"
+
+API_NOTE = """
+## FastInfer API
+
+**Image routes** (`/classify`, `/predict…`, `/compare`) take the image in one of two forms: a
+`multipart/form-data` body with the image in the field `image` (or `file`, the original FastInfer
+API's name) and the options as form fields, or the whole image as the body with
+`Content-Type: image/*` (e.g. `image/jpeg`) and the options as query parameters
+(`?backend=onnx-int8&top_k=3`). `POST /classify/batch` classifies several images at once.
+
+**Errors** all have one shape, `{"error": {"code": "...", "message": "..."}}`: a machine code and a
+human message, never a stack trace. Nothing a client sends produces a 5xx.
+"""
+
+# status → (description, example code, example message). What every typed API can answer:
+# FrontMiddleware (fastinfer/http.py) refuses, times out and reshapes errors before any handler.
+ERRORS: dict[str, tuple[str, str, str]] = {
+    "400": (
+        "The request could not be parsed or a field is invalid (`invalid_request`, `bad_request`).",
+        "invalid_request",
+        "question: String should have at most 500 characters",
+    ),
+    "408": (
+        "`request_timeout`: the body stalled for FASTINFER_BODY_IDLE_S or did not arrive within FASTINFER_TIMEOUT_S.",
+        "request_timeout",
+        "The request body stalled for 10 s or did not arrive within 30 s.",
+    ),
+    "413": (
+        "`payload_too_large`: the body is over FASTINFER_MAX_BYTES (refused from Content-Length before it is read).",
+        PayloadTooLarge.code,
+        "The request body is 25,000,000 bytes; the limit is 20,971,520 bytes (FASTINFER_MAX_BYTES).",
+    ),
+    "429": (
+        "`overloaded`: the server is at FASTINFER_MAX_CONCURRENCY requests or FASTINFER_MAX_UPLOADS uploads; "
+        "retry after the `Retry-After` header's seconds.",
+        "overloaded",
+        "The server is at its limit of 64 concurrent requests (FASTINFER_MAX_CONCURRENCY); retry shortly.",
+    ),
+    "500": (
+        "`internal_error`: a server fault (logged); never caused by what a client sends.",
+        "internal_error",
+        "The server failed to handle this request; it has been logged.",
+    ),
+    "503": (
+        "`unavailable`: the server could not take the request now (e.g. no disk left to hold an upload).",
+        "unavailable",
+        "The server could not take this request now (logged); retry shortly.",
+    ),
+    "504": (
+        "`timeout`: no answer within FASTINFER_TIMEOUT_S.",
+        "timeout",
+        "The request did not finish within 30 s (FASTINFER_TIMEOUT_S).",
+    ),
+}
+
+# What the image routes add to (or say more precisely than) ERRORS.
+IMAGE_ERRORS: dict[str, tuple[str, str, str]] = {
+    "400": (
+        f"`{InvalidImage.code}`: not an image, truncated or empty; `{UnknownBackend.code}`: the message lists the "
+        "valid backends; `invalid_top_k`: outside 1..20; `invalid_request` / `bad_request`: a malformed body, "
+        "an unknown form field, or a text value where the file belongs (URLs are never fetched).",
+        InvalidImage.code,
+        "The body is not an image format this service can read.",
+    ),
+    "413": (
+        f"`{PayloadTooLarge.code}`: the body is over FASTINFER_MAX_BYTES; `{ImageTooLarge.code}`: the image has more "
+        "pixels than FASTINFER_MAX_PIXELS (read from its header, never decoded).",
+        ImageTooLarge.code,
+        "The image is 12000×10000 = 120,000,000 pixels; the limit is 50,000,000 (FASTINFER_MAX_PIXELS).",
+    ),
+    "415": (
+        "`unsupported_media_type`: the body is neither multipart/form-data nor an image (`Content-Type: image/*`).",
+        "unsupported_media_type",
+        "Send multipart/form-data with the field 'image', or the image itself with Content-Type: image/*.",
+    ),
+    "503": (
+        f"`{BackendUnavailable.code}`: the backend cannot run here or its runner is down, with the reason "
+        "(see GET /backends); `unavailable`: the server could not take the request now.",
+        BackendUnavailable.code,
+        "CoreML prediction needs macOS; the models are built and stored.",
+    ),
+}
+
+# Errors of one route beyond the shared ones (its handler raises them: fastinfer/analysis.py).
+ROUTE_ERRORS: dict[str, dict[str, tuple[str, str, str]]] = {
+    "/analyze": {
+        "502": ("`analysis_failed`: Groq answered with an error.", "analysis_failed", "Groq answered 500."),
+        "503": (
+            "`analysis_unavailable`: no Groq API key is configured (GROQ_API_KEY).",
+            "analysis_unavailable",
+            "AI analysis is not configured on this server.",
+        ),
+        "504": ("`analysis_timeout`: Groq did not answer in time.", "analysis_timeout", "Groq did not answer in 20 s."),
+    },
+}
+
+# The GET routes beside the typed APIs (BentoML APIs are POST-only): path → summary, description, body.
+STATUS_ROUTES: dict[str, tuple[str, str, type[BaseModel]]] = {
+    "/backends": (
+        "Backends: which can run here, where, and why not",
+        "Each backend: available or why not, its models and weights, where it runs (device or execution "
+        "providers with node placement and fallbacks; OpenVINO's runtime precision per layer), batching; "
+        "the machine (OS, CPU, ISA, Apple chip, Neural Engine, CUDA, MPS) and the backend recommended here, "
+        "with why.",
+        BackendsResponse,
+    ),
+    "/cache/stats": (
+        "Response cache statistics",
+        "Cache mode and health, hits, misses, invalid entries, errors, bypasses, hit rate, key count and since "
+        "when. Counts are this front worker's.",
+        CacheStatsResponse,
+    ),
+    "/stats/live": (
+        "Live traffic (the dashboard's live panel)",
+        "Requests served, how many from the cache, median latency per backend over recent requests, and the "
+        "cache statistics. Counts are this front worker's.",
+        LiveStatsResponse,
+    ),
+}
+STATUS_ERRORS: dict[str, tuple[str, str, str]] = {  # FrontMiddleware's, on a GET route
+    "413": (
+        "`payload_too_large`: a GET takes no request body (refused before a byte is read).",
+        PayloadTooLarge.code,
+        "GET /backends takes no request body.",
+    ),
+    "429": ERRORS["429"],
+    "504": ERRORS["504"],
+}
+INFRA_SUMMARIES = {
+    "/healthz": "Liveness probe (deprecated alias of /livez)",
+    "/livez": "Liveness probe",
+    "/readyz": "Readiness probe: 200 once every runner has loaded its model and warmed up",
+    "/metrics": "Prometheus metrics: FastInfer's beside BentoML's",
+}
+
+
+class DocumentedService(bentoml.Service[T]):
+    """A BentoML service whose OpenAPI spec tells the whole FastInfer API (see :func:`extend_spec`).
+
+    Use it as ``@bentoml.service(service_class=DocumentedService, ...)``; it changes nothing else.
+    """
+
+    __slots__ = ()  # BentoML's Service is a slotted attrs class: add no instance __dict__
+
+    @property
+    def openapi_spec(self) -> OpenAPISpecification:
+        spec = super().openapi_spec
+        return rebuild(spec, extend_spec(spec.asdict(), self))
+
+
+def rebuild(spec: OpenAPISpecification, doc: dict[str, Any]) -> OpenAPISpecification:
+    """The spec object again, from its JSON form (operations stay plain dicts, as BentoML's own do)."""
+    return attrs.evolve(
+        spec,
+        info=attrs.evolve(spec.info, description=doc["info"].get("description")),
+        tags=[Tag(**tag) for tag in doc.get("tags", [])],
+        paths={path: PathItem(**item) for path, item in doc["paths"].items()},
+        components=doc.get("components"),
+    )
+
+
+def extend_spec(doc: dict[str, Any], svc: bentoml.Service[Any]) -> dict[str, Any]:
+    """BentoML's spec as JSON (``spec.asdict()``) → the same with everything FastInfer serves.
+
+    Nothing BentoML documented is removed except its own error responses on the typed APIs
+    (``{"error", "detail"}`` schemas no client ever sees: FastInfer answers errors in its shape).
+    """
+    doc = copy.deepcopy(doc)
+    paths: dict[str, dict[str, Any]] = doc.setdefault("paths", {})
+    schemas: dict[str, Any] = doc.setdefault("components", {}).setdefault("schemas", {})
+    for item in paths.values():  # asdict keeps BentoML's int status keys; JSON would then hold "400" twice
+        for method in METHODS:
+            if isinstance(item.get(method), dict) and "responses" in item[method]:
+                item[method]["responses"] = {str(k): v for k, v in item[method]["responses"].items()}
+    for name, schema in schemas.items():  # BentoML's own components are not all valid 3.0 (see openapi30)
+        schemas[name] = openapi30(schema)
+    for model in (ErrorResponse, BatchResponse, CacheStatsResponse, LiveStatsResponse, BackendsResponse):
+        add_component(schemas, model)
+    max_images = max_batch_images()
+
+    classify_options: dict[str, Any] = {}  # backend and top_k as BentoML renders them for /classify
+    for api in svc.apis.values():
+        op = paths.get(api.route, {}).get("post")
+        if op is None:
+            continue
+        if (summary := first_sentence(op.get("description"))) is not None:
+            op.setdefault("summary", summary)
+        errors = {**ERRORS, **ROUTE_ERRORS.get(api.route, {})}
+        fields = getattr(api.input_spec, "model_fields", {})
+        if "image" in fields:
+            errors.update(IMAGE_ERRORS)
+            options = document_image_route(op)
+            if api.route == "/classify":
+                classify_options = options
+        elif api.route == BATCH_ROUTE or BATCH_FIELD in fields:
+            errors.update({**IMAGE_ERRORS, **batch_errors(max_images)})
+            document_batch_route(op, max_images)
+        op["responses"] = {"200": op["responses"]["200"], **error_responses(errors)}
+
+    if BATCH_ROUTE not in paths or "post" not in paths[BATCH_ROUTE]:
+        options = {**default_options(), **classify_options}
+        paths.setdefault(BATCH_ROUTE, {})["post"] = batch_operation(svc.name, options, max_images)
+    for path, (summary, description, model) in STATUS_ROUTES.items():
+        if "get" not in paths.get(path, {}):
+            paths.setdefault(path, {})["get"] = status_operation(svc.name, path, summary, description, model)
+    for path, method, route in mounted_routes(svc):  # anything else mounted: at least listed
+        if method not in paths.get(path, {}):
+            paths.setdefault(path, {})[method] = {
+                "tags": [STATUS_TAG.name if method == "get" else APP_TAG.name],
+                "summary": first_sentence(inspect.getdoc(route.endpoint)) or route.name,
+                "description": inspect.getdoc(route.endpoint) or "",
+                "responses": {"200": {"description": "Successful Response"}},
+            }
+    if "get" not in paths.get("/dashboard/", {}) and any(name == "dashboard" for _, _, name in svc.mount_apps):
+        paths.setdefault("/dashboard/", {})["get"] = {
+            "tags": [STATUS_TAG.name],
+            "summary": "The dashboard (a web page)",
+            "description": "Backends, a live panel, an upload to classify or compare, the benchmark results.",
+            "responses": {"200": {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}},
+        }
+    document_infra(paths)
+
+    if STATUS_TAG.name not in {tag["name"] for tag in doc.setdefault("tags", [])}:
+        doc["tags"].append({"name": STATUS_TAG.name, "description": STATUS_TAG.description})
+    info = doc.setdefault("info", {})
+    if API_NOTE.strip() not in (info.get("description") or ""):
+        info["description"] = (info.get("description") or "").rstrip() + "\n" + API_NOTE
+    return doc
+
+
+def document_image_route(op: dict[str, Any]) -> dict[str, Any]:
+    """Multipart with ``image`` or ``file``, or the raw image as the body with query parameters.
+
+    Returns the route's options (its form fields but the image) as BentoML rendered them."""
+    body = op.setdefault("requestBody", {"content": {}})
+    content: dict[str, Any] = body.setdefault("content", {})
+    form = content.get("multipart/form-data", {}).get("schema", {})
+    props: dict[str, Any] = form.get("properties", {})
+    # `file` is said, not listed: Swagger UI sends every listed field, an empty `file` part beside
+    # the chosen `image` (or the reverse), and one request with both is refused.
+    if "image" in props and "`file`" not in (description := props["image"].get("description") or "the image file"):
+        props["image"]["description"] = description + "; the field may also be named `file`"
+    form.setdefault(
+        "description",
+        "The image in the field `image` (or `file`, the original FastInfer API's name), the options as form fields.",
+    )
+    text_as_text(content.get("multipart/form-data", {}))
+    for media_type in RAW_TYPES:
+        content.setdefault(
+            media_type,
+            {"schema": {"type": "string", "format": "binary", "description": "the whole image as the request body"}},
+        )
+    body["required"] = True
+    body.setdefault(
+        "description",
+        "Either multipart/form-data with the image in the field `image` (or `file`, the original FastInfer API's "
+        "name) and the options as form fields; or the image itself as the whole body with `Content-Type: image/*` "
+        "(image/jpeg, image/png, image/webp, ...; application/octet-stream too) and the options as query "
+        "parameters.",
+    )
+    options = {name: schema for name, schema in props.items() if name not in IMAGE_FIELDS}
+    add_query_parameters(op, options)
+    return options
+
+
+def document_batch_route(op: dict[str, Any], max_images: int) -> None:
+    """The typed batch API: what BentoML shows, plus its options as query parameters and a description."""
+    form = op.get("requestBody", {}).get("content", {}).get("multipart/form-data", {}).get("schema", {})
+    options = {name: schema for name, schema in form.get("properties", {}).items() if name != BATCH_FIELD}
+    text_as_text(op.get("requestBody", {}).get("content", {}).get("multipart/form-data", {}))
+    add_query_parameters(op, options)
+    if batch_description(max_images) not in (description := op.get("description") or ""):
+        op["description"] = (description.rstrip() + "\n\n" + batch_description(max_images)).strip()
+
+
+def text_as_text(media: dict[str, Any]) -> None:
+    """A multipart form's text fields, as Swagger UI should send them.
+
+    BentoML marks every non-file part ``application/json``; Swagger UI then sends ``backend=onnx``
+    typed as JSON, which BentoML's own parser refuses (``"onnx"`` would be JSON). A plain text part
+    is read by either parser. And the default backend is the server's setting (a default_factory,
+    so BentoML shows none): without one, Swagger UI sends an empty ``backend``."""
+    props: dict[str, Any] = media.get("schema", {}).get("properties", {})
+    encoding: dict[str, Any] = media.get("encoding") or {}
+    for name, schema in props.items():
+        if schema.get("type") == "string" and schema.get("format") != "binary":
+            encoding.pop(name, None)
+    if not encoding:
+        media.pop("encoding", None)
+    if "backend" in props:
+        props["backend"].setdefault("default", get_settings().default_backend)
+
+
+def add_query_parameters(op: dict[str, Any], options: dict[str, Any]) -> None:
+    """The form fields but the files, as query parameters too (fastinfer/image_api.py reads both).
+
+    No ``default`` in their schemas: Swagger UI would fill it in and send it beside the form field,
+    and a value given both ways is refused."""
+    params: list[dict[str, Any]] = op.setdefault("parameters", [])
+    taken = {(p.get("name"), p.get("in")) for p in params}
+    for name, schema in options.items():
+        if (name, "query") in taken:
+            continue
+        said = [(schema.get("description") or schema.get("title") or name).rstrip(".")]
+        if "default" in schema:
+            said.append(f"default {schema['default']}")
+        said.append(
+            "a query parameter too, the way to send it with a raw image body (a form field or a query "
+            "parameter, not both)"
+        )
+        params.append(
+            {
+                "name": name,
+                "in": "query",
+                "required": False,
+                "description": (text := "; ".join(said))[:1].upper() + text[1:] + ".",
+                "schema": {k: v for k, v in schema.items() if k not in ("title", "description", "default")},
+            }
+        )
+
+
+def batch_operation(service: str, options: dict[str, Any], max_images: int) -> dict[str, Any]:
+    """``POST /classify/batch``, for when it is not a typed BentoML API (BentoML then knows nothing of it)."""
+    op: dict[str, Any] = {
+        "tags": [APP_TAG.name],
+        "summary": f"Classify 1 to {max_images} images in one request",
+        "description": batch_description(max_images),
+        "operationId": f"{service}__classify_batch",
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["images"],
+                        "properties": {
+                            "images": {
+                                "type": "array",
+                                "items": {"type": "string", "format": "binary"},
+                                "minItems": 1,
+                                "maxItems": max_images,
+                                "description": "the images: the field `images`, repeated once per image",
+                            },
+                            **copy.deepcopy(options),
+                        },
+                    }
+                }
+            },
+        },
+        "responses": {
+            "200": {
+                "description": "One result per image, in order (an image that failed has an error instead)",
+                "content": {"application/json": {"schema": {"$ref": REF.format(model=BatchResponse.__name__)}}},
+            },
+            **error_responses({**ERRORS, **IMAGE_ERRORS, **batch_errors(max_images)}),
+        },
+    }
+    add_query_parameters(op, options)
+    return op
+
+
+def batch_description(max_images: int) -> str:
+    return (
+        f"Multipart only: the field `images` once per image (1 to {max_images}, FASTINFER_MAX_BATCH_IMAGES), "
+        "`backend` and `top_k` as form fields or query parameters. Each image is classified as by POST "
+        "/classify, with the same `backend` and `top_k`. The answer has one entry per image, in upload order: "
+        "its classification, or its error in the error shape. One bad image does not fail the others: a batch "
+        f"whose images are all bad still answers 200 with an error for each. No images, or more than {max_images}, "
+        "is a 400."
+    )
+
+
+def batch_errors(max_images: int) -> dict[str, tuple[str, str, str]]:
+    return {
+        "400": (
+            f"The batch itself is invalid: no `images` (`{InvalidImage.code}`), more than {max_images} "
+            f"(FASTINFER_MAX_BATCH_IMAGES), `{UnknownBackend.code}`, `invalid_top_k`, or a malformed body "
+            "(`invalid_request`). A bad image is not a 400: it gets an error in its place in `results`.",
+            "invalid_request",
+            f"The batch has {max_images + 8} images; the limit is {max_images} (FASTINFER_MAX_BATCH_IMAGES).",
+        )
+    }
+
+
+def default_options() -> dict[str, Any]:
+    """backend and top_k for the batch route, where /classify does not show how BentoML renders them."""
+    return {
+        "backend": {"type": "string", "enum": list(BACKENDS), "default": get_settings().default_backend},
+        "top_k": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 20,
+            "default": 5,
+            "description": "how many classes to return (1..20)",
+        },
+    }
+
+
+def status_operation(service: str, path: str, summary: str, description: str, model: type[BaseModel]) -> dict[str, Any]:
+    return {
+        "tags": [STATUS_TAG.name],
+        "summary": summary,
+        "description": description,
+        "operationId": f"{service}__{path.strip('/').replace('/', '_')}",
+        "responses": {
+            "200": {
+                "description": "Successful Response",
+                "content": {"application/json": {"schema": {"$ref": REF.format(model=model.__name__)}}},
+            },
+            **error_responses(STATUS_ERRORS),
+        },
+    }
+
+
+def document_infra(paths: dict[str, dict[str, Any]]) -> None:
+    """Summaries for BentoML's probes and /metrics (it lists them, without what they answer)."""
+    for path, summary in INFRA_SUMMARIES.items():
+        op = paths.get(path, {}).get("get")
+        if op is None:
+            continue
+        op.setdefault("summary", summary)
+        op.setdefault("tags", [INFRA_TAG.name])
+    if (metrics := paths.get("/metrics", {}).get("get")) is not None:
+        metrics["responses"]["200"].setdefault(
+            "content", {"text/plain": {"schema": {"type": "string", "description": "Prometheus text format"}}}
+        )
+    if (ready := paths.get("/readyz", {}).get("get")) is not None:
+        ready["responses"].setdefault("503", {"description": "Not ready yet: a runner is still loading or warming up"})
+
+
+def error_responses(errors: dict[str, tuple[str, str, str]]) -> dict[str, Any]:
+    return {
+        status: {
+            "description": description,
+            "content": {
+                "application/json": {
+                    "schema": {"$ref": REF.format(model=ErrorResponse.__name__)},
+                    "example": {"error": {"code": code, "message": message}},
+                }
+            },
+        }
+        for status, (description, code, message) in sorted(errors.items())
+    }
+
+
+def add_component(schemas: dict[str, Any], model: type[BaseModel]) -> None:
+    """A model and the models it refers to, as OpenAPI 3.0 components (kept where BentoML has one)."""
+    schema = model.model_json_schema(ref_template=REF, mode="serialization")
+    for name, sub in {**schema.pop("$defs", {}), model.__name__: schema}.items():
+        schemas.setdefault(name, openapi30(sub))
+
+
+def openapi30(node: Any) -> Any:
+    """A JSON schema as OpenAPI 3.0 (what BentoML declares) has it. pydantic writes JSON Schema
+    2020-12, where an optional value is ``anyOf [X, {type: null}]``: 3.0 says ``nullable: true``.
+    BentoML renders a file as ``type: file`` in components (Swagger 2.0's): 3.0 says a binary string."""
+    if isinstance(node, list):
+        return [openapi30(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    node = {key: openapi30(value) for key, value in node.items()}
+    if node.get("type") == "file":
+        node = {**node, "type": "string", "format": node.get("format") or "binary"}
+    for key in ("anyOf", "oneOf"):
+        choices = node.get(key)
+        if isinstance(choices, list) and {"type": "null"} in choices:
+            rest = [choice for choice in choices if choice != {"type": "null"}]
+            del node[key]
+            if len(rest) == 1 and "$ref" in rest[0]:
+                node["allOf"] = rest  # in 3.0 a $ref's sibling keys are ignored
+            elif len(rest) == 1:
+                node = {**rest[0], **node}
+            else:
+                node[key] = rest
+            node["nullable"] = True
+    return node
+
+
+def mounted_routes(svc: bentoml.Service[Any]) -> Iterator[tuple[str, str, Route]]:
+    """(path, method, route) of every route of the Starlette apps mounted on the service."""
+    for app, mount_path, _ in svc.mount_apps:
+        if not isinstance(app, Starlette):
+            continue
+        if svc.path_prefix:  # spec paths leave the prefix out, as BentoML's generate_spec does
+            mount_path = mount_path[len(svc.path_prefix) :]
+        for route in app.routes:
+            if isinstance(route, Route):
+                path = "/" + "/".join(part.strip("/") for part in (mount_path, route.path) if part.strip("/"))
+                for method in sorted(route.methods or {"GET"}):
+                    if method != "HEAD":  # Starlette adds HEAD to every GET route
+                        yield path, method.lower(), route
+
+
+def max_batch_images() -> int:
+    """FASTINFER_MAX_BATCH_IMAGES: from the settings once they have it, else the environment."""
+    configured = getattr(get_settings(), "max_batch_images", None)
+    if isinstance(configured, int) and configured >= 1:
+        return configured
+    raw = os.environ.get("FASTINFER_MAX_BATCH_IMAGES", "").strip()
+    return int(raw) if raw.isdigit() and int(raw) >= 1 else DEFAULT_MAX_BATCH_IMAGES
+
+
+def first_sentence(text: str | None) -> str | None:
+    """A docstring's first sentence, unwrapped: an operation's summary."""
+    paragraph = " ".join((text or "").strip().split("\n\n")[0].split())
+    return paragraph.split(". ")[0].rstrip(".") + "." if paragraph else None

@@ -1,0 +1,239 @@
+"""The request pipeline behind every form of the image APIs: one image, a batch, a comparison.
+
+bytes → sha256 → response cache (a hit answers here) → decode at reduced JPEG scale and
+resize/crop to uint8 224×224×3 (on the CPU pool, off the event loop) → the backend's runner →
+softmax/top-k → response body with per-stage timings → cache SET (fail-open).
+
+It knows nothing of HTTP or BentoML: the runner is an async callable, so the whole path runs in a
+test without a server. The HTTP forms (multipart, raw body, the original FastInfer API's routes,
+the batch route) are adapters over it (fastinfer/image_api.py); bodies are plain dicts in the
+shape of :class:`fastinfer.schemas.ClassifyResponse`, so that answering needs no model validation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fastinfer import metrics
+from fastinfer.cache import Expected, ResponseCache, digest_key
+from fastinfer.cpu import CpuPool
+from fastinfer.errors import ApiError, BackendUnavailable, RunnerNotLoaded, UnknownBackend
+from fastinfer.live import LiveStats
+from fastinfer.postprocess import top_k as rank
+from fastinfer.preprocess import Prepared, prepare
+from fastinfer.schemas import Timings
+from fastinfer.store import StoredModelInfo
+
+Infer = Callable[[str, np.ndarray, "bool | None"], Awaitable[np.ndarray]]
+"""(backend, uint8 [N,224,224,3], batched: None = the backend's setting) → float32 logits [N,1000].
+Raises RunnerNotLoaded or BackendUnavailable when the runner cannot answer."""
+
+NO_BACKEND = "No backend can run here; see GET /backends for why."
+HASH_INLINE_MAX = 256 * 1024  # hashing more than this (~0.15 ms) goes to the CPU pool, off the event loop
+STAGES = tuple(Timings.model_fields)
+
+
+@dataclass(frozen=True)
+class Image:
+    """One uploaded image, its bytes in memory (no temporary file), as the client sent them."""
+
+    data: bytes
+    filename: str = ""
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class Pipeline:
+    def __init__(
+        self,
+        backends: Sequence[str],
+        models: Mapping[str, StoredModelInfo],
+        unavailable: Callable[[str], str | None],
+        infer: Infer,
+        cache: ResponseCache,
+        cpu: CpuPool,
+        live: LiveStats,
+        max_pixels: int,
+    ) -> None:
+        self.backends = list(backends)  # every valid name, in the table's order
+        self.models = models  # backend → the stored model answering it (tag, weights, classes, preprocessing)
+        self.unavailable = unavailable  # backend → why it cannot answer now, or None
+        self.infer = infer
+        self.cache = cache
+        self.cpu = cpu
+        self.live = live
+        self.max_pixels = max_pixels
+
+    def check(self, backend: str) -> StoredModelInfo:
+        """The backend's model, or the 400/503 that says why it cannot answer."""
+        if backend not in self.backends:
+            raise UnknownBackend(f"Unknown backend {backend!r}; valid backends: {', '.join(self.backends)}")
+        if (reason := self.unavailable(backend)) is not None:
+            raise BackendUnavailable(reason)
+        if backend not in self.models:  # the platform check names a missing model; this is a backstop
+            raise BackendUnavailable(f"No {backend} model is in the store; run `python -m build_models`.")
+        return self.models[backend]
+
+    async def classify(
+        self, image: Image, backend: str, k: int, *, bypass: bool = False, batched: bool | None = None
+    ) -> dict[str, Any]:
+        """One image → a ClassifyResponse-shaped body (from the cache unless ``bypass``)."""
+        started = time.perf_counter()
+        info = self.check(backend)
+        timings: dict[str, float] = {}
+        key = await self._key(image.data, backend, info, k, timings)
+        if not bypass:
+            cached = await self._lookup(key, backend, info, k, timings)
+            if cached is not None:
+                return self._respond(backend, cached, timings, started)
+        else:
+            self._bypassed()
+        prepared = await self._prepare(image.data, info, timings)
+        logits = await self._infer(backend, prepared.pixels[np.newaxis], batched, timings)
+        body = self._body(backend, logits[0], k)
+        if not bypass:
+            await self.cache.store(key, body)
+        return self._respond(backend, body, timings, started)
+
+    async def classify_many(
+        self, images: list[Image], backend: str, k: int, *, bypass: bool = False
+    ) -> list[dict[str, Any]]:
+        """Several images → one body per image, in order: a prediction, or ``{"error": ...}`` for an
+        image that cannot be classified. Cache per image; the misses are decoded in parallel on the
+        CPU pool and sent to the runner as one batch."""
+        started = time.perf_counter()
+        info = self.check(backend)
+        slots: list[dict[str, Any] | None] = [None] * len(images)
+        timings = [dict[str, float]() for _ in images]
+        keys = [await self._key(image.data, backend, info, k, t) for image, t in zip(images, timings, strict=True)]
+        if bypass:
+            found: list[dict[str, Any] | None] = [None] * len(images)
+        else:
+            lookups = (self._lookup(key, backend, info, k, t) for key, t in zip(keys, timings, strict=True))
+            found = list(await asyncio.gather(*lookups))
+        todo = []
+        for i, cached in enumerate(found):
+            if cached is not None:
+                slots[i] = self._respond(backend, cached, timings[i], started)
+            else:
+                if bypass:
+                    self._bypassed()
+                todo.append(i)
+        outcomes = await asyncio.gather(
+            *(self._prepare(images[i].data, info, timings[i]) for i in todo), return_exceptions=True
+        )
+        ready: list[tuple[int, Prepared]] = []
+        for i, outcome in zip(todo, outcomes, strict=True):
+            if isinstance(outcome, ApiError):
+                slots[i] = outcome.body()
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                ready.append((i, outcome))
+        if ready:
+            shared: dict[str, float] = {}
+            batch = np.stack([p.pixels for _, p in ready])
+            logits = await self._infer(backend, batch, None, shared)
+            for (i, _), row in zip(ready, logits, strict=True):
+                body = self._body(backend, row, k)
+                if not bypass:
+                    await self.cache.store(keys[i], body)
+                slots[i] = self._respond(backend, body, {**timings[i], **shared}, started)
+        return [slot for slot in slots if slot is not None]
+
+    async def compare(self, image: Image, k: int, backends: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
+        """One image through each of ``backends`` that can answer, one after another (decoded once,
+        never from the cache, so that the timings compare backends). Returns the bodies and the
+        backends that could not answer (cannot run here, or their runner could not load its model)."""
+        names = [n for n in backends if self.unavailable(n) is None]
+        if not names:
+            raise BackendUnavailable(NO_BACKEND)
+        shared: dict[str, float] = {}
+        t0 = time.perf_counter()
+        await self._hash(image.data)  # what a single request would spend on its cache key
+        shared["read"] = (time.perf_counter() - t0) * 1000
+        prepared = await self._prepare(image.data, self.models[names[0]], shared)
+        results, skipped = [], [n for n in backends if n not in names]
+        for name in names:
+            started = time.perf_counter()
+            timings = dict(shared)
+            try:
+                logits = await self._infer(name, prepared.pixels[np.newaxis], None, timings)
+            except RunnerNotLoaded:  # listed as unavailable (a runner that crashed is still an error)
+                skipped.append(name)
+                continue
+            timings["total"] = sum(timings.values())  # what a request to this backend alone would take
+            results.append(self._respond(name, self._body(name, logits[0], k), timings, started))
+        if not results:
+            raise BackendUnavailable(NO_BACKEND)
+        return results, skipped
+
+    async def _hash(self, data: bytes) -> str:
+        return _digest(data) if len(data) <= HASH_INLINE_MAX else await self.cpu.run(lambda: _digest(data))
+
+    async def _key(self, data: bytes, backend: str, info: StoredModelInfo, k: int, timings: dict[str, float]) -> str:
+        t0 = time.perf_counter()
+        key = digest_key(await self._hash(data), backend, info.tag, k)
+        timings["read"] = (time.perf_counter() - t0) * 1000
+        return key
+
+    async def _lookup(
+        self, key: str, backend: str, info: StoredModelInfo, k: int, timings: dict[str, float]
+    ) -> dict[str, Any] | None:
+        t0 = time.perf_counter()
+        cached, event = await self.cache.lookup(key, Expected(backend, info.tag, k, info.weights, info.categories))
+        timings["cache"] = (time.perf_counter() - t0) * 1000
+        metrics.CACHE_EVENTS.labels(event=event).inc()
+        return None if cached is None else {**cached, "cached": True}
+
+    def _bypassed(self) -> None:
+        self.cache.bypassed()
+        metrics.CACHE_EVENTS.labels(event="bypass").inc()
+
+    async def _prepare(self, data: bytes, info: StoredModelInfo, timings: dict[str, float]) -> Prepared:
+        prepared = await self.cpu.run(lambda: prepare(data, info.preprocess, self.max_pixels))
+        timings["decode"], timings["preprocess"] = prepared.decode_ms, prepared.preprocess_ms
+        return prepared
+
+    async def _infer(self, backend: str, pixels: np.ndarray, batched: bool | None, timings: dict[str, float]) -> Any:
+        t0 = time.perf_counter()
+        logits = np.asarray(await self.infer(backend, pixels, batched))
+        timings["inference"] = (time.perf_counter() - t0) * 1000
+        return logits
+
+    def _body(self, backend: str, logits: np.ndarray, k: int) -> dict[str, Any]:
+        info = self.models[backend]
+        predictions = rank(logits, k, info.categories)
+        return {
+            "class": predictions[0].label,
+            "class_index": predictions[0].index,
+            "confidence": predictions[0].score,
+            "top_k": [{"label": p.label, "index": p.index, "score": p.score} for p in predictions],
+            "backend": backend,
+            "model": info.tag,
+            "weights": info.weights,
+            "cached": False,
+        }
+
+    def _respond(self, backend: str, body: dict[str, Any], timings: dict[str, float], started: float) -> dict[str, Any]:
+        """The body with its timings (ClassifyResponse's keys, in its order), observed in the metrics."""
+        timings.setdefault("total", (time.perf_counter() - started) * 1000)
+        metrics.observe_stages(backend, timings)
+        cached = bool(body.get("cached", False))
+        self.live.record(backend, timings["total"], cached)
+        stages = {stage: round(timings.get(stage, 0.0), 3) for stage in STAGES}
+        return {
+            **{key: value for key, value in body.items() if key != "cached"},
+            "latency_ms": stages["total"],
+            "timings_ms": stages,
+            "cached": cached,
+        }

@@ -1,0 +1,126 @@
+"""The HTTP forms of the image APIs, parsed from bodies built the way clients build them (httpx's
+multipart encoder, raw bodies), without a server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from fastinfer.errors import ApiError
+from fastinfer.image_api import ROUTES, Limits, parse, top_k
+
+LIMITS = Limits(default_backend="onnx", max_batch_images=4)
+JPEG = b"\xff\xd8\xff\xe0 pretend this is a photo"
+
+
+def request(path: str = "/classify", query: str = "", **kwargs: Any) -> tuple[dict[str, Any], bytes]:
+    """The ASGI scope and body httpx would send for ``client.post(path, **kwargs)``."""
+    built = httpx.Request("POST", f"http://test{path}?{query}" if query else f"http://test{path}", **kwargs)
+    body = built.read()
+    headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in built.headers.items()]
+    scope = {"type": "http", "method": "POST", "path": path, "query_string": query.encode(), "headers": headers}
+    return scope, body
+
+
+def parsed(path: str = "/classify", query: str = "", **kwargs: Any):
+    scope, body = request(path, query, **kwargs)
+    return parse(scope, body, ROUTES[path], LIMITS)
+
+
+def refused(path: str = "/classify", query: str = "", **kwargs: Any) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        parsed(path, query, **kwargs)
+    assert 400 <= caught.value.status < 500
+    return caught.value
+
+
+def test_multipart_with_the_field_image_or_the_original_apis_file() -> None:
+    for name in ("image", "file"):
+        form = parsed("/predict/onnx", files={name: ("a.jpg", JPEG, "image/jpeg")}, data={"top_k": "3"})
+        assert [i.data for i in form.images] == [JPEG] and form.images[0].filename == "a.jpg"
+        assert top_k(form) == 3
+
+
+def test_the_python_clients_json_encoded_text_fields_are_read() -> None:
+    form = parsed(files={"image": ("a.jpg", JPEG, "image/jpeg")}, data={"backend": '"onnx-int8"', "top_k": "2"})
+    assert form.fields["backend"] == "onnx-int8" and top_k(form) == 2
+
+
+def test_a_raw_image_body_with_query_parameters() -> None:
+    form = parsed(query="backend=pytorch&top_k=7", content=JPEG, headers={"content-type": "image/jpeg"})
+    assert form.images[0].data == JPEG and form.fields == {"backend": "pytorch", "top_k": "7"}
+    form = parsed("/predict", content=JPEG, headers={"content-type": "application/octet-stream"})
+    assert form.images[0].data == JPEG
+
+
+def test_a_batch_keeps_the_order_of_its_parts() -> None:
+    files = [("images", (f"{i}.jpg", JPEG + bytes([i]), "image/jpeg")) for i in range(4)]
+    form = parsed("/classify/batch", files=files, data={"top_k": "1"})
+    assert [i.data[-1] for i in form.images] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("case", "kwargs", "status", "code"),
+    [
+        ("no image part", {"data": {"top_k": "3"}, "files": {"x": (None, "y")}}, 400, None),
+        ("unknown form field", {"files": {"picture": ("a.jpg", JPEG, "image/jpeg")}}, 400, "invalid_request"),
+        ("image as text (a URL)", {"data": {"image": "http://127.0.0.1/x.jpg"}, "files": {"t": (None, "")}}, 400, None),
+        ("two images on a one-image route", {"files": [("image", ("a", JPEG)), ("file", ("b", JPEG))]}, 400, None),
+        ("backend on an original-API route", {"files": {"image": ("a", JPEG)}, "data": {"backend": "onnx"}}, 400, None),
+        ("empty body", {"content": b""}, 400, None),
+        ("json", {"json": {"image": "abc"}}, 400, None),
+        ("a media type not taken", {"content": b"x", "headers": {"content-type": "application/pdf"}}, 415, None),
+        (
+            "a field twice",
+            {"files": [("image", ("a", JPEG)), ("top_k", (None, "1")), ("top_k", (None, "2"))]},
+            400,
+            None,
+        ),
+    ],
+)
+def test_bad_forms_get_a_4xx(case: str, kwargs: dict[str, Any], status: int, code: str | None) -> None:
+    path = "/predict" if "original-API" in case else "/classify"
+    error = refused(path, **kwargs)
+    assert error.status == status, case
+    if code:
+        assert error.code == code
+    assert error.message
+
+
+def test_malformed_multipart_bodies_are_400() -> None:
+    boundary = "b0undary"
+    ctype = {"content-type": f"multipart/form-data; boundary={boundary}"}
+    part = f'--{boundary}\r\nContent-Disposition: form-data; name="image"; filename="a.jpg"\r\n\r\n'.encode()
+    for body in (part + JPEG, part + JPEG + b"\r\n--b0und", b"garbage", part[:20]):
+        assert refused(content=body, headers=ctype).status == 400
+    assert refused(content=b"x", headers={"content-type": "multipart/form-data"}).status == 400  # no boundary
+    no_name = f"--{boundary}\r\nContent-Disposition: form-data\r\n\r\nx\r\n--{boundary}--\r\n".encode()
+    assert refused(content=no_name, headers=ctype).status == 400
+
+
+def test_batch_limits() -> None:
+    too_many = [("images", (f"{i}.jpg", JPEG, "image/jpeg")) for i in range(LIMITS.max_batch_images + 1)]
+    assert "limit is 4" in refused("/classify/batch", files=too_many).message
+    assert refused("/classify/batch", data={"top_k": "1"}, files={"x": (None, "")}).status == 400  # 0 images
+    raw = refused("/classify/batch", content=JPEG, headers={"content-type": "image/jpeg"})
+    assert "multipart" in raw.message
+
+
+def test_query_parameters_are_checked_like_form_fields() -> None:
+    assert (
+        "Unknown query parameter 'api_key'"
+        in refused(query="api_key=1", content=JPEG, headers={"content-type": "image/png"}).message
+    )
+    assert refused(query="top_k=1&top_k=2", content=JPEG, headers={"content-type": "image/png"}).status == 400
+    both = refused(query="top_k=1", files={"image": ("a", JPEG)}, data={"top_k": "2"})
+    assert "both" in both.message
+
+
+@pytest.mark.parametrize("value", ["0", "21", "five", "2.5", "", "-1", "9" * 50])
+def test_top_k_out_of_range_or_not_a_number(value: str) -> None:
+    form = parsed(files={"image": ("a", JPEG)}, data={"top_k": value})
+    with pytest.raises(ApiError) as caught:
+        top_k(form)
+    assert caught.value.code == "invalid_top_k" and caught.value.status == 400

@@ -1,0 +1,161 @@
+"""The request pipeline without a server: a stand-in runner (a real model is not what is under
+test here), real decoding, the real in-memory cache, the real CPU pool."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fastinfer.cache import MemoryCache
+from fastinfer.cpu import CpuPool
+from fastinfer.errors import BackendUnavailable, RunnerNotLoaded, UnknownBackend
+from fastinfer.live import LiveStats
+from fastinfer.pipeline import Image, Pipeline
+from fastinfer.preprocess import PreprocessSpec
+from fastinfer.schemas import BatchResponse, ClassifyResponse
+from fastinfer.store import StoredModelInfo
+from tests import images
+
+CLASSES = [f"class {i}" for i in range(1000)]
+
+
+def model(backend: str) -> StoredModelInfo:
+    return StoredModelInfo(
+        tag=f"resnet50-{backend}:v1",
+        path="/nowhere",
+        backend=backend,
+        weights="random-init",
+        source_hash="x",
+        preprocess=PreprocessSpec(),
+        categories=CLASSES,
+    )
+
+
+class StandInRunner:
+    """Logits whose top-1 is the image's mean pixel value: different images, different answers."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, bool | None]] = []
+        self.not_loaded: set[str] = set()
+
+    async def __call__(self, backend: str, pixels: np.ndarray, batched: bool | None) -> np.ndarray:
+        assert pixels.dtype == np.uint8 and pixels.shape[1:] == (224, 224, 3)
+        self.calls.append((backend, len(pixels), batched))
+        if backend in self.not_loaded:
+            raise RunnerNotLoaded(f"{backend} could not be loaded")
+        logits = np.zeros((len(pixels), 1000), np.float32)
+        for row, image in enumerate(pixels):
+            logits[row, int(image.mean())] = 10.0
+        return logits
+
+
+def make(unavailable: dict[str, str] | None = None) -> tuple[Pipeline, StandInRunner]:
+    runner = StandInRunner()
+    names = ["onnx", "pytorch", "coreml"]
+    pipeline = Pipeline(
+        names,
+        {n: model(n) for n in names},
+        lambda n: (unavailable or {}).get(n),
+        runner,
+        MemoryCache(max_entries=100, ttl_s=60),
+        CpuPool(2),
+        LiveStats(),
+        max_pixels=50_000_000,
+    )
+    return pipeline, runner
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def grey(level: int) -> bytes:
+    from PIL import Image as PILImage
+
+    return images.encode(PILImage.new("RGB", (320, 240), (level, level, level)), "PNG")
+
+
+def test_one_image_gives_a_typed_answer_then_a_cache_hit_without_inference() -> None:
+    pipeline, runner = make()
+
+    async def main() -> tuple[dict, dict]:
+        first = await pipeline.classify(Image(grey(100)), "onnx", 3)
+        again = await pipeline.classify(Image(grey(100)), "onnx", 3)
+        return first, again
+
+    first, again = run(main())
+    ClassifyResponse.model_validate(first)  # the documented shape, keys in their order
+    assert list(first) == [*ClassifyResponse.model_json_schema(by_alias=True)["properties"]]
+    assert first["class"] == "class 100" and first["cached"] is False and len(first["top_k"]) == 3
+    assert again["cached"] is True and again["class"] == "class 100"
+    assert again["timings_ms"]["inference"] == 0 and again["timings_ms"]["decode"] == 0
+    assert runner.calls == [("onnx", 1, None)]  # one inference for two requests
+
+
+def test_bypass_never_reads_or_writes_the_cache() -> None:
+    pipeline, runner = make()
+
+    async def main() -> None:
+        await pipeline.classify(Image(grey(50)), "onnx", 5, bypass=True)
+        second = await pipeline.classify(Image(grey(50)), "onnx", 5)
+        assert second["cached"] is False  # the bypassed request stored nothing
+
+    run(main())
+    assert len(runner.calls) == 2
+    assert pipeline.cache.stats.bypasses == 1
+
+
+def test_unknown_and_unavailable_backends_say_why() -> None:
+    pipeline, _ = make({"coreml": "CoreML prediction needs macOS"})
+    with pytest.raises(UnknownBackend, match="valid backends: onnx, pytorch, coreml"):
+        run(pipeline.classify(Image(grey(1)), "tpu", 5))
+    with pytest.raises(BackendUnavailable, match="needs macOS"):
+        run(pipeline.classify(Image(grey(1)), "coreml", 5))
+
+
+def test_a_batch_is_one_runner_call_answered_in_order_with_per_image_errors() -> None:
+    pipeline, runner = make()
+    sent = [Image(grey(10)), Image(b"not an image"), Image(grey(30)), Image(b""), Image(grey(20))]
+    results = run(pipeline.classify_many(sent, "onnx", 1, bypass=True))
+    BatchResponse.model_validate({"results": results})
+    assert [r.get("class") for r in results] == ["class 10", None, "class 30", None, "class 20"]
+    assert results[1]["error"]["code"] == "invalid_image" and results[3]["error"]["code"] == "invalid_image"
+    assert runner.calls == [("onnx", 3, None)]  # the three good images, together
+
+
+def test_a_batch_uses_the_cache_per_image() -> None:
+    pipeline, runner = make()
+
+    async def main() -> list[dict]:
+        await pipeline.classify(Image(grey(40)), "onnx", 5)  # cached from a single request
+        return await pipeline.classify_many([Image(grey(41)), Image(grey(40))], "onnx", 5)
+
+    results = run(main())
+    assert [r["cached"] for r in results] == [False, True]
+    assert runner.calls == [("onnx", 1, None), ("onnx", 1, None)]  # only the new image was inferred
+
+
+def test_a_batch_of_only_bad_images_never_calls_the_runner() -> None:
+    pipeline, runner = make()
+    results = run(pipeline.classify_many([Image(b"x"), Image(images.truncated_jpeg())], "onnx", 5))
+    assert [r["error"]["code"] for r in results] == ["invalid_image", "invalid_image"]
+    assert runner.calls == []
+
+
+def test_compare_skips_a_runner_that_could_not_load_and_lists_it() -> None:
+    pipeline, runner = make({"coreml": "CoreML prediction needs macOS"})
+    runner.not_loaded.add("pytorch")
+    results, skipped = run(pipeline.compare(Image(grey(60)), 5, ["onnx", "pytorch", "coreml"]))
+    assert [r["backend"] for r in results] == ["onnx"]
+    assert sorted(skipped) == ["coreml", "pytorch"]
+    assert results[0]["cached"] is False
+
+
+def test_compare_with_nothing_able_to_answer_is_a_503() -> None:
+    pipeline, runner = make({"coreml": "needs macOS"})
+    runner.not_loaded.update({"onnx", "pytorch"})
+    with pytest.raises(BackendUnavailable, match="No backend can run here"):
+        run(pipeline.compare(Image(grey(60)), 5, ["onnx", "pytorch", "coreml"]))
