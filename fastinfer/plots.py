@@ -26,13 +26,18 @@ def plot_profile(result: dict[str, Any], path: Path) -> None:
     stages = ["decode", "preprocess", "postprocess", "http", "inference"]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     left = [0.0] * len(names)
+    measured = all(best[n].get("http_source") == "measured" for n in names)
     for stage in stages:
         widths = [best[n]["shares"].get(stage, 0) * best[n]["cpu_ms_per_request"] for n in names]
-        ax.barh(names, widths, left=left, label=stage)
+        label = f"http ({'measured' if measured else 'estimated'})" if stage == "http" else stage
+        ax.barh(names, widths, left=left, label=label)
         left = [a + b for a, b in zip(left, widths, strict=True)]
     for i, n in enumerate(names):
         ax.text(left[i], i, f"  {best[n]['req_per_s']} req/s ceiling (b{best[n]['batch']})", va="center", fontsize=8)
-    ax.set_xlabel("CPU ms per request (1.5 MP-class photo)")
+    size = {c["size_class"] for c in best.values()}
+    ax.set_xlabel(
+        "CPU ms per request (the benchmark pool's mix of photos)" if size == {"pool"} else "CPU ms per request"
+    )
     ax.set_title(f"Where a request's CPU goes, and the ceiling on {result['cores']} cores")
     ax.legend(loc="lower right", fontsize=8)
     ax.set_xlim(0, max(left) * 1.6)

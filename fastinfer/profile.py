@@ -3,28 +3,41 @@
 For each stage we measure CPU time (``time.process_time``: every thread of this process), because
 on a CPU-only machine the front's decoding and the runner's inference share the same cores: the
 ceiling is ``cores / CPU-seconds per request``, and the binding stage is the one that costs the
-most CPU. Decode is measured per image size class; inference per backend and batch size.
+most CPU. Decode and preprocess are measured per image size class and over the whole benchmark
+pool (the mix locust sends, each photo equally often); inference per backend and batch size.
+
+What the HTTP path costs beyond these stages cannot be measured in-process. ``python -m load_tests``
+measures it on a live server (:func:`http_cost`: the CPU the front and the runner processes used per
+request, less the in-process stages) and recomputes the ceilings with it; ``fastinfer profile`` alone
+has no server and uses :data:`HTTP_OVERHEAD_MS`, an estimate, and says so.
 """
 
 from __future__ import annotations
 
+import io
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from fastinfer import hardware, photos
 from fastinfer.postprocess import top_k
 from fastinfer.preprocess import PreprocessSpec, decode, resize_and_crop
 
 # What the HTTP path costs beyond the stages (multipart parsing, the front→runner hop with 150 KB
-# pickled each way, JSON). An ESTIMATE, not measured per run: sequential requests here show the runner
-# round trip ~5 ms (wall) above in-process inference and the front's total ~1 ms above its stages;
-# we count 3 ms of CPU. The ceiling is therefore an estimate too, and BENCHMARKS.md says so.
+# pickled each way, JSON) when no server was measured. An ESTIMATE: sequential requests showed the
+# runner round trip ~5 ms (wall) above in-process inference and the front's total ~1 ms above its
+# stages; we count 3 ms of CPU. `make bench` replaces it with the figure measured per backend.
 HTTP_OVERHEAD_MS = 3.0
+POOL = "pool"
+"""The detail of the stages measured over the whole benchmark pool: the mix locust sends."""
+PHOTO = "benchmark photo"
+"""The detail of the stages measured on photos.benchmark_photo(): what the sequential step sends."""
+SIZE_CLASSES = ("small", "medium", "phone")
 
 
 def cpu_and_wall(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
@@ -56,27 +69,67 @@ class Ceiling:
     req_per_s: float
     binding_stage: str
     shares: dict[str, float] = field(default_factory=dict)  # stage → share of the CPU per request
+    http_ms: float = HTTP_OVERHEAD_MS  # CPU per request for the HTTP path counted in this ceiling
+    http_source: str = "estimate"  # "measured" (a bench on a live server) or "estimate" (HTTP_OVERHEAD_MS)
+
+
+@dataclass
+class HttpCost:
+    """The HTTP path's CPU per request for one backend, measured on a live server.
+
+    front_overhead = the front workers' CPU per request − in-process decode + preprocess + postprocess
+    of the same pool; runner_overhead = the runner's CPU per request − in-process inference CPU per
+    image at ``batch``. http_ms = their sum, clamped at 0; each part is kept as measured (a negative
+    part says the in-process figure over-counts what the server does, e.g. larger batches)."""
+
+    backend: str
+    users: int
+    requests: int
+    batch: int  # the in-process batch size whose per-image inference CPU was subtracted
+    front_cpu_ms: float
+    runner_cpu_ms: float
+    front_stages_ms: float
+    inference_ms: float
+    front_overhead_ms: float
+    runner_overhead_ms: float
+    http_ms: float
+    mean_batch: float | None = None  # rows per runner call in the run, where the server reported it
 
 
 def profile_front(pool: list[tuple[str, bytes]], spec: PreprocessSpec, repeats: int) -> list[StageCost]:
-    """Decode (by size class), preprocess and postprocess costs, one image at a time."""
+    """Decode and preprocess costs, one image at a time: per size class, over the whole pool (mean per
+    image, each photo once: the mix locust sends) and for the sequential step's photo; postprocess."""
     by_class: dict[str, list[bytes]] = {}
     for _, data in pool:
-        img = decode(data, 10**9, 10**6)  # full decode just to learn the size
-        by_class.setdefault(photos.size_class(*img.size), []).append(data)
+        by_class.setdefault(_size_class(data), []).append(data)
+    groups = [(cls, items[: min(len(items), 6)]) for cls, items in sorted(by_class.items())]
+    groups += [(POOL, [data for _, data in pool]), (PHOTO, [photos.benchmark_photo()])]
     costs = []
-    for cls, items in sorted(by_class.items()):
-        sample = items[: min(len(items), 6)]
+    for detail, sample in groups:
         cpu, wall = cpu_and_wall(lambda s=sample: [decode(d, 10**9, spec.resize_size) for d in s], repeats)
-        costs.append(StageCost("decode", cls, cpu / len(sample), wall / len(sample)))
+        costs.append(StageCost("decode", detail, cpu / len(sample), wall / len(sample)))
         decoded = [decode(d, 10**9, spec.resize_size) for d in sample]
         cpu, wall = cpu_and_wall(lambda d=decoded: [resize_and_crop(i, spec) for i in d], repeats)
-        costs.append(StageCost("preprocess", cls, cpu / len(sample), wall / len(sample)))
+        costs.append(StageCost("preprocess", detail, cpu / len(sample), wall / len(sample)))
     logits = np.random.default_rng(0).normal(size=1000).astype(np.float32)
     categories = [str(i) for i in range(1000)]
     cpu, wall = cpu_and_wall(lambda: top_k(logits, 5, categories), repeats * 10)
     costs.append(StageCost("postprocess", "softmax + top-5", cpu, wall))
     return costs
+
+
+def _size_class(data: bytes) -> str:
+    with Image.open(io.BytesIO(data)) as img:  # the header alone: no decode
+        return photos.size_class(*img.size)
+
+
+def pool_sizes(pool: list[tuple[str, bytes]]) -> dict[str, int]:
+    """How many photos of each size class the pool holds."""
+    counts: dict[str, int] = {}
+    for _, data in pool:
+        cls = _size_class(data)
+        counts[cls] = counts.get(cls, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def profile_inference(engines: dict[str, Any], batches: list[int], repeats: int) -> list[StageCost]:
@@ -89,16 +142,98 @@ def profile_inference(engines: dict[str, Any], batches: list[int], repeats: int)
     return costs
 
 
-def ceilings(costs: list[StageCost], cores: int, size_class: str = "medium") -> list[Ceiling]:
-    """Per backend and batch size: the req/s the stages allow on ``cores`` for one image size class."""
+def _stage(costs: list[StageCost], stage: str, detail: str, what: str = "cpu_ms") -> float | None:
+    return next((getattr(c, what) for c in costs if c.stage == stage and c.detail == detail), None)
+
+
+def front_stages_ms(costs: list[StageCost], detail: str = POOL) -> float | None:
+    """In-process CPU of decode + preprocess + postprocess per image of ``detail`` (None if not measured)."""
+    decode_ms, prep_ms = _stage(costs, "decode", detail), _stage(costs, "preprocess", detail)
+    post = next((c.cpu_ms for c in costs if c.stage == "postprocess"), 0.0)
+    return None if decode_ms is None or prep_ms is None else decode_ms + prep_ms + post
+
+
+def in_process_latency_ms(costs: list[StageCost], backend: str) -> float | None:
+    """Wall ms of decode + preprocess + inference (b1) of the sequential step's photo, in-process."""
+    parts = [
+        _stage(costs, "decode", PHOTO, "wall_ms"),
+        _stage(costs, "preprocess", PHOTO, "wall_ms"),
+        _stage(costs, "inference", f"{backend} b1", "wall_ms"),
+    ]
+    return None if any(p is None for p in parts) else sum(p for p in parts if p is not None)
+
+
+def subtracted_batch(costs: list[StageCost], backend: str, batching: bool, max_batch: int = 8) -> int | None:
+    """The in-process batch size whose per-image inference CPU stands for what the runner spends.
+
+    A batching runner forms batches of up to ``max_batch`` under load, and a batch costs less per
+    image than one image alone: the cheapest per-image CPU among the profiled sizes within that bound
+    (b8 in practice) is the least the model can have cost, so subtracting it never hides HTTP cost in
+    "inference" (the overhead is not understated). A runner without batching runs b1."""
+    per_image = {
+        int(c.detail.rsplit(" b", 1)[1]): c.cpu_ms
+        for c in costs
+        if c.stage == "inference" and c.detail.rsplit(" b", 1)[0] == backend
+    }
+    if not batching:
+        return 1 if 1 in per_image else None
+    within = {b: ms for b, ms in per_image.items() if b <= max_batch}
+    return min(within, key=lambda b: (within[b], -b)) if within else None
+
+
+def http_cost(
+    costs: list[StageCost],
+    backend: str,
+    users: int,
+    requests: int,
+    front_cpu_ms: float,
+    runner_cpu_ms: float,
+    batching: bool,
+    max_batch: int = 8,
+    mean_batch: float | None = None,
+) -> HttpCost | None:
+    """The measured HTTP cost of one backend's run (CPU ms per request of the front and of the runner,
+    from the server's processes) against the in-process stages of the same pool. None when the
+    profile lacks the stages to subtract."""
+    stages = front_stages_ms(costs, POOL)
+    batch = subtracted_batch(costs, backend, batching, max_batch)
+    inference = None if batch is None else _stage(costs, "inference", f"{backend} b{batch}")
+    if stages is None or batch is None or inference is None:
+        return None
+    front = front_cpu_ms - stages
+    runner = runner_cpu_ms - inference
+    return HttpCost(
+        backend=backend,
+        users=users,
+        requests=requests,
+        batch=batch,
+        front_cpu_ms=round(front_cpu_ms, 2),
+        runner_cpu_ms=round(runner_cpu_ms, 2),
+        front_stages_ms=round(stages, 2),
+        inference_ms=round(inference, 2),
+        front_overhead_ms=round(front, 2),
+        runner_overhead_ms=round(runner, 2),
+        http_ms=round(max(0.0, front + runner), 2),
+        mean_batch=mean_batch,
+    )
+
+
+def ceilings(
+    costs: list[StageCost], cores: int, size_class: str = POOL, http: Mapping[str, float] | None = None
+) -> list[Ceiling]:
+    """Per backend and batch size: the req/s the stages allow on ``cores`` for one image mix (the
+    pool locust sends by default, or one size class). ``http`` maps a backend to its measured HTTP
+    cost per request; a backend not in it is charged the estimate HTTP_OVERHEAD_MS, and labelled so."""
     front = {c.stage: c.cpu_ms for c in costs if c.detail == size_class and c.stage in ("decode", "preprocess")}
     post = next((c.cpu_ms for c in costs if c.stage == "postprocess"), 0.0)
+    measured = http or {}
     out = []
     for c in costs:
         if c.stage != "inference":
             continue
         backend, batch = c.detail.rsplit(" b", 1)
-        parts = {**front, "postprocess": post, "http": HTTP_OVERHEAD_MS, "inference": c.cpu_ms}
+        http_ms = measured.get(backend, HTTP_OVERHEAD_MS)
+        parts = {**front, "postprocess": post, "http": http_ms, "inference": c.cpu_ms}
         total = sum(parts.values())
         out.append(
             Ceiling(
@@ -109,14 +244,34 @@ def ceilings(costs: list[StageCost], cores: int, size_class: str = "medium") -> 
                 req_per_s=round(cores * 1000 / total, 1),
                 binding_stage=max(parts, key=lambda k: parts[k]),
                 shares={k: round(v / total, 3) for k, v in parts.items()},
+                http_ms=round(http_ms, 2),
+                http_source="measured" if backend in measured else "estimate",
             )
         )
     return out
 
 
-def best_ceiling(ceils: list[Ceiling], backend: str) -> Ceiling | None:
-    mine = [c for c in ceils if c.backend == backend]
+def ceilings_by_size(costs: list[StageCost], cores: int, http: Mapping[str, float] | None = None) -> list[Ceiling]:
+    """The same ceilings for each size class alone (all small photos, all 1.5 MP, all phone-size)."""
+    present = {c.detail for c in costs if c.stage == "decode"}
+    return [c for cls in SIZE_CLASSES if cls in present for c in ceilings(costs, cores, cls, http)]
+
+
+def best_ceiling(ceils: list[Ceiling], backend: str, size_class: str | None = None) -> Ceiling | None:
+    mine = [c for c in ceils if c.backend == backend and (size_class is None or c.size_class == size_class)]
     return max(mine, key=lambda c: c.req_per_s) if mine else None
+
+
+def with_http(result: dict[str, Any], http: Mapping[str, float]) -> dict[str, Any]:
+    """``result`` (of :func:`run`) with its ceilings recomputed with the measured HTTP cost per backend."""
+    costs = [StageCost(**s) for s in result["stages"]]
+    cores = result["cores"]
+    return {
+        **result,
+        "http_measured_ms": {b: round(v, 2) for b, v in http.items()},
+        "ceilings": [asdict(c) for c in ceilings(costs, cores, http=http)],
+        "ceilings_by_size": [asdict(c) for c in ceilings_by_size(costs, cores, http)],
+    }
 
 
 def run(engines: dict[str, Any], batches: list[int], repeats: int, spec: PreprocessSpec) -> dict[str, Any]:
@@ -126,24 +281,54 @@ def run(engines: dict[str, Any], batches: list[int], repeats: int, spec: Preproc
     return {
         "hardware": hardware.probe(),
         "cores": cores,
-        "http_overhead_ms": HTTP_OVERHEAD_MS,
+        "pool": pool_sizes(pool),
+        "http_overhead_ms": HTTP_OVERHEAD_MS,  # the estimate; a bench adds http_measured_ms
         "stages": [asdict(c) for c in costs],
         "ceilings": [asdict(c) for c in ceilings(costs, cores)],
+        "ceilings_by_size": [asdict(c) for c in ceilings_by_size(costs, cores)],
     }
+
+
+def http_note(result: dict[str, Any]) -> str:
+    """How the ceilings counted the HTTP path: measured per backend, or the estimate (and where)."""
+    ceils = [Ceiling(**c) for c in result["ceilings"]]
+    measured = {c.backend: c.http_ms for c in ceils if c.http_source == "measured"}
+    estimated = sorted({c.backend for c in ceils if c.http_source != "measured"})
+    parts = []
+    if measured:
+        parts.append(
+            "the HTTP path's CPU MEASURED on a live server ("
+            + ", ".join(f"{b} {ms:g} ms" for b, ms in measured.items())
+            + ")"
+        )
+    if estimated:
+        parts.append(
+            f"an ESTIMATED {result['http_overhead_ms']:g} ms of CPU for the HTTP path"
+            + (f" for {', '.join(estimated)}" if measured else "")
+            + " (not measured: no server ran; `make bench` measures it)"
+        )
+    return " and ".join(parts)
 
 
 def table(result: dict[str, Any]) -> str:
     lines = ["| stage | detail | CPU ms | wall ms |", "|---|---|---|---|"]
     lines += [f"| {s['stage']} | {s['detail']} | {s['cpu_ms']:.2f} | {s['wall_ms']:.2f} |" for s in result["stages"]]
+    mix = result.get("pool")
     lines += [
         "",
-        f"Ceiling on {result['cores']} cores (1.5 MP-class photo, +{result['http_overhead_ms']} ms CPU for HTTP):",
+        f"Ceiling on {result['cores']} cores for the benchmark pool's mix"
+        + (f" ({', '.join(f'{n} {cls}' for cls, n in mix.items())})" if mix else "")
+        + f", with {http_note(result)}:",
         "",
     ]
-    lines += ["| backend | batch | CPU ms / request | ceiling req/s | binding stage |", "|---|---|---|---|---|"]
+    lines += [
+        "| backend | batch | CPU ms / request | ceiling req/s | binding stage | HTTP ms |",
+        "|---|---|---|---|---|---|",
+    ]
     lines += [
         f"| {c['backend']} | {c['batch']} | {c['cpu_ms_per_request']} | {c['req_per_s']} | {c['binding_stage']} "
-        f"({c['shares'][c['binding_stage']]:.0%}) |"
+        f"({c['shares'][c['binding_stage']]:.0%}) | {c.get('http_ms', result['http_overhead_ms'])} "
+        f"({c.get('http_source', 'estimate')}) |"
         for c in result["ceilings"]
     ]
     return "\n".join(lines)
@@ -163,6 +348,7 @@ def against_load_test(result: dict[str, Any], load: dict[str, Any]) -> list[dict
                 "users": run["users"],
                 "req_per_s": run["req_per_s"],
                 "ceiling_req_per_s": best.req_per_s,
+                "ceiling_http": best.http_source,
                 "percent_of_ceiling": round(100 * run["req_per_s"] / best.req_per_s, 1),
                 "binding_stage": best.binding_stage,
             }

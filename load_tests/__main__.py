@@ -2,13 +2,20 @@
 
 Steps, with progress on stderr:
  1. ``fastinfer profile`` in-process (before the service starts, so nothing competes): stage costs
-    and this machine's ceiling;
+    (per size class and for the pool's mix) and this machine's ceiling;
  2. start ``bentoml serve`` (or use ``--url``);
  3. sequential latency: N requests per backend, one 1.5 MP photo, cache bypassed;
  4. locust, headless, per backend × concurrency, photos from a 60-image pool, cache bypassed;
  5. the cache-hit scenario (one photo repeated), reported apart;
- 6. optionally (``--study``) front workers × runner workers × batching, on the best backend;
- 7. results.json, plots, BENCHMARKS.md headed by the machine and the exact command.
+ 6. ``POST /classify/batch`` on the best backend, 8 photos per request (where the server has it);
+ 7. the bare BentoML baseline (load_tests/bare_service.py): the cache-hit body, same users and time;
+ 8. optionally (``--study``) front workers × runner workers × batching, on the best backend;
+ 9. the HTTP path's cost, measured, and the ceilings recomputed with it; results.json, plots,
+    BENCHMARKS.md headed by the machine and the exact command.
+
+Around every locust run the CPU time of each process of the server's tree is read (load_tests/cpu.py):
+front, the backend's runner, the rest, and the load generator. With ``--url`` the server is not ours
+and that accounting is skipped, unless ``--server-pid`` names its ``bentoml serve`` process.
 """
 
 from __future__ import annotations
@@ -28,19 +35,37 @@ from typing import Any
 import httpx
 
 from fastinfer import hardware, photos
-from load_tests.report import write_markdown
+from load_tests import cpu
+from load_tests.report import best_backend, write_markdown
 from load_tests.service import ROOT, start_server, stop_server
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+USER_CLASSES = {"inference": "InferenceUser", "repeat": "RepeatUser", "bare": "RepeatUser", "batch": "BatchUser"}
+BATCH_IMAGES = 8  # images per batch request: the locustfile's BATCH
 
 
 def say(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def run_locust(url: str, backend: str, users: int, seconds: float, scenario: str, out: Path) -> dict[str, Any]:
+def runner_of(backend: str) -> str:
+    """The runner service (process role) that serves ``backend``: fastinfer.backends' table says which."""
+    from fastinfer.backends import SPECS
+
+    return f"runner-{SPECS[backend].runner_name}" if backend in SPECS else f"runner-{backend}"
+
+
+def run_locust(
+    url: str,
+    backend: str,
+    users: int,
+    seconds: float,
+    scenario: str,
+    out: Path,
+    server_pid: int | None = None,
+) -> dict[str, Any]:
+    """One headless locust run; with ``server_pid``, the CPU each part of the server used per request."""
     prefix = out / f"locust-{scenario}-{backend}-{users}"
-    user_class = "InferenceUser" if scenario == "inference" else "RepeatUser"
     cmd = [
         sys.executable,
         "-m",
@@ -61,17 +86,31 @@ def run_locust(url: str, backend: str, users: int, seconds: float, scenario: str
         str(prefix),
         "--stop-timeout",
         "10",
-        user_class,
+        USER_CLASSES[scenario],
     ]
-    env = {**os.environ, "FASTINFER_BENCH_BACKEND": backend, "FASTINFER_BENCH_IMAGES": str(out / "images")}
+    summary_file = prefix.with_name(prefix.name + "_summary.json")
+    summary_file.unlink(missing_ok=True)
+    env = {
+        **os.environ,
+        "FASTINFER_BENCH_BACKEND": backend,
+        "FASTINFER_BENCH_IMAGES": str(out / "images"),
+        "FASTINFER_BENCH_SUMMARY": str(summary_file),
+    }
+    before, t0 = cpu.snapshot(server_pid), time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=seconds + 120, cwd=ROOT)
+    after, wall = cpu.snapshot(server_pid), time.perf_counter() - t0
     stats = prefix.with_name(prefix.name + "_stats.csv")
     if not stats.exists():
         raise RuntimeError(f"locust wrote no stats (exit {done.returncode}): {done.stderr[-2000:]}")
     with stats.open() as f:
         row = next(r for r in csv.DictReader(f) if r["Name"] == "Aggregated")
-    count, failures = int(row["Request Count"]), int(row["Failure Count"])
-    return {
+    # locust's own final totals where it wrote them: its CSV can miss the last second's requests, and
+    # dividing the server's CPU by too few requests would overstate the cost of each
+    final = json.loads(summary_file.read_text()) if summary_file.exists() else {}
+    count = int(final.get("requests", row["Request Count"]))
+    failures = int(final.get("failures", row["Failure Count"]))
+    rps = float(final.get("req_per_s", row["Requests/s"]))
+    run: dict[str, Any] = {
         "scenario": scenario,
         "backend": backend,
         "users": users,
@@ -79,11 +118,78 @@ def run_locust(url: str, backend: str, users: int, seconds: float, scenario: str
         "requests": count,
         "failures": failures,
         "error_rate": round(failures / count, 4) if count else 0.0,
-        "req_per_s": round(float(row["Requests/s"]), 1),
-        "p50_ms": float(row["50%"]),
-        "p95_ms": float(row["95%"]),
-        "p99_ms": float(row["99%"]),
+        "req_per_s": round(rps, 1),
+        "p50_ms": float(final.get("p50_ms", row["50%"])),
+        "p95_ms": float(final.get("p95_ms", row["95%"])),
+        "p99_ms": float(final.get("p99_ms", row["99%"])),
     }
+    if scenario == "batch":
+        run["images_per_request"] = BATCH_IMAGES
+        run["images_per_s"] = round(rps * (1 - run["error_rate"]) * BATCH_IMAGES, 1)
+        if failures:
+            run["failure_example"] = _first_failure(prefix)
+    if server_pid is not None:
+        # locust's own CPU from test start to stop, without its start-up (~1 s), where it wrote it
+        client = final.get("cpu_s")
+        run["cpu"] = cpu.per_request(cpu.delta(before, after), runner_of(backend), count, wall, client)
+    return run
+
+
+def _first_failure(prefix: Path) -> str:
+    failures = prefix.with_name(prefix.name + "_failures.csv")
+    if not failures.exists():
+        return ""
+    with failures.open() as f:
+        row = next(csv.DictReader(f), None)
+    return (row or {}).get("Error", "")[:300]
+
+
+def batching_seen(url: str, backend: str) -> dict[str, Any] | None:
+    """The server's batching setting for ``backend`` and the batch sizes its runner has seen (GET /backends);
+    None when the server does not say."""
+    try:
+        body = httpx.get(f"{url}/backends", timeout=30).json()
+        entry = next(b for b in body["backends"] if b["name"] == backend)
+        return {
+            "enabled": bool(entry["batching"]["enabled"]),
+            "max_batch_size": int(entry["batching"]["max_batch_size"]),
+            "sizes": {int(k): int(v) for k, v in entry.get("runs_on", {}).get("batch_sizes_seen", {}).items()},
+        }
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, StopIteration):
+        return None
+
+
+def batching_between(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The server's batching setting and the mean rows per runner call between two batching_seen()."""
+    if after is None:
+        return None
+    seen = {k: v - (before or {}).get("sizes", {}).get(k, 0) for k, v in after["sizes"].items()}
+    calls = sum(n for n in seen.values() if n > 0)
+    rows = sum(k * n for k, n in seen.items() if n > 0)
+    return {
+        "enabled": after["enabled"],
+        "max_batch_size": after["max_batch_size"],
+        "mean_batch": round(rows / calls, 2) if calls else None,
+    }
+
+
+def batch_probe(url: str, backend: str) -> str | None:
+    """None when ``POST /classify/batch`` answers a one-image batch, else why the batch step is skipped."""
+    try:
+        r = httpx.post(
+            f"{url}/classify/batch",
+            files=[("images", ("photo.jpg", photos.benchmark_photo(), "image/jpeg"))],
+            data={"backend": backend},
+            headers={"Cache-Control": "no-cache"},
+            timeout=60,
+        )
+    except httpx.HTTPError as exc:
+        return f"POST /classify/batch failed: {exc}"
+    if r.status_code in (404, 405):
+        return f"this server has no POST /classify/batch (HTTP {r.status_code})"
+    if r.status_code != 200:
+        return f"POST /classify/batch answered HTTP {r.status_code}: {r.text[:200]}"
+    return None
 
 
 def sequential(url: str, backend: str, n: int, data: bytes) -> dict[str, Any]:
@@ -111,13 +217,18 @@ def sequential(url: str, backend: str, n: int, data: bytes) -> dict[str, Any]:
     }
 
 
-def cache_hit_share(url: str, before: dict[str, Any]) -> float:
+def cache_hit_share(url: str, before: dict[str, Any]) -> dict[str, Any]:
+    """Hits / (hits + misses) since ``before`` (GET /cache/stats), and the cache's errors meanwhile (a
+    timed-out or failed lookup is answered without the cache: decoded and inferred)."""
     after = httpx.get(f"{url}/cache/stats", timeout=10).json()
     hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
-    return round(hits / (hits + misses), 4) if hits + misses else 0.0
+    return {
+        "cache_hit_share": round(hits / (hits + misses), 4) if hits + misses else 0.0,
+        "cache_errors": after.get("errors", 0) - before.get("errors", 0),
+    }
 
 
-def profile_here(out: Path, backends: list[str]) -> dict[str, Any]:
+def profile_here(out: Path, backends: list[str], repeats: int = 10, fidelity: bool = True) -> dict[str, Any]:
     from fastinfer import fidelity as fid
     from fastinfer import profile as prof
     from fastinfer.backends import open_engine
@@ -125,8 +236,10 @@ def profile_here(out: Path, backends: list[str]) -> dict[str, Any]:
     from fastinfer.preprocess import PreprocessSpec
 
     engines = {name: open_engine(name) for name in backends}
-    result = prof.run(engines, [1, 8], 10, PreprocessSpec())
+    result = prof.run(engines, [1, 8], repeats, PreprocessSpec())
     plot_profile(result, out / "profile.png")
+    if not fidelity:
+        return result
     say("fidelity against FP32 PyTorch (fastinfer fidelity)")
     images = fid.fidelity_images(PreprocessSpec())
     reference = fid.run_batched(engines["pytorch"] if "pytorch" in engines else open_engine("pytorch"), images)
@@ -135,17 +248,62 @@ def profile_here(out: Path, backends: list[str]) -> dict[str, Any]:
     return result
 
 
+def measure_http(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The HTTP path's CPU per request, per backend: from its inference run at 10 users (else at the most
+    users it ran), the server's front and runner CPU per request less the in-process stages."""
+    from dataclasses import asdict
+
+    from fastinfer import profile as prof
+    from fastinfer.config import get_settings
+
+    costs = [prof.StageCost(**s) for s in results["profile"]["stages"]]
+    chosen: dict[str, dict[str, Any]] = {}
+    for r in results["runs"]:
+        if r["scenario"] != "inference" or "cpu" not in r or not r["requests"]:
+            continue
+        old = chosen.get(r["backend"])
+        if old is None or (old["users"] != 10 and (r["users"] == 10 or r["users"] > old["users"])):
+            chosen[r["backend"]] = r
+    out = []
+    for backend, r in chosen.items():
+        server = r.get("batching") or {}
+        local = get_settings().batching_for(backend) if backend in get_settings().batching else None
+        enabled = server.get("enabled", local.enabled if local else True)
+        max_batch = server.get("max_batch_size", local.max_batch_size if local else 8)
+        per = r["cpu"]["ms_per_request"]
+        cost = prof.http_cost(
+            costs,
+            backend,
+            r["users"],
+            r["requests"],
+            per["front"],
+            per["runner"],
+            enabled,
+            max_batch,
+            server.get("mean_batch"),
+        )
+        if cost is not None:
+            out.append(asdict(cost))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m load_tests", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--url", help="benchmark a running service instead of starting one")
+    parser.add_argument(
+        "--server-pid", type=int, help="with --url: its `bentoml serve` pid, to account the CPU of its processes"
+    )
+    parser.add_argument("--no-bare", action="store_true", help="skip the bare BentoML baseline")
     parser.add_argument("--backends", help="comma-separated (default: every backend available here)")
     parser.add_argument("--users", default="1,4,10,32", help="concurrency levels")
     parser.add_argument("--duration", type=float, default=20, help="seconds per locust run")
     parser.add_argument("--sequential", type=int, default=30, help="sequential requests per backend")
     parser.add_argument("--study", action="store_true", help="also run the workers × batching study")
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--profile-repeats", type=int, default=10, help="repeats per stage in the profile")
+    parser.add_argument("--no-fidelity", action="store_true", help="profile without the fidelity check")
     parser.add_argument("--out", type=Path, default=Path("artifacts/bench"))
     parser.add_argument("--markdown", type=Path, default=Path("BENCHMARKS.md"))
     parser.add_argument("--plots", type=Path, default=Path("docs/bench"), help="where BENCHMARKS.md's PNGs go")
@@ -173,14 +331,17 @@ def main(argv: list[str] | None = None) -> int:
     }
     if not args.no_profile:
         say("profiling stages in-process (fastinfer profile)")
-        results["profile"] = profile_here(args.out, backends)
+        results["profile"] = profile_here(args.out, backends, args.profile_repeats, not args.no_fidelity)
 
     server = None
     url = args.url
+    pid = args.server_pid if url else None
     if url is None:
         say("starting bentoml serve")
         server = start_server(None, args.out / "serve.log", {"FASTINFER_MAX_CONCURRENCY": "256"})
-        url = server.url
+        url, pid = server.url, server.process.pid
+    if pid is None:
+        say("--url without --server-pid: the server's CPU is not accounted, the HTTP cost not measured")
     try:
         data = photos.benchmark_photo()
         results["sequential"] = []
@@ -190,28 +351,74 @@ def main(argv: list[str] | None = None) -> int:
         for backend in backends:
             for u in users:
                 say(f"locust: {backend}, {u} users, {args.duration:g}s")
-                results["runs"].append(run_locust(url, backend, u, args.duration, "inference", args.out))
+                seen = batching_seen(url, backend)
+                run = run_locust(url, backend, u, args.duration, "inference", args.out, pid)
+                if (between := batching_between(seen, batching_seen(url, backend))) is not None:
+                    run["batching"] = between
+                results["runs"].append(run)
         say("locust: cache-hit scenario, 10 users")
         before = httpx.get(f"{url}/cache/stats", timeout=10).json()
-        repeat = run_locust(url, backends[0], 10, args.duration, "repeat", args.out)
-        repeat["cache_hit_share"] = cache_hit_share(url, before)
+        repeat = run_locust(url, backends[0], 10, args.duration, "repeat", args.out, pid)
+        repeat.update(cache_hit_share(url, before))
         repeat["cache_mode"] = before["mode"]
         results["runs"].append(repeat)
+        results["batch"] = batch_step(url, results, users, args, pid)
     finally:
         if server is not None:
             stop_server(server)
+    if not args.no_bare:
+        results["runs"].append(bare_baseline(backends[0], args))
     if args.study and args.url is None:
         results["study"] = study(results, args)
+    if results.get("profile"):
+        from fastinfer import profile as prof
+        from fastinfer.plots import plot_profile
+
+        results["http_cost"] = measure_http(results)
+        measured = {h["backend"]: h["http_ms"] for h in results["http_cost"]}
+        results["profile"] = prof.with_http(results["profile"], measured)
+        if measured:
+            say("HTTP path per request, measured: " + ", ".join(f"{b} {ms:g} ms CPU" for b, ms in measured.items()))
+            plot_profile(results["profile"], args.out / "profile.png")  # again, with the measured HTTP cost
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
     say(f"writing {args.markdown} and plots in {args.out}")
     write_markdown(results, args.markdown, args.out, args.plots)
     return 0
 
 
+def batch_step(
+    url: str, results: dict[str, Any], users: list[int], args: argparse.Namespace, pid: int | None
+) -> dict[str, Any]:
+    """``POST /classify/batch`` on the best backend, 8 photos a request, at 10 users (or at the most users
+    of this bench, so that the single-request run it is compared with had as many)."""
+    best = best_backend(results)
+    n = 10 if 10 in users else max(users)
+    if best is None:
+        return {"skipped": "no inference run to pick a backend from"}
+    why = batch_probe(url, best)
+    if why is not None:
+        say(f"batch API: skipped, {why}")
+        return {"backend": best, "users": n, "skipped": why}
+    say(f"locust: batch API, {best}, {BATCH_IMAGES} images a request, {n} users, {args.duration:g}s")
+    run = run_locust(url, best, n, args.duration, "batch", args.out, pid)
+    results["runs"].append(run)
+    return {"backend": best, "users": n}
+
+
+def bare_baseline(backend: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The bare BentoML service, started here, under the cache-hit scenario's body, users and duration."""
+    say("starting the bare BentoML baseline (load_tests/bare_service.py)")
+    bare = start_server(None, args.out / "serve-bare.log", target="bare_service:Bare", cwd=ROOT / "load_tests")
+    try:
+        say(f"locust: bare BentoML baseline, 10 users, {args.duration:g}s")
+        return run_locust(bare.url, backend, 10, args.duration, "bare", args.out, bare.process.pid)
+    finally:
+        stop_server(bare)
+
+
 def study(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
     """Front workers × runner workers × batching on/off, on the fastest backend at 10 users."""
-    inference = [r for r in results["runs"] if r["scenario"] == "inference" and r["users"] == 10]
-    best = max(inference, key=lambda r: r["req_per_s"])["backend"] if inference else "onnx"
+    best = best_backend(results) or "onnx"
     key = best.upper().replace("-", "_")
     rows = []
     for front in (1, 2):
@@ -226,7 +433,7 @@ def study(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
                 say(f"study: {best}, front {front}, runner {runner}, batching {batching}")
                 server = start_server(None, args.out / "serve-study.log", env)
                 try:
-                    run = run_locust(server.url, best, 10, args.duration, "inference", args.out)
+                    run = run_locust(server.url, best, 10, args.duration, "inference", args.out, server.process.pid)
                 finally:
                     stop_server(server)
                 rows.append({"front_workers": front, "runner_workers": runner, "batching": batching == "true", **run})

@@ -4,45 +4,101 @@
   phone-size; see fastinfer.photos.benchmark_pool) to one backend, with the cache bypassed: every
   request is decoded and inferred. A response that says ``cached`` counts as a failure.
 * ``RepeatUser`` posts one photo again and again without bypass: the cache-hit path, always
-  reported apart from inference.
+  reported apart from inference (and, against ``load_tests/bare_service.py``, the bare BentoML
+  baseline: the same body).
+* ``BatchUser`` posts ``BATCH`` distinct pool photos per request to ``POST /classify/batch`` (field
+  ``images`` repeated), cache bypassed. A non-200, a result count that is not ``BATCH``, or any item
+  that is an error or says ``cached`` counts as a failure.
 
-Environment: ``FASTINFER_BENCH_BACKEND`` (default onnx), ``FASTINFER_BENCH_IMAGES`` (pool cache dir).
-Bodies are encoded once at start-up, so the client spends its CPU on sending, not on encoding.
+Environment: ``FASTINFER_BENCH_BACKEND`` (default onnx), ``FASTINFER_BENCH_IMAGES`` (pool cache dir),
+``FASTINFER_BENCH_SUMMARY`` (where to write, on quitting, the final totals, which the ``--csv`` stats
+file can miss: it was seen ~15% short, its last write coming before the last second's requests; and
+this process's CPU seconds between test start and stop: the load generator's own cost, without its
+start-up). Bodies are encoded once at start-up, so the client spends its CPU on sending, not on
+encoding.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import time
 import uuid
+from functools import cache
 from pathlib import Path
+from typing import Any
 
-from locust import constant, task
+from locust import constant, events, task
 from locust.contrib.fasthttp import FastHttpUser
 
 from fastinfer.photos import benchmark_pool
+from load_tests.checks import batch_failure
 
 BACKEND = os.environ.get("FASTINFER_BENCH_BACKEND", "onnx")
 POOL = benchmark_pool(Path(os.environ.get("FASTINFER_BENCH_IMAGES", "artifacts/bench-images")))
+BATCH = 8
+"""Images per ``POST /classify/batch`` request: the runners' default max batch size."""
+SUMMARY = os.environ.get("FASTINFER_BENCH_SUMMARY")
+_window: dict[str, float] = {}
 
 
-def multipart(data: bytes, fields: dict[str, str]) -> tuple[bytes, str]:
+@events.test_start.add_listener
+def _at_start(**_: object) -> None:
+    _window.update(cpu0=time.process_time(), wall0=time.perf_counter())
+
+
+@events.test_stop.add_listener
+def _at_stop(**_: object) -> None:
+    if "cpu0" in _window:
+        _window.update(cpu_s=time.process_time() - _window["cpu0"], wall_s=time.perf_counter() - _window["wall0"])
+
+
+@events.quitting.add_listener
+def _write_summary(environment: Any, **_: object) -> None:
+    if not SUMMARY:
+        return
+    total = environment.stats.total
+    summary = {
+        "requests": total.num_requests,
+        "failures": total.num_failures,
+        "req_per_s": total.total_rps,
+        **{f"p{q}_ms": total.get_response_time_percentile(q / 100) if total.num_requests else 0 for q in (50, 95, 99)},
+        **{k: _window[k] for k in ("cpu_s", "wall_s") if k in _window},
+    }
+    Path(SUMMARY).write_text(json.dumps(summary))
+
+
+def multipart(data: bytes | list[bytes], fields: dict[str, str], name: str = "image") -> tuple[bytes, str]:
+    """A multipart body: the form ``fields``, then one file part named ``name`` per image."""
     boundary = uuid.uuid4().hex
     parts = [
         f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode() for k, v in fields.items()
     ]
-    parts.append(
-        f'--{boundary}\r\nContent-Disposition: form-data; name="image"; filename="photo.jpg"\r\n'
-        f"Content-Type: image/jpeg\r\n\r\n".encode()
-        + data
-        + b"\r\n"
-    )
+    for i, image in enumerate([data] if isinstance(data, bytes) else data):
+        parts.append(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="photo{i}.jpg"\r\n'
+            f"Content-Type: image/jpeg\r\n\r\n".encode()
+            + image
+            + b"\r\n"
+        )
     parts.append(f"--{boundary}--\r\n".encode())
     return b"".join(parts), f"multipart/form-data; boundary={boundary}"
 
 
 BODIES = [multipart(data, {"backend": BACKEND}) for _, data in POOL]
 REPEAT_BODY = multipart(POOL[len(POOL) // 2][1], {"backend": BACKEND})
+
+
+@cache
+def batch_bodies() -> list[tuple[bytes, str]]:
+    """Bodies of BATCH distinct photos each, windows over the pool (every photo in two of them), built
+    once and only by the users that send batches (~2× the pool's 17 MB)."""
+    step = BATCH // 2
+    return [
+        multipart([POOL[(start + j) % len(POOL)][1] for j in range(BATCH)], {"backend": BACKEND}, name="images")
+        for start in range(0, len(POOL), step)
+    ]
 
 
 class InferenceUser(FastHttpUser):
@@ -72,3 +128,22 @@ class RepeatUser(FastHttpUser):
         ) as response:
             if response.status_code != 200:
                 response.failure(f"HTTP {response.status_code}")
+
+
+class BatchUser(FastHttpUser):
+    wait_time = constant(0)
+
+    @task
+    def classify_batch(self) -> None:
+        body, ctype = random.choice(batch_bodies())
+        headers = {"Content-Type": ctype, "Cache-Control": "no-cache"}
+        with self.client.post(
+            "/classify/batch", data=body, headers=headers, name=f"batch {BACKEND}", catch_response=True
+        ) as response:
+            try:
+                answer = response.json() if response.status_code == 200 else None
+            except ValueError:
+                answer = None
+            why = batch_failure(response.status_code, answer, BATCH)
+            if why is not None:
+                response.failure(why if answer is not None else f"{why}: {(response.text or '')[:200]}")

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from fastinfer.plots import plot_latency, plot_stages, plot_throughput
-from fastinfer.profile import Ceiling, best_ceiling
+from fastinfer.profile import PHOTO, Ceiling, StageCost, best_ceiling, http_note, in_process_latency_ms
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> str:
@@ -16,71 +16,214 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
-SINGLE_CLIENT_LIMIT = 1.25
-"""Single-client p50 may be at most this multiple of in-process decode + inference."""
+SINGLE_CLIENT_LIMIT = 1.15
+"""Single-client p50 on the best backend may be at most this multiple of in-process decode + preprocess +
+inference (b1, wall) of the same photo."""
+CACHE_HIT_VS_BARE = 1.3
+"""The cache-hit path must serve at least this multiple of a bare BentoML API's req/s (same body, same run)."""
+CEILING_SHARE = 90
+"""The best backend at 10 clients must reach this % of the measured ceiling, with zero errors."""
+CACHE_HIT_ABSOLUTE = 400
+"""The earlier absolute cache-hit target on 2 cores, req/s (still reported beside the ratio)."""
+NOISE_CORES = 0.2
+"""Cores kept busy by other jobs (or stolen by the hypervisor) during a run from which the report says so."""
+
+
+def best_backend(results: dict[str, Any]) -> str | None:
+    """The backend that served most req/s at 10 users (else at the most users run; else the fastest
+    sequential one)."""
+    inference = [r for r in results.get("runs", []) if r["scenario"] == "inference"]
+    if inference:
+        most = 10 if any(r["users"] == 10 for r in inference) else max(r["users"] for r in inference)
+        return max((r for r in inference if r["users"] == most), key=lambda r: r["req_per_s"])["backend"]
+    seq = results.get("sequential") or []
+    return min(seq, key=lambda s: s["median_ms"])["backend"] if seq else None
+
+
+def _costs(results: dict[str, Any]) -> list[StageCost]:
+    return [StageCost(**s) for s in results.get("profile", {}).get("stages", [])]
+
+
+def served_ceiling(results: dict[str, Any], backend: str) -> Ceiling | None:
+    """The backend's ceiling at the batch size its runner serves at (the one whose inference CPU the
+    measured HTTP cost was computed against), else its best."""
+    ceils = [Ceiling(**c) for c in results.get("profile", {}).get("ceilings", [])]
+    http = next((h for h in results.get("http_cost", []) if h["backend"] == backend), None)
+    if http is not None:
+        match = [c for c in ceils if c.backend == backend and c.batch == http["batch"]]
+        if match:
+            return match[0]
+    return best_ceiling(ceils, backend)
+
+
+def _cpu_name(results: dict[str, Any]) -> str:
+    return str(results.get("hardware", {}).get("cpu", "this CPU"))
+
+
+def _run(results: dict[str, Any], scenario: str, **match: Any) -> dict[str, Any] | None:
+    return next(
+        (r for r in results.get("runs", []) if r["scenario"] == scenario and all(r[k] == v for k, v in match.items())),
+        None,
+    )
+
+
+def _front_ms(run: dict[str, Any] | None) -> float | None:
+    return run["cpu"]["ms_per_request"]["front"] if run and run.get("cpu") else None
+
+
+def cache_vs_bare(results: dict[str, Any]) -> dict[str, Any] | None:
+    """FastInfer's cache-hit path against the bare BentoML API, same body, users and duration."""
+    repeat, bare = _run(results, "repeat"), _run(results, "bare")
+    if repeat is None or bare is None or not bare["req_per_s"]:
+        return None
+    ratio = repeat["req_per_s"] / bare["req_per_s"]
+    return {
+        "fastinfer_req_per_s": repeat["req_per_s"],
+        "bare_req_per_s": bare["req_per_s"],
+        "ratio": round(ratio, 2),
+        "met": ratio >= CACHE_HIT_VS_BARE and repeat["failures"] == 0,
+        "fastinfer_front_ms": _front_ms(repeat),
+        "bare_front_ms": _front_ms(bare),
+    }
+
+
+def batch_vs_single(results: dict[str, Any]) -> dict[str, Any] | None:
+    """Images/s of the batch API against the single-image runs of the same backend and users."""
+    batch = _run(results, "batch")
+    if batch is None:
+        return None
+    single = _run(results, "inference", backend=batch["backend"], users=batch["users"])
+    single_ips = round(single["req_per_s"] * (1 - single["error_rate"]), 1) if single else None
+    out: dict[str, Any] = {
+        "backend": batch["backend"],
+        "users": batch["users"],
+        "images_per_request": batch["images_per_request"],
+        "batch_images_per_s": batch["images_per_s"],
+        "single_images_per_s": single_ips,
+        "ratio": round(batch["images_per_s"] / single_ips, 2) if single_ips else None,
+        "failures": batch["failures"],
+        "requests": batch["requests"],
+    }
+    if batch.get("cpu") and single and single.get("cpu"):
+        n = batch["images_per_request"]
+        b, s = batch["cpu"]["ms_per_request"], single["cpu"]["ms_per_request"]
+        out["cpu_ms_per_image"] = {
+            "batch": {k: round(b[k] / n, 2) for k in ("front", "runner", "load_generator")},
+            "single": {k: s[k] for k in ("front", "runner", "load_generator")},
+        }
+    return out
 
 
 def _targets(results: dict[str, Any]) -> list[str]:
+    """Issue 12's three targets, each met / NOT met with its numbers and the CPU they were measured on."""
     runs = results["runs"]
-    profile = results.get("profile")
+    cpu_name = _cpu_name(results)
+    costs = _costs(results)
     lines = []
-    at10 = [r for r in runs if r["scenario"] == "inference" and r["users"] == 10]
-    if at10 and profile:
-        best = max(at10, key=lambda r: r["req_per_s"])
-        ceiling = best_ceiling([Ceiling(**c) for c in profile["ceilings"]], best["backend"])
-        if ceiling:
-            share = 100 * best["req_per_s"] / ceiling.req_per_s
-            verdict = "met" if share >= 90 and best["failures"] == 0 else "NOT met"
+    compared = cache_vs_bare(results)
+    repeat = _run(results, "repeat")
+    if repeat:
+        absolute = "met" if repeat["req_per_s"] >= CACHE_HIT_ABSOLUTE else "NOT met"
+        detail = (
+            f"p50 {repeat['p50_ms']} ms, {repeat.get('cache_hit_share', 0):.0%} hits "
+            f"({repeat.get('cache_mode', '?')}), {repeat['failures']} errors"
+            + (f", {repeat['cache_errors']} cache errors" if repeat.get("cache_errors") else "")
+        )
+        if compared:
+            front = (
+                f" Front CPU per request: {compared['fastinfer_front_ms']} ms (FastInfer) vs "
+                f"{compared['bare_front_ms']} ms (bare)."
+                if compared["fastinfer_front_ms"] is not None and compared["bare_front_ms"] is not None
+                else ""
+            )
             lines.append(
-                f"- **Best backend at 10 clients >= 90% of the ceiling, zero errors: {verdict}.** "
-                f"`{best['backend']}` served {best['req_per_s']} req/s with {best['failures']} errors = "
-                f"{share:.0f}% of the profiler's ceiling of {ceiling.req_per_s} req/s (b{ceiling.batch}). "
-                f"What binds: {ceiling.binding_stage} ({ceiling.shares[ceiling.binding_stage]:.0%} of the CPU "
-                "per request); the load generator runs on the same 2 cores and takes its share too."
+                f"- **Cache-hit path >= {CACHE_HIT_VS_BARE:g}× a bare BentoML API on {cpu_name}: "
+                f"{'met' if compared['met'] else 'NOT met'}.** FastInfer's cache-hit path "
+                f"{compared['fastinfer_req_per_s']} req/s vs the bare BentoML API (`image: Path`, answers the "
+                f"size; load_tests/bare_service.py) {compared['bare_req_per_s']} req/s, same body, 10 users, "
+                f"same run = {compared['ratio']:.2f}× ({detail}).{front} The earlier absolute target, "
+                f">= {CACHE_HIT_ABSOLUTE} req/s on 2 cores: {absolute}."
+            )
+        else:
+            lines.append(
+                f"- **Cache-hit path >= {CACHE_HIT_VS_BARE:g}× a bare BentoML API on {cpu_name}: not measured** "
+                f"(no bare baseline in this run). {repeat['req_per_s']} req/s at 10 users, {detail}; "
+                f">= {CACHE_HIT_ABSOLUTE} req/s on 2 cores: {absolute}."
+            )
+    best = best_backend(results)
+    seq = {s["backend"]: s for s in results.get("sequential", [])}
+    if best in seq and costs:
+        in_process = {b: in_process_latency_ms(costs, b) for b in seq}
+        mine = in_process.get(best)
+        if mine is None:
+            lines.append(
+                f"- **Single-client p50 on the best backend (`{best}`) <= {SINGLE_CLIENT_LIMIT:g} × in-process: "
+                "not measured** (the profile has no figure for the sequential step's photo)."
+            )
+        else:
+            p50 = seq[best]["median_ms"]
+            ok = p50 <= SINGLE_CLIENT_LIMIT * mine
+            parts = {stage: _wall(costs, stage, best) for stage in ("decode", "preprocess", "inference")}
+            others = [
+                f"`{b}` {s['median_ms'] / in_process[b]:.2f}×"
+                for b, s in seq.items()
+                if b != best and in_process.get(b)
+            ]
+            lines.append(
+                f"- **Single-client p50 on the best backend (`{best}`) <= {SINGLE_CLIENT_LIMIT:g} × in-process "
+                f"decode + preprocess + inference (b1) of the same 1.5 MP photo, on {cpu_name}: "
+                f"{'met' if ok else 'NOT met'}.** p50 {p50} ms = {p50 / mine:.2f}× its in-process {mine:.1f} ms "
+                f"(decode {parts['decode']:.1f} + preprocess {parts['preprocess']:.1f} + inference "
+                f"{parts['inference']:.1f} ms, wall; limit {SINGLE_CLIENT_LIMIT * mine:.1f} ms)."
+                + (f" The other backends: {', '.join(others)}." if others else "")
+                + " The rest of a request is HTTP: multipart parsing in the front, the front→runner hop, JSON; "
+                "plus the client's own CPU on the same cores."
+            )
+    at10 = [r for r in runs if r["scenario"] == "inference" and r["users"] == 10]
+    if at10 and results.get("profile"):
+        top = max(at10, key=lambda r: r["req_per_s"])
+        ceiling = served_ceiling(results, top["backend"])
+        if ceiling:
+            share = 100 * top["req_per_s"] / ceiling.req_per_s
+            verdict = "met" if share >= CEILING_SHARE and top["failures"] == 0 else "NOT met"
+            http = (
+                f"the HTTP path's {ceiling.http_ms:g} ms measured in this run"
+                if ceiling.http_source == "measured"
+                else f"an ESTIMATED {ceiling.http_ms:g} ms for the HTTP path (not measured in this run)"
+            )
+            client = ""
+            if top.get("cpu"):
+                busy = top["cpu"]["cores_busy"]
+                client = (
+                    f" The load generator used {top['cpu']['ms_per_request']['load_generator']:g} CPU ms per request "
+                    f"on the same cores ({busy['load_generator']:g} cores busy; the server {busy['server']:g}"
+                    + (
+                        f"; other jobs on the machine {busy['rest_of_machine']:g}, steal {busy['steal']:g}"
+                        if busy.get("rest_of_machine", 0) >= NOISE_CORES or busy.get("steal", 0) >= NOISE_CORES
+                        else ""
+                    )
+                    + ")."
+                )
+            lines.append(
+                f"- **Best backend at 10 clients >= {CEILING_SHARE}% of the measured ceiling, zero errors, on "
+                f"{cpu_name}: {verdict}.** `{top['backend']}` served {top['req_per_s']} req/s with "
+                f"{top['failures']} errors = {share:.0f}% of its ceiling of {ceiling.req_per_s} req/s "
+                f"(b{ceiling.batch}, the pool's mix: {ceiling.cpu_ms_per_request:g} CPU ms per request, {http}). "
+                "What binds: "
+                f"{ceiling.binding_stage} ({ceiling.shares[ceiling.binding_stage]:.0%} of the CPU per request)."
+                + client
                 + (
                     " Decode, not the model, is the binding stage: the original FastInfer's finding, now on x86."
                     if ceiling.binding_stage == "decode"
                     else ""
                 )
             )
-    seq = {s["backend"]: s for s in results.get("sequential", [])}
-    if profile and seq:
-        stages = profile["stages"]
-        decode = next((s["wall_ms"] for s in stages if s["stage"] == "decode" and s["detail"] == "medium"), None)
-        rows = []
-        for backend, s in seq.items():
-            inf = next(
-                (x["wall_ms"] for x in stages if x["stage"] == "inference" and x["detail"] == f"{backend} b1"), None
-            )
-            if decode is None or inf is None:
-                continue
-            in_process = decode + inf
-            rows.append((backend, s["median_ms"], in_process, s["median_ms"] <= SINGLE_CLIENT_LIMIT * in_process))
-        if rows:
-            met = [r[0] for r in rows if r[3]]
-            lines.append(
-                f"- **Single-client p50 <= {SINGLE_CLIENT_LIMIT:g} × in-process decode + inference: met for "
-                f"{len(met)} of {len(rows)} backends"
-                + (f" ({', '.join(f'`{b}`' for b in met)})" if met else "")
-                + ".** "
-                + "; ".join(
-                    f"`{b}` p50 {p50} ms = {p50 / in_process:.2f}× its in-process {in_process:.1f} ms "
-                    f"(limit {SINGLE_CLIENT_LIMIT * in_process:.1f} ms: {'met' if ok else 'missed'})"
-                    for b, p50, in_process, ok in rows
-                )
-                + ". The rest of a request is HTTP: multipart parsing in the front, the front→runner hop, JSON; "
-                "plus the client's own CPU on the same cores."
-            )
-    repeat = next((r for r in runs if r["scenario"] == "repeat"), None)
-    if repeat:
-        verdict = "met" if repeat["req_per_s"] >= 400 else "NOT met"
-        lines.append(
-            f"- **Cache-hit path >= 400 req/s on 2 cores: {verdict}.** {repeat['req_per_s']} req/s at 10 users, "
-            f"p50 {repeat['p50_ms']} ms, {repeat['cache_hit_share']:.0%} hits ({repeat['cache_mode']}). "
-            "What binds: one front worker's Python per request (multipart parsing, hashing, JSON) and the "
-            "locust client sharing the same 2 cores."
-        )
     return lines
+
+
+def _wall(costs: list[StageCost], stage: str, backend: str) -> float:
+    detail = f"{backend} b1" if stage == "inference" else PHOTO
+    return next((c.wall_ms for c in costs if c.stage == stage and c.detail == detail), 0.0)
 
 
 # Published in-process throughput per core for ResNet-50 (OpenVINO's own benchmark data and MLPerf
@@ -121,9 +264,10 @@ def _openvino_targets(results: dict[str, Any]) -> list[str]:
         ceilings = [Ceiling(**c) for c in results.get("profile", {}).get("ceilings", [])]
         new_ceiling, old_ceiling = best_ceiling(ceilings, backend), best_ceiling(ceilings, baseline)
         if new_ceiling and old_ceiling:
+            source = "measured" if new_ceiling.http_source == old_ceiling.http_source == "measured" else "estimated"
             line += (
                 " Where the CPU binds, the profiler's ceilings (CPU per request: decode, inference and the "
-                f"estimated HTTP cost) allow "
+                f"{source} HTTP cost) allow "
                 f"{new_ceiling.req_per_s / old_ceiling.req_per_s:.2f}× ({new_ceiling.req_per_s} vs "
                 f"{old_ceiling.req_per_s} req/s)."
             )
@@ -215,6 +359,170 @@ def _study_findings(study: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def percent_of_ceiling(results: dict[str, Any], run: dict[str, Any]) -> str:
+    """An inference run's req/s as a % of its backend's ceiling (measured HTTP cost where the bench had it)."""
+    if run["scenario"] != "inference":
+        return "—"
+    ceiling = served_ceiling(results, run["backend"])
+    if ceiling is None:
+        return "—"
+    return f"{100 * run['req_per_s'] / ceiling.req_per_s:.0f}%" + (
+        "" if ceiling.http_source == "measured" else " (est.)"
+    )
+
+
+def _hits(run: dict[str, Any]) -> str:
+    return {"bare": "— (no cache)", "batch": "0% (bypassed)"}.get(run["scenario"], "0% (bypassed)")
+
+
+def _cpu_cell(run: dict[str, Any]) -> str:
+    if not run.get("cpu"):
+        return "—"
+    per = run["cpu"]["ms_per_request"]
+    return f"{per['front']:g}, {per['runner']:g}, {per['load_generator']:g}"
+
+
+def _http_section(results: dict[str, Any]) -> list[str]:
+    """The HTTP path's cost, measured: per backend, the split of the server's CPU per request."""
+    costs = results.get("http_cost") or []
+    repeat, bare = _run(results, "repeat"), _run(results, "bare")
+    if not costs and not _front_ms(repeat) and not _front_ms(bare):
+        return []
+    md = [
+        "## The HTTP path, measured",
+        "",
+        "The CPU time of every process of the server (user + system, `psutil`) is read before and after each "
+        "locust run (load_tests/cpu.py) and divided by the requests served: the front workers, the backend's "
+        "runner, and the load generator (locust, a child of the bench). Front overhead = front CPU per request "
+        "− in-process decode + preprocess + postprocess of the same pool (its mean: every photo equally often, "
+        "as locust sends them). Runner overhead = runner CPU per request − in-process inference CPU per image "
+        "at the batch size named: for a batching runner the cheapest per image of the profiled sizes up to its "
+        "max batch (b8 in practice; under load it batches up to 8, and a full batch is the least the model can "
+        'cost per image, so no HTTP cost hides in "inference"), b1 for one without batching. It holds the '
+        "front→runner hop (150 KB each way), the batcher, and the thread pools' spinning while the cores are "
+        "shared. HTTP cost = front overhead + runner overhead, clamped at 0; the ceilings above use it. The load "
+        "generator's CPU is locust's own from test start to stop.",
+        "",
+    ]
+    if costs:
+        rows = []
+        for h in costs:
+            run = _run(results, "inference", backend=h["backend"], users=h["users"]) or {}
+            client = run.get("cpu", {}).get("ms_per_request", {}).get("load_generator", "—")
+            rows.append(
+                [
+                    f"`{h['backend']}`",
+                    h["users"],
+                    h["front_cpu_ms"],
+                    h["runner_cpu_ms"],
+                    h["front_stages_ms"],
+                    f"{h['inference_ms']} (b{h['batch']})",
+                    h["front_overhead_ms"],
+                    h["runner_overhead_ms"],
+                    f"**{h['http_ms']}**",
+                    h.get("mean_batch") or "—",
+                    client,
+                ]
+            )
+        md += [
+            _table(
+                [
+                    "backend",
+                    "users",
+                    "front CPU ms/req",
+                    "runner CPU ms/req",
+                    "in-process decode+preprocess+postprocess",
+                    "in-process inference ms/img",
+                    "front overhead",
+                    "runner overhead",
+                    "HTTP cost ms/req",
+                    "mean batch seen",
+                    "load generator CPU ms/req",
+                ],
+                rows,
+            ),
+            "",
+        ]
+    noisy = [
+        f"{r['scenario']} `{r['backend']}` {r['users']} users: {busy['rest_of_machine']:g} cores busy elsewhere, "
+        f"steal {busy['steal']:g}"
+        for r in results.get("runs", [])
+        if (busy := (r.get("cpu") or {}).get("cores_busy", {}))
+        and (busy.get("rest_of_machine", 0) >= NOISE_CORES or busy.get("steal", 0) >= NOISE_CORES)
+    ]
+    if noisy:
+        md += [
+            "Other work shared these cores during some runs (their figures are noisier, their req/s lower): "
+            + "; ".join(noisy)
+            + ".",
+            "",
+        ]
+    front = _front_ms(repeat)
+    if front is not None:
+        line = (
+            f"The cache-hit path (one photo repeated, 10 users: no decode, no inference) costs the front "
+            f"**{front:g} CPU ms per request**: the whole HTTP path of a request (receiving and parsing the "
+            "multipart body, sha256, the cache lookup, the JSON answer)"
+        )
+        bare_front = _front_ms(bare)
+        compared = cache_vs_bare(results)
+        if bare_front is not None and compared:
+            line += (
+                f"; the bare BentoML API, same body, {bare_front:g} CPU ms per request. Throughput, same run: "
+                f"FastInfer {compared['fastinfer_req_per_s']} req/s vs bare {compared['bare_req_per_s']} req/s = "
+                f"{compared['ratio']:.2f}× (target >= {CACHE_HIT_VS_BARE:g}×)"
+            )
+        md += [line + ".", ""]
+        if repeat and (repeat["cpu"]["ms_per_request"]["runner"] >= 1.0 or repeat.get("cache_errors")):
+            md += [
+                f"Not every cache-hit request was a hit: the runner used {repeat['cpu']['ms_per_request']['runner']:g} "
+                f"CPU ms per request in that run and the cache had {repeat.get('cache_errors', 0)} errors (a lookup "
+                "that times out is answered without the cache, decoded and inferred), so the front's figure above "
+                "includes some decoding.",
+                "",
+            ]
+    return md
+
+
+def _batch_section(results: dict[str, Any]) -> list[str]:
+    step = results.get("batch")
+    compared = batch_vs_single(results)
+    if not step and not compared:
+        return []
+    md = ["## Batch API (`POST /classify/batch`)", ""]
+    if compared is None:
+        md += [f"Not measured in this run: {step.get('skipped', 'no batch run')}.", ""]
+        return md
+    n = compared["images_per_request"]
+    line = (
+        f"`{compared['backend']}` at {compared['users']} users, {n} distinct pool photos per request, cache bypassed "
+        f"(a non-200, or any item that is an error or a cache hit, fails the request): "
+        f"**{compared['batch_images_per_s']} images/s** in batches of {n}"
+    )
+    if compared["single_images_per_s"]:
+        line += (
+            f" vs {compared['single_images_per_s']} images/s one photo per request (the inference run above, same "
+            f"backend and users, same run) = **{compared['ratio']:.2f}×**"
+        )
+    line += f"; {compared['failures']} of {compared['requests']} batch requests failed"
+    example = (_run(results, "batch") or {}).get("failure_example")
+    line += f" (first: {example})." if compared["failures"] and example else "."
+    md += [line, ""]
+    if compared.get("cpu_ms_per_image"):
+        cpu = compared["cpu_ms_per_image"]
+        md += [
+            _table(
+                ["CPU ms per image", "front", "runner", "load generator"],
+                [
+                    [label, *(cpu[key][k] for k in ("front", "runner", "load_generator"))]
+                    for label, key in ((f"batches of {n}", "batch"), ("one per request", "single"))
+                ],
+            ),
+            "",
+        ]
+    return md
+
+
 def write_markdown(results: dict[str, Any], path: Path, out: Path, plots: Path | None = None) -> None:
     plots = plots or path.parent / "docs" / "bench"
     plots.mkdir(parents=True, exist_ok=True)
@@ -248,6 +556,9 @@ def write_markdown(results: dict[str, Any], path: Path, out: Path, plots: Path |
     ]
     profile = results.get("profile")
     if profile:
+        by_size: dict[str, dict[tuple[str, int], float]] = {}
+        for c in profile.get("ceilings_by_size", []):
+            by_size.setdefault(c["size_class"], {})[(c["backend"], c["batch"])] = c["req_per_s"]
         md += [
             "## Where the time goes (in-process profile)",
             "",
@@ -258,12 +569,22 @@ def write_markdown(results: dict[str, Any], path: Path, out: Path, plots: Path |
                 [[s["stage"], s["detail"], f"{s['cpu_ms']:.2f}", f"{s['wall_ms']:.2f}"] for s in profile["stages"]],
             ),
             "",
-            f"Ceiling = {profile['cores']} cores / CPU per request (1.5 MP-class decode + preprocess + postprocess "
-            f"+ inference per image at that batch, all measured, + an estimated {profile['http_overhead_ms']} ms of "
-            "CPU for the HTTP path, which is not measured per run — see fastinfer/profile.py):",
+            f"Ceiling = {profile['cores']} cores / CPU per request: decode + preprocess + postprocess + inference "
+            "per image at that batch, all measured in-process, for the mix of photos locust sends (the 60-image pool"
+            + (f": {', '.join(f'{n} {cls}' for cls, n in profile['pool'].items())}" if profile.get("pool") else "")
+            + f"), + {http_note(profile)}. The same for each size class alone on the right (the HTTP cost is the "
+            "pool's; bigger uploads cost the front a little more to receive and hash).",
             "",
             _table(
-                ["backend", "batch", "CPU ms / request", "ceiling req/s", "binding stage"],
+                [
+                    "backend",
+                    "batch",
+                    "CPU ms / request",
+                    "ceiling req/s",
+                    "binding stage",
+                    "HTTP ms",
+                    *(f"all {cls}" for cls in by_size),
+                ],
                 [
                     [
                         c["backend"],
@@ -271,12 +592,16 @@ def write_markdown(results: dict[str, Any], path: Path, out: Path, plots: Path |
                         c["cpu_ms_per_request"],
                         c["req_per_s"],
                         f"{c['binding_stage']} ({c['shares'][c['binding_stage']]:.0%})",
+                        f"{c.get('http_ms', profile['http_overhead_ms']):g} ({c.get('http_source', 'estimate')})",
+                        *(by_size[cls].get((c["backend"], c["batch"]), "—") for cls in by_size),
                     ]
                     for c in profile["ceilings"]
                 ],
             ),
             "",
         ]
+    md += _http_section(results)
+    md += _batch_section(results)
     md += _per_core(results)
     md += _fidelity(results)
     seq = results.get("sequential", [])
@@ -309,7 +634,19 @@ def write_markdown(results: dict[str, Any], path: Path, out: Path, plots: Path |
         f"![throughput]({rel}/throughput.png) ![latency]({rel}/latency.png)",
         "",
         _table(
-            ["scenario", "backend", "users", "req/s", "p50 ms", "p95 ms", "p99 ms", "errors", "cache hits"],
+            [
+                "scenario",
+                "backend",
+                "users",
+                "req/s",
+                "p50 ms",
+                "p95 ms",
+                "p99 ms",
+                "errors",
+                "cache hits",
+                "% of ceiling",
+                "CPU ms / req: front, runner, client",
+            ],
             [
                 [
                     r["scenario"],
@@ -320,7 +657,9 @@ def write_markdown(results: dict[str, Any], path: Path, out: Path, plots: Path |
                     r["p95_ms"],
                     r["p99_ms"],
                     f"{r['failures']} ({r['error_rate']:.1%})",
-                    f"{r['cache_hit_share']:.0%}" if "cache_hit_share" in r else "0% (bypassed)",
+                    f"{r['cache_hit_share']:.0%}" if "cache_hit_share" in r else _hits(r),
+                    percent_of_ceiling(results, r),
+                    _cpu_cell(r),
                 ]
                 for r in runs
             ],

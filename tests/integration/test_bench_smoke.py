@@ -1,5 +1,6 @@
 """A tiny smoke of the benchmark harness and the profiler: they run and produce parseable results
-with the expected fields. No speed assertions (speed lives in BENCHMARKS.md, not in tests)."""
+with the expected fields, the server's CPU split per request (the HTTP path's cost, measured) and the
+bare BentoML baseline among them. No speed assertions (speed lives in BENCHMARKS.md, not in tests)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ def test_load_test_harness_smoke(server, tmp_path) -> None:
         "load_tests",
         "--url",
         server.url,
+        "--server-pid",  # the fixture's `bentoml serve`: its processes' CPU is accounted
+        str(server.process.pid),
         "--backends",
         "onnx-int8",
         "--users",
@@ -27,7 +30,9 @@ def test_load_test_harness_smoke(server, tmp_path) -> None:
         "3",
         "--sequential",
         "3",
-        "--no-profile",
+        "--profile-repeats",  # the in-process stages the measured split is computed against, quickly
+        "1",
+        "--no-fidelity",
         "--out",
         str(out),
         "--markdown",
@@ -35,7 +40,7 @@ def test_load_test_harness_smoke(server, tmp_path) -> None:
         "--plots",
         str(plots),
     ]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     inference = [r for r in results["runs"] if r["scenario"] == "inference"]
@@ -47,8 +52,29 @@ def test_load_test_harness_smoke(server, tmp_path) -> None:
     assert repeat["cache_hit_share"] > 0.9  # the repeat scenario really measures hits
     (seq,) = results["sequential"]
     assert seq["median_ms"] > 0 and {"decode", "inference"} <= seq["stages_p50_ms"].keys()
+    # The server's CPU per request, by process role, around every run.
+    split = inference[0]["cpu"]
+    assert split["runner"] == "runner-onnx-int8"
+    assert split["ms_per_request"]["front"] > 0 and split["ms_per_request"]["runner"] > 0
+    assert split["ms_per_request"]["load_generator"] > 0
+    assert repeat["cpu"]["ms_per_request"]["front"] > 0  # the cache-hit path: the whole HTTP path of the front
+    # The HTTP cost, measured: the split less the in-process stages, and the ceilings recomputed with it.
+    (http,) = results["http_cost"]
+    assert http["backend"] == "onnx-int8" and http["users"] == 2 and http["batch"] in (1, 8)
+    assert abs(http["front_overhead_ms"] - (http["front_cpu_ms"] - http["front_stages_ms"])) < 0.02
+    assert http["http_ms"] >= 0
+    ceilings = [c for c in results["profile"]["ceilings"] if c["backend"] == "onnx-int8"]
+    assert ceilings and all(c["http_source"] == "measured" and c["http_ms"] == http["http_ms"] for c in ceilings)
+    assert {c["size_class"] for c in results["profile"]["ceilings_by_size"]} == {"small", "medium", "phone"}
+    # The bare BentoML baseline, same body, its front's CPU accounted too.
+    bare = next(r for r in results["runs"] if r["scenario"] == "bare")
+    assert bare["requests"] > 0 and bare["failures"] == 0 and bare["cpu"]["ms_per_request"]["front"] > 0
+    # The batch step ran, or says why not (a server without POST /classify/batch).
+    assert "skipped" in results["batch"] or any(r["scenario"] == "batch" for r in results["runs"])
     text = md.read_text()
     assert "# FastInfer benchmarks" in text and "## Targets" in text and "Cache-hit path" in text
+    assert "## The HTTP path, measured" in text and "| `onnx-int8` | 2 |" in text
+    assert "a bare BentoML API" in text and "## Batch API" in text
     assert (plots / "throughput.png").stat().st_size > 1000 and (plots / "stages.png").exists()
     assert "[bench" in done.stderr  # progress was shown
 

@@ -1,32 +1,346 @@
-"""BENCHMARKS.md's target lines say what was measured, limit and verdict in the right places."""
+"""BENCHMARKS.md's target lines and sections say what was measured, limit and verdict in the right places,
+and the HTTP cost and the ceilings are the arithmetic the report says they are."""
 
 from __future__ import annotations
 
-from load_tests.report import _openvino_targets, _per_core, _targets
+from dataclasses import asdict
+
+import pytest
+
+from fastinfer import profile as prof
+from fastinfer.profile import PHOTO, POOL, StageCost
+from load_tests.checks import batch_failure
+from load_tests.report import (
+    _batch_section,
+    _http_section,
+    _openvino_targets,
+    _per_core,
+    _targets,
+    batch_vs_single,
+    best_backend,
+    cache_vs_bare,
+    percent_of_ceiling,
+    write_markdown,
+)
+
+CPU = "Test CPU 9000"
 
 
-def results(p50_by_backend: dict[str, float], inference_ms: dict[str, float], decode_ms: float = 4.0) -> dict:
-    stages = [{"stage": "decode", "detail": "medium", "wall_ms": decode_ms}]
-    stages += [{"stage": "inference", "detail": f"{b} b1", "wall_ms": ms} for b, ms in inference_ms.items()]
+def stage(name: str, detail: str, cpu_ms: float, wall_ms: float | None = None) -> dict:
+    return {"stage": name, "detail": detail, "cpu_ms": cpu_ms, "wall_ms": cpu_ms if wall_ms is None else wall_ms}
+
+
+# The pool mean differs from every size class, so that a sum that used a size class would show.
+STAGES = [
+    stage("decode", "medium", 100.0),
+    stage("preprocess", "medium", 100.0),
+    stage("decode", "small", 50.0),
+    stage("preprocess", "small", 50.0),
+    stage("decode", POOL, 3.0),
+    stage("preprocess", POOL, 1.0),
+    stage("decode", PHOTO, 4.0, 4.5),
+    stage("preprocess", PHOTO, 1.2, 1.5),
+    stage("postprocess", "softmax + top-5", 0.5),
+    stage("inference", "onnx-int8 b1", 20.0, 16.0),
+    stage("inference", "onnx-int8 b8", 15.0, 12.0),
+    stage("inference", "onnx b1", 80.0, 40.0),
+    stage("inference", "onnx b8", 76.0, 38.0),
+]
+
+
+def costs() -> list[StageCost]:
+    return [StageCost(**s) for s in STAGES]
+
+
+# ---- the HTTP cost, measured -------------------------------------------------------------------
+
+
+def test_http_cost_subtracts_the_pool_stages_and_b8_inference_for_a_batching_runner() -> None:
+    h = prof.http_cost(costs(), "onnx-int8", 10, 200, front_cpu_ms=12.0, runner_cpu_ms=19.0, batching=True)
+    assert h is not None
+    assert h.front_stages_ms == pytest.approx(3.0 + 1.0 + 0.5)  # decode + preprocess (pool) + postprocess
+    assert h.batch == 8 and h.inference_ms == 15.0
+    assert h.front_overhead_ms == pytest.approx(12.0 - 4.5)
+    assert h.runner_overhead_ms == pytest.approx(19.0 - 15.0)
+    assert h.http_ms == pytest.approx(7.5 + 4.0)
+
+
+def test_http_cost_subtracts_b1_for_a_runner_without_batching() -> None:
+    h = prof.http_cost(costs(), "onnx-int8", 10, 200, front_cpu_ms=12.0, runner_cpu_ms=19.0, batching=False)
+    assert h is not None and h.batch == 1 and h.inference_ms == 20.0
+    assert h.runner_overhead_ms == pytest.approx(-1.0)  # kept as measured
+    assert h.http_ms == pytest.approx(7.5 - 1.0)
+
+
+def test_http_cost_is_clamped_at_zero_but_its_parts_are_not() -> None:
+    h = prof.http_cost(costs(), "onnx-int8", 10, 200, front_cpu_ms=4.0, runner_cpu_ms=14.0, batching=True)
+    assert h is not None
+    assert h.front_overhead_ms == pytest.approx(-0.5) and h.runner_overhead_ms == pytest.approx(-1.0)
+    assert h.http_ms == 0.0
+
+
+def test_a_batching_runner_is_charged_the_cheapest_batch_within_its_max() -> None:
+    noisy = [*costs(), StageCost("inference", "onnx-int8 b16", 5.0, 5.0)]
+    # b16 is cheaper but beyond the runner's max batch of 8: b8 stands.
+    assert prof.subtracted_batch(noisy, "onnx-int8", True, max_batch=8) == 8
+    # Where the profile measured b8 dearer than b1 (noise), the cheaper b1 is the least the model cost.
+    flipped = [StageCost("inference", "x b1", 10.0, 10.0), StageCost("inference", "x b8", 11.0, 11.0)]
+    assert prof.subtracted_batch(flipped, "x", True) == 1
+    assert prof.subtracted_batch(costs(), "onnx-int8", True, max_batch=4) == 1
+    assert prof.subtracted_batch(costs(), "pytorch", True) is None
+
+
+def test_no_http_cost_without_the_pool_stages() -> None:
+    without_pool = [c for c in costs() if c.detail != POOL]
+    assert prof.http_cost(without_pool, "onnx-int8", 10, 1, 12.0, 19.0, True) is None
+
+
+# ---- the ceilings ---------------------------------------------------------------------------------
+
+
+def test_ceilings_use_the_pool_mix_and_the_measured_http_cost_with_its_label() -> None:
+    ceils = {(c.backend, c.batch): c for c in prof.ceilings(costs(), 2, http={"onnx-int8": 11.5})}
+    int8 = ceils[("onnx-int8", 8)]
+    total = 3.0 + 1.0 + 0.5 + 11.5 + 15.0
+    assert int8.size_class == POOL and int8.cpu_ms_per_request == pytest.approx(total)
+    assert int8.req_per_s == pytest.approx(round(2000 / total, 1))
+    assert (int8.http_ms, int8.http_source) == (11.5, "measured")
+    assert int8.shares["http"] == pytest.approx(round(11.5 / total, 3))
+    onnx = ceils[("onnx", 8)]  # not measured: the estimate, labelled so
+    assert (onnx.http_ms, onnx.http_source) == (prof.HTTP_OVERHEAD_MS, "estimate")
+    assert onnx.cpu_ms_per_request == pytest.approx(4.5 + prof.HTTP_OVERHEAD_MS + 76.0)
+
+
+def test_the_measured_ceiling_at_b8_is_the_servers_measured_cpu_per_request() -> None:
+    # stages + (front − stages) + (runner − inference at b8) = front + runner, as measured.
+    h = prof.http_cost(costs(), "onnx-int8", 10, 200, front_cpu_ms=12.0, runner_cpu_ms=19.0, batching=True)
+    assert h is not None
+    ceils = prof.ceilings(costs(), 2, http={"onnx-int8": h.http_ms})
+    (c,) = [c for c in ceils if (c.backend, c.batch) == ("onnx-int8", 8)]
+    assert c.cpu_ms_per_request == pytest.approx(12.0 + 19.0)
+
+
+def test_with_http_recomputes_every_ceiling_and_keeps_the_size_classes() -> None:
+    result = {"cores": 2, "http_overhead_ms": 3.0, "stages": STAGES, "ceilings": []}
+    out = prof.with_http(result, {"onnx-int8": 11.5})
+    assert out["http_measured_ms"] == {"onnx-int8": 11.5}
+    assert {(c["backend"], c["batch"], c["http_source"]) for c in out["ceilings"]} == {
+        ("onnx-int8", 1, "measured"),
+        ("onnx-int8", 8, "measured"),
+        ("onnx", 1, "estimate"),
+        ("onnx", 8, "estimate"),
+    }
+    small = next(c for c in out["ceilings_by_size"] if (c["size_class"], c["backend"], c["batch"]) == (
+        "small", "onnx-int8", 8))  # fmt: skip
+    assert small["cpu_ms_per_request"] == pytest.approx(50.0 + 50.0 + 0.5 + 11.5 + 15.0)
+    assert {c["size_class"] for c in out["ceilings_by_size"]} == {"small", "medium"}  # no phone stage measured
+    assert "MEASURED" in prof.http_note(out) and "ESTIMATED 3 ms" in prof.http_note(out)
+    assert "MEASURED" not in prof.http_note(result | {"ceilings": [asdict(c) for c in prof.ceilings(costs(), 2)]})
+
+
+def test_in_process_latency_is_decode_preprocess_and_b1_inference_of_the_photo_in_wall_time() -> None:
+    assert prof.in_process_latency_ms(costs(), "onnx-int8") == pytest.approx(4.5 + 1.5 + 16.0)
+    assert prof.in_process_latency_ms(costs(), "pytorch") is None
+
+
+# ---- the report ---------------------------------------------------------------------------------
+
+
+def cpu(front: float, runner: float, client: float = 2.0) -> dict:
     return {
-        "runs": [],
-        "profile": {"stages": stages, "ceilings": []},
-        "sequential": [{"backend": b, "median_ms": p50} for b, p50 in p50_by_backend.items()],
+        "runner": "runner-x",
+        "ms_per_request": {"front": front, "runner": runner, "other": 0.1, "load_generator": client},
+        "cores_busy": {"server": 1.7, "load_generator": 0.2},
     }
 
 
-def test_single_client_target_names_the_in_process_time_the_limit_and_the_verdict() -> None:
-    # The committed run's onnx-int8 figures: p50 30.5 ms against 19.1 ms in process (limit 23.9 ms).
-    lines = _targets(results({"onnx-int8": 30.5, "onnx": 40.0}, {"onnx-int8": 15.1, "onnx": 30.0}))
-    (line,) = lines
-    assert "met for 1 of 2 backends (`onnx`)" in line
-    assert "`onnx-int8` p50 30.5 ms = 1.60× its in-process 19.1 ms (limit 23.9 ms: missed)" in line
-    assert "`onnx` p50 40.0 ms = 1.18× its in-process 34.0 ms (limit 42.5 ms: met)" in line
+def run(scenario: str, backend: str, users: int, rps: float, failures: int = 0, **extra) -> dict:
+    requests = 1000
+    return {
+        "scenario": scenario,
+        "backend": backend,
+        "users": users,
+        "req_per_s": rps,
+        "requests": requests,
+        "failures": failures,
+        "error_rate": failures / requests,
+        "p50_ms": 40.0,
+        "p95_ms": 60.0,
+        "p99_ms": 80.0,
+        **extra,
+    }
 
 
-def test_no_backend_meeting_the_target_is_said_plainly() -> None:
-    (line,) = _targets(results({"pytorch": 95.5}, {"pytorch": 60.1}))
-    assert "met for 0 of 1 backends." in line and "missed" in line
+def bench(runs: list[dict], sequential: list[dict] | None = None, http: dict[str, float] | None = None) -> dict:
+    """A results.json as the bench writes it, with the ceilings measured for ``http``."""
+    profile = prof.with_http(
+        {"cores": 2, "http_overhead_ms": 3.0, "stages": STAGES, "ceilings": [], "pool": {"small": 34}}, http or {}
+    )
+    http_cost = [
+        asdict(h) for b in (http or {}) if (h := prof.http_cost(costs(), b, 10, 1000, 12.0, 19.0, True)) is not None
+    ]
+    return {
+        "hardware": {"cpu": CPU, "cores": 2, "os": "Linux", "isa": [], "cuda": False, "mps": False,
+                     "neural_engine": False},
+        "date": "today",
+        "command": "python -m load_tests",
+        "runs": runs,
+        "sequential": sequential or [],
+        "profile": profile,
+        "http_cost": http_cost,
+    }  # fmt: skip
+
+
+def test_best_backend_is_the_fastest_at_10_users_else_at_the_most_users() -> None:
+    assert best_backend(bench([run("inference", "a", 10, 5.0), run("inference", "b", 10, 9.0)])) == "b"
+    assert best_backend(bench([run("inference", "a", 4, 5.0), run("inference", "b", 2, 9.0)])) == "a"
+    assert best_backend(bench([], [{"backend": "c", "median_ms": 3.0}, {"backend": "d", "median_ms": 2.0}])) == "d"
+
+
+def test_cache_hit_target_is_the_ratio_to_bare_bentoml_with_both_figures() -> None:
+    results = bench([
+        run("repeat", "onnx-int8", 10, 260.0, cpu=cpu(5.5, 0.0), cache_hit_share=1.0, cache_mode="redis"),
+        run("bare", "onnx-int8", 10, 200.0, cpu=cpu(3.5, 0.0)),
+    ])  # fmt: skip
+    compared = cache_vs_bare(results)
+    assert compared is not None and compared["ratio"] == 1.3 and compared["met"]
+    (line,) = _targets(results)
+    assert f"Cache-hit path >= 1.3× a bare BentoML API on {CPU}: met.**" in line
+    assert "260.0 req/s vs the bare BentoML API" in line and "200.0 req/s" in line and "= 1.30×" in line
+    assert "Front CPU per request: 5.5 ms (FastInfer) vs 3.5 ms (bare)" in line
+    assert ">= 400 req/s on 2 cores: NOT met" in line
+    results["runs"][1]["req_per_s"] = 201.0
+    (line,) = _targets(results)
+    assert ": NOT met.**" in line and "= 1.29×" in line
+
+
+def test_single_client_target_is_on_the_best_backend_against_the_same_photo_in_process() -> None:
+    # in-process, wall: decode 4.5 + preprocess 1.5 + inference b1 16.0 = 22.0 ms; limit 1.15× = 25.3 ms.
+    runs = [run("inference", "onnx-int8", 10, 50.0), run("inference", "onnx", 10, 20.0)]
+    seq = [{"backend": "onnx-int8", "median_ms": 25.0}, {"backend": "onnx", "median_ms": 50.0}]
+    line = next(x for x in _targets(bench(runs, seq)) if "Single-client" in x)
+    assert "best backend (`onnx-int8`) <= 1.15 × in-process decode + preprocess + inference (b1)" in line
+    assert f"on {CPU}: met.**" in line
+    assert "p50 25.0 ms = 1.14× its in-process 22.0 ms" in line and "limit 25.3 ms" in line
+    assert "decode 4.5 + preprocess 1.5 + inference 16.0 ms" in line
+    assert "`onnx` 1.09×" in line  # 50 / (4.5 + 1.5 + 40.0)
+    seq[0]["median_ms"] = 25.5
+    line = next(x for x in _targets(bench(runs, seq)) if "Single-client" in x)
+    assert ": NOT met.** p50 25.5 ms = 1.16×" in line
+
+
+def test_ceiling_target_uses_the_measured_ceiling_at_the_served_batch() -> None:
+    # Measured: front 12 + runner 19 = 31 CPU ms per request at b8 → 2000 / 31 = 64.5 req/s.
+    runs = [run("inference", "onnx-int8", 10, 58.1, cpu=cpu(12.0, 19.0, client=3.25))]
+    results = bench(runs, http={"onnx-int8": 11.5})
+    (line,) = [x for x in _targets(results) if "ceiling" in x]
+    assert f">= 90% of the measured ceiling, zero errors, on {CPU}: met.**" in line
+    assert "58.1 req/s with 0 errors = 90% of its ceiling of 64.5 req/s (b8" in line
+    assert "the HTTP path's 11.5 ms measured in this run" in line
+    assert "load generator used 3.25 CPU ms per request" in line
+    assert percent_of_ceiling(results, runs[0]) == "90%"
+    runs[0]["req_per_s"] = 57.9
+    (line,) = [x for x in _targets(results) if "ceiling" in x]
+    assert ": NOT met.**" in line
+    runs[0].update(req_per_s=60.0, failures=1)
+    (line,) = [x for x in _targets(results) if "ceiling" in x]
+    assert ": NOT met.**" in line and "1 errors" in line
+
+
+def test_ceiling_target_says_estimated_where_the_http_cost_was_not_measured() -> None:
+    results = bench([run("inference", "onnx-int8", 10, 40.0)])
+    (line,) = [x for x in _targets(results) if "ceiling" in x]
+    assert "an ESTIMATED 3 ms for the HTTP path (not measured in this run)" in line
+    assert percent_of_ceiling(results, results["runs"][0]).endswith("(est.)")
+
+
+def test_http_section_shows_the_split_and_the_cache_hit_front_cpu() -> None:
+    runs = [
+        run("inference", "onnx-int8", 10, 58.0, cpu=cpu(12.0, 19.0, client=3.25)),
+        run("repeat", "onnx-int8", 10, 260.0, cpu=cpu(5.5, 0.0)),
+        run("bare", "onnx-int8", 10, 200.0, cpu=cpu(3.5, 0.0)),
+    ]
+    text = "\n".join(_http_section(bench(runs, http={"onnx-int8": 11.5})))
+    assert "## The HTTP path, measured" in text
+    # backend, users, front, runner, in-process front stages, inference (batch), overheads, HTTP, batch, client
+    assert "| `onnx-int8` | 10 | 12.0 | 19.0 | 4.5 | 15.0 (b8) | 7.5 | 4.0 | **11.5** | — | 3.25 |" in text
+    assert "costs the front **5.5 CPU ms per request**" in text
+    assert "the bare BentoML API, same body, 3.5 CPU ms per request" in text and "= 1.30×" in text
+    assert "Other work shared these cores" not in text
+    runs[0]["cpu"] = cpu(12.0, 19.0) | {"cores_busy": {"server": 1.2, "load_generator": 0.1, "rest_of_machine": 0.6,
+                                                       "steal": 0.0}}  # fmt: skip
+    text = "\n".join(_http_section(bench(runs, http={"onnx-int8": 11.5})))
+    assert "during some runs" in text and "inference `onnx-int8` 10 users: 0.6 cores busy elsewhere" in text
+    (line,) = [x for x in _targets(bench(runs, http={"onnx-int8": 11.5})) if "ceiling" in x]
+    assert "other jobs on the machine 0.6, steal 0" in line
+
+
+def test_http_section_warns_when_the_cache_hit_run_was_not_all_hits() -> None:
+    runs = [
+        run("repeat", "onnx-int8", 10, 14.4, cpu=cpu(11.96, 16.07), cache_hit_share=1.0, cache_errors=3),
+        run("bare", "onnx-int8", 10, 281.2, cpu=cpu(3.52, 0.0)),
+    ]
+    text = "\n".join(_http_section(bench(runs)))
+    assert "the runner used 16.07 CPU ms per request in that run and the cache had 3 errors" in text
+    assert "3 cache errors" in _targets(bench(runs))[0]
+    runs[0].update(cpu=cpu(5.5, 0.0), cache_errors=0)
+    assert "Not every cache-hit request was a hit" not in "\n".join(_http_section(bench(runs)))
+
+
+def test_batch_section_compares_images_per_second_with_single_requests_of_the_same_run() -> None:
+    single = run("inference", "openvino-int8", 10, 50.0, cpu=cpu(12.0, 20.0, client=3.0))
+    batch = run("batch", "openvino-int8", 10, 8.0, images_per_request=8, images_per_s=64.0,
+                cpu=cpu(80.0, 140.0, client=4.0))  # fmt: skip
+    results = bench([single, batch]) | {"batch": {"backend": "openvino-int8", "users": 10}}
+    compared = batch_vs_single(results)
+    assert compared is not None
+    assert (compared["batch_images_per_s"], compared["single_images_per_s"], compared["ratio"]) == (64.0, 50.0, 1.28)
+    assert compared["cpu_ms_per_image"]["batch"] == {"front": 10.0, "runner": 17.5, "load_generator": 0.5}
+    text = "\n".join(_batch_section(results))
+    assert "**64.0 images/s** in batches of 8 vs 50.0 images/s one photo per request" in text
+    assert "= **1.28×**" in text and "0 of 1000 batch requests failed." in text
+    assert "| batches of 8 | 10.0 | 17.5 | 0.5 |" in text
+
+
+def test_a_skipped_batch_step_says_why() -> None:
+    results = bench([]) | {"batch": {"backend": "x", "skipped": "this server has no POST /classify/batch (HTTP 404)"}}
+    assert "Not measured in this run: this server has no POST /classify/batch (HTTP 404)." in _batch_section(results)
+
+
+def test_batch_answers_fail_on_status_count_errors_and_cache_hits() -> None:
+    ok = {"results": [{"class": "cat", "cached": False}] * 8}
+    assert batch_failure(200, ok, 8) is None
+    assert batch_failure(503, None, 8) == "HTTP 503"
+    assert batch_failure(200, {"results": ok["results"][:7]}, 8) == "7 results for 8 images"
+    with_error = {"results": [*ok["results"][:7], {"error": {"code": "invalid_image", "message": "bad"}}]}
+    assert "image 7" in (batch_failure(200, with_error, 8) or "")
+    cached = {"results": [{"class": "cat", "cached": True}, *ok["results"][:7]]}
+    assert "image 0: a cache hit" in (batch_failure(200, cached, 8) or "")
+
+
+def test_the_whole_report_renders_the_new_sections(tmp_path) -> None:
+    runs = [
+        run("inference", "onnx-int8", 10, 58.0, cpu=cpu(12.0, 19.0)),
+        run("repeat", "onnx-int8", 10, 260.0, cpu=cpu(5.5, 0.0), cache_hit_share=1.0, cache_mode="redis"),
+        run("bare", "onnx-int8", 10, 200.0, cpu=cpu(3.5, 0.0)),
+    ]
+    seq = [{"backend": "onnx-int8", "median_ms": 25.0, "p95_ms": 30.0,
+            "stages_p50_ms": {"decode": 4.0, "preprocess": 1.0, "inference": 16.0}}]  # fmt: skip
+    results = bench(runs, seq, http={"onnx-int8": 11.5}) | {"batch": {"skipped": "no endpoint"}}
+    md = tmp_path / "BENCHMARKS.md"
+    write_markdown(results, md, tmp_path, tmp_path / "plots")
+    text = md.read_text()
+    for heading in ("## Targets", "## The HTTP path, measured", "## Batch API", "## Where the time goes"):
+        assert heading in text
+    # the pool's ceiling, then each size class alone (small: 50 + 50 + 0.5 + 11.5 + 15 = 127 ms → 15.7 req/s)
+    assert "| onnx-int8 | 8 | 31.0 | 64.5 | inference (48%) | 11.5 (measured) | 15.7 | 8.8 |" in text
+    assert (
+        "| inference | onnx-int8 | 10 | 58.0 | 40.0 | 60.0 | 80.0 | 0 (0.0%) | 0% (bypassed) | 90% | 12, 19, 2 |"
+        in text
+    )
+
+
+# ---- the earlier targets, kept ----------------------------------------------------------------------
 
 
 def at10(rps: dict[str, float], failures: int = 0) -> list[dict]:

@@ -1,0 +1,25 @@
+"""A bare BentoML service: the baseline that FastInfer's cache-hit path is measured against.
+
+``POST /classify`` takes the same multipart body as FastInfer's (``image`` as BentoML's typed
+``Path``, which spools every upload to a temporary file, and the ``backend`` field the locust body
+carries) and answers only the file's size: no cache, no hashing, no model. What it costs per request
+is what BentoML's HTTP path costs by itself. ``python -m load_tests`` starts it after the main runs
+(``bentoml serve bare_service:Bare`` from this folder) with as many workers as FastInfer's front.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import bentoml
+
+WORKERS = int(os.environ.get("FASTINFER_FRONT_WORKERS", "1"))  # the same worker count as FastInfer's front
+
+
+@bentoml.service(name="bare", workers=WORKERS)
+class Bare:
+    @bentoml.api(route="/classify")
+    async def classify(self, image: Path, backend: str = "onnx") -> dict[str, int]:
+        """The upload's size in bytes (``backend`` is accepted and ignored, as a real body carries it)."""
+        return {"bytes": image.stat().st_size}

@@ -1,0 +1,123 @@
+"""CPU time of a running ``bentoml serve`` process tree, by role, and of the load generator.
+
+The bench reads every process's CPU time (user + system, plus what its reaped children used)
+before and after each locust run. The difference, divided by the requests served, is what one
+request cost each part of the server: the front workers (``--service-name fastinfer``, or any
+service that is not a runner), each runner (``--service-name runner-<backend>``) and the rest (the
+``bentoml serve`` arbiter itself). On a CPU-bound machine that is the figure that decides
+throughput: the cores are shared by all of them and by the load generator.
+"""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass, field
+
+import psutil
+
+FRONT = "front"
+OTHER = "other"
+LOAD_GENERATOR = "load_generator"
+MACHINE = "machine"
+STEAL = "steal"
+NOT_SERVER = (LOAD_GENERATOR, MACHINE, STEAL)
+
+
+def role(cmdline: list[str]) -> str:
+    """``front``, ``runner-<backend>`` or ``other``, from a process's command line."""
+    if not any("_bentoml_impl.worker" in part for part in cmdline):
+        return OTHER
+    if "--service-name" in cmdline[:-1]:
+        name = cmdline[cmdline.index("--service-name") + 1]
+        return name if name.startswith("runner-") else FRONT
+    return FRONT  # a worker of a one-service server may carry no name
+
+
+@dataclass
+class Snapshot:
+    """CPU seconds per process of one tree, keyed by (pid, start time) so that a reused pid is new."""
+
+    processes: dict[tuple[int, float], tuple[str, float]] = field(default_factory=dict)
+    children_s: float = 0.0  # reaped children of *this* process (the load generator), RUSAGE_CHILDREN
+    machine_s: float = 0.0  # every core's busy time, whoever used it: what else ran is visible
+    steal_s: float = 0.0  # time the hypervisor gave this machine's cores to someone else
+
+
+def _cpu_s(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def snapshot(root_pid: int | None) -> Snapshot:
+    """Read the tree under ``root_pid`` (skipped when None: a server we did not start)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = psutil.cpu_times()
+    busy = sum(getattr(total, k, 0.0) for k in ("user", "nice", "system", "irq", "softirq"))
+    snap = Snapshot(children_s=usage.ru_utime + usage.ru_stime, machine_s=busy, steal_s=getattr(total, "steal", 0.0))
+    if root_pid is None:
+        return snap
+    try:
+        root = psutil.Process(root_pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return snap
+    for proc in procs:
+        try:
+            with proc.oneshot():
+                snap.processes[(proc.pid, proc.create_time())] = (role(proc.cmdline()), _cpu_s(proc))
+        except psutil.Error:  # gone between listing and reading: its CPU is lost, not misattributed
+            continue
+    return snap
+
+
+def delta(before: Snapshot, after: Snapshot) -> dict[str, float]:
+    """CPU seconds used between two snapshots, by role; ``load_generator`` from the reaped children.
+
+    A process started in between counts whole; one that ended in between is lost (a worker that
+    dies during a run is an error the run reports anyway).
+    """
+    used: dict[str, float] = {}
+    for key, (name, cpu) in after.processes.items():
+        start = before.processes.get(key, (name, 0.0))[1]
+        used[name] = used.get(name, 0.0) + max(0.0, cpu - start)
+    used["load_generator"] = max(0.0, after.children_s - before.children_s)
+    used[MACHINE] = max(0.0, after.machine_s - before.machine_s)
+    used[STEAL] = max(0.0, after.steal_s - before.steal_s)
+    return used
+
+
+def per_request(
+    used: dict[str, float], runner: str, requests: int, wall_s: float, client_s: float | None = None
+) -> dict[str, object]:
+    """What one request cost each part, in CPU ms: front, the backend's ``runner``, the other runners and
+    processes together, the load generator (``client_s`` when it measured itself from test start to stop,
+    else all of it); and how many cores the server, the client and the rest of the machine kept busy
+    meanwhile (another job on these cores makes every figure of the run noisier)."""
+    if requests <= 0:
+        return {}
+    server = {k: v for k, v in used.items() if k not in NOT_SERVER}
+    front = server.get(FRONT, 0.0)
+    mine = server.get(runner, 0.0)
+    rest = sum(server.values()) - front - mine
+    client_all = used.get(LOAD_GENERATOR, 0.0)
+    client = client_all if client_s is None else client_s
+    elsewhere = max(0.0, used.get(MACHINE, 0.0) - sum(server.values()) - client_all)
+
+    def ms(seconds: float) -> float:
+        return round(1000 * seconds / requests, 2)
+
+    def cores(seconds: float) -> float:
+        return round(seconds / wall_s, 2) if wall_s > 0 else 0.0
+
+    return {
+        "runner": runner,
+        "ms_per_request": {"front": ms(front), "runner": ms(mine), "other": ms(rest), "load_generator": ms(client)},
+        "seconds": {k: round(v, 3) for k, v in sorted(used.items())},  # raw: locust's here includes its start-up
+        "wall_s": round(wall_s, 2),
+        "cores_busy": {
+            "server": cores(sum(server.values())),
+            "load_generator": cores(client),
+            "rest_of_machine": cores(elsewhere),
+            "steal": cores(used.get(STEAL, 0.0)),
+        },
+    }

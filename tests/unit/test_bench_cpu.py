@@ -1,0 +1,73 @@
+"""The bench's CPU accounting of a server's process tree: roles from command lines, deltas, per request."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from load_tests import cpu
+
+WORKER = ["/venv/bin/python", "-m", "_bentoml_impl.worker.service", "service:FastInfer"]
+
+
+def test_roles_come_from_the_worker_command_lines() -> None:
+    assert cpu.role([*WORKER, "--fd", "12", "--service-name", "fastinfer", "--worker-id", "1"]) == "front"
+    assert cpu.role([*WORKER, "--service-name", "runner-onnx-int8", "--fd", "7"]) == "runner-onnx-int8"
+    assert cpu.role(["/venv/bin/python", "-m", "_bentoml_impl.worker.service", "bare_service:Bare"]) == "front"
+    assert cpu.role(["/venv/bin/python", "/venv/bin/bentoml", "serve", "service:FastInfer"]) == "other"
+    assert cpu.role([*WORKER, "--service-name"]) == "front"  # a truncated line is not an IndexError
+
+
+def test_delta_counts_new_processes_whole_and_a_reused_pid_as_new() -> None:
+    before = cpu.Snapshot({(10, 1.0): ("front", 2.0), (11, 1.0): ("runner-x", 5.0), (12, 1.0): ("other", 1.0)}, 3.0)
+    after = cpu.Snapshot(
+        {
+            (10, 1.0): ("front", 2.5),
+            (11, 1.0): ("runner-x", 7.0),
+            (12, 9.0): ("other", 0.25),  # pid 12 ended and was reused: all of the new one's CPU is in the window
+            (13, 5.0): ("front", 0.5),  # a second front worker started in the window
+        },
+        4.5,
+    )
+    used = cpu.delta(before, after)
+    assert used == pytest.approx(
+        {"front": 1.0, "runner-x": 2.0, "other": 0.25, "load_generator": 1.5, "machine": 0.0, "steal": 0.0}
+    )
+
+
+def test_per_request_splits_front_runner_rest_and_client() -> None:
+    used = {"front": 1.2, "runner-onnx-int8": 3.0, "runner-onnx": 0.1, "other": 0.1, "load_generator": 0.4}
+    out = cpu.per_request(used, "runner-onnx-int8", 200, 2.0)
+    assert out["ms_per_request"] == {"front": 6.0, "runner": 15.0, "other": 1.0, "load_generator": 2.0}
+    assert out["cores_busy"] == {"server": 2.2, "load_generator": 0.2, "rest_of_machine": 0.0, "steal": 0.0}
+    assert cpu.per_request(used, "runner-onnx-int8", 0, 2.0) == {}
+
+
+def test_the_client_can_be_charged_its_in_test_cpu_and_the_rest_of_the_machine_is_what_remains() -> None:
+    used = {"front": 1.0, "runner-x": 2.0, "load_generator": 1.0, "machine": 5.0, "steal": 0.2}
+    out = cpu.per_request(used, "runner-x", 100, 2.0, client_s=0.5)
+    assert out["ms_per_request"]["load_generator"] == 5.0  # 0.5 s in the test, not the 1.0 s with start-up
+    # machine 5.0 − server 3.0 − all of locust's 1.0 = 1.0 s of someone else's work over 2 s
+    assert out["cores_busy"] == {"server": 1.5, "load_generator": 0.25, "rest_of_machine": 0.5, "steal": 0.1}
+
+
+def test_a_snapshot_reads_a_real_process_tree() -> None:
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ninput()"
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE)
+    try:
+        before = cpu.snapshot(os.getpid())
+        child.stdin.write(b"\n")  # type: ignore[union-attr]
+        child.stdin.flush()  # type: ignore[union-attr]
+        child.wait(timeout=30)
+        after = cpu.snapshot(os.getpid())
+    finally:
+        child.kill()
+    assert len(before.processes) >= 2  # this process and the child
+    used = cpu.delta(before, after)
+    # The child burnt its 0.3 s before the first snapshot and then ended: reaped, its CPU moves to this
+    # process's children, i.e. the load generator's column, not to a server role.
+    assert used["load_generator"] >= 0.25
+    assert cpu.snapshot(None).processes == {}  # --url: nothing to read
