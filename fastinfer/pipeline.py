@@ -90,13 +90,14 @@ class Pipeline:
         started = time.perf_counter()
         info = self.check(backend)
         timings: dict[str, float] = {}
-        key = await self._key(image.data, backend, info, k, timings)
-        if not bypass:
+        key = ""
+        if bypass:  # no key needed: nothing is read from or written to the cache
+            self._bypassed()
+        else:
+            key = await self._key(image.data, backend, info, k, timings)
             cached = await self._lookup(key, backend, info, k, timings)
             if cached is not None:
                 return self._respond(backend, cached, timings, started)
-        else:
-            self._bypassed()
         prepared = await self._prepare(image.data, info, timings)
         logits = await self._infer(backend, prepared.pixels[np.newaxis], batched, timings)
         body = self._body(backend, logits[0], k)
@@ -114,10 +115,11 @@ class Pipeline:
         info = self.check(backend)
         slots: list[dict[str, Any] | None] = [None] * len(images)
         timings = [dict[str, float]() for _ in images]
-        keys = [await self._key(image.data, backend, info, k, t) for image, t in zip(images, timings, strict=True)]
+        keys = [""] * len(images)
         if bypass:
             found: list[dict[str, Any] | None] = [None] * len(images)
         else:
+            keys = [await self._key(image.data, backend, info, k, t) for image, t in zip(images, timings, strict=True)]
             lookups = (self._lookup(key, backend, info, k, t) for key, t in zip(keys, timings, strict=True))
             found = list(await asyncio.gather(*lookups))
         todo = []
