@@ -1,6 +1,6 @@
-"""FastInfer from Python with BentoML's own client: backends, classify, compare.
+"""FastInfer from Python with BentoML's own client: backends, classify, a batch, compare.
 
-python examples/client.py PHOTO.jpg [--url http://127.0.0.1:3000] [--backend onnx-int8]
+python examples/client.py PHOTO.jpg [MORE.jpg ...] [--url http://127.0.0.1:3000] [--backend onnx-int8]
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import httpx
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("photo", type=Path)
+    parser.add_argument("more", type=Path, nargs="*", help="more photos: classified together in one batch request")
     parser.add_argument("--url", default="http://127.0.0.1:3000")
     parser.add_argument("--backend", default=None, help="default: the one /backends recommends")
     args = parser.parse_args(argv)
@@ -33,6 +34,13 @@ def main(argv: list[str] | None = None) -> int:
             f"weights {result['weights']}, cached {result['cached']}"
         )
         print("  stages (ms):", json.dumps(result["timings_ms"]))
+        photos = [args.photo, *args.more]
+        batch = client.classify_batch(images=photos, backend=backend, top_k=1)  # one request, one runner call
+        for photo, answer in zip(photos, batch["results"], strict=True):
+            if "error" in answer:  # this image alone could not be classified; the others still are
+                print(f"batch: {photo.name:24} {answer['error']['message']}")
+            else:
+                print(f"batch: {photo.name:24} {answer['class']} ({answer['confidence']:.1%})")
         compared = client.compare(image=args.photo, top_k=1)
         summary = compared["summary"]
         for r in compared["results"]:

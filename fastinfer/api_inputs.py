@@ -14,7 +14,7 @@ from _bentoml_sdk.io_models import IODescriptor  # BentoML's base for typed API 
 from pydantic import Field
 
 from fastinfer.config import BACKENDS, get_settings
-from fastinfer.image_api import TOP_K_MAX
+from fastinfer.schemas import TOP_K_MAX
 
 BackendName = Literal[BACKENDS]  # type: ignore[valid-type]  # rendered as an enum in Swagger
 TopK = Annotated[int, Field(ge=1, le=TOP_K_MAX, description=f"how many classes to return (1..{TOP_K_MAX})")]

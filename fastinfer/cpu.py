@@ -22,6 +22,7 @@ class CpuPool:
     def __init__(self, workers: int, name: str = "cpu") -> None:
         if workers < 1:
             raise ValueError("a pool needs at least one worker")
+        self.workers = workers
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
 
     async def run(self, work: Callable[[], T]) -> T:

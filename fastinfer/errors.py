@@ -28,6 +28,14 @@ class ApiError(Exception):
         return error_body(self.code, self.message)
 
 
+class BadRequest(ApiError):
+    status, code = 400, "invalid_request"
+
+
+class UnsupportedMediaType(ApiError):
+    status, code = 415, "unsupported_media_type"
+
+
 class InvalidImage(ApiError):
     status, code = 400, "invalid_image"
 

@@ -17,7 +17,9 @@
   the app with the body replayed.
 
 Bodies are held in memory while all the bodies held stay within ``MEMORY_FOR_BODIES``; beyond it a
-body is moved to a temporary file, so that many large uploads at once cannot exhaust memory.
+body is moved to a temporary file, so that many uploads arriving or waiting at once cannot exhaust
+memory. A request being handled by a lane holds its body in memory (read back from the file if it
+went there): at most ``max_concurrency`` of them, each within ``max_bytes``.
 """
 
 from __future__ import annotations
@@ -169,15 +171,16 @@ class FrontMiddleware:
                 body = await self._receive_body(scope, receive, send, deadline)
                 if body is None:  # answered (413, 408, 429), or the client has gone
                     return
-                lane = self.lanes.get(scope["path"]) if scope.get("method") == "POST" else None
-                if lane is not None:
-                    data = body.read()
-                    app = lambda s, _r, snd: lane(s, data, snd)  # noqa: E731 (the body is already in hand)
-                else:
-                    receive = _replay(body, receive)
             if self.in_flight >= self.max_concurrency:
                 await send_json(send, 429, self._overloaded(), [(b"retry-after", b"1")])
                 return
+            if body is not None:
+                lane = self.lanes.get(scope["path"]) if scope.get("method") == "POST" else None
+                if lane is not None:
+                    data = body.read()  # admitted: only handled requests hold a body read back from disk
+                    app = lambda s, _r, snd: lane(s, data, snd)  # noqa: E731 (the body is already in hand)
+                else:
+                    receive = _replay(body, receive)
             self.in_flight += 1
             try:
                 await self._handle(app, scope, receive, send, deadline)

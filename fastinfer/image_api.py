@@ -30,30 +30,21 @@ from urllib.parse import parse_qsl
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.types import Send
 
-from fastinfer.errors import ApiError, error_body
+from fastinfer.errors import ApiError, BadRequest, UnsupportedMediaType, error_body
 from fastinfer.http import send_json
 from fastinfer.pipeline import Image, Pipeline
-from fastinfer.schemas import summarise
+from fastinfer.schemas import TOP_K_MAX, summarise
 
 logger = logging.getLogger("fastinfer.image_api")
 
-TOP_K_MAX = 20
 FILE_FIELDS = ("image", "file")  # ``file``: the original FastInfer API's field name
 BATCH_FIELD = "images"
-RAW_TYPES = ("image/", "application/octet-stream")
+RAW_TYPES = ("image/", "application/octet-stream")  # a prefix where it ends in "/", else the exact type
 MAX_TEXT_FIELD = 1024  # bytes; backend names and top_k are short
 
 
-class BadRequest(ApiError):
-    status, code = 400, "invalid_request"
-
-
-class UnsupportedMediaType(ApiError):
-    status, code = 415, "unsupported_media_type"
-
-
 @dataclass(frozen=True)
-class Route:
+class ImageRoute:
     """What one image route does: its backend (None: the request names it), and its kind."""
 
     backend: str | None
@@ -74,18 +65,18 @@ class Route:
         return (BATCH_FIELD,) if self.kind == "batch" else FILE_FIELDS
 
 
-ROUTES: dict[str, Route] = {
-    "/classify": Route(None),
-    "/classify/batch": Route(None, "batch"),
-    "/compare": Route("all", "compare"),
+ROUTES: dict[str, ImageRoute] = {
+    "/classify": ImageRoute(None),
+    "/classify/batch": ImageRoute(None, "batch"),
+    "/compare": ImageRoute("all", "compare"),
     # The original FastInfer API's routes (its clients work unchanged): a fixed backend each.
-    "/predict": Route("pytorch"),
-    "/predict/onnx": Route("onnx"),
-    "/predict/quantized": Route("onnx-int8"),
-    "/predict/coreml": Route("coreml"),
-    "/predict/openvino": Route("openvino"),
-    "/predict/batched": Route("pytorch", batched=True),
-    "/predict/batched/coreml": Route("coreml-batched"),
+    "/predict": ImageRoute("pytorch"),
+    "/predict/onnx": ImageRoute("onnx"),
+    "/predict/quantized": ImageRoute("onnx-int8"),
+    "/predict/coreml": ImageRoute("coreml"),
+    "/predict/openvino": ImageRoute("openvino"),
+    "/predict/batched": ImageRoute("pytorch", batched=True),
+    "/predict/batched/coreml": ImageRoute("coreml-batched"),
 }
 
 
@@ -98,7 +89,7 @@ class Form:
 
 
 @dataclass(frozen=True)
-class Limits:
+class FormRules:
     default_backend: str
     max_batch_images: int
 
@@ -110,7 +101,7 @@ def _header(scope: dict[str, Any], name: bytes) -> str:
     return ""
 
 
-def parse(scope: dict[str, Any], body: bytes, route: Route, limits: Limits) -> Form:
+def parse(scope: dict[str, Any], body: bytes, route: ImageRoute, rules: FormRules) -> Form:
     """The request's images and fields, or the 4xx that says what is wrong with it."""
     ctype, options = parse_options_header(_header(scope, b"content-type"))
     form = Form()
@@ -119,8 +110,8 @@ def parse(scope: dict[str, Any], body: bytes, route: Route, limits: Limits) -> F
         boundary = options.get(b"boundary")
         if not boundary:
             raise BadRequest("The multipart body has no boundary in its Content-Type header.")
-        _parse_multipart(body, boundary, route, limits, form)
-    elif ctype.startswith(tuple(t.encode() for t in RAW_TYPES)):
+        _parse_multipart(body, boundary, route, rules, form)
+    elif ctype.startswith(b"image/") or ctype == b"application/octet-stream":
         if route.kind == "batch":
             raise BadRequest(f"A batch is sent as multipart/form-data, one '{BATCH_FIELD}' part per image.")
         form.images.append(Image(body))
@@ -137,7 +128,7 @@ def parse(scope: dict[str, Any], body: bytes, route: Route, limits: Limits) -> F
     return form
 
 
-def _how_to_send(route: Route) -> str:
+def _how_to_send(route: ImageRoute) -> str:
     if route.kind == "batch":
         return f"Send the images as multipart/form-data, one '{BATCH_FIELD}' part per image."
     return (
@@ -146,22 +137,22 @@ def _how_to_send(route: Route) -> str:
     )
 
 
-def _query(scope: dict[str, Any], route: Route) -> dict[str, str]:
+def _query(scope: dict[str, Any], route: ImageRoute) -> dict[str, str]:
     raw = scope.get("query_string", b"").decode("latin-1")
     values: dict[str, str] = {}
     for name, value in parse_qsl(raw, keep_blank_values=True):
         if name not in route.text_fields:
-            raise BadRequest(f"Unknown query parameter {name!r}; this API takes {', '.join(route.text_fields)}.")
+            raise BadRequest(f"Unknown query parameter {name[:100]!r}; this API takes {', '.join(route.text_fields)}.")
         if name in values:
             raise BadRequest(f"The query parameter {name!r} is given twice.")
         values[name] = value
     return values
 
 
-def _parse_multipart(body: bytes, boundary: bytes, route: Route, limits: Limits, form: Form) -> None:
+def _parse_multipart(body: bytes, boundary: bytes, route: ImageRoute, rules: FormRules, form: Form) -> None:
     """Parts straight from the body in memory (python-multipart's parser: what Starlette uses)."""
-    max_files = limits.max_batch_images if route.kind == "batch" else 1
-    parts: list[tuple[dict[bytes, bytes], list[bytes]]] = []
+    max_files = rules.max_batch_images if route.kind == "batch" else 1
+    parts: list[tuple[dict[bytes, bytes], list[bytes | memoryview]]] = []
     header: list[bytes] = [b"", b""]  # the header being read: name, value
     ended = False
 
@@ -180,8 +171,11 @@ def _parse_multipart(body: bytes, boundary: bytes, route: Route, limits: Limits,
         parts[-1][0][header[0].lower()] = header[1]
         header[0], header[1] = b"", b""
 
+    view = memoryview(body)
+
     def on_part_data(data: bytes, start: int, end: int) -> None:
-        parts[-1][1].append(data[start:end])
+        # A view into the body, not a copy: the parser is given the whole body at once (data is body).
+        parts[-1][1].append(view[start:end] if data is body else data[start:end])
 
     def on_end() -> None:
         nonlocal ended
@@ -211,7 +205,7 @@ def _parse_multipart(body: bytes, boundary: bytes, route: Route, limits: Limits,
         if disposition != b"form-data" or b"name" not in options:
             raise BadRequest("A multipart part has no Content-Disposition: form-data; name=...")
         name = options[b"name"].decode("utf-8", "replace")
-        data = b"".join(chunks)
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if name in route.file_fields:
             if b"filename" not in options:
                 raise ApiError(f"'{name}' must be a file upload, not a text field", code="invalid_image")
@@ -224,7 +218,8 @@ def _parse_multipart(body: bytes, boundary: bytes, route: Route, limits: Limits,
             unknown.append(name)
     if unknown:
         takes = ", ".join((*route.file_fields, *route.text_fields))
-        raise BadRequest(f"Unknown form field(s) {', '.join(map(repr, sorted(set(unknown))))}; this API takes {takes}.")
+        named = ", ".join(repr(name[:100]) for name in sorted(set(unknown))[:10])
+        raise BadRequest(f"Unknown form field(s) {named}; this API takes {takes}.")
     if route.kind != "batch" and len(form.images) > 1:
         raise BadRequest("Send one image per request ('image' or 'file', once); several go to POST /classify/batch.")
     if len(form.images) > max_files:
@@ -233,11 +228,11 @@ def _parse_multipart(body: bytes, boundary: bytes, route: Route, limits: Limits,
         )
 
 
-def _text(name: str, data: bytes) -> str:
+def _text(name: str, data: bytes | memoryview) -> str:
     if len(data) > MAX_TEXT_FIELD:
         raise BadRequest(f"The field {name!r} is too long ({len(data)} bytes).")
     try:
-        value = data.decode("utf-8")
+        value = bytes(data).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadRequest(f"The field {name!r} is not UTF-8 text.") from exc
     if value.startswith('"'):  # bentoml.SyncHTTPClient sends text fields JSON-encoded
@@ -251,27 +246,26 @@ def _text(name: str, data: bytes) -> str:
 
 def top_k(form: Form) -> int:
     raw = form.fields.get("top_k", "5").strip()
-    try:
-        k = int(raw)
-    except ValueError:
-        k = 0
+    k = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 3 else 0  # plain digits, as the spec says
     if not 1 <= k <= TOP_K_MAX:
         raise ApiError(f"top_k: must be a whole number from 1 to {TOP_K_MAX}, got {raw[:40]!r}", code="invalid_top_k")
     return k
 
 
 async def answer(
-    pipeline: Pipeline, route: Route, scope: dict[str, Any], body: bytes, limits: Limits
+    pipeline: Pipeline, route: ImageRoute, scope: dict[str, Any], body: bytes, rules: FormRules
 ) -> tuple[int, dict[str, Any]]:
     """The status and JSON body for one image-route request (never raises for a client's mistake)."""
     state = scope.setdefault("state", {})
     started = time.perf_counter()
     try:
-        form = parse(scope, body, route, limits)
+        form = parse(scope, body, route, rules)
         k = top_k(form)
-        backend = route.backend or form.fields.get("backend", "").strip() or limits.default_backend
+        backend = route.backend or form.fields.get("backend", rules.default_backend).strip()
         if route.kind != "compare":
-            state["fastinfer_backend"] = backend  # the request metric's label (fastinfer.http)
+            # The request metric's label (fastinfer.http): never a name the client made up, or every
+            # made-up name would become a time series of its own.
+            state["fastinfer_backend"] = backend if backend in pipeline.backends else "unknown"
         bypass = "no-cache" in _header(scope, b"cache-control").lower()
         if route.kind == "compare":
             results, skipped = await pipeline.compare(form.images[0], k, pipeline.backends)
@@ -283,10 +277,10 @@ async def answer(
         return exc.status, exc.body()
 
 
-async def serve(pipeline: Pipeline, scope: dict[str, Any], body: bytes, send: Send, limits: Limits) -> None:
+async def serve(pipeline: Pipeline, scope: dict[str, Any], body: bytes, send: Send, rules: FormRules) -> None:
     """Answer one image-route request on ``send`` (FrontMiddleware's lane)."""
     try:
-        status, payload = await answer(pipeline, ROUTES[scope["path"]], scope, body, limits)
+        status, payload = await answer(pipeline, ROUTES[scope["path"]], scope, body, rules)
     except Exception:  # a bug or a runtime failure, not the client's doing: logged, said plainly
         logger.exception("%s failed", scope["path"])
         status, payload = 500, error_body("internal_error", "The server failed to handle this request (logged).")

@@ -5,7 +5,9 @@ BentoML 1.4 builds the spec of a new-style service in ``Service.openapi_spec``
 documents the typed ``@bentoml.api`` methods as BentoML sees them, and of the mounted apps only
 FastAPI ones. So it misses what FastInfer serves beside them: the GET routes of the mounted
 Starlette app, the other forms of the image routes (the field ``file``, a raw ``image/*`` body
-with query parameters), ``POST /classify/batch``, and the error shape that every 4xx/5xx has.
+with query parameters), the options of ``POST /classify/batch`` as query parameters and its answer
+(BatchResponse: its method returns a plain dict, see :func:`document_batch_route`), and the error
+shape that every 4xx/5xx has.
 
 The hook: ``@bentoml.service(service_class=...)`` lets a service choose its ``Service`` subclass.
 :class:`DocumentedService` overrides ``openapi_spec`` only, so everything that reads the spec
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import os
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
@@ -33,20 +34,27 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from fastinfer.api_models import CacheStatsResponse, LiveStatsResponse
-from fastinfer.backends import BACKENDS
 from fastinfer.config import get_settings
-from fastinfer.errors import BackendUnavailable, ImageTooLarge, InvalidImage, PayloadTooLarge, UnknownBackend
-from fastinfer.schemas import BackendsResponse, BatchResponse, ErrorResponse
+from fastinfer.errors import (
+    ApiError,
+    BackendUnavailable,
+    BadRequest,
+    ImageTooLarge,
+    InvalidImage,
+    PayloadTooLarge,
+    UnknownBackend,
+    UnsupportedMediaType,
+)
+from fastinfer.image_api import BATCH_FIELD, FILE_FIELDS, RAW_TYPES, ROUTES
+from fastinfer.schemas import TOP_K_MAX, BackendsResponse, BatchResponse, ErrorResponse
 
 T = TypeVar("T")
 REF = "#/components/schemas/{model}"
-BATCH_ROUTE = "/classify/batch"
-DEFAULT_MAX_BATCH_IMAGES = 32
+BATCH_ROUTE = next(path for path, route in ROUTES.items() if route.kind == "batch")  # POST /classify/batch
 STATUS_TAG = Tag(name="Status", description="What the service knows about itself: backends, cache, live traffic.")
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
-RAW_TYPES = ("image/*", "application/octet-stream")  # what fastinfer/image_api.py reads as a raw image body
-IMAGE_FIELDS = ("image", "file")  # ``file``: the original FastInfer API's field name
-BATCH_FIELD = "images"
+# What fastinfer/image_api.py reads as a raw image body, as media types (its "image/" is a prefix).
+RAW_MEDIA_TYPES = tuple(t + "*" if t.endswith("/") else t for t in RAW_TYPES)
 
 API_NOTE = """
 ## FastInfer API
@@ -65,8 +73,8 @@ human message, never a stack trace. Nothing a client sends produces a 5xx.
 # FrontMiddleware (fastinfer/http.py) refuses, times out and reshapes errors before any handler.
 ERRORS: dict[str, tuple[str, str, str]] = {
     "400": (
-        "The request could not be parsed or a field is invalid (`invalid_request`, `bad_request`).",
-        "invalid_request",
+        f"The request could not be parsed or a field is invalid (`{BadRequest.code}`, `{ApiError.code}`).",
+        BadRequest.code,
         "question: String should have at most 500 characters",
     ),
     "408": (
@@ -106,8 +114,8 @@ ERRORS: dict[str, tuple[str, str, str]] = {
 IMAGE_ERRORS: dict[str, tuple[str, str, str]] = {
     "400": (
         f"`{InvalidImage.code}`: not an image, truncated or empty; `{UnknownBackend.code}`: the message lists the "
-        "valid backends; `invalid_top_k`: outside 1..20; `invalid_request` / `bad_request`: a malformed body, "
-        "an unknown form field, or a text value where the file belongs (URLs are never fetched).",
+        f"valid backends; `invalid_top_k`: outside 1..{TOP_K_MAX}; `{BadRequest.code}` / `{ApiError.code}`: a "
+        "malformed body, an unknown form field, or a text value where the file belongs (URLs are never fetched).",
         InvalidImage.code,
         "The body is not an image format this service can read.",
     ),
@@ -118,8 +126,9 @@ IMAGE_ERRORS: dict[str, tuple[str, str, str]] = {
         "The image is 12000×10000 = 120,000,000 pixels; the limit is 50,000,000 (FASTINFER_MAX_PIXELS).",
     ),
     "415": (
-        "`unsupported_media_type`: the body is neither multipart/form-data nor an image (`Content-Type: image/*`).",
-        "unsupported_media_type",
+        f"`{UnsupportedMediaType.code}`: the body is neither multipart/form-data nor an image "
+        "(`Content-Type: image/*`).",
+        UnsupportedMediaType.code,
         "Send multipart/form-data with the field 'image', or the image itself with Content-Type: image/*.",
     ),
     "503": (
@@ -225,9 +234,8 @@ def extend_spec(doc: dict[str, Any], svc: bentoml.Service[Any]) -> dict[str, Any
         schemas[name] = openapi30(schema)
     for model in (ErrorResponse, BatchResponse, CacheStatsResponse, LiveStatsResponse, BackendsResponse):
         add_component(schemas, model)
-    max_images = max_batch_images()
+    max_images = get_settings().max_batch_images
 
-    classify_options: dict[str, Any] = {}  # backend and top_k as BentoML renders them for /classify
     for api in svc.apis.values():
         op = paths.get(api.route, {}).get("post")
         if op is None:
@@ -236,19 +244,14 @@ def extend_spec(doc: dict[str, Any], svc: bentoml.Service[Any]) -> dict[str, Any
             op.setdefault("summary", summary)
         errors = {**ERRORS, **ROUTE_ERRORS.get(api.route, {})}
         fields = getattr(api.input_spec, "model_fields", {})
-        if "image" in fields:
+        if FILE_FIELDS[0] in fields:
             errors.update(IMAGE_ERRORS)
-            options = document_image_route(op)
-            if api.route == "/classify":
-                classify_options = options
+            document_image_route(op)
         elif api.route == BATCH_ROUTE or BATCH_FIELD in fields:
             errors.update({**IMAGE_ERRORS, **batch_errors(max_images)})
             document_batch_route(op, max_images)
         op["responses"] = {"200": op["responses"]["200"], **error_responses(errors)}
 
-    if BATCH_ROUTE not in paths or "post" not in paths[BATCH_ROUTE]:
-        options = {**default_options(), **classify_options}
-        paths.setdefault(BATCH_ROUTE, {})["post"] = batch_operation(svc.name, options, max_images)
     for path, (summary, description, model) in STATUS_ROUTES.items():
         if "get" not in paths.get(path, {}):
             paths.setdefault(path, {})["get"] = status_operation(svc.name, path, summary, description, model)
@@ -277,24 +280,23 @@ def extend_spec(doc: dict[str, Any], svc: bentoml.Service[Any]) -> dict[str, Any
     return doc
 
 
-def document_image_route(op: dict[str, Any]) -> dict[str, Any]:
-    """Multipart with ``image`` or ``file``, or the raw image as the body with query parameters.
-
-    Returns the route's options (its form fields but the image) as BentoML rendered them."""
+def document_image_route(op: dict[str, Any]) -> None:
+    """Multipart with ``image`` or ``file``, or the raw image as the body with query parameters."""
     body = op.setdefault("requestBody", {"content": {}})
     content: dict[str, Any] = body.setdefault("content", {})
     form = content.get("multipart/form-data", {}).get("schema", {})
     props: dict[str, Any] = form.get("properties", {})
     # `file` is said, not listed: Swagger UI sends every listed field, an empty `file` part beside
     # the chosen `image` (or the reverse), and one request with both is refused.
-    if "image" in props and "`file`" not in (description := props["image"].get("description") or "the image file"):
-        props["image"]["description"] = description + "; the field may also be named `file`"
+    image, alias = FILE_FIELDS
+    if image in props and f"`{alias}`" not in (description := props[image].get("description") or "the image file"):
+        props[image]["description"] = description + f"; the field may also be named `{alias}`"
     form.setdefault(
         "description",
         "The image in the field `image` (or `file`, the original FastInfer API's name), the options as form fields.",
     )
     text_as_text(content.get("multipart/form-data", {}))
-    for media_type in RAW_TYPES:
+    for media_type in RAW_MEDIA_TYPES:
         content.setdefault(
             media_type,
             {"schema": {"type": "string", "format": "binary", "description": "the whole image as the request body"}},
@@ -307,19 +309,26 @@ def document_image_route(op: dict[str, Any]) -> dict[str, Any]:
         "(image/jpeg, image/png, image/webp, ...; application/octet-stream too) and the options as query "
         "parameters.",
     )
-    options = {name: schema for name, schema in props.items() if name not in IMAGE_FIELDS}
-    add_query_parameters(op, options)
-    return options
+    add_query_parameters(op, {name: schema for name, schema in props.items() if name not in FILE_FIELDS})
 
 
 def document_batch_route(op: dict[str, Any], max_images: int) -> None:
-    """The typed batch API: what BentoML shows, plus its options as query parameters and a description."""
+    """The typed batch API: what BentoML shows, plus its options as query parameters, a description and
+    its answer's schema.
+
+    The service's method is annotated ``dict[str, Any]`` (bentoml.SyncHTTPClient validates answers
+    against /schema.json, and would turn the ``{"error": ...}`` items of BatchResponse's anyOf into
+    ``{}``), so what BentoML generates for the 200 says nothing: it is BatchResponse here."""
     form = op.get("requestBody", {}).get("content", {}).get("multipart/form-data", {}).get("schema", {})
     options = {name: schema for name, schema in form.get("properties", {}).items() if name != BATCH_FIELD}
     text_as_text(op.get("requestBody", {}).get("content", {}).get("multipart/form-data", {}))
     add_query_parameters(op, options)
     if batch_description(max_images) not in (description := op.get("description") or ""):
         op["description"] = (description.rstrip() + "\n\n" + batch_description(max_images)).strip()
+    op.setdefault("responses", {})["200"] = {
+        "description": "One result per image, in order (an image that failed has an error instead)",
+        "content": {"application/json": {"schema": {"$ref": REF.format(model=BatchResponse.__name__)}}},
+    }
 
 
 def text_as_text(media: dict[str, Any]) -> None:
@@ -368,49 +377,9 @@ def add_query_parameters(op: dict[str, Any], options: dict[str, Any]) -> None:
         )
 
 
-def batch_operation(service: str, options: dict[str, Any], max_images: int) -> dict[str, Any]:
-    """``POST /classify/batch``, for when it is not a typed BentoML API (BentoML then knows nothing of it)."""
-    op: dict[str, Any] = {
-        "tags": [APP_TAG.name],
-        "summary": f"Classify 1 to {max_images} images in one request",
-        "description": batch_description(max_images),
-        "operationId": f"{service}__classify_batch",
-        "requestBody": {
-            "required": True,
-            "content": {
-                "multipart/form-data": {
-                    "schema": {
-                        "type": "object",
-                        "required": ["images"],
-                        "properties": {
-                            "images": {
-                                "type": "array",
-                                "items": {"type": "string", "format": "binary"},
-                                "minItems": 1,
-                                "maxItems": max_images,
-                                "description": "the images: the field `images`, repeated once per image",
-                            },
-                            **copy.deepcopy(options),
-                        },
-                    }
-                }
-            },
-        },
-        "responses": {
-            "200": {
-                "description": "One result per image, in order (an image that failed has an error instead)",
-                "content": {"application/json": {"schema": {"$ref": REF.format(model=BatchResponse.__name__)}}},
-            },
-            **error_responses({**ERRORS, **IMAGE_ERRORS, **batch_errors(max_images)}),
-        },
-    }
-    add_query_parameters(op, options)
-    return op
-
-
 def batch_description(max_images: int) -> str:
     return (
-        f"Multipart only: the field `images` once per image (1 to {max_images}, FASTINFER_MAX_BATCH_IMAGES), "
+        f"Multipart only: the field `{BATCH_FIELD}` once per image (1 to {max_images}, FASTINFER_MAX_BATCH_IMAGES), "
         "`backend` and `top_k` as form fields or query parameters. Each image is classified as by POST "
         "/classify, with the same `backend` and `top_k`. The answer has one entry per image, in upload order: "
         "its classification, or its error in the error shape. One bad image does not fail the others: a batch "
@@ -422,26 +391,12 @@ def batch_description(max_images: int) -> str:
 def batch_errors(max_images: int) -> dict[str, tuple[str, str, str]]:
     return {
         "400": (
-            f"The batch itself is invalid: no `images` (`{InvalidImage.code}`), more than {max_images} "
+            f"The batch itself is invalid: no `{BATCH_FIELD}` (`{InvalidImage.code}`), more than {max_images} "
             f"(FASTINFER_MAX_BATCH_IMAGES), `{UnknownBackend.code}`, `invalid_top_k`, or a malformed body "
-            "(`invalid_request`). A bad image is not a 400: it gets an error in its place in `results`.",
-            "invalid_request",
+            f"(`{BadRequest.code}`). A bad image is not a 400: it gets an error in its place in `results`.",
+            BadRequest.code,
             f"The batch has {max_images + 8} images; the limit is {max_images} (FASTINFER_MAX_BATCH_IMAGES).",
         )
-    }
-
-
-def default_options() -> dict[str, Any]:
-    """backend and top_k for the batch route, where /classify does not show how BentoML renders them."""
-    return {
-        "backend": {"type": "string", "enum": list(BACKENDS), "default": get_settings().default_backend},
-        "top_k": {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": 20,
-            "default": 5,
-            "description": "how many classes to return (1..20)",
-        },
     }
 
 
@@ -538,15 +493,6 @@ def mounted_routes(svc: bentoml.Service[Any]) -> Iterator[tuple[str, str, Route]
                 for method in sorted(route.methods or {"GET"}):
                     if method != "HEAD":  # Starlette adds HEAD to every GET route
                         yield path, method.lower(), route
-
-
-def max_batch_images() -> int:
-    """FASTINFER_MAX_BATCH_IMAGES: from the settings once they have it, else the environment."""
-    configured = getattr(get_settings(), "max_batch_images", None)
-    if isinstance(configured, int) and configured >= 1:
-        return configured
-    raw = os.environ.get("FASTINFER_MAX_BATCH_IMAGES", "").strip()
-    return int(raw) if raw.isdigit() and int(raw) >= 1 else DEFAULT_MAX_BATCH_IMAGES
 
 
 def first_sentence(text: str | None) -> str | None:

@@ -42,13 +42,14 @@ STAGES = tuple(Timings.model_fields)
 
 @dataclass(frozen=True)
 class Image:
-    """One uploaded image, its bytes in memory (no temporary file), as the client sent them."""
+    """One uploaded image, its bytes in memory (no temporary file), as the client sent them: a
+    view into the request body where it came in a multipart part (no copy)."""
 
-    data: bytes
+    data: bytes | memoryview
     filename: str = ""
 
 
-def _digest(data: bytes) -> str:
+def _digest(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
@@ -76,7 +77,7 @@ class Pipeline:
     def check(self, backend: str) -> StoredModelInfo:
         """The backend's model, or the 400/503 that says why it cannot answer."""
         if backend not in self.backends:
-            raise UnknownBackend(f"Unknown backend {backend!r}; valid backends: {', '.join(self.backends)}")
+            raise UnknownBackend(f"Unknown backend {backend[:100]!r}; valid backends: {', '.join(self.backends)}")
         if (reason := self.unavailable(backend)) is not None:
             raise BackendUnavailable(reason)
         if backend not in self.models:  # the platform check names a missing model; this is a backstop
@@ -130,9 +131,15 @@ class Pipeline:
                 if bypass:
                     self._bypassed()
                 todo.append(i)
-        outcomes = await asyncio.gather(
-            *(self._prepare(images[i].data, info, timings[i]) for i in todo), return_exceptions=True
-        )
+        # In parallel, but at most one decode per core for this request: the pool's queue is first come,
+        # first served, and 32 costly images queued at once would make every other request wait behind them.
+        fair = asyncio.Semaphore(self.cpu.workers)
+
+        async def prepare(i: int) -> Prepared:
+            async with fair:
+                return await self._prepare(images[i].data, info, timings[i])
+
+        outcomes = await asyncio.gather(*(prepare(i) for i in todo), return_exceptions=True)
         ready: list[tuple[int, Prepared]] = []
         for i, outcome in zip(todo, outcomes, strict=True):
             if isinstance(outcome, ApiError):
@@ -156,13 +163,10 @@ class Pipeline:
         """One image through each of ``backends`` that can answer, one after another (decoded once,
         never from the cache, so that the timings compare backends). Returns the bodies and the
         backends that could not answer (cannot run here, or their runner could not load its model)."""
-        names = [n for n in backends if self.unavailable(n) is None]
+        names = [n for n in backends if self.unavailable(n) is None and n in self.models]
         if not names:
             raise BackendUnavailable(NO_BACKEND)
         shared: dict[str, float] = {}
-        t0 = time.perf_counter()
-        await self._hash(image.data)  # what a single request would spend on its cache key
-        shared["read"] = (time.perf_counter() - t0) * 1000
         prepared = await self._prepare(image.data, self.models[names[0]], shared)
         results, skipped = [], [n for n in backends if n not in names]
         for name in names:
@@ -179,7 +183,7 @@ class Pipeline:
             raise BackendUnavailable(NO_BACKEND)
         return results, skipped
 
-    async def _hash(self, data: bytes) -> str:
+    async def _hash(self, data: bytes | memoryview) -> str:
         return _digest(data) if len(data) <= HASH_INLINE_MAX else await self.cpu.run(lambda: _digest(data))
 
     async def _key(self, data: bytes, backend: str, info: StoredModelInfo, k: int, timings: dict[str, float]) -> str:
@@ -201,7 +205,7 @@ class Pipeline:
         self.cache.bypassed()
         metrics.CACHE_EVENTS.labels(event="bypass").inc()
 
-    async def _prepare(self, data: bytes, info: StoredModelInfo, timings: dict[str, float]) -> Prepared:
+    async def _prepare(self, data: bytes | memoryview, info: StoredModelInfo, timings: dict[str, float]) -> Prepared:
         prepared = await self.cpu.run(lambda: prepare(data, info.preprocess, self.max_pixels))
         timings["decode"], timings["preprocess"] = prepared.decode_ms, prepared.preprocess_ms
         return prepared

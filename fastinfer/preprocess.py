@@ -37,7 +37,7 @@ class Prepared:
     preprocess_ms: float
 
 
-def decode(data: bytes, max_pixels: int, target_short_side: int) -> Image.Image:
+def decode(data: bytes | memoryview, max_pixels: int, target_short_side: int) -> Image.Image:
     """Decode to an RGB image, at reduced JPEG scale when the target allows it."""
     if not data:
         raise InvalidImage("The image is empty (0 bytes).")
@@ -137,7 +137,7 @@ def resize_and_crop(img: Image.Image, spec: PreprocessSpec) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(img, dtype=np.uint8))
 
 
-def prepare(data: bytes, spec: PreprocessSpec, max_pixels: int) -> Prepared:
+def prepare(data: bytes | memoryview, spec: PreprocessSpec, max_pixels: int) -> Prepared:
     """Bytes → the model's uint8 input for one image, with stage timings."""
     t0 = time.perf_counter()
     img = decode(data, max_pixels, spec.resize_size)

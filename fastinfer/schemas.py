@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+TOP_K_MAX = 20  # the most classes one answer ranks
+
 
 class Prediction(BaseModel):
     label: str
@@ -17,7 +19,7 @@ class Prediction(BaseModel):
 class Timings(BaseModel):
     """Milliseconds per stage of this request, as measured in the front."""
 
-    read: float = Field(description="reading the uploaded body and hashing it (the cache key)")
+    read: float = Field(description="hashing the uploaded body for the cache key (0 when the cache is bypassed)")
     cache: float = Field(default=0.0, description="response cache lookup (0 when bypassed)")
     decode: float = Field(description="image decode (reduced JPEG DCT scale), EXIF, to RGB")
     preprocess: float = Field(description="resize + centre crop to uint8 224×224×3")

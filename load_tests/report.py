@@ -81,7 +81,11 @@ def cache_vs_bare(results: dict[str, Any]) -> dict[str, Any] | None:
         "fastinfer_req_per_s": repeat["req_per_s"],
         "bare_req_per_s": bare["req_per_s"],
         "ratio": round(ratio, 2),
-        "met": ratio >= CACHE_HIT_VS_BARE and repeat["failures"] == 0,
+        # Only real cache hits count: every request answered, by the cache, and the baseline error-free too.
+        "met": ratio >= CACHE_HIT_VS_BARE
+        and repeat["failures"] == 0
+        and bare["failures"] == 0
+        and repeat.get("cache_hit_share", 0) >= 0.99,
         "fastinfer_front_ms": _front_ms(repeat),
         "bare_front_ms": _front_ms(bare),
     }
@@ -210,7 +214,12 @@ def _targets(results: dict[str, Any]) -> list[str]:
                 f"{top['failures']} errors = {share:.0f}% of its ceiling of {ceiling.req_per_s} req/s "
                 f"(b{ceiling.batch}, the pool's mix: {ceiling.cpu_ms_per_request:g} CPU ms per request, {http}). "
                 "What binds: "
-                f"{ceiling.binding_stage} ({ceiling.shares[ceiling.binding_stage]:.0%} of the CPU per request)."
+                f"{ceiling.binding_stage} ({ceiling.shares[ceiling.binding_stage]:.0%} of the CPU per request). "
+                "Read it for what it is: with the HTTP path measured from this run's own server CPU, the ceiling "
+                "is what the server spent per request, so this share is how busy the server kept the cores; what "
+                "it leaves is the load generator on the same cores, the rest of the machine, and idle time "
+                "(queues that ran dry). It cannot tell a cheap request path from an expensive one: the HTTP "
+                "split below and the cache-hit comparison do."
                 + client
                 + (
                     " Decode, not the model, is the binding stage: the original FastInfer's finding, now on x86."
@@ -399,9 +408,11 @@ def _http_section(results: dict[str, Any]) -> list[str]:
         "at the batch size named: for a batching runner the cheapest per image of the profiled sizes up to its "
         "max batch (b8 in practice; under load it batches up to 8, and a full batch is the least the model can "
         'cost per image, so no HTTP cost hides in "inference"), b1 for one without batching. It holds the '
-        "front→runner hop (150 KB each way), the batcher, and the thread pools' spinning while the cores are "
-        "shared. HTTP cost = front overhead + runner overhead, clamped at 0; the ceilings above use it. The load "
-        "generator's CPU is locust's own from test start to stop.",
+        "front→runner hop (150 KB each way), the batcher, the thread pools' spinning while the cores are "
+        "shared — and, where the runner formed smaller batches than that (the mean batch is in the table), "
+        "the model's extra cost per image at those sizes: read it as the overhead beyond in-process inference "
+        "at its cheapest. HTTP cost = front overhead + runner overhead, clamped at 0; the ceilings above use it. "
+        "The load generator's CPU is locust's own from test start to stop.",
         "",
     ]
     if costs:

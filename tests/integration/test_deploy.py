@@ -21,10 +21,11 @@ MANIFESTS = [ROOT / "compose.yaml", *sorted((ROOT / "deploy" / "k8s").glob("*.ya
 
 
 def test_client_example_against_a_live_server(server, tmp_path) -> None:
-    photo = tmp_path / "cat.jpg"
+    photo, text = tmp_path / "cat.jpg", tmp_path / "notes.jpg"
     photo.write_bytes(photos.photo_jpeg("chelsea.png"))
+    text.write_bytes(b"not a photo")
     out = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "client.py"), str(photo), "--url", server.url],
+        [sys.executable, str(ROOT / "examples" / "client.py"), str(photo), str(text), "--url", server.url],
         capture_output=True,
         text=True,
         timeout=300,
@@ -32,6 +33,8 @@ def test_client_example_against_a_live_server(server, tmp_path) -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "classify:" in out.stdout and "compare:" in out.stdout and "fastest:" in out.stdout
+    batch = [line for line in out.stdout.splitlines() if line.startswith("batch:")]
+    assert len(batch) == 2 and "cat.jpg" in batch[0] and "not an image" in batch[1], out.stdout
 
 
 @pytest.fixture(scope="module")

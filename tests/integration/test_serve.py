@@ -215,8 +215,11 @@ def test_a_batch_uses_the_cache_per_image_and_the_python_client(server, client, 
     second.write_bytes(photos.benchmark_pool()[8][1])
     single = {"backend": "onnx", "top_k": "1"}  # the cache key covers backend, model, top_k and the bytes
     client.post("/classify", files={"image": ("a.jpg", first.read_bytes(), "image/jpeg")}, data=single)
+    bad = tmp_path / "notes.jpg"
+    bad.write_bytes(b"not an image")
     with bentoml.SyncHTTPClient(server.url) as python_client:
-        answer = python_client.classify_batch(images=[first, second], backend="onnx", top_k=1)
-    results = answer["results"] if isinstance(answer, dict) else answer.model_dump(by_alias=True)["results"]
-    assert [r["cached"] for r in results] == [True, False]
-    assert all(r["backend"] == "onnx" and len(r["top_k"]) == 1 for r in results)
+        answer = python_client.classify_batch(images=[first, second, bad], backend="onnx", top_k=1)
+    results = answer["results"]
+    assert [r.get("cached") for r in results] == [True, False, None]
+    assert all(r["backend"] == "onnx" and len(r["top_k"]) == 1 for r in results[:2])
+    assert results[2]["error"]["code"] == "invalid_image"  # the client hands the per-image error through

@@ -9,9 +9,9 @@ import httpx
 import pytest
 
 from fastinfer.errors import ApiError
-from fastinfer.image_api import ROUTES, Limits, parse, top_k
+from fastinfer.image_api import ROUTES, FormRules, answer, parse, top_k
 
-LIMITS = Limits(default_backend="onnx", max_batch_images=4)
+RULES = FormRules(default_backend="onnx", max_batch_images=4)
 JPEG = b"\xff\xd8\xff\xe0 pretend this is a photo"
 
 
@@ -26,7 +26,7 @@ def request(path: str = "/classify", query: str = "", **kwargs: Any) -> tuple[di
 
 def parsed(path: str = "/classify", query: str = "", **kwargs: Any):
     scope, body = request(path, query, **kwargs)
-    return parse(scope, body, ROUTES[path], LIMITS)
+    return parse(scope, body, ROUTES[path], RULES)
 
 
 def refused(path: str = "/classify", query: str = "", **kwargs: Any) -> ApiError:
@@ -64,9 +64,14 @@ def test_a_batch_keeps_the_order_of_its_parts() -> None:
 @pytest.mark.parametrize(
     ("case", "kwargs", "status", "code"),
     [
-        ("no image part", {"data": {"top_k": "3"}, "files": {"x": (None, "y")}}, 400, None),
+        ("no image part", {"data": {"top_k": "3"}, "files": {"top_k": (None, "3")}}, 400, None),
         ("unknown form field", {"files": {"picture": ("a.jpg", JPEG, "image/jpeg")}}, 400, "invalid_request"),
-        ("image as text (a URL)", {"data": {"image": "http://127.0.0.1/x.jpg"}, "files": {"t": (None, "")}}, 400, None),
+        (
+            "image as text (a URL)",
+            {"data": {"image": "http://127.0.0.1/x.jpg"}, "files": {"top_k": (None, "3")}},
+            400,
+            "invalid_image",
+        ),
         ("two images on a one-image route", {"files": [("image", ("a", JPEG)), ("file", ("b", JPEG))]}, 400, None),
         ("backend on an original-API route", {"files": {"image": ("a", JPEG)}, "data": {"backend": "onnx"}}, 400, None),
         ("empty body", {"content": b""}, 400, None),
@@ -101,7 +106,7 @@ def test_malformed_multipart_bodies_are_400() -> None:
 
 
 def test_batch_limits() -> None:
-    too_many = [("images", (f"{i}.jpg", JPEG, "image/jpeg")) for i in range(LIMITS.max_batch_images + 1)]
+    too_many = [("images", (f"{i}.jpg", JPEG, "image/jpeg")) for i in range(RULES.max_batch_images + 1)]
     assert "limit is 4" in refused("/classify/batch", files=too_many).message
     assert refused("/classify/batch", data={"top_k": "1"}, files={"x": (None, "")}).status == 400  # 0 images
     raw = refused("/classify/batch", content=JPEG, headers={"content-type": "image/jpeg"})
@@ -118,9 +123,81 @@ def test_query_parameters_are_checked_like_form_fields() -> None:
     assert "both" in both.message
 
 
-@pytest.mark.parametrize("value", ["0", "21", "five", "2.5", "", "-1", "9" * 50])
+@pytest.mark.parametrize("value", ["0", "21", "five", "2.5", "", "-1", "9" * 50, "1_0", "٥", "+5", "0x5"])
 def test_top_k_out_of_range_or_not_a_number(value: str) -> None:
     form = parsed(files={"image": ("a", JPEG)}, data={"top_k": value})
     with pytest.raises(ApiError) as caught:
         top_k(form)
     assert caught.value.code == "invalid_top_k" and caught.value.status == 400
+
+
+def test_the_image_as_a_text_field_is_refused_for_what_it_is() -> None:
+    """A URL where the file belongs is never fetched: it is refused as not a file."""
+    error = refused(data={"image": "http://127.0.0.1/x.jpg"}, files={"top_k": (None, "3")})
+    assert error.code == "invalid_image" and "must be a file upload" in error.message
+
+
+class RecordingPipeline:
+    def __init__(self) -> None:
+        self.backends = ["onnx", "pytorch"]
+        self.calls: list[tuple] = []
+
+    async def classify(self, image, backend, k, *, bypass=False, batched=None):
+        self.calls.append(("classify", backend, k, bypass, batched))
+        if backend not in self.backends:
+            raise ApiError(f"Unknown backend {backend!r}", code="unknown_backend")
+        return {"backend": backend}
+
+
+def answered(path: str = "/classify", query: str = "", **kwargs: Any) -> tuple[int, dict, dict, RecordingPipeline]:
+    import asyncio
+
+    pipeline = RecordingPipeline()
+    scope, body = request(path, query, **kwargs)
+    status, payload = asyncio.run(answer(pipeline, ROUTES[path], scope, body, RULES))  # type: ignore[arg-type]
+    return status, payload, scope.get("state", {}), pipeline
+
+
+def test_a_made_up_backend_never_becomes_a_metric_label() -> None:
+    """Each label value is a time series kept for ever: a client must not be able to mint them."""
+    status, payload, state, _ = answered(
+        query="backend=" + "x" * 900, content=JPEG, headers={"content-type": "image/png"}
+    )
+    assert status == 400 and payload["error"]["code"] == "unknown_backend"
+    assert state["fastinfer_backend"] == "unknown"
+    _, _, state, _ = answered(query="backend=pytorch", content=JPEG, headers={"content-type": "image/png"})
+    assert state["fastinfer_backend"] == "pytorch"
+
+
+def test_defaults_bypass_and_fixed_backends_reach_the_pipeline() -> None:
+    _, _, _, pipeline = answered(content=JPEG, headers={"content-type": "image/jpeg"})
+    assert pipeline.calls == [("classify", "onnx", 5, False, None)]  # the default backend, top_k 5, cached
+    _, _, _, pipeline = answered(
+        "/predict/batched", content=JPEG, headers={"content-type": "image/jpeg", "cache-control": "no-cache"}
+    )
+    assert pipeline.calls == [("classify", "pytorch", 5, True, True)]  # the route's backend, forced batching
+
+
+def test_every_image_route_is_a_declared_api_and_the_reverse() -> None:
+    """The lane answers exactly the routes BentoML declares as image APIs (the spec and the client see
+    those): a route added to one and not the other fails here."""
+    import service
+
+    declared = {api.route for api in service.FastInfer.apis.values()} - {"/analyze"}
+    assert declared == set(ROUTES)
+
+
+def test_a_raw_media_type_is_matched_exactly_but_for_image_star() -> None:
+    assert refused(content=JPEG, headers={"content-type": "application/octet-streamjunk"}).status == 415
+    assert parsed(content=JPEG, headers={"content-type": "IMAGE/WEBP; charset=x"}).images[0].data == JPEG
+
+
+def test_an_empty_backend_is_not_quietly_the_default() -> None:
+    status, payload, _, _ = answered(query="backend=", content=JPEG, headers={"content-type": "image/png"})
+    assert status == 400 and payload["error"]["code"] == "unknown_backend"
+
+
+def test_echoed_names_are_cut_short() -> None:
+    long = "k" * 60_000
+    assert len(refused(query=f"{long}=1", content=JPEG, headers={"content-type": "image/png"}).message) < 300
+    assert len(refused(files={"image": ("a", JPEG), long: (None, "1")}).message) < 300

@@ -159,3 +159,26 @@ def test_compare_with_nothing_able_to_answer_is_a_503() -> None:
     runner.not_loaded.update({"onnx", "pytorch"})
     with pytest.raises(BackendUnavailable, match="No backend can run here"):
         run(pipeline.compare(Image(grey(60)), 5, ["onnx", "pytorch", "coreml"]))
+
+
+def test_a_batch_decodes_at_most_one_image_per_core_at_a_time() -> None:
+    """The CPU pool serves first come first served: a batch queueing all its decodes at once made
+    every other request wait behind 32 costly images."""
+    pipeline, _ = make()
+    running, peak = 0, 0
+    real = pipeline._prepare
+
+    async def counting(*args, **kwargs):
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        try:
+            await asyncio.sleep(0.01)
+            return await real(*args, **kwargs)
+        finally:
+            running -= 1
+
+    pipeline._prepare = counting  # type: ignore[method-assign]
+    results = run(pipeline.classify_many([Image(grey(i)) for i in range(8)], "onnx", 1, bypass=True))
+    assert [r["class"] for r in results] == [f"class {i}" for i in range(8)]
+    assert peak == pipeline.cpu.workers == 2
