@@ -94,6 +94,7 @@ class Pipeline:
         key = ""
         if bypass:  # no key needed: nothing is read from or written to the cache
             self._bypassed()
+            timings["read"] = 0.0  # observed as such, so that every stage counts every request
         else:
             key = await self._key(image.data, backend, info, k, timings)
             cached = await self._lookup(key, backend, info, k, timings)
@@ -119,6 +120,8 @@ class Pipeline:
         keys = [""] * len(images)
         if bypass:
             found: list[dict[str, Any] | None] = [None] * len(images)
+            for t in timings:
+                t["read"] = 0.0
         else:
             keys = [await self._key(image.data, backend, info, k, t) for image, t in zip(images, timings, strict=True)]
             lookups = (self._lookup(key, backend, info, k, t) for key, t in zip(keys, timings, strict=True))

@@ -408,7 +408,11 @@ def batch_step(
 def bare_baseline(backend: str, args: argparse.Namespace) -> dict[str, Any]:
     """The bare BentoML service, started here, under the cache-hit scenario's body, users and duration."""
     say("starting the bare BentoML baseline (load_tests/bare_service.py)")
-    bare = start_server(None, args.out / "serve-bare.log", target="bare_service:Bare", cwd=ROOT / "load_tests")
+    # Its own BENTOML_HOME (it needs no models): `bentoml serve` empties the home's Prometheus directory at
+    # start-up, which would wipe the counters of a FastInfer server running over the same home (--url).
+    home = args.out / "bare-bentoml-home"
+    home.mkdir(parents=True, exist_ok=True)
+    bare = start_server(home, args.out / "serve-bare.log", target="bare_service:Bare", cwd=ROOT / "load_tests")
     try:
         say(f"locust: bare BentoML baseline, 10 users, {args.duration:g}s")
         return run_locust(bare.url, backend, 10, args.duration, "bare", args.out, bare.process.pid)
