@@ -28,11 +28,11 @@ from fastinfer import hardware, photos
 from fastinfer.postprocess import top_k
 from fastinfer.preprocess import PreprocessSpec, decode, resize_and_crop
 
-# What the HTTP path costs beyond the stages (multipart parsing, the front→runner hop with 150 KB
-# pickled each way, JSON) when no server was measured. An ESTIMATE: sequential requests showed the
-# runner round trip ~5 ms (wall) above in-process inference and the front's total ~1 ms above its
-# stages; we count 3 ms of CPU. `make bench` replaces it with the figure measured per backend.
-HTTP_OVERHEAD_MS = 3.0
+# What the HTTP path costs beyond the stages (receiving and parsing the body, the front→runner hop
+# with 150 KB each way, JSON) when no server was measured. An ESTIMATE: `make bench` measured 5–13
+# CPU ms per request for the backends whose runner overhead is not lost in noise (BENCHMARKS.md,
+# "The HTTP path, measured", AMD EPYC, 2026-12-03); we count 8. The bench replaces it per backend.
+HTTP_OVERHEAD_MS = 8.0
 POOL = "pool"
 """The detail of the stages measured over the whole benchmark pool: the mix locust sends."""
 PHOTO = "benchmark photo"

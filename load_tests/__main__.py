@@ -410,7 +410,7 @@ def bare_baseline(backend: str, args: argparse.Namespace) -> dict[str, Any]:
     say("starting the bare BentoML baseline (load_tests/bare_service.py)")
     # Its own BENTOML_HOME (it needs no models): `bentoml serve` empties the home's Prometheus directory at
     # start-up, which would wipe the counters of a FastInfer server running over the same home (--url).
-    home = args.out / "bare-bentoml-home"
+    home = (args.out / "bare-bentoml-home").resolve()  # the server runs in load_tests/
     home.mkdir(parents=True, exist_ok=True)
     bare = start_server(home, args.out / "serve-bare.log", target="bare_service:Bare", cwd=ROOT / "load_tests")
     try:
