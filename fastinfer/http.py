@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from tempfile import TemporaryFile
 from typing import IO, Any
 
@@ -209,7 +209,7 @@ class FrontMiddleware:
         self.uploading += 1
         loop = asyncio.get_running_loop()
         body = _Body(self.memory)
-        total, complete = 0, False
+        complete = False
         try:
             while True:
                 wait = min(self.body_idle_s, deadline - loop.time())
@@ -222,8 +222,7 @@ class FrontMiddleware:
                 if message["type"] == "http.disconnect":  # the client left: nobody to answer
                     break
                 chunk = message.get("body", b"")
-                total += len(chunk)
-                if total > self.max_bytes:
+                if body.size + len(chunk) > self.max_bytes:
                     await send_json(send, 413, self._too_large(length), CLOSE)
                     break
                 body.write(chunk)
@@ -418,7 +417,7 @@ class _Body:
             self.chunks = [b"".join(self.chunks)]  # one copy, kept: the budget still counts it once
         return self.chunks[0]
 
-    def pieces(self) -> Any:
+    def pieces(self) -> Iterator[bytes]:
         """The body in chunks of at most REPLAY_CHUNK bytes."""
         if self.file is not None:
             self.file.seek(0)

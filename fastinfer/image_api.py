@@ -111,7 +111,7 @@ def parse(scope: dict[str, Any], body: bytes, route: ImageRoute, rules: FormRule
         if not boundary:
             raise BadRequest("The multipart body has no boundary in its Content-Type header.")
         _parse_multipart(body, boundary, route, rules, form)
-    elif ctype.startswith(b"image/") or ctype == b"application/octet-stream":
+    elif _is_raw(ctype.decode("latin-1")):
         if route.kind == "batch":
             raise BadRequest(f"A batch is sent as multipart/form-data, one '{BATCH_FIELD}' part per image.")
         form.images.append(Image(body))
@@ -126,6 +126,11 @@ def parse(scope: dict[str, Any], body: bytes, route: ImageRoute, rules: FormRule
     if not form.images:
         raise ApiError(_how_to_send(route), code="invalid_image")
     return form
+
+
+def _is_raw(ctype: str) -> bool:
+    """A media type this API reads as the image itself (RAW_TYPES)."""
+    return any(ctype.startswith(t) if t.endswith("/") else ctype == t for t in RAW_TYPES)
 
 
 def _how_to_send(route: ImageRoute) -> str:

@@ -91,15 +91,9 @@ class Pipeline:
         started = time.perf_counter()
         info = self.check(backend)
         timings: dict[str, float] = {}
-        key = ""
-        if bypass:  # no key needed: nothing is read from or written to the cache
-            self._bypassed()
-            timings["read"] = 0.0  # observed as such, so that every stage counts every request
-        else:
-            key = await self._key(image.data, backend, info, k, timings)
-            cached = await self._lookup(key, backend, info, k, timings)
-            if cached is not None:
-                return self._respond(backend, cached, timings, started)
+        key, cached = await self._from_cache(image, backend, info, k, timings, bypass)
+        if cached is not None:
+            return self._respond(backend, cached, timings, started)
         prepared = await self._prepare(image.data, info, timings)
         logits = await self._infer(backend, prepared.pixels[np.newaxis], batched, timings)
         body = self._body(backend, logits[0], k)
@@ -117,22 +111,15 @@ class Pipeline:
         info = self.check(backend)
         slots: list[dict[str, Any] | None] = [None] * len(images)
         timings = [dict[str, float]() for _ in images]
-        keys = [""] * len(images)
-        if bypass:
-            found: list[dict[str, Any] | None] = [None] * len(images)
-            for t in timings:
-                t["read"] = 0.0
-        else:
-            keys = [await self._key(image.data, backend, info, k, t) for image, t in zip(images, timings, strict=True)]
-            lookups = (self._lookup(key, backend, info, k, t) for key, t in zip(keys, timings, strict=True))
-            found = list(await asyncio.gather(*lookups))
+        looked_up = await asyncio.gather(
+            *(self._from_cache(image, backend, info, k, t, bypass) for image, t in zip(images, timings, strict=True))
+        )
+        keys = [key for key, _ in looked_up]
         todo = []
-        for i, cached in enumerate(found):
+        for i, (_, cached) in enumerate(looked_up):
             if cached is not None:
                 slots[i] = self._respond(backend, cached, timings[i], started)
             else:
-                if bypass:
-                    self._bypassed()
                 todo.append(i)
         # In parallel, but at most one decode per core for this request: the pool's queue is first come,
         # first served, and 32 costly images queued at once would make every other request wait behind them.
@@ -155,10 +142,10 @@ class Pipeline:
             shared: dict[str, float] = {}
             batch = np.stack([p.pixels for _, p in ready])
             logits = await self._infer(backend, batch, None, shared)
-            for (i, _), row in zip(ready, logits, strict=True):
-                body = self._body(backend, row, k)
-                if not bypass:
-                    await self.cache.store(keys[i], body)
+            bodies = [(i, self._body(backend, row, k)) for (i, _), row in zip(ready, logits, strict=True)]
+            if not bypass:
+                await asyncio.gather(*(self.cache.store(keys[i], body) for i, body in bodies))
+            for i, body in bodies:
                 slots[i] = self._respond(backend, body, {**timings[i], **shared}, started)
         return [slot for slot in slots if slot is not None]
 
@@ -189,24 +176,24 @@ class Pipeline:
     async def _hash(self, data: bytes | memoryview) -> str:
         return _digest(data) if len(data) <= HASH_INLINE_MAX else await self.cpu.run(lambda: _digest(data))
 
-    async def _key(self, data: bytes, backend: str, info: StoredModelInfo, k: int, timings: dict[str, float]) -> str:
+    async def _from_cache(
+        self, image: Image, backend: str, info: StoredModelInfo, k: int, timings: dict[str, float], bypass: bool
+    ) -> tuple[str, dict[str, Any] | None]:
+        """The image's cache key and its cached body (None on a miss). A bypass needs no key: nothing is
+        read from or written to the cache, and ``read`` is observed as 0 so that every stage counts
+        every request."""
+        if bypass:
+            self.cache.bypassed()
+            metrics.CACHE_EVENTS.labels(event="bypass").inc()
+            timings["read"] = 0.0
+            return "", None
         t0 = time.perf_counter()
-        key = digest_key(await self._hash(data), backend, info.tag, k)
-        timings["read"] = (time.perf_counter() - t0) * 1000
-        return key
-
-    async def _lookup(
-        self, key: str, backend: str, info: StoredModelInfo, k: int, timings: dict[str, float]
-    ) -> dict[str, Any] | None:
-        t0 = time.perf_counter()
+        key = digest_key(await self._hash(image.data), backend, info.tag, k)
+        t1 = time.perf_counter()
         cached, event = await self.cache.lookup(key, Expected(backend, info.tag, k, info.weights, info.categories))
-        timings["cache"] = (time.perf_counter() - t0) * 1000
+        timings["read"], timings["cache"] = (t1 - t0) * 1000, (time.perf_counter() - t1) * 1000
         metrics.CACHE_EVENTS.labels(event=event).inc()
-        return None if cached is None else {**cached, "cached": True}
-
-    def _bypassed(self) -> None:
-        self.cache.bypassed()
-        metrics.CACHE_EVENTS.labels(event="bypass").inc()
+        return key, None if cached is None else {**cached, "cached": True}
 
     async def _prepare(self, data: bytes | memoryview, info: StoredModelInfo, timings: dict[str, float]) -> Prepared:
         prepared = await self.cpu.run(lambda: prepare(data, info.preprocess, self.max_pixels))

@@ -36,12 +36,12 @@ import httpx
 
 from fastinfer import hardware, photos
 from load_tests import cpu
+from load_tests.checks import BATCH_IMAGES
 from load_tests.report import best_backend, write_markdown
 from load_tests.service import ROOT, start_server, stop_server
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 USER_CLASSES = {"inference": "InferenceUser", "repeat": "RepeatUser", "bare": "RepeatUser", "batch": "BatchUser"}
-BATCH_IMAGES = 8  # images per batch request: the locustfile's BATCH
 
 
 def say(message: str) -> None:

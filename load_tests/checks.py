@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+BATCH_IMAGES = 8
+"""Images per ``POST /classify/batch`` request in the benchmark: the runners' default max batch size."""
+
 
 def batch_failure(status: int, body: dict[str, Any] | None, expected: int) -> str | None:
     """Why a batch answer is a failure in the benchmark (None when it is a success)."""

@@ -6,8 +6,8 @@
 * ``RepeatUser`` posts one photo again and again without bypass: the cache-hit path, always
   reported apart from inference (and, against ``load_tests/bare_service.py``, the bare BentoML
   baseline: the same body).
-* ``BatchUser`` posts ``BATCH`` distinct pool photos per request to ``POST /classify/batch`` (field
-  ``images`` repeated), cache bypassed. A non-200, a result count that is not ``BATCH``, or any item
+* ``BatchUser`` posts ``BATCH_IMAGES`` distinct pool photos per request to ``POST /classify/batch`` (field
+  ``images`` repeated), cache bypassed. A non-200, a result count that is not ``BATCH_IMAGES``, or any item
   that is an error or says ``cached`` counts as a failure.
 
 Environment: ``FASTINFER_BENCH_BACKEND`` (default onnx), ``FASTINFER_BENCH_IMAGES`` (pool cache dir),
@@ -33,12 +33,10 @@ from locust import constant, events, task
 from locust.contrib.fasthttp import FastHttpUser
 
 from fastinfer.photos import benchmark_pool
-from load_tests.checks import batch_failure
+from load_tests.checks import BATCH_IMAGES, batch_failure
 
 BACKEND = os.environ.get("FASTINFER_BENCH_BACKEND", "onnx")
 POOL = benchmark_pool(Path(os.environ.get("FASTINFER_BENCH_IMAGES", "artifacts/bench-images")))
-BATCH = 8
-"""Images per ``POST /classify/batch`` request: the runners' default max batch size."""
 SUMMARY = os.environ.get("FASTINFER_BENCH_SUMMARY")
 _window: dict[str, float] = {}
 
@@ -92,11 +90,11 @@ REPEAT_BODY = multipart(POOL[len(POOL) // 2][1], {"backend": BACKEND})
 
 @cache
 def batch_bodies() -> list[tuple[bytes, str]]:
-    """Bodies of BATCH distinct photos each, windows over the pool (every photo in two of them), built
+    """Bodies of BATCH_IMAGES distinct photos each, windows over the pool (every photo in two of them), built
     once and only by the users that send batches (~2× the pool's 17 MB)."""
-    step = BATCH // 2
+    step = BATCH_IMAGES // 2
     return [
-        multipart([POOL[(start + j) % len(POOL)][1] for j in range(BATCH)], {"backend": BACKEND}, name="images")
+        multipart([POOL[(start + j) % len(POOL)][1] for j in range(BATCH_IMAGES)], {"backend": BACKEND}, name="images")
         for start in range(0, len(POOL), step)
     ]
 
@@ -144,6 +142,6 @@ class BatchUser(FastHttpUser):
                 answer = response.json() if response.status_code == 200 else None
             except ValueError:
                 answer = None
-            why = batch_failure(response.status_code, answer, BATCH)
+            why = batch_failure(response.status_code, answer, BATCH_IMAGES)
             if why is not None:
                 response.failure(why if answer is not None else f"{why}: {(response.text or '')[:200]}")
