@@ -74,8 +74,15 @@ class Expected:
     categories: Sequence[str] = ()
 
 
+MAX_ENTRY_BYTES = 16 * 1024
+"""An entry of ours is ~2 KB at top_k 20. Anything much larger is not ours, and parsing it would hold
+the event loop (a 10 MB value held concurrent cache hits for 350 ms)."""
+
+
 def decode_entry(raw: str | bytes, expected: Expected) -> dict[str, Any]:
     """The response body stored in ``raw``, checked against what the key promises; else ValueError."""
+    if len(raw) > MAX_ENTRY_BYTES:
+        raise InvalidEntry(f"{len(raw):,} bytes, larger than any entry of ours ({MAX_ENTRY_BYTES:,})")
     entry = json.loads(raw)  # ValueError (JSONDecodeError, UnicodeDecodeError) when not JSON
     if not isinstance(entry, dict) or entry.keys() != {"v", "body"}:
         raise InvalidEntry("not a {v, body} object")

@@ -222,6 +222,7 @@ BAD_ENTRIES: dict[str, str | bytes] = {
     "scores rising": changed(
         top_k=body()["top_k"][::-1], **{"class": "class 4", "class_index": 4, "confidence": 0.025}
     ),
+    "a valid entry padded to 5 MB (parsing it would hold the event loop)": entry(body()) + " " * 5_000_000,
     "scores summing above 1": entry(
         {**body(), "confidence": 0.95, "top_k": [{**body()["top_k"][0], "score": 0.95}, *body()["top_k"][1:]]}
     ),
