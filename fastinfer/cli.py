@@ -46,7 +46,8 @@ def doctor(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"hardware": hw, "backends": {}}
     print("FastInfer doctor\n")
     for key in ("os", "cpu", "cores", "isa", "apple_chip", "neural_engine", "cuda", "mps"):
-        print(f"  {key:14} {hw.get(key)}")
+        source = f" — {hw['cores_source']}" if key == "cores" and hw.get("cores_source") else ""
+        print(f"  {key:14} {hw.get(key)}{source}")
     meaning: dict[str, str] = hw.get("isa_meaning", {})  # type: ignore[assignment]
     for label, text in meaning.items():
         print(f"  {'':14} {label}: {text}")
@@ -111,7 +112,7 @@ def bench_engines(args: argparse.Namespace) -> int:
     for name, reason in _available().items():
         if reason is not None:
             continue
-        engine = open_engine(name, threads=args.threads)
+        engine = open_engine(name, threads=args.threads or hardware.cpu_count())  # torch's own default ignores quotas
         for batch in args.batches:
             print(f"{name} b{batch} ...", file=sys.stderr, flush=True)
             timings.append(engine_bench.time_engine(name, engine, images, batch, args.repeats))
@@ -129,7 +130,7 @@ def profile(args: argparse.Namespace) -> int:
     for name, reason in _available().items():
         if reason is None and name != "coreml":  # coreml-batched covers the CoreML models
             print(f"loading {name} ...", file=sys.stderr, flush=True)
-            engines[name] = open_engine(name, threads=args.threads)
+            engines[name] = open_engine(name, threads=args.threads or hardware.cpu_count())
     print("measuring stages ...", file=sys.stderr, flush=True)
     result = prof.run(engines, args.batches, args.repeats, PreprocessSpec())
     if args.load_test and args.load_test.exists():
@@ -166,13 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("bench", help="in-process model latency per backend")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads (default: all cores)")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (default: the cores this process may use)")
     p.add_argument("--json", type=Path, default=Path("artifacts/bench.json"))
     p.set_defaults(func=bench_engines)
     p = sub.add_parser("profile", help="per-stage costs in-process, and the ceiling they allow")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (default: the cores this process may use)")
     p.add_argument("--json", type=Path, default=Path("artifacts/profile.json"))
     p.add_argument("--plot", type=Path, default=Path("artifacts/profile.png"))
     p.add_argument("--load-test", type=Path, help="a load-test result (results.json) to compare with the ceiling")

@@ -6,16 +6,216 @@ functions that need them, so the HTTP front never loads them.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+# ---- the CPU budget: the cores this process may use (affinity, then a container's CPU quota) ----
+
+
+@dataclass(frozen=True)
+class CpuBudget:
+    """How many threads this process should size its pools for, and where the figure came from.
+
+    ``count`` is min(CPU affinity, the cgroup CPU quota rounded up), at least 1; ``quota`` is the
+    tightest quota in CPUs (e.g. 1.5) or None when no cgroup limits the CPU time; ``source`` says it
+    in words (shown as ``cores_source`` by GET /backends and ``fastinfer doctor``).
+    """
+
+    count: int
+    affinity: int
+    quota: float | None
+    source: str
+
+
+@dataclass(frozen=True)
+class _Limit:
+    """One cgroup's CPU quota: ``quota`` µs of CPU time every ``period`` µs."""
+
+    version: int
+    cgroup: str  # the cgroup's path as the process sees it ("/" inside a container's namespace)
+    quota: int
+    period: int
+
+    @property
+    def cpus(self) -> Fraction:
+        return Fraction(self.quota, self.period)
+
+    def describe(self) -> str:
+        where = f" in {self.cgroup}" if self.cgroup != "/" else ""
+        if self.version == 2:
+            return f"cgroup v2 cpu.max {self.quota}/{self.period}{where}"
+        return f"cgroup v1 cpu.cfs_quota_us/cpu.cfs_period_us {self.quota}/{self.period}{where}"
+
+
+# Where the hierarchies usually are when /proc/self/mountinfo does not say.
+_V2_FALLBACK = "/sys/fs/cgroup"
+_V1_FALLBACKS = ("/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu")
+
+
+def _affinity() -> tuple[int, str]:
+    try:
+        return max(1, len(os.sched_getaffinity(0))), "CPU affinity"
+    except (AttributeError, OSError):  # macOS has no sched_getaffinity (and no cgroups)
+        return max(1, os.cpu_count() or 1), "os.cpu_count()"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _inside(root: Path, absolute: str) -> Path:
+    """``absolute`` (a path as the running system names it) under ``root`` ("/" on a real machine)."""
+    return root / absolute.lstrip("/")
+
+
+def _own_cgroups(text: str | None) -> tuple[str | None, str | None]:
+    """This process's cgroup paths from /proc/self/cgroup: the v2 one (``0::/path``) and the v1 one
+    whose controllers include ``cpu``."""
+    v2 = v1 = None
+    for line in (text or "").splitlines():
+        parts = line.strip().split(":", 2)
+        if len(parts) != 3 or not parts[2].startswith("/"):
+            continue
+        hierarchy, controllers, path = parts
+        if hierarchy == "0" and controllers == "" and v2 is None:
+            v2 = path
+        elif "cpu" in controllers.split(",") and v1 is None:
+            v1 = path
+    return v2, v1
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes a space, tab, newline and backslash in a path as octal (``\\040``)."""
+    for code in ("\\040", "\\011", "\\012", "\\134"):
+        field = field.replace(code, chr(int(code[1:], 8)))
+    return field
+
+
+def _mounts(text: str | None) -> tuple[tuple[str, str] | None, tuple[str, str] | None]:
+    """(mount point, root of the mount in the hierarchy) of the cgroup v2 hierarchy and of the v1
+    hierarchy that holds the ``cpu`` controller, from /proc/self/mountinfo."""
+    v2 = v1 = None
+    for line in (text or "").splitlines():
+        fields = line.split()
+        if "-" not in fields:
+            continue
+        sep = fields.index("-")
+        if sep < 5 or len(fields) < sep + 4:
+            continue
+        root, point, fstype, options = _unescape(fields[3]), _unescape(fields[4]), fields[sep + 1], fields[sep + 3]
+        if fstype == "cgroup2" and v2 is None:
+            v2 = (point, root)
+        elif fstype == "cgroup" and "cpu" in options.split(",") and v1 is None:
+            v1 = (point, root)
+    return v2, v1
+
+
+def _chain(mount: Path, mount_root: str, cgroup: str) -> list[tuple[Path, str]]:
+    """The process's cgroup folder and every ancestor up to the mount point, deepest first, each
+    with the cgroup path it stands for. A cgroup outside the mounted part (no cgroup namespace, the
+    container's own cgroup mounted) starts at the mount point: that is the nearest cgroup visible."""
+    root_parts = [p for p in mount_root.split("/") if p]
+    parts = [p for p in cgroup.split("/") if p]
+    if ".." in parts or parts[: len(root_parts)] != root_parts:
+        parts = root_parts
+    relative = parts[len(root_parts) :]
+    return [
+        (mount.joinpath(*relative[:depth]), "/" + "/".join(parts[: len(root_parts) + depth]))
+        for depth in range(len(relative), -1, -1)
+    ]
+
+
+def _positive(text: str) -> int | None:
+    value = int(text)
+    return value if value > 0 else None
+
+
+def _v2_limit(folder: Path, cgroup: str) -> _Limit | None:
+    """``cpu.max``: "QUOTA PERIOD", or "max PERIOD" for no limit. Anything else: no limit."""
+    fields = (_read(folder / "cpu.max") or "").split()
+    if len(fields) != 2 or fields[0] == "max":
+        return None
+    try:
+        quota, period = _positive(fields[0]), _positive(fields[1])
+    except ValueError:
+        return None
+    return _Limit(2, cgroup, quota, period) if quota and period else None
+
+
+def _v1_limit(folder: Path, cgroup: str) -> _Limit | None:
+    """``cpu.cfs_quota_us`` (-1: no limit) over ``cpu.cfs_period_us``. Anything else: no limit."""
+    quota, period = _read(folder / "cpu.cfs_quota_us"), _read(folder / "cpu.cfs_period_us")
+    if quota is None or period is None:
+        return None
+    try:
+        q, p = _positive(quota.strip()), _positive(period.strip())
+    except ValueError:
+        return None
+    return _Limit(1, cgroup, q, p) if q and p else None
+
+
+def _cgroup_limits(root: Path) -> list[_Limit]:
+    """Every CPU quota on the way from this process's cgroups up to their hierarchies' roots (limits
+    nest: the tightest one binds), in v2 and in v1 (a hybrid machine has both)."""
+    proc = _inside(root, "/proc/self")
+    v2_path, v1_path = _own_cgroups(_read(proc / "cgroup"))
+    v2_mount, v1_mount = _mounts(_read(proc / "mountinfo"))
+    limits: list[_Limit] = []
+    if v2_path is not None:
+        point, mount_root = v2_mount or (_V2_FALLBACK, "/")
+        chain = _chain(_inside(root, point), mount_root, v2_path)
+        limits += [limit for folder, cgroup in chain if (limit := _v2_limit(folder, cgroup))]
+    if v1_path is not None:
+        if v1_mount is None:
+            found = next((p for p in _V1_FALLBACKS if _inside(root, p).is_dir()), _V1_FALLBACKS[-1])
+            v1_mount = (found, "/")
+        point, mount_root = v1_mount
+        chain = _chain(_inside(root, point), mount_root, v1_path)
+        limits += [limit for folder, cgroup in chain if (limit := _v1_limit(folder, cgroup))]
+    return limits
+
+
+def probe_cpu_budget(root: Path = Path("/"), affinity: int | None = None) -> CpuBudget:
+    """The CPU budget, read afresh: CPU affinity capped by the tightest cgroup CPU quota (rounded up).
+
+    ``root`` is where /proc and /sys are looked for, and ``affinity`` replaces the process's own
+    CPU affinity: tests lay cgroup files out in a temporary folder. An unreadable or garbled cgroup
+    file is no limit, never an error; on macOS there are no cgroups and the core count stands.
+    """
+    if affinity is None:
+        cores, what = _affinity()
+    else:
+        cores, what = max(1, affinity), "CPU affinity"
+    try:
+        limits = _cgroup_limits(root)
+    except (OSError, ValueError):  # a path the OS refuses (too long, NUL...): no limit from it
+        limits = []
+    if not limits:
+        return CpuBudget(cores, cores, None, f"{what} ({cores}), no cgroup CPU limit")
+    tightest = min(limits, key=lambda limit: limit.cpus)
+    allowed = max(1, -(-tightest.quota // tightest.period))  # rounded up: 1.5 CPUs of quota → 2 threads
+    quota = float(tightest.cpus)
+    if allowed < cores:
+        return CpuBudget(allowed, cores, quota, f"{tightest.describe()} → {allowed} ({what} {cores})")
+    return CpuBudget(cores, cores, quota, f"{what} ({cores}); {tightest.describe()} allows {allowed}")
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_budget() -> CpuBudget:
+    """This process's CPU budget, probed once (``cpu_budget.cache_clear()`` probes again)."""
+    return probe_cpu_budget()
 
 
 def cpu_count() -> int:
-    """Cores this process may use (honours CPU affinity / cgroup-pinned sets)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # macOS has no sched_getaffinity
-        return max(1, os.cpu_count() or 1)
+    """Cores this process may use: its CPU affinity, capped by its container's CPU quota (cgroups)."""
+    return cpu_budget().count
 
 
 def intra_op_threads(workers: int, override: int = 0) -> int:
@@ -130,11 +330,13 @@ def probe(check_torch: bool = False) -> dict[str, object]:
         cpu, flags = _cpu_linux()
     isa = sorted({label for flag, label in ISA_FLAGS.items() if flag in flags} | ({"neon"} if arm else set()))
     apple_silicon = system == "Darwin" and arm
+    budget = cpu_budget()
     info: dict[str, object] = {
         "os": f"{system} {platform.release()}",
         "machine": platform.machine(),
         "cpu": cpu,
-        "cores": cpu_count(),
+        "cores": budget.count,
+        "cores_source": budget.source,
         "isa": isa,
         "isa_meaning": {label: ISA_MEANING[label] for label in isa if label in ISA_MEANING},
         "apple_chip": cpu if apple_silicon else None,

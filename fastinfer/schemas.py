@@ -82,7 +82,10 @@ class BackendInfo(BaseModel):
 
 class BackendsResponse(BaseModel):
     default: str
-    hardware: dict[str, Any] = Field(description="OS, CPU, cores, ISA features, Apple chip, Neural Engine, CUDA, MPS")
+    hardware: dict[str, Any] = Field(
+        description="OS, CPU, cores (and cores_source: CPU affinity or the container's cgroup CPU quota), "
+        "ISA features, Apple chip, Neural Engine, CUDA, MPS"
+    )
     recommended: dict[str, str] = Field(description="the backend to use here, and why")
     backends: list[BackendInfo]
 

@@ -20,8 +20,8 @@ class TorchEngine:
         from fastinfer.torch_model import resnet50
 
         self.device = device or hardware.torch_device()
-        if threads > 0:
-            torch.set_num_threads(threads)
+        # torch's own default is the machine's cores, blind to a container's CPU quota.
+        torch.set_num_threads(threads if threads > 0 else hardware.cpu_count())
         state = torch.load(Path(model_dir) / STATE_FILE, map_location="cpu", weights_only=True)
         self.model = resnet50(state).to(self.device)
         self._torch = torch

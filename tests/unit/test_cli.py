@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from fastinfer import cli
+from fastinfer import cli, hardware
 from fastinfer.config import BACKENDS
 
 
@@ -12,7 +12,7 @@ def test_doctor_reports_hardware_backends_and_a_recommendation(built_models, tmp
     out = tmp_path / "doctor.json"
     assert cli.main(["doctor", "--json", str(out), "--profile", str(tmp_path / "none.json")]) == 0
     report = json.loads(out.read_text())
-    assert {"os", "cpu", "cores", "isa", "neural_engine", "cuda", "mps"} <= report["hardware"].keys()
+    assert {"os", "cpu", "cores", "cores_source", "isa", "neural_engine", "cuda", "mps"} <= report["hardware"].keys()
     assert set(report["backends"]) == set(BACKENDS)
     onnx = report["backends"]["onnx"]
     assert onnx["available"] and onnx["node_placement"]["CPUExecutionProvider"].endswith("nodes")
@@ -22,6 +22,23 @@ def test_doctor_reports_hardware_backends_and_a_recommendation(built_models, tmp
     assert report["recommended"]["backend"] in BACKENDS and "(rule)" in report["recommended"]["why"]
     printed = capsys.readouterr().out
     assert "recommended here:" in printed and "Convolution u8 53/53" in printed
+
+
+def test_doctor_says_where_the_core_count_came_from(monkeypatch, tmp_path, capsys) -> None:
+    # A container limited to 1.5 CPUs (cgroup v2) on a 64-core machine, laid out in tmp_path.
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/cgroup").write_text("0::/\n")
+    (tmp_path / "sys/fs/cgroup").mkdir(parents=True)
+    (tmp_path / "sys/fs/cgroup/cpu.max").write_text("150000 100000\n")
+    budget = hardware.probe_cpu_budget(tmp_path, affinity=64)
+    monkeypatch.setattr(hardware, "cpu_budget", lambda: budget)
+    monkeypatch.setattr(cli, "_available", dict)  # no backends: only the machine is under test
+    out = tmp_path / "doctor.json"
+    assert cli.main(["doctor", "--json", str(out), "--profile", str(tmp_path / "none.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "  cores          2 — cgroup v2 cpu.max 150000/100000 → 2 (CPU affinity 64)\n" in printed
+    report = json.loads(out.read_text())["hardware"]
+    assert (report["cores"], report["cores_source"]) == (2, budget.source)
 
 
 def test_bench_then_doctor_recommends_from_measurements(built_models, tmp_path, capsys) -> None:
