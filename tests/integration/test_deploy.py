@@ -1,15 +1,21 @@
 """Shipping: the Python client example, the offline bento build served by tag, and the
-deployment manifests checked against the code (ports, probe paths, environment variables)."""
+deployment manifests checked against the code (ports, probe paths, environment variables, secrets)
+and against their schemas: Kubernetes' (kubernetes-validate) and the Compose spec's
+(check-jsonschema's copy), both shipped in the wheels and read offline."""
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import bentoml
+import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -17,7 +23,13 @@ from fastinfer import photos
 from tests.servers import ROOT, start_server, stop_server
 
 BENTOML = Path(sys.executable).parent / "bentoml"
-MANIFESTS = [ROOT / "compose.yaml", *sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))]
+K8S_MANIFESTS = sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))
+MANIFESTS = [ROOT / "compose.yaml", *K8S_MANIFESTS]
+# The oldest and the newest Kubernetes whose schemas kubernetes-validate==1.37.0 ships: a field that is
+# new (or gone) in the versions between fails one of them.
+K8S_VERSIONS = ("1.25.0", "1.37.0")
+SECRET = "fastinfer"  # the Kubernetes Secret the Deployment reads: its keys, by the variable they set
+SECRET_KEYS = {"FASTINFER_API_KEYS": "api-keys", "GROQ_API_KEY": "groq-api-key"}
 
 
 def test_client_example_against_a_live_server(server, tmp_path) -> None:
@@ -135,3 +147,136 @@ def test_manifests_agree_with_the_code(client) -> None:
     pre_stop_s = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
     assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > pre_stop_s + timeout_s
     assert int(app["stop_grace_period"].removesuffix("s")) > int(app["environment"]["FASTINFER_TIMEOUT_S"])
+
+
+def k8s_documents() -> list[tuple[str, dict]]:
+    """Every document in deploy/k8s/*.yaml, named ``file:kind/name``."""
+    return [
+        (f"{path.name}:{doc.get('kind')}/{doc.get('metadata', {}).get('name')}", doc)
+        for path in K8S_MANIFESTS
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc is not None
+    ]
+
+
+def validate_k8s(doc: dict, version: str) -> None:
+    """Raises unless ``doc`` is a valid object of Kubernetes ``version``. Strict: an unknown field
+    (a typo) is an error, not ignored; a kind or apiVersion without a schema there is an error too."""
+    validated = kubernetes_validate.validate(doc, version, strict=True)
+    assert validated == ".".join(version.split(".")[:2]), f"checked against {validated}, not {version}"
+
+
+def validate_compose(doc: dict) -> None:
+    """Raises unless ``doc`` follows the Compose spec's JSON schema (unknown keys are errors there)."""
+    schema = json.loads(
+        importlib.resources.files("check_jsonschema.builtin_schemas.vendor").joinpath("compose-spec.json").read_text()
+    )
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.Draft202012Validator(schema).validate(doc)
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """No network in this test: the schemas must come from the installed packages."""
+
+    def refuse(*args, **kwargs):
+        raise OSError("no network in this test")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize(("name", "doc"), k8s_documents(), ids=[name for name, _ in k8s_documents()])
+def test_k8s_manifests_follow_the_kubernetes_schemas(offline, name, doc, version) -> None:
+    validate_k8s(doc, version)
+
+
+# A manifest broken on purpose (one edit to the real text) is refused by the same check.
+K8S_BREAKAGES = {
+    "typo'd field": ("containerPort: 3000", "containerPorts: 3000", "'containerPort' is a required property"),
+    "unknown field": (
+        "terminationGracePeriodSeconds: 45",
+        "terminationGracePeriodSecond: 45",
+        "'terminationGracePeriodSecond' was unexpected",
+    ),
+    "wrong type": ("replicas: 2", 'replicas: "2"', "'2' is not of type 'integer'"),
+    "wrong type in the secret reference": ("optional: true}", 'optional: "true"}', "'true' is not of type 'boolean'"),
+}
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize(("old", "new", "error"), K8S_BREAKAGES.values(), ids=K8S_BREAKAGES)
+def test_k8s_validation_refuses_a_broken_manifest(offline, old, new, error, version) -> None:
+    text = (ROOT / "deploy" / "k8s" / "fastinfer.yaml").read_text()
+    assert old in text, f"the manifest no longer has {old!r}: pick another edit"
+    broken = [doc for doc in yaml.safe_load_all(text.replace(old, new)) if doc]
+    (deployment,) = [doc for doc in broken if doc["kind"] == "Deployment"]
+    with pytest.raises(kubernetes_validate.ValidationError, match=re.escape(error)):
+        validate_k8s(deployment, version)
+
+
+def test_k8s_validation_is_strict(offline) -> None:
+    """Without strict, the schemas let an unknown field through: strict is what catches typos."""
+    text = (ROOT / "deploy" / "k8s" / "fastinfer.yaml").read_text()
+    old, new, _ = K8S_BREAKAGES["unknown field"]
+    (deployment,) = [d for d in yaml.safe_load_all(text.replace(old, new)) if d and d["kind"] == "Deployment"]
+    kubernetes_validate.validate(deployment, K8S_VERSIONS[-1], strict=False)  # passes
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_k8s(deployment, K8S_VERSIONS[-1])
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):  # a misspelt kind is no pass either
+        validate_k8s({**deployment, "kind": "Deploymnet"}, K8S_VERSIONS[-1])
+
+
+def test_compose_follows_the_compose_spec(offline) -> None:
+    validate_compose(yaml.safe_load((ROOT / "compose.yaml").read_text()))
+    text = (ROOT / "compose.yaml").read_text()
+    for old, new in (("stop_grace_period:", "stop_grace_periods:"), ("retries: 30", "retries: [30]")):
+        assert old in text
+        with pytest.raises(jsonschema.ValidationError):
+            validate_compose(yaml.safe_load(text.replace(old, new)))
+
+
+def test_k8s_takes_the_keys_from_a_secret() -> None:
+    docs = [doc for _, doc in k8s_documents()]
+    assert not [d for d in docs if d["kind"] == "Secret"], "no Secret in the manifests: a committed one gets applied"
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "fastinfer"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    for name, key in SECRET_KEYS.items():
+        assert "value" not in env[name], f"{name} is a plain value"
+        # optional: pods start without the Secret, with keys off and no Groq (as compose does with no files).
+        assert env[name]["valueFrom"] == {"secretKeyRef": {"name": SECRET, "key": key, "optional": True}}
+    refs = [e["valueFrom"]["secretKeyRef"] for e in container["env"] if "secretKeyRef" in e.get("valueFrom", {})]
+    assert {ref["name"] for ref in refs} == {SECRET}
+    # The command the manifest's comment and the README give creates that Secret with those keys.
+    for text in ((ROOT / "deploy" / "k8s" / "fastinfer.yaml").read_text(), (ROOT / "README.md").read_text()):
+        assert f"kubectl create secret generic {SECRET}" in text
+        assert all(f"--from-literal={key}=" in text for key in SECRET_KEYS.values())
+
+
+def test_compose_takes_the_keys_from_secret_files() -> None:
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    app = compose["services"]["fastinfer"]
+    env, declared = app["environment"], compose["secrets"]
+    assert not set(SECRET_KEYS) & set(env), "the keys come from secret files, not plain values"
+    mounted = {}  # secret name -> where it is in the container
+    for entry in app["secrets"]:
+        source = entry if isinstance(entry, str) else entry["source"]
+        target = "" if isinstance(entry, str) else entry.get("target", "")
+        mounted[source] = target if target.startswith("/") else f"/run/secrets/{target or source}"
+    assert set(mounted) <= set(declared), f"undeclared secrets: {set(mounted) - set(declared)}"
+    files = {name: path for name, path in env.items() if name.endswith("_FILE")}
+    assert set(files) == {f"{name}_FILE" for name in SECRET_KEYS}
+    for name, path in files.items():
+        assert path.startswith("/run/secrets/") and path in mounted.values(), f"{name}={path} is no mounted secret"
+    # `docker compose up` with nothing set starts: a missing `file:` stops it, and so does an
+    # `environment:` source whose variable is unset. So each source is a file whose default exists.
+    for name, secret in declared.items():
+        assert set(secret) == {"file"}, f"secret {name}: a file, with a default that exists"
+        default = re.fullmatch(r"\$\{(\w+):-([^}]+)\}", secret["file"])
+        assert default, f"secret {name}: file: ${{VARIABLE:-default}}"
+        assert Path(default[2]).exists() and not Path(default[2]).read_bytes()  # empty: keys off, no Groq
+        if name in mounted:  # the host's variable is the setting the service reads the mounted file by
+            assert files.get(default[1]) == mounted[name], f"secret {name} is set by {default[1]}"
