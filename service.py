@@ -26,6 +26,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Scope, Send
 
 from fastinfer import analysis, hardware, image_api, inventory, store
+from fastinfer.access import Access, ApiKeys, RateGuard
 from fastinfer.api_inputs import AnalyzeInput, BatchInput, ClassifyInput, CompareInput, ImageInput
 from fastinfer.cache import ResponseCache, open_cache
 from fastinfer.config import get_settings
@@ -81,6 +82,11 @@ class FastInfer:
         )  # fmt: skip
         for name, reason in self.unavailable.items():
             logger.warning("backend %s unavailable: %s", name, reason)
+        if settings.api_keys:
+            logger.info("API keys: on (%d accepted); open: probes, /metrics, the API page, the dashboard's files",
+                        len(settings.api_keys))  # fmt: skip
+        else:
+            logger.warning("API keys: off (FASTINFER_API_KEYS unset): every route is open to whoever reaches the port")
 
     @bentoml.on_startup
     async def _open_cache(self) -> None:
@@ -271,4 +277,17 @@ FastInfer.add_asgi_middleware(
     max_uploads=settings.max_uploads,
     body_idle_s=settings.body_idle_s,
     lanes=dict.fromkeys(image_api.ROUTES, _image_lane),
+    access=Access(
+        ApiKeys(settings.api_keys),
+        # Each /analyze spends the operator's Groq quota. The total is shared out among the front workers.
+        {
+            "/analyze": (
+                RateGuard(
+                    settings.analyze_per_minute,
+                    max(1, settings.analyze_total_per_minute // max(1, settings.front_workers)),
+                ),
+                "FASTINFER_ANALYZE_PER_MINUTE, FASTINFER_ANALYZE_TOTAL_PER_MINUTE",
+            )
+        },
+    ),
 )

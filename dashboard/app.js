@@ -5,6 +5,8 @@ const $ = (sel) => document.querySelector(sel);
 const STAGES = ["read", "cache", "decode", "preprocess", "inference"];
 let file = null;
 let lastResults = null; // what Analyze sends: the results only, never the image
+const KEY_STORE = "fastinfer-api-key"; // sessionStorage: the key lives as long as this tab, no longer
+let keyWanted = null; // while the server asks for a key: the promise that the key form resolves
 
 function escapeHtml(text) {
   return String(text).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
@@ -19,8 +21,54 @@ async function errorMessage(response) {
   }
 }
 
+// fetch() for the service's APIs: sends this tab's API key, and on a 401 asks for one and retries.
+async function api(path, init = {}) {
+  for (;;) {
+    const headers = new Headers(init.headers || {});
+    const key = sessionStorage.getItem(KEY_STORE);
+    if (key) headers.set("Authorization", `Bearer ${key}`);
+    const response = await fetch(path, { ...init, headers });
+    if (response.status !== 401) return response;
+    sessionStorage.removeItem(KEY_STORE);
+    showKeyState();
+    await askForKey(key ? "That key was not accepted." : "This server needs an API key.");
+  }
+}
+
+function askForKey(why) {
+  $("#key-why").textContent = why;
+  $("#key-form").hidden = false;
+  $("#key-input").focus();
+  keyWanted ||= new Promise((resolve) => {
+    $("#key-form").onsubmit = (e) => {
+      e.preventDefault();
+      const key = $("#key-input").value.trim();
+      if (!/^[A-Za-z0-9\-._~+/]+=*$/.test(key)) {
+        $("#key-why").textContent = "An API key is letters, digits and -._~+/ (no spaces).";
+        return;
+      }
+      sessionStorage.setItem(KEY_STORE, key);
+      $("#key-input").value = "";
+      $("#key-form").hidden = true;
+      keyWanted = null;
+      showKeyState();
+      resolve();
+    };
+  });
+  return keyWanted;
+}
+
+function showKeyState() {
+  $("#key-state").hidden = !sessionStorage.getItem(KEY_STORE);
+}
+
+function forgetKey() {
+  sessionStorage.removeItem(KEY_STORE);
+  showKeyState();
+}
+
 async function loadBackends() {
-  const response = await fetch("/backends");
+  const response = await api("/backends");
   const info = await response.json();
   const hw = info.hardware;
   $("#machine").textContent =
@@ -92,7 +140,7 @@ async function classify() {
   $("#status").textContent = compare ? "running every backend…" : `classifying on ${backend}…`;
   $("#classify-btn").disabled = true;
   try {
-    const response = await fetch(compare ? "/compare" : "/classify", { method: "POST", body: form });
+    const response = await api(compare ? "/compare" : "/classify", { method: "POST", body: form });
     if (!response.ok) {
       $("#result").innerHTML = `<span class="error">${escapeHtml(await errorMessage(response))}</span>`;
       lastResults = null;
@@ -117,7 +165,7 @@ async function analyze() {
   box.hidden = false;
   box.className = "";
   box.textContent = "asking Groq…";
-  const response = await fetch("/analyze", {
+  const response = await api("/analyze", {
     method: "POST",
     headers: { "Content-Type": "application/json" },
     body: JSON.stringify({ results: lastResults, question: "" }),
@@ -143,8 +191,9 @@ function choose(selected) {
 }
 
 async function refreshLive() {
+  if (keyWanted) return; // the key form is up: one request waits for it, the timer need not pile more on
   try {
-    const live = await (await fetch("/stats/live")).json();
+    const live = await (await api("/stats/live")).json();
     const p50 = Object.entries(live.p50_ms)
       .map(([b, v]) => `<tr><td>${b}</td><td class="num">${v.toFixed(1)} ms</td></tr>`).join("");
     $("#live").innerHTML = `<div>requests served: <strong id="live-served">${live.served}</strong></div>
@@ -163,8 +212,10 @@ zone.addEventListener("dragleave", () => zone.classList.remove("over"));
 zone.addEventListener("drop", (e) => { e.preventDefault(); zone.classList.remove("over"); choose(e.dataTransfer.files[0]); });
 $("#classify-btn").addEventListener("click", classify);
 $("#analyze-btn").addEventListener("click", analyze);
+$("#forget-key").addEventListener("click", forgetKey);
 document.addEventListener("change", (e) => { if (e.target.name === "backend" && file) classify(); });
 
+showKeyState();
 loadBackends();
 refreshLive();
 setInterval(refreshLive, 3000);

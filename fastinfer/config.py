@@ -7,11 +7,15 @@ means the same thing in every process that ``bentoml serve`` starts.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 from fastinfer.backends import BACKENDS, SPECS
 from fastinfer.engines.openvino import PRECISIONS as OPENVINO_PRECISIONS  # without importing openvino
+
+API_KEY_SYNTAX = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+API_KEY_MIN_LENGTH = 16  # a short key is guessed: 401s are not rate limited
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,9 @@ class Settings:
     cache_max_entries: int = 10000
     groq: GroqConfig = field(default_factory=GroqConfig)
     openvino_precision: str = "auto"  # auto = the CPU's best (bf16 where it has BF16 units), or bf16 | f32
+    api_keys: tuple[str, ...] = field(default=(), repr=False)  # empty: no key needed (never printed)
+    analyze_per_minute: int = 10  # /analyze calls per client per minute (each spends Groq quota)
+    analyze_total_per_minute: int = 30  # /analyze calls per minute from all clients (Groq's free tier: 30)
 
     def batching_for(self, backend: str) -> BatchingConfig:
         return self.batching[backend]  # every backend has an entry (get_settings builds them all)
@@ -84,6 +91,39 @@ def _bool(name: str, default: bool) -> bool:
     if raw in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"{name} must be true or false, got {raw!r}")
+
+
+def _secret(name: str, file_name: str) -> str:
+    """``name``'s value, or the content of the file ``file_name`` names (Docker/Compose secrets are files).
+
+    A file that cannot be read stops the service: whoever named it meant the secret to apply."""
+    path = os.environ.get(file_name, "").strip()
+    if not path:
+        return os.environ.get(name, "").strip()
+    if os.environ.get(name, "").strip():
+        raise ValueError(f"set {name} or {file_name}, not both")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{file_name}: cannot read {path!r} ({type(exc).__name__})") from None
+
+
+def _api_keys(raw: str) -> tuple[str, ...]:
+    """Comma- or newline-separated keys; each must be sendable as a Bearer token (RFC 6750 token68)."""
+    keys = tuple(dict.fromkeys(k.strip() for k in raw.replace("\n", ",").split(",") if k.strip()))
+    for number, key in enumerate(keys, 1):
+        if not API_KEY_SYNTAX.fullmatch(key):  # the key itself is never echoed
+            raise ValueError(
+                f"FASTINFER_API_KEYS: key {number} of {len(keys)} has characters a Bearer token cannot carry "
+                "(allowed: letters, digits and -._~+/ with = only at the end)"
+            )
+        if len(key) < API_KEY_MIN_LENGTH:
+            raise ValueError(
+                f"FASTINFER_API_KEYS: key {number} of {len(keys)} is shorter than {API_KEY_MIN_LENGTH} characters; "
+                'make one with: python -c "import secrets; print(secrets.token_urlsafe(32))"'
+            )
+    return keys
 
 
 def _batching(backend: str) -> BatchingConfig:
@@ -127,8 +167,11 @@ def get_settings() -> Settings:
         cache_timeout_ms=_int("FASTINFER_CACHE_TIMEOUT_MS", Settings.cache_timeout_ms),
         cache_max_entries=_int("FASTINFER_CACHE_MAX_ENTRIES", Settings.cache_max_entries),
         openvino_precision=openvino_precision,
+        api_keys=_api_keys(_secret("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE")),
+        analyze_per_minute=_positive("FASTINFER_ANALYZE_PER_MINUTE", Settings.analyze_per_minute),
+        analyze_total_per_minute=_positive("FASTINFER_ANALYZE_TOTAL_PER_MINUTE", Settings.analyze_total_per_minute),
         groq=GroqConfig(
-            api_key=os.environ.get("GROQ_API_KEY", "").strip(),
+            api_key=_secret("GROQ_API_KEY", "GROQ_API_KEY_FILE"),
             model=os.environ.get("FASTINFER_GROQ_MODEL", "").strip() or GroqConfig.model,
             base_url=(os.environ.get("FASTINFER_GROQ_BASE_URL") or os.environ.get("GROQ_BASE_URL") or "").strip()
             or None,

@@ -11,6 +11,8 @@
   always fires before BentoML's own timeout (set later as a backstop) and answers in our shape.
 * Any 4xx/5xx JSON produced outside our handlers (BentoML's validation, unknown routes) is
   rewritten to ``{"error": {"code", "message"}}``.
+* Access (fastinfer/access.py): API keys (401) and the /analyze guard (429) are checked before a
+  byte of the body is read.
 * Every answered API request is counted in ``fastinfer_requests_total{route,backend,status}``.
 * The image routes (``lanes``) are answered here from the body in memory (fastinfer/image_api.py),
   without a temporary file and without BentoML's per-request machinery; everything else goes on to
@@ -33,6 +35,7 @@ from typing import IO, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from fastinfer.access import Access
 from fastinfer.errors import error_body
 from fastinfer.metrics import REQUESTS
 
@@ -113,8 +116,10 @@ class FrontMiddleware:
         max_uploads: int,
         body_idle_s: float,
         lanes: Mapping[str, Lane] | None = None,
+        access: Access | None = None,
     ) -> None:
         self.app = app
+        self.access = access
         self.lanes = dict(lanes or {})  # POST route → its handler over the body in memory
         self.max_bytes = max_bytes
         self.max_concurrency = max_concurrency
@@ -141,6 +146,11 @@ class FrontMiddleware:
         state = scope.setdefault("state", {})  # created here, so that copies of the scope share it
         recorder = _Recorder(send)
         try:
+            refusal = self.access.check(scope) if self.access is not None else None
+            if refusal is not None:  # before the body: an unknown caller's upload is never read
+                close = CLOSE if scope.get("method") in BODY_METHODS else []
+                await send_json(recorder, refusal.status, refusal.body, [*refusal.headers, *close])
+                return
             await self._admit(scope, receive, recorder)
         except Exception:
             if recorder.status is not None:  # already answering: nothing else can be said

@@ -33,6 +33,7 @@ from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from fastinfer.access import is_open
 from fastinfer.api_models import CacheStatsResponse, LiveStatsResponse
 from fastinfer.config import get_settings
 from fastinfer.errors import (
@@ -64,6 +65,10 @@ API_NOTE = """
 API's name) and the options as form fields, or the whole image as the body with
 `Content-Type: image/*` (e.g. `image/jpeg`) and the options as query parameters
 (`?backend=onnx-int8&top_k=3`). `POST /classify/batch` classifies several images at once.
+
+**Access**: when the server sets `FASTINFER_API_KEYS`, every API needs `Authorization: Bearer <key>`
+(the Authorize button here sends it); the probes, `/metrics`, this page and the dashboard's files stay
+open. `/analyze` is limited per client and in all per minute (429 with `Retry-After`).
 
 **Errors** all have one shape, `{"error": {"code": "...", "message": "..."}}`: a machine code and a
 human message, never a stack trace. Nothing a client sends produces a 5xx.
@@ -149,7 +154,27 @@ ROUTE_ERRORS: dict[str, dict[str, tuple[str, str, str]]] = {
             "AI analysis is not configured on this server.",
         ),
         "504": ("`analysis_timeout`: Groq did not answer in time.", "analysis_timeout", "Groq did not answer in 20 s."),
+        "429": (
+            "`rate_limited`: over FASTINFER_ANALYZE_PER_MINUTE calls from this client or "
+            "FASTINFER_ANALYZE_TOTAL_PER_MINUTE from all clients in the last 60 s (each call spends the operator's "
+            "Groq quota); `overloaded`: as on every API. Retry after the `Retry-After` header's seconds.",
+            "rate_limited",
+            "/analyze is limited to 10 calls per client and 30 in all per minute "
+            "(FASTINFER_ANALYZE_PER_MINUTE, FASTINFER_ANALYZE_TOTAL_PER_MINUTE); retry in 42 s.",
+        ),
     },
+}
+UNAUTHORIZED = (
+    "`unauthorized`: this server sets FASTINFER_API_KEYS and the request has no `Authorization: Bearer <key>` "
+    "header, a malformed one, or a key it does not accept.",
+    "unauthorized",
+    "This server needs an API key: send it as 'Authorization: Bearer <key>'.",
+)
+SECURITY_SCHEME = {
+    "type": "http",
+    "scheme": "bearer",
+    "description": "An API key from FASTINFER_API_KEYS, sent as `Authorization: Bearer <key>`. Open without one: "
+    "the probes, /metrics, this page and the dashboard's files.",
 }
 
 # The GET routes beside the typed APIs (BentoML APIs are POST-only): path → summary, description, body.
@@ -271,6 +296,8 @@ def extend_spec(doc: dict[str, Any], svc: bentoml.Service[Any]) -> dict[str, Any
             "responses": {"200": {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}},
         }
     document_infra(paths)
+    if get_settings().api_keys:
+        require_key(doc)
 
     if STATUS_TAG.name not in {tag["name"] for tag in doc.setdefault("tags", [])}:
         doc["tags"].append({"name": STATUS_TAG.name, "description": STATUS_TAG.description})
@@ -278,6 +305,18 @@ def extend_spec(doc: dict[str, Any], svc: bentoml.Service[Any]) -> dict[str, Any
     if API_NOTE.strip() not in (info.get("description") or ""):
         info["description"] = (info.get("description") or "").rstrip() + "\n" + API_NOTE
     return doc
+
+
+def require_key(doc: dict[str, Any]) -> None:
+    """Keys are on: every operation that is not open says so (Swagger UI's Authorize button sends the key)."""
+    doc["components"].setdefault("securitySchemes", {})["apiKey"] = SECURITY_SCHEME
+    for path, item in doc["paths"].items():
+        if is_open(path):
+            continue
+        for method in METHODS:
+            if isinstance(op := item.get(method), dict):
+                op["security"] = [{"apiKey": []}]
+                op.setdefault("responses", {}).update(error_responses({"401": UNAUTHORIZED}))
 
 
 def document_image_route(op: dict[str, Any]) -> None:

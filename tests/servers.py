@@ -123,6 +123,34 @@ def server(
     stop_server(srv)
 
 
+API_KEYS = ("test-key-one-0123456789abcdef", "test-key-two-fedcba9876543210")
+ANALYZE_LIMITS = {"FASTINFER_ANALYZE_PER_MINUTE": "2", "FASTINFER_ANALYZE_TOTAL_PER_MINUTE": "3"}
+
+
+@pytest.fixture(scope="session")
+def locked_server(built_models, bentoml_home: Path, tmp_path_factory, fake_groq: FakeGroq) -> Server:
+    """A server as a public deploy runs it: API keys on, /analyze limited to 2 per client and 3 in all
+    per minute (against the fake Groq), the keys given as a secret file like Compose's. Memory cache."""
+    work = tmp_path_factory.mktemp("locked")
+    # Its own BENTOML_HOME over the same models: `bentoml serve` empties its home's Prometheus
+    # directory at start, which would blank the shared server's metrics.
+    home = work / "home"
+    home.mkdir()
+    (home / "models").symlink_to(bentoml_home / "models")
+    keys = work / "api_keys"
+    keys.write_text("\n".join(API_KEYS) + "\n")
+    env = {
+        "FASTINFER_CACHE": "memory",
+        "FASTINFER_API_KEYS_FILE": str(keys),
+        "GROQ_API_KEY": GROQ_KEY,
+        "FASTINFER_GROQ_BASE_URL": fake_groq.url,
+        **ANALYZE_LIMITS,
+    }
+    srv = start_server(home, work / "serve.log", env)
+    yield srv
+    stop_server(srv)
+
+
 @pytest.fixture()
 def client(server: Server) -> httpx.Client:
     with httpx.Client(base_url=server.url, timeout=60) as c:

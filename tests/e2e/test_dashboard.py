@@ -13,6 +13,7 @@ import pytest
 
 from fastinfer import hardware, photos
 from tests.fake_groq import ANSWER
+from tests.servers import API_KEYS
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -104,6 +105,50 @@ def test_analyze_unavailable_is_shown(server, fake_groq, browser, tmp_path) -> N
     page.wait_for_function("document.querySelector('#analysis').innerText.includes('Analysis unavailable')")
     assert "analysis_failed" in page.inner_text("#analysis")
     page.close()
+
+
+def test_the_dashboard_asks_for_a_key_and_keeps_it_for_the_tab(locked_server, browser, tmp_path) -> None:
+    """On a server with FASTINFER_API_KEYS: the page asks on its first 401, refuses a wrong key, works
+    with a right one, keeps it across a reload of the tab and forgets it in a new tab (sessionStorage)."""
+    photo = tmp_path / "cat.jpg"
+    photo.write_bytes(photos.photo_jpeg("chelsea.png"))
+    context = browser.new_context()
+    page = context.new_page()
+    sent_keys: list[str] = []
+    page.on("request", lambda r: sent_keys.append(r.headers.get("authorization", "")))
+    page.goto(f"{locked_server.url}/dashboard/")
+    page.wait_for_selector("#key-form", state="visible")
+    assert "needs an API key" in page.inner_text("#key-why")
+
+    page.fill("#key-input", "not a key")  # a space: refused by the page before it is sent
+    page.click("#key-form button[type=submit]")
+    assert "no spaces" in page.inner_text("#key-why") and page.is_visible("#key-form")
+    page.fill("#key-input", "wrong-key-0123456789abcdef")
+    page.click("#key-form button[type=submit]")
+    page.wait_for_function("document.querySelector('#key-why').innerText.includes('not accepted')")
+
+    page.fill("#key-input", API_KEYS[1])
+    page.click("#key-form button[type=submit]")
+    page.wait_for_selector("#backend-onnx-int8")
+    assert page.is_hidden("#key-form") and page.is_visible("#key-state")
+    page.check("#backend-onnx-int8")
+    page.set_input_files("#file-input", str(photo))
+    page.wait_for_selector("#top5 li")
+    page.wait_for_function("Number(document.querySelector('#live-served')?.innerText || 0) >= 1")
+    assert f"Bearer {API_KEYS[1]}" in sent_keys
+
+    page.reload()  # the same tab: the key is still there, nothing is asked
+    page.wait_for_selector("#backend-onnx-int8")
+    assert page.is_hidden("#key-form")
+
+    other = context.new_page()  # a new tab: sessionStorage is per tab, so it asks again
+    other.goto(f"{locked_server.url}/dashboard/")
+    other.wait_for_selector("#key-form", state="visible")
+
+    page.click("#forget-key")  # forgotten: the next request asks again
+    page.reload()
+    page.wait_for_selector("#key-form", state="visible")
+    context.close()
 
 
 def test_chromium_is_debians(browser) -> None:

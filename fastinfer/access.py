@@ -1,0 +1,165 @@
+"""Who may call the API, and how often ``/analyze`` may spend the operator's Groq quota.
+
+* **API keys** (``FASTINFER_API_KEYS``, optional): when set, every route that serves data or work
+  needs ``Authorization: Bearer <key>``, else 401 in the error shape. Open whatever the setting:
+  the probes (``/livez``, ``/readyz``, ``/healthz``), ``/metrics``, the API page (``/``,
+  ``/docs.json``, ``/schema.json`` and their static files) and the dashboard's static files, which
+  hold no data and ask for a key themselves. Anything else — unknown paths included — is closed,
+  so a route added later is protected without being listed here. Keys are compared as SHA-256
+  digests with ``hmac.compare_digest``, every key every time, so neither timing nor the answer
+  says which keys exist; a key is never logged, echoed or read from a query string.
+* **The analyze guard**: at most ``FASTINFER_ANALYZE_PER_MINUTE`` calls per client and
+  ``FASTINFER_ANALYZE_TOTAL_PER_MINUTE`` from all clients in any 60 s (a sliding window), else 429
+  with ``Retry-After``: a refused call never reaches Groq. The client is the API key when keys are
+  on, else the peer's address. Memory is bounded: only admitted calls are remembered, and at most
+  the total fit in a window, so the guard holds at most that many clients.
+
+Both run in the front (fastinfer.http.FrontMiddleware) before a byte of the body is read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.types import Scope
+
+from fastinfer.errors import error_body
+
+OPEN_PATHS = frozenset({"/", "/docs.json", "/schema.json", "/livez", "/readyz", "/healthz", "/metrics", "/dashboard"})
+OPEN_PREFIXES = ("/dashboard/", "/static_content/", "/assets/")  # static files: the dashboard, the API page's
+
+
+def is_open(path: str) -> bool:
+    """Whether ``path`` is served without a key (Starlette routes on this same decoded path)."""
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An answer given instead of the request: status, error body, extra headers."""
+
+    status: int
+    body: dict[str, Any]
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+
+class ApiKeys:
+    """The accepted keys, held as digests only."""
+
+    def __init__(self, keys: Iterable[str]) -> None:
+        self._digests = [hashlib.sha256(key.encode()).digest() for key in keys]
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._digests)
+
+    def client(self, scope: Scope) -> str | Refusal:
+        """The caller's identity (which key: ``key-<n>``), or the 401 to answer."""
+        values = [value for name, value in scope.get("headers", []) if name.lower() == b"authorization"]
+        if not values:
+            return _unauthorized("This server needs an API key: send it as 'Authorization: Bearer <key>'.")
+        scheme, _, token = values[0].strip().partition(b" ")
+        token = token.strip()
+        if len(values) > 1 or scheme.lower() != b"bearer" or not token or b" " in token:
+            return _unauthorized("The Authorization header must be exactly one 'Bearer <key>'.")
+        digest = hashlib.sha256(token).digest()
+        match = -1
+        for number, known in enumerate(self._digests):  # no early exit: every key is compared every time
+            if hmac.compare_digest(digest, known):
+                match = number
+        if match < 0:
+            return _unauthorized("The API key was not accepted.", invalid=True)
+        return f"key-{match + 1}"
+
+
+def _unauthorized(message: str, invalid: bool = False) -> Refusal:
+    challenge = b'Bearer realm="fastinfer"' + (b', error="invalid_token"' if invalid else b"")
+    return Refusal(401, error_body("unauthorized", message), [(b"www-authenticate", challenge)])
+
+
+class RateGuard:
+    """At most ``per_client`` calls per client and ``total`` calls in all within any ``window_s``."""
+
+    def __init__(
+        self,
+        per_client: int,
+        total: int,
+        window_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.per_client = per_client
+        self.total = total
+        self.window_s = window_s
+        self.clock = clock
+        self.calls: deque[float] = deque()  # admitted calls in the window, oldest first (at most total)
+        self.clients: OrderedDict[str, deque[float]] = OrderedDict()  # least recently admitted first
+
+    def admit(self, client: str) -> float | None:
+        """Record a call and return None, or return the seconds until one would be admitted."""
+        now = self.clock()
+        since = now - self.window_s
+        while self.calls and self.calls[0] <= since:
+            self.calls.popleft()
+        # Ordered by last admitted call: a client whose last call left the window is forgotten.
+        while self.clients and next(iter(self.clients.values()))[-1] <= since:
+            self.clients.popitem(last=False)
+        mine = self.clients.get(client, deque())
+        while mine and mine[0] <= since:
+            mine.popleft()
+        waits = []
+        if len(mine) >= self.per_client:
+            waits.append(mine[0] + self.window_s - now)
+        if len(self.calls) >= self.total:
+            waits.append(self.calls[0] + self.window_s - now)
+        if waits:
+            return max(waits)
+        self.calls.append(now)
+        mine.append(now)
+        self.clients[client] = mine
+        self.clients.move_to_end(client)
+        return None
+
+
+class Access:
+    """The front's access check: keys first, then the per-route rate guards (POST only)."""
+
+    def __init__(self, keys: ApiKeys, guards: Mapping[str, tuple[RateGuard, str]] | None = None) -> None:
+        self.keys = keys
+        self.guards = dict(guards or {})  # route → (guard, the settings that set it, for the message)
+
+    def check(self, scope: Scope) -> Refusal | None:
+        """None to go on, or the answer to give instead (401, or 429 from a guard)."""
+        path = scope["path"]
+        if is_open(path):
+            return None
+        client: str | None = None
+        if self.keys.enabled:
+            identity = self.keys.client(scope)
+            if isinstance(identity, Refusal):
+                return identity
+            client = identity
+        guarded = self.guards.get(path) if scope.get("method") == "POST" else None
+        if guarded is None:
+            return None
+        guard, settings = guarded
+        wait = guard.admit(client or _peer(scope))
+        if wait is None:
+            return None
+        retry = max(1, math.ceil(wait))
+        message = (
+            f"{path} is limited to {guard.per_client} calls per client and {guard.total} in all per minute "
+            f"({settings}); retry in {retry} s."
+        )
+        return Refusal(429, error_body("rate_limited", message), [(b"retry-after", str(retry).encode())])
+
+
+def _peer(scope: Scope) -> str:
+    client = scope.get("client")
+    return f"address-{client[0]}" if client else "address-unknown"

@@ -1,0 +1,247 @@
+"""API keys and the /analyze guard (fastinfer/access.py), alone and in the front's middleware."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fastinfer import config
+from fastinfer.access import Access, ApiKeys, RateGuard, Refusal, is_open
+from fastinfer.http import FrontMiddleware
+
+KEYS = ("k1-0123456789abcdef", "k2-fedcba9876543210")
+
+
+def request(path: str = "/classify", method: str = "POST", **headers: str | bytes) -> dict[str, Any]:
+    raw = [(k.replace("_", "-").encode(), v if isinstance(v, bytes) else v.encode()) for k, v in headers.items()]
+    return {"type": "http", "path": path, "method": method, "headers": raw, "client": ("10.0.0.7", 5555)}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# ---- keys ----
+
+
+@pytest.mark.parametrize(
+    ("authorization", "accepted"),
+    [
+        (f"Bearer {KEYS[0]}", "key-1"),
+        (f"bearer {KEYS[1]}", "key-2"),  # the scheme is case-insensitive (RFC 7235)
+        (f"Bearer   {KEYS[0]}  ", "key-1"),
+        (f"Bearer {KEYS[0]}x", None),  # a key with more on it
+        (f"Bearer {KEYS[0][:-1]}", None),  # a prefix of a key
+        (KEYS[0], None),  # no scheme
+        (f"Basic {KEYS[0]}", None),
+        ("Bearer", None),
+        ("Bearer ", None),
+        ("", None),
+        (f"Bearer {KEYS[0]} {KEYS[1]}", None),
+        ("Bearer " + "x" * 100_000, None),
+    ],
+)
+def test_only_an_exact_bearer_key_is_accepted(authorization: str, accepted: str | None) -> None:
+    result = ApiKeys(KEYS).client(request(authorization=authorization))
+    if accepted is None:
+        assert isinstance(result, Refusal) and result.status == 401
+        assert result.body["error"]["code"] == "unauthorized"
+        assert any(name == b"www-authenticate" for name, _ in result.headers)
+    else:
+        assert result == accepted
+
+
+def test_undecodable_and_repeated_headers_are_refused_not_a_crash() -> None:
+    keys = ApiKeys(KEYS)
+    assert isinstance(keys.client(request(authorization=b"Bearer \xff\xfe\x00")), Refusal)
+    twice = request()
+    twice["headers"] = [(b"authorization", f"Bearer {KEYS[0]}".encode())] * 2
+    assert isinstance(keys.client(twice), Refusal)
+
+
+def test_no_answer_hints_at_the_keys() -> None:
+    """The refusal says what to send, never which keys exist or how close a guess came."""
+    keys = ApiKeys(KEYS)
+    near = keys.client(request(authorization=f"Bearer {KEYS[0][:-1]}"))
+    far = keys.client(request(authorization="Bearer zzzzzzzzzzzzzzzzzzzzzzz"))
+    assert isinstance(near, Refusal) and near == far
+    for refusal in (near, keys.client(request())):
+        assert isinstance(refusal, Refusal)
+        text = json.dumps(refusal.body) + repr(refusal.headers)
+        assert not any(key in text or key[:6] in text for key in KEYS)
+
+
+def test_a_key_in_the_query_string_is_not_accepted() -> None:
+    access = Access(ApiKeys(KEYS))
+    scope = request("/backends", "GET")
+    scope["query_string"] = f"api_key={KEYS[0]}&token={KEYS[0]}&access_token={KEYS[0]}".encode()
+    refusal = access.check(scope)
+    assert refusal is not None and refusal.status == 401
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/classify", "/classify/batch", "/predict", "/predict/onnx", "/compare", "/analyze", "/backends",
+     "/cache/stats", "/stats/live", "/unknown", "/classify/", "/dashboard-stats", "/Dashboard/", "//classify"],
+)  # fmt: skip
+def test_data_routes_and_unknown_paths_need_a_key(path: str) -> None:
+    assert not is_open(path)
+    refusal = Access(ApiKeys(KEYS)).check(request(path))
+    assert refusal is not None and refusal.status == 401
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/livez", "/readyz", "/healthz", "/metrics", "/", "/docs.json", "/schema.json", "/dashboard", "/dashboard/",
+     "/dashboard/app.js", "/static_content/swagger-ui.css"],
+)  # fmt: skip
+def test_probes_metrics_the_api_page_and_the_dashboards_files_stay_open(path: str) -> None:
+    assert Access(ApiKeys(KEYS)).check(request(path, "GET")) is None
+
+
+def test_without_keys_everything_is_open() -> None:
+    assert Access(ApiKeys(())).check(request("/classify")) is None
+
+
+# ---- the settings ----
+
+
+def settings_with(monkeypatch, **env: str) -> config.Settings:
+    for name in ("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE", "GROQ_API_KEY", "GROQ_API_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config.get_settings.cache_clear()
+    try:
+        return config.get_settings()
+    finally:
+        config.get_settings.cache_clear()
+
+
+def test_keys_come_from_the_variable_or_a_secret_file(monkeypatch, tmp_path: Path) -> None:
+    assert settings_with(monkeypatch, FASTINFER_API_KEYS=f" {KEYS[0]} ,, {KEYS[1]},").api_keys == KEYS
+    secret = tmp_path / "api_keys"
+    secret.write_text(f"{KEYS[0]}\n{KEYS[1]}\n")
+    assert settings_with(monkeypatch, FASTINFER_API_KEYS_FILE=str(secret)).api_keys == KEYS
+    groq = tmp_path / "groq"
+    groq.write_text("gsk-secret\n")
+    assert settings_with(monkeypatch, GROQ_API_KEY_FILE=str(groq)).groq.api_key == "gsk-secret"
+    assert settings_with(monkeypatch).api_keys == ()
+
+
+def test_keys_are_never_printed(monkeypatch) -> None:
+    settings = settings_with(monkeypatch, FASTINFER_API_KEYS=KEYS[0], GROQ_API_KEY="gsk-secret-value")
+    assert KEYS[0] not in repr(settings) and "gsk-secret-value" not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"FASTINFER_API_KEYS": "short"}, "shorter than 16"),
+        ({"FASTINFER_API_KEYS": "has a space in it, 0123456789"}, "characters a Bearer token cannot carry"),
+        ({"FASTINFER_API_KEYS": "ключ-0123456789abcdef"}, "characters a Bearer token cannot carry"),
+        ({"FASTINFER_API_KEYS_FILE": "/nonexistent/keys"}, "cannot read"),
+        ({"FASTINFER_API_KEYS": KEYS[0], "FASTINFER_API_KEYS_FILE": "/etc/hostname"}, "not both"),
+    ],
+)
+def test_bad_keys_stop_the_service_without_echoing_them(monkeypatch, env: dict[str, str], says: str) -> None:
+    with pytest.raises(ValueError, match=says) as raised:
+        settings_with(monkeypatch, **env)
+    assert "0123456789" not in str(raised.value)
+
+
+# ---- the guard ----
+
+
+def test_the_guard_limits_each_client_and_all_of_them() -> None:
+    clock = Clock()
+    guard = RateGuard(per_client=2, total=3, clock=clock)
+    assert guard.admit("a") is None and guard.admit("a") is None
+    wait = guard.admit("a")
+    assert wait == pytest.approx(60.0)  # a's first call leaves the window in 60 s
+    assert guard.admit("b") is None  # b has its own allowance...
+    clock.now += 10
+    assert guard.admit("c") == pytest.approx(50.0)  # ...but the total (3) is spent
+    clock.now += 50  # a's two calls and b's leave the window
+    assert guard.admit("a") is None and guard.admit("c") is None
+
+
+def test_a_refused_call_does_not_count() -> None:
+    clock = Clock()
+    guard = RateGuard(per_client=1, total=10, clock=clock)
+    assert guard.admit("a") is None
+    for _ in range(100):
+        clock.now += 0.5
+        assert guard.admit("a") is not None
+    clock.now = 1060.0
+    assert guard.admit("a") is None  # 60 s after its one admitted call, not after its last attempt
+
+
+def test_the_guards_memory_is_bounded_by_its_total() -> None:
+    """200,000 clients (rotated addresses) leave at most `total` remembered: only admitted calls are kept."""
+    clock = Clock()
+    guard = RateGuard(per_client=5, total=50, clock=clock)
+    for n in range(200_000):
+        clock.now += 0.001
+        guard.admit(f"client-{n}")
+        assert len(guard.clients) <= 50 and len(guard.calls) <= 50
+    clock.now += 61
+    guard.admit("late")
+    assert list(guard.clients) == ["late"]
+
+
+def test_the_guard_applies_to_posts_on_its_route_by_client() -> None:
+    clock = Clock()
+    access = Access(ApiKeys(KEYS), {"/analyze": (RateGuard(1, 10, clock=clock), "FASTINFER_ANALYZE_PER_MINUTE")})
+    first = request("/analyze", authorization=f"Bearer {KEYS[0]}")
+    assert access.check(first) is None
+    refusal = access.check(first)
+    assert refusal is not None and refusal.status == 429 and refusal.body["error"]["code"] == "rate_limited"
+    assert (b"retry-after", b"60") in refusal.headers
+    assert access.check(request("/analyze", authorization=f"Bearer {KEYS[1]}")) is None  # another key: another client
+    assert access.check(request("/classify", authorization=f"Bearer {KEYS[0]}")) is None  # other routes: no guard
+    # Without keys the client is the peer's address.
+    open_access = Access(ApiKeys(()), {"/analyze": (RateGuard(1, 10, clock=clock), "X")})
+    assert open_access.check(request("/analyze")) is None
+    assert open_access.check(request("/analyze")) is not None
+    other = {**request("/analyze"), "client": ("10.0.0.8", 1)}
+    assert open_access.check(other) is None
+
+
+# ---- in the front ----
+
+
+def test_the_front_answers_401_before_reading_the_body_and_counts_it() -> None:
+    reached: list[str] = []
+
+    async def app(scope, receive, send) -> None:
+        reached.append(scope["path"])
+
+    async def never_read() -> dict[str, Any]:
+        raise AssertionError("the body of a refused request was read")
+
+    front = FrontMiddleware(
+        app, max_bytes=10**9, max_concurrency=4, timeout_s=1, route_backends={"/classify": "onnx"},
+        max_uploads=4, body_idle_s=1, access=Access(ApiKeys(KEYS)),
+    )  # fmt: skip
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    from fastinfer.metrics import REQUESTS
+
+    before = REQUESTS.labels(route="/classify", backend="onnx", status="401")._value.get()
+    asyncio.run(front(request("/classify", content_length="5000000"), never_read, send))
+    assert sent[0]["status"] == 401 and reached == []
+    assert json.loads(sent[1]["body"])["error"]["code"] == "unauthorized"
+    assert (b"connection", b"close") in sent[0]["headers"]  # the unread body is not left on the connection
+    assert REQUESTS.labels(route="/classify", backend="onnx", status="401")._value.get() == before + 1
