@@ -38,7 +38,7 @@ from fastinfer import hardware, photos
 from load_tests import cpu
 from load_tests.checks import BATCH_IMAGES
 from load_tests.report import best_backend, write_markdown
-from load_tests.service import ROOT, start_server, stop_server
+from load_tests.service import ROOT, auth_headers, start_server, stop_server
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 USER_CLASSES = {"inference": "InferenceUser", "repeat": "RepeatUser", "bare": "RepeatUser", "batch": "BatchUser"}
@@ -148,7 +148,7 @@ def batching_seen(url: str, backend: str) -> dict[str, Any] | None:
     """The server's batching setting for ``backend`` and the batch sizes its runner has seen (GET /backends);
     None when the server does not say."""
     try:
-        body = httpx.get(f"{url}/backends", timeout=30).json()
+        body = httpx.get(f"{url}/backends", headers=auth_headers(), timeout=30).json()
         entry = next(b for b in body["backends"] if b["name"] == backend)
         return {
             "enabled": bool(entry["batching"]["enabled"]),
@@ -180,7 +180,7 @@ def batch_probe(url: str, backend: str) -> str | None:
             f"{url}/classify/batch",
             files=[("images", ("photo.jpg", photos.benchmark_photo(), "image/jpeg"))],
             data={"backend": backend},
-            headers={"Cache-Control": "no-cache"},
+            headers={"Cache-Control": "no-cache", **auth_headers()},
             timeout=60,
         )
     except httpx.HTTPError as exc:
@@ -194,7 +194,7 @@ def batch_probe(url: str, backend: str) -> str | None:
 
 def sequential(url: str, backend: str, n: int, data: bytes) -> dict[str, Any]:
     latencies, stages = [], []
-    with httpx.Client(timeout=60) as client:
+    with httpx.Client(timeout=60, headers=auth_headers()) as client:
         for i in range(n + 3):
             t0 = time.perf_counter()
             r = client.post(
@@ -220,7 +220,7 @@ def sequential(url: str, backend: str, n: int, data: bytes) -> dict[str, Any]:
 def cache_hit_share(url: str, before: dict[str, Any]) -> dict[str, Any]:
     """Hits / (hits + misses) since ``before`` (GET /cache/stats), and the cache's errors meanwhile (a
     timed-out or failed lookup is answered without the cache: decoded and inferred)."""
-    after = httpx.get(f"{url}/cache/stats", timeout=10).json()
+    after = httpx.get(f"{url}/cache/stats", headers=auth_headers(), timeout=10).json()
     hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
     return {
         "cache_hit_share": round(hits / (hits + misses), 4) if hits + misses else 0.0,
@@ -291,7 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m load_tests", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--url", help="benchmark a running service instead of starting one")
+    parser.add_argument(
+        "--url",
+        help="benchmark a running service instead of starting one (with API keys: set FASTINFER_API_KEY; "
+        "an environment variable, so that the key never lands in the recorded command)",
+    )
     parser.add_argument(
         "--server-pid", type=int, help="with --url: its `bentoml serve` pid, to account the CPU of its processes"
     )
@@ -357,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
                     run["batching"] = between
                 results["runs"].append(run)
         say("locust: cache-hit scenario, 10 users")
-        before = httpx.get(f"{url}/cache/stats", timeout=10).json()
+        before = httpx.get(f"{url}/cache/stats", headers=auth_headers(), timeout=10).json()
         repeat = run_locust(url, backends[0], 10, args.duration, "repeat", args.out, pid)
         repeat.update(cache_hit_share(url, before))
         repeat["cache_mode"] = before["mode"]

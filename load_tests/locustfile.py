@@ -34,6 +34,7 @@ from locust.contrib.fasthttp import FastHttpUser
 
 from fastinfer.photos import benchmark_pool
 from load_tests.checks import BATCH_IMAGES, batch_failure
+from load_tests.service import auth_headers
 
 BACKEND = os.environ.get("FASTINFER_BENCH_BACKEND", "onnx")
 POOL = benchmark_pool(Path(os.environ.get("FASTINFER_BENCH_IMAGES", "artifacts/bench-images")))
@@ -84,6 +85,7 @@ def multipart(data: bytes | list[bytes], fields: dict[str, str], name: str = "im
     return b"".join(parts), f"multipart/form-data; boundary={boundary}"
 
 
+AUTH = auth_headers()  # a server with API keys: FASTINFER_API_KEY
 BODIES = [multipart(data, {"backend": BACKEND}) for _, data in POOL]
 REPEAT_BODY = multipart(POOL[len(POOL) // 2][1], {"backend": BACKEND})
 
@@ -105,7 +107,7 @@ class InferenceUser(FastHttpUser):
     @task
     def classify(self) -> None:
         body, ctype = random.choice(BODIES)
-        headers = {"Content-Type": ctype, "Cache-Control": "no-cache"}
+        headers = {"Content-Type": ctype, "Cache-Control": "no-cache", **AUTH}
         with self.client.post(
             "/classify", data=body, headers=headers, name=f"inference {BACKEND}", catch_response=True
         ) as response:
@@ -122,7 +124,11 @@ class RepeatUser(FastHttpUser):
     def classify_again(self) -> None:
         body, ctype = REPEAT_BODY
         with self.client.post(
-            "/classify", data=body, headers={"Content-Type": ctype}, name=f"repeat {BACKEND}", catch_response=True
+            "/classify",
+            data=body,
+            headers={"Content-Type": ctype, **AUTH},
+            name=f"repeat {BACKEND}",
+            catch_response=True,
         ) as response:
             if response.status_code != 200:
                 response.failure(f"HTTP {response.status_code}")
@@ -134,7 +140,7 @@ class BatchUser(FastHttpUser):
     @task
     def classify_batch(self) -> None:
         body, ctype = random.choice(batch_bodies())
-        headers = {"Content-Type": ctype, "Cache-Control": "no-cache"}
+        headers = {"Content-Type": ctype, "Cache-Control": "no-cache", **AUTH}
         with self.client.post(
             "/classify/batch", data=body, headers=headers, name=f"batch {BACKEND}", catch_response=True
         ) as response:

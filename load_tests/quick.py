@@ -5,7 +5,8 @@
 Every request posts the same ~1.5 MP JPEG to ``/classify`` with ``Cache-Control: no-cache``, so
 every request is decoded and inferred; ``--cache`` measures the cache-hit path instead (reported
 apart, never as inference throughput). The client runs on the same machine and takes CPU from
-the server: numbers are for this machine as a whole, client included.
+the server: numbers are for this machine as a whole, client included. A server with API keys: set
+FASTINFER_API_KEY.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 import httpx
 
 from fastinfer import photos
+from load_tests.service import auth_headers
 
 HEADERS = {"Cache-Control": "no-cache"}
 
@@ -29,7 +31,7 @@ def _post(client: httpx.Client, url: str, data: bytes, backend: str) -> dict:
         f"{url}/classify",
         files={"image": ("photo.jpg", data, "image/jpeg")},
         data={"backend": backend},
-        headers=HEADERS,
+        headers={**HEADERS, **auth_headers()},
     )
     r.raise_for_status()
     return r.json()

@@ -26,6 +26,13 @@ class Server:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
+def auth_headers() -> dict[str, str]:
+    """For a server with API keys: FASTINFER_API_KEY as a Bearer token (the bench's --api-key sets it, so
+    that locust's processes get it too)."""
+    key = os.environ.get("FASTINFER_API_KEY", "").strip()
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -3,6 +3,7 @@ the /analyze spending guard against the fake Groq, and keys never written to the
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -129,3 +130,16 @@ def test_keys_never_reach_the_log(locked, locked_server) -> None:
     for secret in (*API_KEYS, "wrong-but-long-0123456789", GROQ_KEY):
         assert secret not in log
     assert "API keys: on (2 accepted)" in log
+
+
+def test_the_load_tests_send_the_key_from_the_environment(locked_server) -> None:
+    quick = [sys.executable, "-m", "load_tests.quick", "--url", locked_server.url, "--backends", "onnx-int8"]
+    quick += ["--requests", "2", "--clients", "1", "--seconds", "1"]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    ran = subprocess.run(quick, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                         env={**env, "FASTINFER_API_KEY": API_KEYS[0]})  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    measured = json.loads(ran.stdout)["results"]["onnx-int8"]["concurrent"]
+    assert measured["errors"] == 0 and measured["req_per_s"] > 0
+    refused = subprocess.run(quick, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert refused.returncode != 0 and "401" in refused.stderr
