@@ -112,7 +112,7 @@ def bench_engines(args: argparse.Namespace) -> int:
     for name, reason in _available().items():
         if reason is not None:
             continue
-        engine = open_engine(name, threads=args.threads or hardware.cpu_count())  # torch's own default ignores quotas
+        engine = open_engine(name, threads=args.threads)
         for batch in args.batches:
             print(f"{name} b{batch} ...", file=sys.stderr, flush=True)
             timings.append(engine_bench.time_engine(name, engine, images, batch, args.repeats))
@@ -130,7 +130,7 @@ def profile(args: argparse.Namespace) -> int:
     for name, reason in _available().items():
         if reason is None and name != "coreml":  # coreml-batched covers the CoreML models
             print(f"loading {name} ...", file=sys.stderr, flush=True)
-            engines[name] = open_engine(name, threads=args.threads or hardware.cpu_count())
+            engines[name] = open_engine(name, threads=args.threads)
     print("measuring stages ...", file=sys.stderr, flush=True)
     result = prof.run(engines, args.batches, args.repeats, PreprocessSpec())
     if args.load_test and args.load_test.exists():

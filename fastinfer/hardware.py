@@ -101,7 +101,8 @@ def _unescape(field: str) -> str:
 def _mounts(text: str | None) -> tuple[tuple[str, str] | None, tuple[str, str] | None]:
     """(mount point, root of the mount in the hierarchy) of the cgroup v2 hierarchy and of the v1
     hierarchy that holds the ``cpu`` controller, from /proc/self/mountinfo."""
-    v2 = v1 = None
+    v2: list[tuple[str, str]] = []
+    v1: list[tuple[str, str]] = []
     for line in (text or "").splitlines():
         fields = line.split()
         if "-" not in fields:
@@ -110,11 +111,18 @@ def _mounts(text: str | None) -> tuple[tuple[str, str] | None, tuple[str, str] |
         if sep < 5 or len(fields) < sep + 4:
             continue
         root, point, fstype, options = _unescape(fields[3]), _unescape(fields[4]), fields[sep + 1], fields[sep + 3]
-        if fstype == "cgroup2" and v2 is None:
-            v2 = (point, root)
-        elif fstype == "cgroup" and "cpu" in options.split(",") and v1 is None:
-            v1 = (point, root)
-    return v2, v1
+        if fstype == "cgroup2":
+            v2.append((point, root))
+        elif fstype == "cgroup" and "cpu" in options.split(","):
+            v1.append((point, root))
+    return _usual(v2), _usual(v1)
+
+
+def _usual(mounts: list[tuple[str, str]]) -> tuple[str, str] | None:
+    """The mount under /sys/fs/cgroup where there are several (a host's hierarchy bind-mounted into a
+    container elsewhere, e.g. /host/sys/fs/cgroup, is not this process's), else the first."""
+    usual = [m for m in mounts if m[0] == _V2_FALLBACK or m[0].startswith(_V2_FALLBACK + "/")]
+    return (usual or mounts or [None])[0]
 
 
 def _chain(mount: Path, mount_root: str, cgroup: str) -> list[tuple[Path, str]]:

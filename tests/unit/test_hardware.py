@@ -177,6 +177,17 @@ def test_v2_elsewhere_is_found_through_mountinfo(tmp_path) -> None:
     assert budget.count == 2  # not the 1 of a cpu.max outside the mount mountinfo names
 
 
+def test_a_host_hierarchy_mounted_elsewhere_is_not_taken_for_ours(tmp_path) -> None:
+    """A monitoring container with the host's cgroups at /host/sys/fs/cgroup, listed first (review finding)."""
+    mountinfo = (
+        "40 23 0:26 / /host/sys/fs/cgroup ro,relatime - cgroup2 cgroup2 rw\n"
+        "41 23 0:27 / /sys/fs/cgroup ro,relatime - cgroup2 cgroup2 rw\n"
+    )
+    root = machine(tmp_path, "0::/\n", {"cpu.max": "200000 100000\n"}, mountinfo)
+    (root / "host/sys/fs/cgroup").mkdir(parents=True)
+    assert hardware.probe_cpu_budget(root, affinity=8).count == 2
+
+
 def test_a_v1_quota_caps_the_cores(tmp_path) -> None:
     root = machine(
         tmp_path,
