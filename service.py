@@ -9,6 +9,7 @@ fastinfer.image_api): same routes, fields and answers, without a temporary file 
 
 import asyncio
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Scope, Send
 
 from fastinfer import analysis, hardware, image_api, inventory, store
-from fastinfer.access import Access, ApiKeys, RateGuard
+from fastinfer.access import ANALYZE_ROUTE, Access, ApiKeys, analyze_guard
 from fastinfer.api_inputs import AnalyzeInput, BatchInput, ClassifyInput, CompareInput, ImageInput
 from fastinfer.cache import ResponseCache, open_cache
 from fastinfer.config import get_settings
@@ -83,10 +84,13 @@ class FastInfer:
         for name, reason in self.unavailable.items():
             logger.warning("backend %s unavailable: %s", name, reason)
         if settings.api_keys:
-            logger.info("API keys: on (%d accepted); open: probes, /metrics, the API page, the dashboard's files",
-                        len(settings.api_keys))  # fmt: skip
+            logger.info("API keys: on (%d accepted, from %s); open: probes, /metrics, the API page, the "
+                        "dashboard's files", len(settings.api_keys), settings.api_keys_from)  # fmt: skip
         else:
-            logger.warning("API keys: off (FASTINFER_API_KEYS unset): every route is open to whoever reaches the port")
+            logger.warning("API keys: off (neither FASTINFER_API_KEYS nor FASTINFER_API_KEYS_FILE is set): every "
+                           "route is open to whoever reaches the port")  # fmt: skip
+            if os.environ.get("FASTINFER_API_KEY"):
+                logger.warning("FASTINFER_API_KEY is what clients send; the server's keys are FASTINFER_API_KEYS")
 
     @bentoml.on_startup
     async def _open_cache(self) -> None:
@@ -279,15 +283,6 @@ FastInfer.add_asgi_middleware(
     lanes=dict.fromkeys(image_api.ROUTES, _image_lane),
     access=Access(
         ApiKeys(settings.api_keys),
-        # Each /analyze spends the operator's Groq quota. The total is shared out among the front workers.
-        {
-            "/analyze": (
-                RateGuard(
-                    settings.analyze_per_minute,
-                    max(1, settings.analyze_total_per_minute // max(1, settings.front_workers)),
-                ),
-                "FASTINFER_ANALYZE_PER_MINUTE, FASTINFER_ANALYZE_TOTAL_PER_MINUTE",
-            )
-        },
+        {ANALYZE_ROUTE: analyze_guard(settings)},
     ),
 )

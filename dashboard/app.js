@@ -29,6 +29,9 @@ async function api(path, init = {}) {
     if (key) headers.set("Authorization", `Bearer ${key}`);
     const response = await fetch(path, { ...init, headers });
     if (response.status !== 401) return response;
+    // A key entered while this request was on its way is tried, not thrown away by this late 401.
+    const entered = sessionStorage.getItem(KEY_STORE);
+    if (entered && entered !== key) continue;
     sessionStorage.removeItem(KEY_STORE);
     showKeyState();
     await askForKey(key ? "That key was not accepted." : "This server needs an API key.");

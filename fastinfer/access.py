@@ -30,10 +30,14 @@ from typing import Any
 
 from starlette.types import Scope
 
+from fastinfer.config import Settings
 from fastinfer.errors import error_body
+from fastinfer.http import UNLIMITED_PATHS
 
-OPEN_PATHS = frozenset({"/", "/docs.json", "/schema.json", "/livez", "/readyz", "/healthz", "/metrics", "/dashboard"})
-OPEN_PREFIXES = ("/dashboard/", "/static_content/", "/assets/")  # static files: the dashboard, the API page's
+# The probes and /metrics (never refused or limited either), the API page and the static files: the
+# dashboard's and the API page's (the only mounts under these prefixes).
+OPEN_PATHS = UNLIMITED_PATHS | {"/", "/docs.json", "/schema.json", "/dashboard"}
+OPEN_PREFIXES = ("/dashboard/", "/static_content/")
 
 
 def is_open(path: str) -> bool:
@@ -84,25 +88,37 @@ def _unauthorized(message: str, invalid: bool = False) -> Refusal:
     return Refusal(401, error_body("unauthorized", message), [(b"www-authenticate", challenge)])
 
 
+@dataclass(frozen=True)
+class Charge:
+    """One admitted call: whose, and when (to give it back if it never reached what it guards)."""
+
+    client: str
+    at: float
+
+
 class RateGuard:
-    """At most ``per_client`` calls per client and ``total`` calls in all within any ``window_s``."""
+    """At most ``per_client`` calls per client and ``total`` calls in all within any ``window_s``.
+
+    ``settings`` names what set the limits, for the refusal's message."""
 
     def __init__(
         self,
         per_client: int,
         total: int,
+        settings: str = "",
         window_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.per_client = per_client
         self.total = total
+        self.settings = settings
         self.window_s = window_s
         self.clock = clock
         self.calls: deque[float] = deque()  # admitted calls in the window, oldest first (at most total)
         self.clients: OrderedDict[str, deque[float]] = OrderedDict()  # least recently admitted first
 
-    def admit(self, client: str) -> float | None:
-        """Record a call and return None, or return the seconds until one would be admitted."""
+    def admit(self, client: str) -> Charge | float:
+        """Record a call and return its Charge, or return the seconds until one would be admitted."""
         now = self.clock()
         since = now - self.window_s
         while self.calls and self.calls[0] <= since:
@@ -124,18 +140,59 @@ class RateGuard:
         mine.append(now)
         self.clients[client] = mine
         self.clients.move_to_end(client)
-        return None
+        return Charge(client, now)
+
+    def refund(self, charge: Charge) -> None:
+        """Forget an admitted call (it was answered without spending anything)."""
+        if charge.at in self.calls:
+            self.calls.remove(charge.at)
+        mine = self.clients.get(charge.client)
+        if mine is not None and charge.at in mine:
+            mine.remove(charge.at)
+            if not mine:
+                del self.clients[charge.client]
+
+    def message(self, path: str, retry_s: int) -> str:
+        return (
+            f"{path} is limited to {self.per_client} calls per client and {self.total} in all per minute "
+            f"({self.settings}); retry in {retry_s} s."
+        )
+
+
+ANALYZE_ROUTE = "/analyze"
+
+
+def analyze_guard(settings: Settings) -> RateGuard:
+    """The /analyze guard of one front worker: each call spends the operator's Groq quota."""
+    return RateGuard(
+        settings.analyze_per_minute,
+        share(settings.analyze_total_per_minute, settings.front_workers),
+        "FASTINFER_ANALYZE_PER_MINUTE, FASTINFER_ANALYZE_TOTAL_PER_MINUTE",
+    )
+
+
+def share(total: int, workers: int) -> int:
+    """One front worker's part of a total limit: each worker counts alone (no shared state), so the
+    total is divided among them — at least 1 each, so that more workers than the total still admit."""
+    return max(1, total // max(1, workers))
+
+
+# Answers after which a guarded call is given back: the request never reached what the guard
+# protects (refused, invalid, or the feature is off). 200, 5xx from upstream (502, 504) and our own
+# 500 are charged: the call may have been made.
+REFUNDED = frozenset({400, 401, 404, 405, 408, 413, 415, 422, 429, 503})
 
 
 class Access:
     """The front's access check: keys first, then the per-route rate guards (POST only)."""
 
-    def __init__(self, keys: ApiKeys, guards: Mapping[str, tuple[RateGuard, str]] | None = None) -> None:
+    def __init__(self, keys: ApiKeys, guards: Mapping[str, RateGuard] | None = None) -> None:
         self.keys = keys
-        self.guards = dict(guards or {})  # route → (guard, the settings that set it, for the message)
+        self.guards = dict(guards or {})  # route → its guard
 
     def check(self, scope: Scope) -> Refusal | None:
-        """None to go on, or the answer to give instead (401, or 429 from a guard)."""
+        """None to go on, or the answer to give instead (401, or 429 from a guard). A call a guard
+        admits is noted in the scope's state, for :meth:`settle`."""
         path = scope["path"]
         if is_open(path):
             return None
@@ -145,21 +202,31 @@ class Access:
             if isinstance(identity, Refusal):
                 return identity
             client = identity
-        guarded = self.guards.get(path) if scope.get("method") == "POST" else None
-        if guarded is None:
+        guard = self.guards.get(path) if scope.get("method") == "POST" else None
+        if guard is None:
             return None
-        guard, settings = guarded
-        wait = guard.admit(client or _peer(scope))
-        if wait is None:
+        admitted = guard.admit(client or _peer(scope))
+        if isinstance(admitted, Charge):
+            scope.setdefault("state", {})[CHARGE] = (guard, admitted)
             return None
-        retry = max(1, math.ceil(wait))
-        message = (
-            f"{path} is limited to {guard.per_client} calls per client and {guard.total} in all per minute "
-            f"({settings}); retry in {retry} s."
-        )
-        return Refusal(429, error_body("rate_limited", message), [(b"retry-after", str(retry).encode())])
+        retry = max(1, math.ceil(admitted))
+        body = error_body("rate_limited", guard.message(path, retry))
+        return Refusal(429, body, [(b"retry-after", str(retry).encode())])
+
+    def settle(self, scope: Scope, status: int | None) -> None:
+        """After the answer: a guarded call answered with a status in REFUNDED is given back, so that
+        invalid calls (or a server refusing them) cannot spend the allowance of real ones."""
+        noted = scope.get("state", {}).pop(CHARGE, None)
+        if noted is not None and status in REFUNDED:
+            guard, charge = noted
+            guard.refund(charge)
+
+
+CHARGE = "fastinfer_guard_charge"
 
 
 def _peer(scope: Scope) -> str:
+    """The client's address as the server reports it. uvicorn rewrites it from X-Forwarded-For when
+    the connection comes from a proxy it trusts (127.0.0.1 by default)."""
     client = scope.get("client")
     return f"address-{client[0]}" if client else "address-unknown"

@@ -63,7 +63,9 @@ def messages(results: list[dict[str, Any]], question: str) -> list[dict[str, str
 
 async def analyze(results: list[dict[str, Any]], question: str, config: GroqConfig) -> AnalyzeResponse:
     if not config.api_key:
-        raise GroqUnavailable("AI analysis is off: set GROQ_API_KEY (and restart the service) to enable it.")
+        raise GroqUnavailable(
+            "AI analysis is off: set GROQ_API_KEY or GROQ_API_KEY_FILE (and restart the service) to enable it."
+        )
     import groq
 
     client = groq.AsyncGroq(api_key=config.api_key, base_url=config.base_url, timeout=config.timeout_s, max_retries=0)

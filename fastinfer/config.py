@@ -57,6 +57,7 @@ class Settings:
     groq: GroqConfig = field(default_factory=GroqConfig)
     openvino_precision: str = "auto"  # auto = the CPU's best (bf16 where it has BF16 units), or bf16 | f32
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # empty: no key needed (never printed)
+    api_keys_from: str = ""  # the variable the keys came from (FASTINFER_API_KEYS or its _FILE), for the log
     analyze_per_minute: int = 10  # /analyze calls per client per minute (each spends Groq quota)
     analyze_total_per_minute: int = 30  # /analyze calls per minute from all clients (Groq's free tier: 30)
 
@@ -93,34 +94,51 @@ def _bool(name: str, default: bool) -> bool:
     raise ValueError(f"{name} must be true or false, got {raw!r}")
 
 
-def _secret(name: str, file_name: str) -> str:
-    """``name``'s value, or the content of the file ``file_name`` names (Docker/Compose secrets are files).
+SECRET_FILE_MAX_BYTES = 64 * 1024  # a secret is a few lines; /dev/zero as a secret file must not hang start-up
 
-    A file that cannot be read stops the service: whoever named it meant the secret to apply."""
+
+def _secret(name: str, file_name: str) -> tuple[str, str]:
+    """(value, the variable it came from): ``name``'s value, or the content of the file that ``file_name``
+    names (Docker/Compose secrets are files); ("", "") when neither is set (an empty value is unset).
+
+    Set means meant: a file that cannot be read, or that holds nothing, stops the service rather than
+    leave it running as if the secret did not exist."""
     path = os.environ.get(file_name, "").strip()
     if not path:
-        return os.environ.get(name, "").strip()
+        value = os.environ.get(name, "").strip()
+        return value, name if value else ""
     if os.environ.get(name, "").strip():
         raise ValueError(f"set {name} or {file_name}, not both")
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip()
-    except (OSError, UnicodeDecodeError) as exc:
+        with open(path, "rb") as f:
+            value = f.read(SECRET_FILE_MAX_BYTES + 1)
+    except OSError as exc:
         raise ValueError(f"{file_name}: cannot read {path!r} ({type(exc).__name__})") from None
+    if len(value) > SECRET_FILE_MAX_BYTES:
+        raise ValueError(f"{file_name}: {path!r} is larger than {SECRET_FILE_MAX_BYTES} bytes: not a secret file")
+    try:
+        text = value.decode("utf-8-sig").strip()  # a BOM (Windows editors) is not part of the secret
+    except UnicodeDecodeError:
+        raise ValueError(f"{file_name}: {path!r} is not UTF-8 text") from None
+    if not text:
+        raise ValueError(f"{file_name}: {path!r} is empty; unset {file_name} to run without it")
+    return text, file_name
 
 
-def _api_keys(raw: str) -> tuple[str, ...]:
+def _api_keys(raw: str, source: str) -> tuple[str, ...]:
     """Comma- or newline-separated keys; each must be sendable as a Bearer token (RFC 6750 token68)."""
     keys = tuple(dict.fromkeys(k.strip() for k in raw.replace("\n", ",").split(",") if k.strip()))
+    if source and not keys:
+        raise ValueError(f"{source} is set but holds no key; unset it to run without API keys")
     for number, key in enumerate(keys, 1):
         if not API_KEY_SYNTAX.fullmatch(key):  # the key itself is never echoed
             raise ValueError(
-                f"FASTINFER_API_KEYS: key {number} of {len(keys)} has characters a Bearer token cannot carry "
+                f"{source}: key {number} of {len(keys)} has characters a Bearer token cannot carry "
                 "(allowed: letters, digits and -._~+/ with = only at the end)"
             )
         if len(key) < API_KEY_MIN_LENGTH:
             raise ValueError(
-                f"FASTINFER_API_KEYS: key {number} of {len(keys)} is shorter than {API_KEY_MIN_LENGTH} characters; "
+                f"{source}: key {number} of {len(keys)} is shorter than {API_KEY_MIN_LENGTH} characters; "
                 'make one with: python -c "import secrets; print(secrets.token_urlsafe(32))"'
             )
     return keys
@@ -148,6 +166,7 @@ def get_settings() -> Settings:
     if openvino_precision not in OPENVINO_PRECISIONS:
         raise ValueError(f"FASTINFER_OPENVINO_PRECISION must be one of {', '.join(OPENVINO_PRECISIONS)}")
     max_concurrency = _positive("FASTINFER_MAX_CONCURRENCY", Settings.max_concurrency)
+    api_keys, api_keys_from = _secret("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE")
     return Settings(
         default_backend=default_backend,
         max_bytes=_positive("FASTINFER_MAX_BYTES", Settings.max_bytes),
@@ -167,11 +186,12 @@ def get_settings() -> Settings:
         cache_timeout_ms=_int("FASTINFER_CACHE_TIMEOUT_MS", Settings.cache_timeout_ms),
         cache_max_entries=_int("FASTINFER_CACHE_MAX_ENTRIES", Settings.cache_max_entries),
         openvino_precision=openvino_precision,
-        api_keys=_api_keys(_secret("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE")),
+        api_keys=_api_keys(api_keys, api_keys_from),
+        api_keys_from=api_keys_from,
         analyze_per_minute=_positive("FASTINFER_ANALYZE_PER_MINUTE", Settings.analyze_per_minute),
         analyze_total_per_minute=_positive("FASTINFER_ANALYZE_TOTAL_PER_MINUTE", Settings.analyze_total_per_minute),
         groq=GroqConfig(
-            api_key=_secret("GROQ_API_KEY", "GROQ_API_KEY_FILE"),
+            api_key=_secret("GROQ_API_KEY", "GROQ_API_KEY_FILE")[0],
             model=os.environ.get("FASTINFER_GROQ_MODEL", "").strip() or GroqConfig.model,
             base_url=(os.environ.get("FASTINFER_GROQ_BASE_URL") or os.environ.get("GROQ_BASE_URL") or "").strip()
             or None,

@@ -31,13 +31,15 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from tempfile import TemporaryFile
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fastinfer.access import Access
 from fastinfer.errors import error_body
 from fastinfer.metrics import REQUESTS
+
+if TYPE_CHECKING:
+    from fastinfer.access import Access
 
 logger = logging.getLogger("fastinfer.http")
 
@@ -148,8 +150,7 @@ class FrontMiddleware:
         try:
             refusal = self.access.check(scope) if self.access is not None else None
             if refusal is not None:  # before the body: an unknown caller's upload is never read
-                close = CLOSE if scope.get("method") in BODY_METHODS else []
-                await send_json(recorder, refusal.status, refusal.body, [*refusal.headers, *close])
+                await send_json(recorder, refusal.status, refusal.body, [*refusal.headers, *_unread_body(scope)])
                 return
             await self._admit(scope, receive, recorder)
         except Exception:
@@ -164,6 +165,8 @@ class FrontMiddleware:
                 error_body("unavailable", "The server could not take this request now (logged); retry shortly."),
             )
         finally:
+            if self.access is not None:
+                self.access.settle(scope, recorder.status)
             if path in self.route_backends and recorder.status is not None:
                 backend = state.get("fastinfer_backend") or self.route_backends[path]
                 REQUESTS.labels(route=path, backend=backend, status=str(recorder.status)).inc()
@@ -374,6 +377,18 @@ def _unwanted_body(scope: Scope) -> tuple[int, dict[str, Any]] | None:
     if has_body and (scope.get("method") not in BODY_METHODS or scope["path"] in UNLIMITED_PATHS):
         return 413, error_body("payload_too_large", f"{scope.get('method')} {scope['path']} takes no request body.")
     return None
+
+
+SMALL_BODY = 64 * 1024
+
+
+def _unread_body(scope: Scope) -> list[tuple[bytes, bytes]]:
+    """Headers for an answer given before the body was read: a small body of known length is left for
+    the server to drain, so that a client still sending reads the answer rather than a reset
+    connection; any other body (large, chunked) is not read: the connection closes."""
+    length = _content_length(scope)
+    has_body = b"transfer-encoding" in dict(scope.get("headers", [])) or bool(length)
+    return CLOSE if has_body and (length is None or length > SMALL_BODY) else []
 
 
 def _content_length(scope: Scope) -> int | None:

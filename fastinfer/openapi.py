@@ -33,7 +33,7 @@ from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from fastinfer.access import is_open
+from fastinfer.access import ANALYZE_ROUTE, analyze_guard, is_open
 from fastinfer.api_models import CacheStatsResponse, LiveStatsResponse
 from fastinfer.config import get_settings
 from fastinfer.errors import (
@@ -146,7 +146,7 @@ IMAGE_ERRORS: dict[str, tuple[str, str, str]] = {
 
 # Errors of one route beyond the shared ones (its handler raises them: fastinfer/analysis.py).
 ROUTE_ERRORS: dict[str, dict[str, tuple[str, str, str]]] = {
-    "/analyze": {
+    ANALYZE_ROUTE: {
         "502": ("`analysis_failed`: Groq answered with an error.", "analysis_failed", "Groq answered 500."),
         "503": (
             "`analysis_unavailable`: no Groq API key is configured (GROQ_API_KEY).",
@@ -159,8 +159,7 @@ ROUTE_ERRORS: dict[str, dict[str, tuple[str, str, str]]] = {
             "FASTINFER_ANALYZE_TOTAL_PER_MINUTE from all clients in the last 60 s (each call spends the operator's "
             "Groq quota); `overloaded`: as on every API. Retry after the `Retry-After` header's seconds.",
             "rate_limited",
-            "/analyze is limited to 10 calls per client and 30 in all per minute "
-            "(FASTINFER_ANALYZE_PER_MINUTE, FASTINFER_ANALYZE_TOTAL_PER_MINUTE); retry in 42 s.",
+            "",  # this server's limits: filled in by extend_spec
         ),
     },
 }
@@ -268,6 +267,9 @@ def extend_spec(doc: dict[str, Any], svc: bentoml.Service[Any]) -> dict[str, Any
         if (summary := first_sentence(op.get("description"))) is not None:
             op.setdefault("summary", summary)
         errors = {**ERRORS, **ROUTE_ERRORS.get(api.route, {})}
+        if api.route == ANALYZE_ROUTE:
+            description, code, _ = errors["429"]
+            errors["429"] = (description, code, analyze_guard(get_settings()).message(api.route, 42))
         fields = getattr(api.input_spec, "model_fields", {})
         if FILE_FIELDS[0] in fields:
             errors.update(IMAGE_ERRORS)

@@ -27,8 +27,8 @@ class Server:
 
 
 def auth_headers() -> dict[str, str]:
-    """For a server with API keys: FASTINFER_API_KEY as a Bearer token (the bench's --api-key sets it, so
-    that locust's processes get it too)."""
+    """For a server with API keys: FASTINFER_API_KEY as a Bearer token (an environment variable, so that
+    locust's processes get it too and it never lands in a recorded command)."""
     key = os.environ.get("FASTINFER_API_KEY", "").strip()
     return {"Authorization": f"Bearer {key}"} if key else {}
 
@@ -49,7 +49,9 @@ def start_server(
 ) -> Server:
     """``bentoml serve TARGET`` (the source tree by default, or a built bento's tag); returns when ready."""
     port = free_port()
-    full_env = {**os.environ, **({"BENTOML_HOME": str(home)} if home else {}), **(env or {})}
+    # Keys exported in the shell for a real deploy do not lock the servers started here (unless ``env`` says).
+    unlocked = {"FASTINFER_API_KEYS": "", "FASTINFER_API_KEYS_FILE": ""}
+    full_env = {**os.environ, **unlocked, **({"BENTOML_HOME": str(home)} if home else {}), **(env or {})}
     bentoml_cli = Path(sys.executable).parent / "bentoml"
     log.parent.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(

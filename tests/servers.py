@@ -21,6 +21,9 @@ SERVER_ENV = {
     "FASTINFER_MAX_PIXELS": str(40_000_000),
     "FASTINFER_MAX_CONCURRENCY": "16",
     "FASTINFER_CACHE": "redis",
+    # The /analyze guard is tested on locked_server; on the shared server it must not refuse a test.
+    "FASTINFER_ANALYZE_PER_MINUTE": "1000",
+    "FASTINFER_ANALYZE_TOTAL_PER_MINUTE": "1000",
 }
 NO_CACHE = {"Cache-Control": "no-cache"}
 

@@ -151,5 +151,37 @@ def test_the_dashboard_asks_for_a_key_and_keeps_it_for_the_tab(locked_server, br
     context.close()
 
 
+DELAY_FIRST_LIVE = """
+const realFetch = window.fetch;
+let delayed = false;
+window.fetch = async (...args) => {
+  const response = await realFetch(...args);
+  if (!delayed && String(args[0]).includes("/stats/live")) {
+    delayed = true;
+    await new Promise((resolve) => setTimeout(resolve, 2500));
+  }
+  return response;
+};
+"""
+
+
+def test_a_late_401_does_not_throw_away_the_key_just_entered(locked_server, browser) -> None:
+    """The first /stats/live 401 arrives after the user entered the right key (a slow network): the page
+    retries it with that key instead of forgetting it and asking again (review finding)."""
+    context = browser.new_context()
+    context.add_init_script(DELAY_FIRST_LIVE)
+    page = context.new_page()
+    page.goto(f"{locked_server.url}/dashboard/")
+    page.wait_for_selector("#key-form", state="visible")
+    page.fill("#key-input", API_KEYS[0])
+    page.click("#key-form button[type=submit]")
+    page.wait_for_selector("#backend-onnx-int8")
+    page.wait_for_timeout(3500)  # the delayed 401 has arrived and been handled
+    assert page.is_hidden("#key-form")
+    assert page.evaluate("sessionStorage.getItem('fastinfer-api-key')") == API_KEYS[0]
+    page.wait_for_function("Number(document.querySelector('#live-served')?.innerText ?? -1) >= 0")
+    context.close()
+
+
 def test_chromium_is_debians(browser) -> None:
     assert shutil.which("chromium") == CHROMIUM or Path(CHROMIUM).exists()

@@ -110,6 +110,9 @@ def test_analyze_is_limited_per_client_and_in_all_before_groq_is_called(locked, 
     result = send(locked, *image_requests(photo)[3], GOOD).json()
     body = {"results": [result], "question": ""}
     fake_groq.requests.clear()
+    for junk in (b"not json", b"{}", b'{"results": []}'):  # answered 400 before Groq: they spend nothing
+        r = locked.post("/analyze", content=junk, headers={**GOOD, "Content-Type": "application/json"})
+        assert r.status_code == 400, r.text
     first = [locked.post("/analyze", json=body, headers=GOOD) for _ in range(2)]
     assert [r.status_code for r in first] == [200, 200] and first[0].json()["text"] == ANSWER
     third = locked.post("/analyze", json=body, headers=GOOD)  # this key's 3rd within the minute
@@ -129,7 +132,7 @@ def test_keys_never_reach_the_log(locked, locked_server) -> None:
     log = locked_server.log.read_text(errors="replace")
     for secret in (*API_KEYS, "wrong-but-long-0123456789", GROQ_KEY):
         assert secret not in log
-    assert "API keys: on (2 accepted)" in log
+    assert "API keys: on (2 accepted, from FASTINFER_API_KEYS_FILE)" in log
 
 
 def test_the_load_tests_send_the_key_from_the_environment(locked_server) -> None:

@@ -147,6 +147,11 @@ def test_manifests_agree_with_the_code(client) -> None:
     pre_stop_s = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
     assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > pre_stop_s + timeout_s
     assert int(app["stop_grace_period"].removesuffix("s")) > int(app["environment"]["FASTINFER_TIMEOUT_S"])
+    # The /analyze guard counts per pod: at most replicas, the deploy stays within the default total.
+    from fastinfer.config import Settings
+
+    per_pod = int(next(e["value"] for e in container["env"] if e["name"] == "FASTINFER_ANALYZE_TOTAL_PER_MINUTE"))
+    assert per_pod * hpa["spec"]["maxReplicas"] <= Settings.analyze_total_per_minute
 
 
 def k8s_documents() -> list[tuple[str, dict]]:
@@ -267,16 +272,25 @@ def test_compose_takes_the_keys_from_secret_files() -> None:
         target = "" if isinstance(entry, str) else entry.get("target", "")
         mounted[source] = target if target.startswith("/") else f"/run/secrets/{target or source}"
     assert set(mounted) <= set(declared), f"undeclared secrets: {set(mounted) - set(declared)}"
-    files = {name: path for name, path in env.items() if name.endswith("_FILE")}
+    # Each *_FILE points at its mounted secret only when the host variable of the same name is set
+    # (${VAR:+path}): unset, the service sees it empty (= unset), keys off and no Groq, instead of an
+    # empty secret file, which it refuses.
+    files = {}
+    for name, value in env.items():
+        if name.endswith("_FILE"):
+            alternative = re.fullmatch(r"\$\{(\w+):\+(/run/secrets/\w+)\}", value)
+            assert alternative and alternative[1] == name, f"{name}: ${{{name}:+/run/secrets/...}}"
+            files[name] = alternative[2]
     assert set(files) == {f"{name}_FILE" for name in SECRET_KEYS}
     for name, path in files.items():
-        assert path.startswith("/run/secrets/") and path in mounted.values(), f"{name}={path} is no mounted secret"
+        assert path in mounted.values(), f"{name}={path} is no mounted secret"
     # `docker compose up` with nothing set starts: a missing `file:` stops it, and so does an
     # `environment:` source whose variable is unset. So each source is a file whose default exists.
     for name, secret in declared.items():
         assert set(secret) == {"file"}, f"secret {name}: a file, with a default that exists"
         default = re.fullmatch(r"\$\{(\w+):-([^}]+)\}", secret["file"])
         assert default, f"secret {name}: file: ${{VARIABLE:-default}}"
-        assert Path(default[2]).exists() and not Path(default[2]).read_bytes()  # empty: keys off, no Groq
+        placeholder = ROOT / default[2]  # relative to compose.yaml's folder, in the repository
+        assert placeholder.is_file() and not placeholder.read_bytes(), f"{default[2]}: an empty file in the repo"
         if name in mounted:  # the host's variable is the setting the service reads the mounted file by
             assert files.get(default[1]) == mounted[name], f"secret {name} is set by {default[1]}"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from fastinfer import config
-from fastinfer.access import Access, ApiKeys, RateGuard, Refusal, is_open
+from fastinfer.access import Access, ApiKeys, Charge, RateGuard, Refusal, analyze_guard, is_open, share
 from fastinfer.http import FrontMiddleware
 
 KEYS = ("k1-0123456789abcdef", "k2-fedcba9876543210")
@@ -90,7 +90,8 @@ def test_a_key_in_the_query_string_is_not_accepted() -> None:
 @pytest.mark.parametrize(
     "path",
     ["/classify", "/classify/batch", "/predict", "/predict/onnx", "/compare", "/analyze", "/backends",
-     "/cache/stats", "/stats/live", "/unknown", "/classify/", "/dashboard-stats", "/Dashboard/", "//classify"],
+     "/cache/stats", "/stats/live", "/unknown", "/classify/", "/dashboard-stats", "/Dashboard/", "//classify",
+     "/assets/x.js"],
 )  # fmt: skip
 def test_data_routes_and_unknown_paths_need_a_key(path: str) -> None:
     assert not is_open(path)
@@ -137,6 +138,13 @@ def test_keys_come_from_the_variable_or_a_secret_file(monkeypatch, tmp_path: Pat
     assert settings_with(monkeypatch).api_keys == ()
 
 
+def test_a_byte_order_mark_is_not_part_of_a_key(monkeypatch, tmp_path: Path) -> None:
+    secret = tmp_path / "api_keys"
+    secret.write_bytes(b"\xef\xbb\xbf" + KEYS[0].encode() + b"\r\n")
+    settings = settings_with(monkeypatch, FASTINFER_API_KEYS_FILE=str(secret))
+    assert settings.api_keys == (KEYS[0],) and settings.api_keys_from == "FASTINFER_API_KEYS_FILE"
+
+
 def test_keys_are_never_printed(monkeypatch) -> None:
     settings = settings_with(monkeypatch, FASTINFER_API_KEYS=KEYS[0], GROQ_API_KEY="gsk-secret-value")
     assert KEYS[0] not in repr(settings) and "gsk-secret-value" not in repr(settings)
@@ -149,6 +157,10 @@ def test_keys_are_never_printed(monkeypatch) -> None:
         ({"FASTINFER_API_KEYS": "has a space in it, 0123456789"}, "characters a Bearer token cannot carry"),
         ({"FASTINFER_API_KEYS": "ключ-0123456789abcdef"}, "characters a Bearer token cannot carry"),
         ({"FASTINFER_API_KEYS_FILE": "/nonexistent/keys"}, "cannot read"),
+        ({"FASTINFER_API_KEYS": " , ,\n, "}, "set but holds no key"),
+        ({"FASTINFER_API_KEYS_FILE": "/dev/null"}, "is empty; unset FASTINFER_API_KEYS_FILE"),
+        ({"FASTINFER_API_KEYS_FILE": "/dev/zero"}, "larger than 65536 bytes"),  # read capped: no hang
+        ({"GROQ_API_KEY_FILE": "/dev/null"}, "is empty; unset GROQ_API_KEY_FILE"),
         ({"FASTINFER_API_KEYS": KEYS[0], "FASTINFER_API_KEYS_FILE": "/etc/hostname"}, "not both"),
     ],
 )
@@ -161,28 +173,40 @@ def test_bad_keys_stop_the_service_without_echoing_them(monkeypatch, env: dict[s
 # ---- the guard ----
 
 
+def admitted(result: object) -> bool:
+    return isinstance(result, Charge)
+
+
 def test_the_guard_limits_each_client_and_all_of_them() -> None:
     clock = Clock()
     guard = RateGuard(per_client=2, total=3, clock=clock)
-    assert guard.admit("a") is None and guard.admit("a") is None
-    wait = guard.admit("a")
-    assert wait == pytest.approx(60.0)  # a's first call leaves the window in 60 s
-    assert guard.admit("b") is None  # b has its own allowance...
+    assert admitted(guard.admit("a")) and admitted(guard.admit("a"))
+    assert guard.admit("a") == pytest.approx(60.0)  # a's first call leaves the window in 60 s
+    assert admitted(guard.admit("b"))  # b has its own allowance...
     clock.now += 10
     assert guard.admit("c") == pytest.approx(50.0)  # ...but the total (3) is spent
     clock.now += 50  # a's two calls and b's leave the window
-    assert guard.admit("a") is None and guard.admit("c") is None
+    assert admitted(guard.admit("a")) and admitted(guard.admit("c"))
 
 
 def test_a_refused_call_does_not_count() -> None:
     clock = Clock()
     guard = RateGuard(per_client=1, total=10, clock=clock)
-    assert guard.admit("a") is None
+    assert admitted(guard.admit("a"))
     for _ in range(100):
         clock.now += 0.5
-        assert guard.admit("a") is not None
+        assert not admitted(guard.admit("a"))
     clock.now = 1060.0
-    assert guard.admit("a") is None  # 60 s after its one admitted call, not after its last attempt
+    assert admitted(guard.admit("a"))  # 60 s after its one admitted call, not after its last attempt
+
+
+def test_a_refunded_call_gives_its_place_back() -> None:
+    guard = RateGuard(per_client=1, total=1, clock=Clock())
+    charge = guard.admit("a")
+    assert isinstance(charge, Charge) and not admitted(guard.admit("b"))
+    guard.refund(charge)
+    assert not guard.clients and not guard.calls
+    assert admitted(guard.admit("b"))
 
 
 def test_the_guards_memory_is_bounded_by_its_total() -> None:
@@ -198,22 +222,58 @@ def test_the_guards_memory_is_bounded_by_its_total() -> None:
     assert list(guard.clients) == ["late"]
 
 
+@pytest.mark.parametrize(("total", "workers", "each"), [(30, 1, 30), (30, 2, 15), (30, 4, 7), (1, 2, 1), (5, 0, 5)])
+def test_the_total_is_shared_out_among_the_front_workers(total: int, workers: int, each: int) -> None:
+    assert share(total, workers) == each
+
+
+def test_the_analyze_guard_follows_the_settings(monkeypatch) -> None:
+    monkeypatch.setenv("FASTINFER_ANALYZE_PER_MINUTE", "4")
+    monkeypatch.setenv("FASTINFER_ANALYZE_TOTAL_PER_MINUTE", "12")
+    monkeypatch.setenv("FASTINFER_FRONT_WORKERS", "2")
+    config.get_settings.cache_clear()
+    try:
+        guard = analyze_guard(config.get_settings())
+    finally:
+        config.get_settings.cache_clear()
+    assert (guard.per_client, guard.total) == (4, 6)
+    assert "FASTINFER_ANALYZE_PER_MINUTE" in guard.message("/analyze", 5)
+
+
+def guarded(clock: Clock, keys: tuple[str, ...] = KEYS) -> Access:
+    return Access(ApiKeys(keys), {"/analyze": RateGuard(1, 10, "FASTINFER_ANALYZE_PER_MINUTE", clock=clock)})
+
+
 def test_the_guard_applies_to_posts_on_its_route_by_client() -> None:
     clock = Clock()
-    access = Access(ApiKeys(KEYS), {"/analyze": (RateGuard(1, 10, clock=clock), "FASTINFER_ANALYZE_PER_MINUTE")})
-    first = request("/analyze", authorization=f"Bearer {KEYS[0]}")
-    assert access.check(first) is None
-    refusal = access.check(first)
+    access = guarded(clock)
+    assert access.check(request("/analyze", authorization=f"Bearer {KEYS[0]}")) is None
+    refusal = access.check(request("/analyze", authorization=f"Bearer {KEYS[0]}"))
     assert refusal is not None and refusal.status == 429 and refusal.body["error"]["code"] == "rate_limited"
     assert (b"retry-after", b"60") in refusal.headers
+    assert "FASTINFER_ANALYZE_PER_MINUTE" in refusal.body["error"]["message"]
     assert access.check(request("/analyze", authorization=f"Bearer {KEYS[1]}")) is None  # another key: another client
     assert access.check(request("/classify", authorization=f"Bearer {KEYS[0]}")) is None  # other routes: no guard
     # Without keys the client is the peer's address.
-    open_access = Access(ApiKeys(()), {"/analyze": (RateGuard(1, 10, clock=clock), "X")})
+    open_access = guarded(clock, keys=())
     assert open_access.check(request("/analyze")) is None
     assert open_access.check(request("/analyze")) is not None
-    other = {**request("/analyze"), "client": ("10.0.0.8", 1)}
-    assert open_access.check(other) is None
+    assert open_access.check({**request("/analyze"), "client": ("10.0.0.8", 1)}) is None
+
+
+@pytest.mark.parametrize(
+    ("status", "refunded"),
+    [(400, True), (413, True), (429, True), (503, True), (408, True),
+     (200, False), (502, False), (504, False), (500, False), (None, False)],
+)  # fmt: skip
+def test_only_calls_that_may_have_reached_groq_are_charged(status: int | None, refunded: bool) -> None:
+    """A 400 (bad JSON), a refusal or a 503 (no Groq key) spends nothing, so junk cannot use up the allowance;
+    an answer from Groq, a Groq failure or an unknown end (the client left) is charged."""
+    access = guarded(Clock(), keys=())
+    scope = request("/analyze")
+    assert access.check(scope) is None
+    access.settle(scope, status)
+    assert (access.check(request("/analyze")) is None) is refunded
 
 
 # ---- in the front ----
@@ -245,3 +305,62 @@ def test_the_front_answers_401_before_reading_the_body_and_counts_it() -> None:
     assert json.loads(sent[1]["body"])["error"]["code"] == "unauthorized"
     assert (b"connection", b"close") in sent[0]["headers"]  # the unread body is not left on the connection
     assert REQUESTS.labels(route="/classify", backend="onnx", status="401")._value.get() == before + 1
+
+
+@pytest.mark.parametrize(
+    ("headers", "closes"),
+    [
+        ({"content_length": "2000"}, False),
+        ({"content_length": "5000000"}, True),
+        ({"transfer_encoding": "chunked"}, True),
+    ],
+)
+def test_a_refusal_leaves_a_small_body_to_be_drained_and_closes_on_a_large_one(headers: dict, closes: bool) -> None:
+    """A client still sending a small body reads its 401 rather than a reset connection."""
+
+    async def app(scope, receive, send) -> None:
+        raise AssertionError("reached the app")
+
+    front = FrontMiddleware(
+        app, max_bytes=10**9, max_concurrency=4, timeout_s=1, route_backends={}, max_uploads=4, body_idle_s=1,
+        access=Access(ApiKeys(KEYS)),
+    )  # fmt: skip
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(front(request("/classify", **headers), None, send))
+    assert sent[0]["status"] == 401
+    assert ((b"connection", b"close") in sent[0]["headers"]) is closes
+
+
+def test_the_front_settles_each_guarded_call_by_its_answer() -> None:
+    """A /analyze answered 400 by the handler gives its place back; one answered 200 keeps it."""
+    statuses = iter([400, 400, 400, 200])
+
+    async def app(scope, receive, send) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": next(statuses), "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    guard = RateGuard(1, 10, "X", clock=Clock())
+    front = FrontMiddleware(
+        app, max_bytes=10**6, max_concurrency=4, timeout_s=1, route_backends={}, max_uploads=4, body_idle_s=1,
+        access=Access(ApiKeys(()), {"/analyze": guard}),
+    )  # fmt: skip
+
+    async def body() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    def status() -> int:
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        asyncio.run(front(request("/analyze", content_length="2"), body, send))
+        return sent[0]["status"]
+
+    assert [status() for _ in range(4)] == [400, 400, 400, 200]  # one per client per minute, yet all reached
+    assert status() == 429  # the 200 was charged

@@ -1,4 +1,4 @@
-"""Every stored uint8 model normalises the way torchvision does (DESIGN.md: normalisation is in the graph).
+"""Every stored uint8 model normalises the way torchvision does (in the graph: fastinfer/torch_model.py).
 
 The reference is torchvision's own pipeline, not ours: the mean/std of the weights' transforms
 (``ResNet50_Weights.IMAGENET1K_V2.transforms()``; no download), applied the way its
@@ -64,7 +64,8 @@ MAX_DRIFT = 0.007
 """The largest fitted offset of any channel's mean or std that a non-FP32 model may show: 1.8 grey
 levels of mean, 3% of std. Correct INT8 models measured at most 0.0026, and the parameters a bug
 did not touch at most 0.0033 (2.1x below); the smallest bug above, 0.0139 (2x above): the threshold
-sits at the geometric middle, since other CPUs' INT8/BF16 kernels (AMX) round a little differently.
+sits at the geometric middle, since other CPUs' INT8/BF16 kernels (AMX; AVX2 or ARM without VNNI)
+round differently, and were not measured.
 With 5 of these images the noise reached 0.006: keep all 13."""
 
 MAX_RELATIVE_RMS = 0.1
