@@ -8,6 +8,7 @@ fastinfer.image_api): same routes, fields and answers, without a temporary file 
 """
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -27,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Scope, Send
 
 from fastinfer import analysis, hardware, image_api, inventory, store
-from fastinfer.access import ANALYZE_ROUTE, Access, ApiKeys, analyze_guard
+from fastinfer.access import ANALYZE_ROUTE, Access, ApiKeys, analyze_guard, mark_spent
 from fastinfer.api_inputs import AnalyzeInput, BatchInput, ClassifyInput, CompareInput, ImageInput
 from fastinfer.cache import ResponseCache, open_cache
 from fastinfer.config import get_settings
@@ -181,6 +182,9 @@ class FastInfer:
     @bentoml.api(route="/analyze", input_spec=AnalyzeInput)
     async def analyze(self, results: list[dict[str, Any]], question: str, ctx: bentoml.Context) -> AnalyzeResponse:
         """Ask Groq to explain prediction results and their latency trade-offs (never the image)."""
+        if settings.groq.api_key:  # the input is valid (BentoML checked it): Groq will be called
+            with contextlib.suppress(LookupError):  # an in-process call has no request, and no guard
+                mark_spent(ctx.request.scope)
         try:
             return await analysis.analyze(results, question, settings.groq)
         except ApiError as exc:

@@ -10,9 +10,10 @@
   says which keys exist; a key is never logged, echoed or read from a query string.
 * **The analyze guard**: at most ``FASTINFER_ANALYZE_PER_MINUTE`` calls per client and
   ``FASTINFER_ANALYZE_TOTAL_PER_MINUTE`` from all clients in any 60 s (a sliding window), else 429
-  with ``Retry-After``: a refused call never reaches Groq. The client is the API key when keys are
-  on, else the peer's address. Memory is bounded: only admitted calls are remembered, and at most
-  the total fit in a window, so the guard holds at most that many clients.
+  with ``Retry-After``: a refused call never reaches Groq, and a call that did not reach it either
+  (invalid, cut off, no Groq key) is given back. The client is the API key when keys are on, else
+  the peer's address. Memory is bounded: only admitted calls are remembered, at most the total
+  within a window, so the guard holds at most about twice that many clients (refunds delay forgetting).
 
 Both run in the front (fastinfer.http.FrontMiddleware) before a byte of the body is read.
 """
@@ -32,17 +33,7 @@ from starlette.types import Scope
 
 from fastinfer.config import Settings
 from fastinfer.errors import error_body
-from fastinfer.http import UNLIMITED_PATHS
-
-# The probes and /metrics (never refused or limited either), the API page and the static files: the
-# dashboard's and the API page's (the only mounts under these prefixes).
-OPEN_PATHS = UNLIMITED_PATHS | {"/", "/docs.json", "/schema.json", "/dashboard"}
-OPEN_PREFIXES = ("/dashboard/", "/static_content/")
-
-
-def is_open(path: str) -> bool:
-    """Whether ``path`` is served without a key (Starlette routes on this same decoded path)."""
-    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
+from fastinfer.http import is_open
 
 
 @dataclass(frozen=True)
@@ -123,8 +114,12 @@ class RateGuard:
         since = now - self.window_s
         while self.calls and self.calls[0] <= since:
             self.calls.popleft()
-        # Ordered by last admitted call: a client whose last call left the window is forgotten.
-        while self.clients and next(iter(self.clients.values()))[-1] <= since:
+        # Ordered by last admitted call, so a client whose last call left the window is forgotten from
+        # the front. A refund can leave a client out of order (and then forgotten a window late).
+        while self.clients:
+            first = next(iter(self.clients.values()))
+            if first and first[-1] > since:
+                break
             self.clients.popitem(last=False)
         mine = self.clients.get(client, deque())
         while mine and mine[0] <= since:
@@ -135,6 +130,8 @@ class RateGuard:
         if len(self.calls) >= self.total:
             waits.append(self.calls[0] + self.window_s - now)
         if waits:
+            if not mine:  # trimmed to nothing: nothing of it to remember
+                self.clients.pop(client, None)
             return max(waits)
         self.calls.append(now)
         mine.append(now)
@@ -177,12 +174,6 @@ def share(total: int, workers: int) -> int:
     return max(1, total // max(1, workers))
 
 
-# Answers after which a guarded call is given back: the request never reached what the guard
-# protects (refused, invalid, or the feature is off). 200, 5xx from upstream (502, 504) and our own
-# 500 are charged: the call may have been made.
-REFUNDED = frozenset({400, 401, 404, 405, 408, 413, 415, 422, 429, 503})
-
-
 class Access:
     """The front's access check: keys first, then the per-route rate guards (POST only)."""
 
@@ -213,16 +204,24 @@ class Access:
         body = error_body("rate_limited", guard.message(path, retry))
         return Refusal(429, body, [(b"retry-after", str(retry).encode())])
 
-    def settle(self, scope: Scope, status: int | None) -> None:
-        """After the answer: a guarded call answered with a status in REFUNDED is given back, so that
-        invalid calls (or a server refusing them) cannot spend the allowance of real ones."""
-        noted = scope.get("state", {}).pop(CHARGE, None)
-        if noted is not None and status in REFUNDED:
+    def settle(self, scope: Scope) -> None:
+        """After the answer: a guarded call that never spent what the guard protects (its handler did
+        not call :func:`mark_spent`: refused, invalid, cut off, or the feature is off) is given back,
+        so that junk cannot use up the allowance of real calls."""
+        state = scope.get("state", {})
+        noted = state.pop(CHARGE, None)
+        if noted is not None and not state.pop(SPENT, False):
             guard, charge = noted
             guard.refund(charge)
 
 
 CHARGE = "fastinfer_guard_charge"
+SPENT = "fastinfer_guard_spent"
+
+
+def mark_spent(scope: Scope) -> None:
+    """Called by a guarded handler just before it spends (calls Groq): the call stays counted."""
+    scope.setdefault("state", {})[SPENT] = True
 
 
 def _peer(scope: Scope) -> str:

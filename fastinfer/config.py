@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -103,13 +104,14 @@ def _secret(name: str, file_name: str) -> tuple[str, str]:
 
     Set means meant: a file that cannot be read, or that holds nothing, stops the service rather than
     leave it running as if the secret did not exist."""
-    path = os.environ.get(file_name, "").strip()
+    path = os.environ.get(file_name, "").strip()  # empty = unset (compose leaves it empty on purpose)
     if not path:
-        value = os.environ.get(name, "").strip()
-        return value, name if value else ""
+        return os.environ.get(name, "").strip(), name if name in os.environ else ""
     if os.environ.get(name, "").strip():
         raise ValueError(f"set {name} or {file_name}, not both")
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block start-up, a device never end
+            raise ValueError(f"{file_name}: {path!r} is not a regular file")
         with open(path, "rb") as f:
             value = f.read(SECRET_FILE_MAX_BYTES + 1)
     except OSError as exc:
@@ -128,7 +130,7 @@ def _secret(name: str, file_name: str) -> tuple[str, str]:
 def _api_keys(raw: str, source: str) -> tuple[str, ...]:
     """Comma- or newline-separated keys; each must be sendable as a Bearer token (RFC 6750 token68)."""
     keys = tuple(dict.fromkeys(k.strip() for k in raw.replace("\n", ",").split(",") if k.strip()))
-    if source and not keys:
+    if source and not keys:  # e.g. an empty value from a Secret: running open by mistake is worse than not starting
         raise ValueError(f"{source} is set but holds no key; unset it to run without API keys")
     for number, key in enumerate(keys, 1):
         if not API_KEY_SYNTAX.fullmatch(key):  # the key itself is never echoed
@@ -139,9 +141,17 @@ def _api_keys(raw: str, source: str) -> tuple[str, ...]:
         if len(key) < API_KEY_MIN_LENGTH:
             raise ValueError(
                 f"{source}: key {number} of {len(keys)} is shorter than {API_KEY_MIN_LENGTH} characters; "
-                'make one with: python -c "import secrets; print(secrets.token_urlsafe(32))"'
+                'make one with: python3 -c "import secrets; print(secrets.token_urlsafe(32))"'
             )
     return keys
+
+
+def _groq_key(raw: str, source: str) -> str:
+    """One line of printable ASCII: anything else (a second line, a NUL) would break the HTTP header of
+    every call to Groq, each then failing as unreachable."""
+    if not (raw.isascii() and raw.isprintable()) or any(c.isspace() for c in raw):
+        raise ValueError(f"{source}: a Groq key is one line of printable ASCII without spaces")
+    return raw
 
 
 def _batching(backend: str) -> BatchingConfig:
@@ -191,7 +201,7 @@ def get_settings() -> Settings:
         analyze_per_minute=_positive("FASTINFER_ANALYZE_PER_MINUTE", Settings.analyze_per_minute),
         analyze_total_per_minute=_positive("FASTINFER_ANALYZE_TOTAL_PER_MINUTE", Settings.analyze_total_per_minute),
         groq=GroqConfig(
-            api_key=_secret("GROQ_API_KEY", "GROQ_API_KEY_FILE")[0],
+            api_key=_groq_key(*_secret("GROQ_API_KEY", "GROQ_API_KEY_FILE")),
             model=os.environ.get("FASTINFER_GROQ_MODEL", "").strip() or GroqConfig.model,
             base_url=(os.environ.get("FASTINFER_GROQ_BASE_URL") or os.environ.get("GROQ_BASE_URL") or "").strip()
             or None,

@@ -45,6 +45,16 @@ logger = logging.getLogger("fastinfer.http")
 
 # Probes and scrapes are never refused, timed out or counted as traffic.
 UNLIMITED_PATHS = frozenset({"/livez", "/readyz", "/healthz", "/metrics"})
+# Served without an API key (fastinfer/access.py): the probes and /metrics, the API page and the static
+# files, the dashboard's and the API page's (the only mounts under these prefixes). None takes a body.
+OPEN_PATHS = UNLIMITED_PATHS | {"/", "/docs.json", "/schema.json", "/dashboard"}
+OPEN_PREFIXES = ("/dashboard/", "/static_content/")
+
+
+def is_open(path: str) -> bool:
+    """Whether ``path`` is served without a key (Starlette routes on this same decoded path)."""
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
+
 
 # pydantic field name → our error code, so a bad backend reads as such rather than "invalid".
 _FIELD_CODES = {"backend": "unknown_backend", "top_k": "invalid_top_k", "image": "invalid_image"}
@@ -166,7 +176,7 @@ class FrontMiddleware:
             )
         finally:
             if self.access is not None:
-                self.access.settle(scope, recorder.status)
+                self.access.settle(scope)
             if path in self.route_backends and recorder.status is not None:
                 backend = state.get("fastinfer_backend") or self.route_backends[path]
                 REQUESTS.labels(route=path, backend=backend, status=str(recorder.status)).inc()
@@ -374,7 +384,8 @@ def _unwanted_body(scope: Scope) -> tuple[int, dict[str, Any]] | None:
     if chunked and b"content-length" in headers:
         return 400, error_body("bad_request", "Content-Length and Transfer-Encoding together are refused.")
     has_body = chunked or bool(length)
-    if has_body and (scope.get("method") not in BODY_METHODS or scope["path"] in UNLIMITED_PATHS):
+    # The open paths too: a caller without a key must not hold upload slots with bodies nobody reads.
+    if has_body and (scope.get("method") not in BODY_METHODS or is_open(scope["path"])):
         return 413, error_body("payload_too_large", f"{scope.get('method')} {scope['path']} takes no request body.")
     return None
 
@@ -386,9 +397,12 @@ def _unread_body(scope: Scope) -> list[tuple[bytes, bytes]]:
     """Headers for an answer given before the body was read: a small body of known length is left for
     the server to drain, so that a client still sending reads the answer rather than a reset
     connection; any other body (large, chunked) is not read: the connection closes."""
+    headers = dict(scope.get("headers", []))
     length = _content_length(scope)
-    has_body = b"transfer-encoding" in dict(scope.get("headers", [])) or bool(length)
-    return CLOSE if has_body and (length is None or length > SMALL_BODY) else []
+    has_body = b"transfer-encoding" in headers or bool(length)
+    # Expect: 100-continue: the client waits to be asked for the body; it is not asked, so close.
+    unread = length is None or length > SMALL_BODY or b"expect" in headers
+    return CLOSE if has_body and unread else []
 
 
 def _content_length(scope: Scope) -> int | None:

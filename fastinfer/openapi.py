@@ -33,7 +33,7 @@ from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from fastinfer.access import ANALYZE_ROUTE, analyze_guard, is_open
+from fastinfer.access import ANALYZE_ROUTE, analyze_guard
 from fastinfer.api_models import CacheStatsResponse, LiveStatsResponse
 from fastinfer.config import get_settings
 from fastinfer.errors import (
@@ -46,6 +46,7 @@ from fastinfer.errors import (
     UnknownBackend,
     UnsupportedMediaType,
 )
+from fastinfer.http import is_open
 from fastinfer.image_api import BATCH_FIELD, FILE_FIELDS, RAW_TYPES, ROUTES
 from fastinfer.schemas import TOP_K_MAX, BackendsResponse, BatchResponse, ErrorResponse
 

@@ -50,8 +50,8 @@ def start_server(
     """``bentoml serve TARGET`` (the source tree by default, or a built bento's tag); returns when ready."""
     port = free_port()
     # Keys exported in the shell for a real deploy do not lock the servers started here (unless ``env`` says).
-    unlocked = {"FASTINFER_API_KEYS": "", "FASTINFER_API_KEYS_FILE": ""}
-    full_env = {**os.environ, **unlocked, **({"BENTOML_HOME": str(home)} if home else {}), **(env or {})}
+    shell = {k: v for k, v in os.environ.items() if k not in ("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE")}
+    full_env = {**shell, **({"BENTOML_HOME": str(home)} if home else {}), **(env or {})}
     bentoml_cli = Path(sys.executable).parent / "bentoml"
     log.parent.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(

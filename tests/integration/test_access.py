@@ -78,6 +78,13 @@ def test_a_key_in_the_query_string_is_not_accepted(locked) -> None:
         assert locked.get(f"/backends?{name}={API_KEYS[0]}").status_code == 401
 
 
+def test_the_open_paths_take_no_body_from_anyone(locked) -> None:
+    """Else a caller without a key could hold the upload slots with 20 MB bodies nobody reads (review)."""
+    for path in ("/dashboard/x", "/dashboard/", "/", "/docs.json"):
+        r = locked.post(path, content=b"x" * 1_000_000, headers={"Content-Type": "application/octet-stream"})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large", (path, r.text[:200])
+
+
 def test_unknown_paths_and_methods_say_401_not_which_routes_exist(locked) -> None:
     for method, path in [("GET", "/admin"), ("POST", "/nothing"), ("DELETE", "/classify"), ("GET", "/classify")]:
         r = locked.request(method, path)

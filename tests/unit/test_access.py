@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fastinfer import config
-from fastinfer.access import Access, ApiKeys, Charge, RateGuard, Refusal, analyze_guard, is_open, share
-from fastinfer.http import FrontMiddleware
+from fastinfer.access import Access, ApiKeys, Charge, RateGuard, Refusal, analyze_guard, mark_spent, share
+from fastinfer.http import FrontMiddleware, is_open
 
 KEYS = ("k1-0123456789abcdef", "k2-fedcba9876543210")
 
@@ -138,6 +140,30 @@ def test_keys_come_from_the_variable_or_a_secret_file(monkeypatch, tmp_path: Pat
     assert settings_with(monkeypatch).api_keys == ()
 
 
+def test_an_empty_huge_or_binary_secret_file_stops_the_service(monkeypatch, tmp_path: Path) -> None:
+    empty, huge, binary = tmp_path / "empty", tmp_path / "huge", tmp_path / "binary"
+    empty.write_text(" \n")
+    huge.write_text("k" * 70_000)
+    binary.write_bytes(b"\xff\xfe" + b"k" * 20)
+    for name in ("FASTINFER_API_KEYS_FILE", "GROQ_API_KEY_FILE"):
+        for path, says in ((empty, "is empty; unset"), (huge, "larger than 65536"), (binary, "not UTF-8")):
+            with pytest.raises(ValueError, match=says):
+                settings_with(monkeypatch, **{name: str(path)})
+
+
+def test_a_fifo_as_secret_file_is_refused_without_blocking(monkeypatch, tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # open() would wait for a writer forever
+    with pytest.raises(ValueError, match="not a regular file"):
+        settings_with(monkeypatch, FASTINFER_API_KEYS_FILE=str(fifo))
+
+
+def test_an_empty_file_variable_means_unset(monkeypatch) -> None:
+    """Compose leaves FASTINFER_API_KEYS_FILE empty when no secret is given (compose.yaml)."""
+    settings = settings_with(monkeypatch, FASTINFER_API_KEYS_FILE="", GROQ_API_KEY_FILE="")
+    assert settings.api_keys == () and settings.groq.api_key == ""
+
+
 def test_a_byte_order_mark_is_not_part_of_a_key(monkeypatch, tmp_path: Path) -> None:
     secret = tmp_path / "api_keys"
     secret.write_bytes(b"\xef\xbb\xbf" + KEYS[0].encode() + b"\r\n")
@@ -158,9 +184,10 @@ def test_keys_are_never_printed(monkeypatch) -> None:
         ({"FASTINFER_API_KEYS": "ключ-0123456789abcdef"}, "characters a Bearer token cannot carry"),
         ({"FASTINFER_API_KEYS_FILE": "/nonexistent/keys"}, "cannot read"),
         ({"FASTINFER_API_KEYS": " , ,\n, "}, "set but holds no key"),
-        ({"FASTINFER_API_KEYS_FILE": "/dev/null"}, "is empty; unset FASTINFER_API_KEYS_FILE"),
-        ({"FASTINFER_API_KEYS_FILE": "/dev/zero"}, "larger than 65536 bytes"),  # read capped: no hang
-        ({"GROQ_API_KEY_FILE": "/dev/null"}, "is empty; unset GROQ_API_KEY_FILE"),
+        ({"FASTINFER_API_KEYS": ""}, "set but holds no key"),  # e.g. a Secret's empty value: not open
+        ({"FASTINFER_API_KEYS_FILE": "/dev/zero"}, "not a regular file"),  # a device or FIFO: no hang
+        ({"FASTINFER_API_KEYS_FILE": "/etc"}, "not a regular file"),
+        ({"GROQ_API_KEY": "gsk-one\ngsk-two"}, "one line of printable ASCII"),
         ({"FASTINFER_API_KEYS": KEYS[0], "FASTINFER_API_KEYS_FILE": "/etc/hostname"}, "not both"),
     ],
 )
@@ -261,19 +288,54 @@ def test_the_guard_applies_to_posts_on_its_route_by_client() -> None:
     assert open_access.check({**request("/analyze"), "client": ("10.0.0.8", 1)}) is None
 
 
-@pytest.mark.parametrize(
-    ("status", "refunded"),
-    [(400, True), (413, True), (429, True), (503, True), (408, True),
-     (200, False), (502, False), (504, False), (500, False), (None, False)],
-)  # fmt: skip
-def test_only_calls_that_may_have_reached_groq_are_charged(status: int | None, refunded: bool) -> None:
-    """A 400 (bad JSON), a refusal or a 503 (no Groq key) spends nothing, so junk cannot use up the allowance;
-    an answer from Groq, a Groq failure or an unknown end (the client left) is charged."""
+def test_only_calls_that_spent_are_charged() -> None:
+    """A call whose handler never said it spent (invalid, refused, cut off, no Groq key) is given back."""
     access = guarded(Clock(), keys=())
     scope = request("/analyze")
     assert access.check(scope) is None
-    access.settle(scope, status)
-    assert (access.check(request("/analyze")) is None) is refunded
+    access.settle(scope)  # not spent: refunded
+    spent = request("/analyze")
+    assert access.check(spent) is None
+    mark_spent(spent)
+    access.settle(spent)
+    assert access.check(request("/analyze")) is not None  # per client 1: the spent call counts
+
+
+def test_a_refund_then_a_refusal_does_not_break_the_guard() -> None:
+    """The review's sequence: A's refunded call, then A refused while the total is full, left A's emptied
+    entry first in line and every later call raised IndexError (the front answered 503 for good)."""
+    clock = Clock()
+    guard = RateGuard(per_client=2, total=3, clock=clock)
+    steps = [(0, "A"), (10, "B"), (20, "A"), (61, "C"), (62, "C"), (63, "A"), (71, "D"), (3600, "D")]
+    results = {}
+    for at, client in steps:
+        clock.now = 1000.0 + at
+        results[at] = guard.admit(client)
+        if at == 20:
+            guard.refund(results[at])  # e.g. answered 400: given back
+    assert not admitted(results[63])  # the total (B, C, C) is full
+    assert admitted(results[71]) and admitted(results[3600])
+
+
+def test_refunds_never_break_the_guard() -> None:
+    """Random admits, refunds and waits (review finding: a refund left an emptied client first in line, and
+    every later call raised IndexError: a 503 for good). The limits hold and memory stays bounded."""
+    rng = random.Random(7)
+    for _ in range(300):
+        clock = Clock()
+        guard = RateGuard(per_client=rng.randint(1, 3), total=rng.randint(1, 5), clock=clock)
+        held: list[Charge] = []
+        for _ in range(200):
+            clock.now += rng.choice([0.0, 0.5, 5, 20, 61])
+            if held and rng.random() < 0.3:
+                guard.refund(held.pop(rng.randrange(len(held))))
+                continue
+            result = guard.admit(rng.choice("ABCDEFG"))
+            if isinstance(result, Charge):
+                held.append(result)
+            live = [c for c in guard.calls if c > clock.now - 60]
+            assert len(live) <= guard.total
+            assert len(guard.clients) <= 2 * guard.total + 1
 
 
 # ---- in the front ----
@@ -313,6 +375,7 @@ def test_the_front_answers_401_before_reading_the_body_and_counts_it() -> None:
         ({"content_length": "2000"}, False),
         ({"content_length": "5000000"}, True),
         ({"transfer_encoding": "chunked"}, True),
+        ({"content_length": "2000", "expect": "100-continue"}, True),  # the client waits: it is not asked
     ],
 )
 def test_a_refusal_leaves_a_small_body_to_be_drained_and_closes_on_a_large_one(headers: dict, closes: bool) -> None:
@@ -335,32 +398,36 @@ def test_a_refusal_leaves_a_small_body_to_be_drained_and_closes_on_a_large_one(h
     assert ((b"connection", b"close") in sent[0]["headers"]) is closes
 
 
-def test_the_front_settles_each_guarded_call_by_its_answer() -> None:
-    """A /analyze answered 400 by the handler gives its place back; one answered 200 keeps it."""
-    statuses = iter([400, 400, 400, 200])
+def test_the_front_charges_only_calls_their_handler_spent() -> None:
+    """Three junk /analyze answered 400 and one client that leaves before its body: none spends; the
+    valid call does (its handler marks it, as service.py's analyze does before calling Groq)."""
 
     async def app(scope, receive, send) -> None:
-        await receive()
-        await send({"type": "http.response.start", "status": next(statuses), "headers": []})
+        body = (await receive())["body"]
+        if body == b"valid":
+            mark_spent(scope)
+        await send({"type": "http.response.start", "status": 200 if body == b"valid" else 400, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
-    guard = RateGuard(1, 10, "X", clock=Clock())
     front = FrontMiddleware(
         app, max_bytes=10**6, max_concurrency=4, timeout_s=1, route_backends={}, max_uploads=4, body_idle_s=1,
-        access=Access(ApiKeys(()), {"/analyze": guard}),
+        access=Access(ApiKeys(()), {"/analyze": RateGuard(1, 10, "X", clock=Clock())}),
     )  # fmt: skip
 
-    async def body() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"{}", "more_body": False}
-
-    def status() -> int:
+    def post(body: bytes | None) -> int | None:
         sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            if body is None:
+                return {"type": "http.disconnect"}
+            return {"type": "http.request", "body": body, "more_body": False}
 
         async def send(message: dict[str, Any]) -> None:
             sent.append(message)
 
-        asyncio.run(front(request("/analyze", content_length="2"), body, send))
-        return sent[0]["status"]
+        asyncio.run(front(request("/analyze", content_length=str(len(body or b"x"))), receive, send))
+        return sent[0]["status"] if sent else None
 
-    assert [status() for _ in range(4)] == [400, 400, 400, 200]  # one per client per minute, yet all reached
-    assert status() == 429  # the 200 was charged
+    assert [post(b"junk"), post(None), post(b"junk"), post(b"junk")] == [400, None, 400, 400]
+    assert post(b"valid") == 200  # one per client per minute, and still free
+    assert post(b"valid") == 429  # the valid one was charged
