@@ -226,6 +226,6 @@ def mark_spent(scope: Scope) -> None:
 
 def _peer(scope: Scope) -> str:
     """The client's address as the server reports it. uvicorn rewrites it from X-Forwarded-For when
-    the connection comes from a proxy it trusts (127.0.0.1 by default)."""
+    the connection comes from a proxy it trusts (127.0.0.1 and ::1 by default; FORWARDED_ALLOW_IPS)."""
     client = scope.get("client")
     return f"address-{client[0]}" if client else "address-unknown"

@@ -60,7 +60,7 @@ class Settings:
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # empty: no key needed (never printed)
     api_keys_from: str = ""  # the variable the keys came from (FASTINFER_API_KEYS or its _FILE), for the log
     analyze_per_minute: int = 10  # /analyze calls per client per minute (each spends Groq quota)
-    analyze_total_per_minute: int = 30  # /analyze calls per minute from all clients (Groq's free tier: 30)
+    analyze_total_per_minute: int = 30  # /analyze per minute from all clients (README)
 
     def batching_for(self, backend: str) -> BatchingConfig:
         return self.batching[backend]  # every backend has an entry (get_settings builds them all)

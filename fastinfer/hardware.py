@@ -52,7 +52,7 @@ class _Limit:
 
 
 # Where the hierarchies usually are when /proc/self/mountinfo does not say.
-_V2_FALLBACK = "/sys/fs/cgroup"
+_CGROUP_ROOT = "/sys/fs/cgroup"  # where v2 is mounted, and v1's hierarchies under it
 _V1_FALLBACKS = ("/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu")
 
 
@@ -121,7 +121,7 @@ def _mounts(text: str | None) -> tuple[tuple[str, str] | None, tuple[str, str] |
 def _usual(mounts: list[tuple[str, str]]) -> tuple[str, str] | None:
     """The mount under /sys/fs/cgroup where there are several (a host's hierarchy bind-mounted into a
     container elsewhere, e.g. /host/sys/fs/cgroup, is not this process's), else the first."""
-    usual = [m for m in mounts if m[0] == _V2_FALLBACK or m[0].startswith(_V2_FALLBACK + "/")]
+    usual = [m for m in mounts if m[0] == _CGROUP_ROOT or m[0].startswith(_CGROUP_ROOT + "/")]
     return (usual or mounts or [None])[0]
 
 
@@ -177,7 +177,7 @@ def _cgroup_limits(root: Path) -> list[_Limit]:
     v2_mount, v1_mount = _mounts(_read(proc / "mountinfo"))
     limits: list[_Limit] = []
     if v2_path is not None:
-        point, mount_root = v2_mount or (_V2_FALLBACK, "/")
+        point, mount_root = v2_mount or (_CGROUP_ROOT, "/")
         chain = _chain(_inside(root, point), mount_root, v2_path)
         limits += [limit for folder, cgroup in chain if (limit := _v2_limit(folder, cgroup))]
     if v1_path is not None:

@@ -150,7 +150,7 @@ ROUTE_ERRORS: dict[str, dict[str, tuple[str, str, str]]] = {
     ANALYZE_ROUTE: {
         "502": ("`analysis_failed`: Groq answered with an error.", "analysis_failed", "Groq answered 500."),
         "503": (
-            "`analysis_unavailable`: no Groq API key is configured (GROQ_API_KEY).",
+            "`analysis_unavailable`: no Groq API key is configured (GROQ_API_KEY or GROQ_API_KEY_FILE).",
             "analysis_unavailable",
             "AI analysis is not configured on this server.",
         ),
