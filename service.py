@@ -28,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Scope, Send
 
 from fastinfer import analysis, hardware, image_api, inventory, store
-from fastinfer.access import ANALYZE_ROUTE, Access, ApiKeys, analyze_guard, mark_spent
+from fastinfer.access import ANALYZE_ROUTE, Access, ApiKeys, analyze_guard, spend
 from fastinfer.api_inputs import AnalyzeInput, BatchInput, ClassifyInput, CompareInput, ImageInput
 from fastinfer.cache import ResponseCache, open_cache
 from fastinfer.config import get_settings
@@ -63,6 +63,9 @@ FORM_RULES = image_api.FormRules(settings.default_backend, settings.max_batch_im
     service_class=DocumentedService,  # /docs.json tells the whole API (fastinfer/openapi.py)
     workers=settings.front_workers,
     traffic={"timeout": settings.request_timeout_s + 5},
+    # BentoML's access log decodes the request's Content-Type as UTF-8 just before the response body
+    # goes out: one \xff in it cut every answer short and logged two tracebacks (review finding).
+    logging={"access": {"request_content_type": False}},
 )
 @attach  # one bentoml.depends per runner that can run here (fastinfer/backends.py is the table)
 class FastInfer:
@@ -184,7 +187,10 @@ class FastInfer:
         """Ask Groq to explain prediction results and their latency trade-offs (never the image)."""
         if settings.groq.api_key:  # the input is valid (BentoML checked it): Groq will be called
             with contextlib.suppress(LookupError):  # an in-process call has no request, and no guard
-                mark_spent(ctx.request.scope)
+                if (refusal := spend(ctx.request.scope)) is not None:
+                    ctx.response.status_code = refusal.status
+                    headers = {k.decode(): v.decode() for k, v in refusal.headers}
+                    return JSONResponse(refusal.body, status_code=refusal.status, headers=headers)
         try:
             return await analysis.analyze(results, question, settings.groq)
         except ApiError as exc:

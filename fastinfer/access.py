@@ -10,12 +10,13 @@
   says which keys exist; a key is never logged, echoed or read from a query string.
 * **The analyze guard**: at most ``FASTINFER_ANALYZE_PER_MINUTE`` calls per client and
   ``FASTINFER_ANALYZE_TOTAL_PER_MINUTE`` from all clients in any 60 s (a sliding window), else 429
-  with ``Retry-After``: a refused call never reaches Groq, and a call that did not reach it either
-  (invalid, cut off, no Groq key) is given back. The client is the API key when keys are on, else
-  the peer's address. Memory is bounded: only admitted calls are remembered, at most the total
-  within a window, so the guard holds at most about twice that many clients (refunds delay forgetting).
+  with ``Retry-After``. A call is recorded when its handler is about to call Groq (:func:`spend`),
+  so invalid, cut-off or stalled requests hold no allowance and the window counts real calls; a
+  full window is also refused at once, before the body is read. The client is the API key when keys
+  are on, else the peer's address. Memory is bounded: only recorded calls are remembered, at most
+  the total within a window, so the guard holds at most that many clients.
 
-Both run in the front (fastinfer.http.FrontMiddleware) before a byte of the body is read.
+Both are checked in the front (fastinfer.http.FrontMiddleware) before a byte of the body is read.
 """
 
 from __future__ import annotations
@@ -79,14 +80,6 @@ def _unauthorized(message: str, invalid: bool = False) -> Refusal:
     return Refusal(401, error_body("unauthorized", message), [(b"www-authenticate", challenge)])
 
 
-@dataclass(frozen=True)
-class Charge:
-    """One admitted call: whose, and when (to give it back if it never reached what it guards)."""
-
-    client: str
-    at: float
-
-
 class RateGuard:
     """At most ``per_client`` calls per client and ``total`` calls in all within any ``window_s``.
 
@@ -105,49 +98,44 @@ class RateGuard:
         self.settings = settings
         self.window_s = window_s
         self.clock = clock
-        self.calls: deque[float] = deque()  # admitted calls in the window, oldest first (at most total)
-        self.clients: OrderedDict[str, deque[float]] = OrderedDict()  # least recently admitted first
+        self.calls: deque[float] = deque()  # recorded calls in the window, oldest first (at most total)
+        self.clients: OrderedDict[str, deque[float]] = OrderedDict()  # least recently recorded first
 
-    def admit(self, client: str) -> Charge | float:
-        """Record a call and return its Charge, or return the seconds until one would be admitted."""
+    def wait(self, client: str) -> float | None:
+        """Seconds until ``client`` may call, or None if it may now (nothing is recorded)."""
         now = self.clock()
-        since = now - self.window_s
-        while self.calls and self.calls[0] <= since:
-            self.calls.popleft()
-        # Ordered by last admitted call, so a client whose last call left the window is forgotten from
-        # the front. A refund can leave a client out of order (and then forgotten a window late).
-        while self.clients:
-            first = next(iter(self.clients.values()))
-            if first and first[-1] > since:
-                break
-            self.clients.popitem(last=False)
-        mine = self.clients.get(client, deque())
-        while mine and mine[0] <= since:
-            mine.popleft()
+        mine = self._forget_before(now - self.window_s, client)
         waits = []
         if len(mine) >= self.per_client:
             waits.append(mine[0] + self.window_s - now)
         if len(self.calls) >= self.total:
             waits.append(self.calls[0] + self.window_s - now)
-        if waits:
-            if not mine:  # trimmed to nothing: nothing of it to remember
-                self.clients.pop(client, None)
-            return max(waits)
-        self.calls.append(now)
-        mine.append(now)
-        self.clients[client] = mine
-        self.clients.move_to_end(client)
-        return Charge(client, now)
+        return max(waits) if waits else None
 
-    def refund(self, charge: Charge) -> None:
-        """Forget an admitted call (it was answered without spending anything)."""
-        if charge.at in self.calls:
-            self.calls.remove(charge.at)
-        mine = self.clients.get(charge.client)
-        if mine is not None and charge.at in mine:
-            mine.remove(charge.at)
-            if not mine:
-                del self.clients[charge.client]
+    def admit(self, client: str) -> float | None:
+        """Record a call now and return None, or return the seconds until one would be admitted."""
+        wait = self.wait(client)
+        if wait is not None:
+            return wait
+        now = self.clock()
+        self.calls.append(now)
+        self.clients.setdefault(client, deque()).append(now)
+        self.clients.move_to_end(client)
+        return None
+
+    def _forget_before(self, since: float, client: str) -> deque[float]:
+        """Drop the calls that left the window; ``client``'s calls still in it."""
+        while self.calls and self.calls[0] <= since:
+            self.calls.popleft()
+        # Ordered by last recorded call: a client whose last call left the window is forgotten.
+        while self.clients and next(iter(self.clients.values()))[-1] <= since:
+            self.clients.popitem(last=False)
+        mine = self.clients.get(client, deque())
+        while mine and mine[0] <= since:
+            mine.popleft()
+        if not mine:  # an emptied entry must not stay: the loop above reads each entry's last call
+            self.clients.pop(client, None)
+        return mine
 
     def message(self, path: str, retry_s: int) -> str:
         return (
@@ -182,8 +170,9 @@ class Access:
         self.guards = dict(guards or {})  # route → its guard
 
     def check(self, scope: Scope) -> Refusal | None:
-        """None to go on, or the answer to give instead (401, or 429 from a guard). A call a guard
-        admits is noted in the scope's state, for :meth:`settle`."""
+        """None to go on, or the answer to give instead: 401, or 429 from a guard whose window is
+        already full (before the body is read). A guarded request's client is noted in the scope's
+        state: its handler records the call with :func:`spend` when it spends."""
         path = scope["path"]
         if is_open(path):
             return None
@@ -196,32 +185,32 @@ class Access:
         guard = self.guards.get(path) if scope.get("method") == "POST" else None
         if guard is None:
             return None
-        admitted = guard.admit(client or _peer(scope))
-        if isinstance(admitted, Charge):
-            scope.setdefault("state", {})[CHARGE] = (guard, admitted)
-            return None
-        retry = max(1, math.ceil(admitted))
-        body = error_body("rate_limited", guard.message(path, retry))
-        return Refusal(429, body, [(b"retry-after", str(retry).encode())])
-
-    def settle(self, scope: Scope) -> None:
-        """After the answer: a guarded call that never spent what the guard protects (its handler did
-        not call :func:`mark_spent`: refused, invalid, cut off, or the feature is off) is given back,
-        so that junk cannot use up the allowance of real calls."""
-        state = scope.get("state", {})
-        noted = state.pop(CHARGE, None)
-        if noted is not None and not state.pop(SPENT, False):
-            guard, charge = noted
-            guard.refund(charge)
+        client = client or _peer(scope)
+        wait = guard.wait(client)
+        if wait is not None:
+            return _rate_limited(guard, path, wait)
+        scope.setdefault("state", {})[GUARDED] = (guard, client, path)
+        return None
 
 
-CHARGE = "fastinfer_guard_charge"
-SPENT = "fastinfer_guard_spent"
+GUARDED = "fastinfer_guarded"
 
 
-def mark_spent(scope: Scope) -> None:
-    """Called by a guarded handler just before it spends (calls Groq): the call stays counted."""
-    scope.setdefault("state", {})[SPENT] = True
+def spend(scope: Scope) -> Refusal | None:
+    """Called by a guarded handler just before it spends (calls Groq): the call is recorded now, so a
+    request that never gets here (invalid, cut off, stalled on its body) holds no allowance, and the
+    window counts calls when they reach Groq. The refusal, if calls made meanwhile filled the window."""
+    guarded = scope.get("state", {}).pop(GUARDED, None)
+    if guarded is None:  # not through the front (an in-process call): no guard
+        return None
+    guard, client, path = guarded
+    wait = guard.admit(client)
+    return None if wait is None else _rate_limited(guard, path, wait)
+
+
+def _rate_limited(guard: RateGuard, path: str, wait: float) -> Refusal:
+    retry = max(1, math.ceil(wait))
+    return Refusal(429, error_body("rate_limited", guard.message(path, retry)), [(b"retry-after", str(retry).encode())])
 
 
 def _peer(scope: Scope) -> str:

@@ -145,6 +145,9 @@ class FrontMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            if scope["type"] == "websocket" and self.access is not None and self.access.check(scope):
+                await send({"type": "websocket.close", "code": 1008})  # before accept: refused (403)
+                return
             await self.app(scope, receive, send)
             return
         path = scope["path"]
@@ -175,8 +178,6 @@ class FrontMiddleware:
                 error_body("unavailable", "The server could not take this request now (logged); retry shortly."),
             )
         finally:
-            if self.access is not None:
-                self.access.settle(scope)
             if path in self.route_backends and recorder.status is not None:
                 backend = state.get("fastinfer_backend") or self.route_backends[path]
                 REQUESTS.labels(route=path, backend=backend, status=str(recorder.status)).inc()

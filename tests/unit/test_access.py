@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from fastinfer import config
-from fastinfer.access import Access, ApiKeys, Charge, RateGuard, Refusal, analyze_guard, mark_spent, share
+from fastinfer.access import Access, ApiKeys, RateGuard, Refusal, analyze_guard, share, spend
 from fastinfer.http import FrontMiddleware, is_open
 
 KEYS = ("k1-0123456789abcdef", "k2-fedcba9876543210")
@@ -200,8 +200,8 @@ def test_bad_keys_stop_the_service_without_echoing_them(monkeypatch, env: dict[s
 # ---- the guard ----
 
 
-def admitted(result: object) -> bool:
-    return isinstance(result, Charge)
+def admitted(result: float | None) -> bool:
+    return result is None
 
 
 def test_the_guard_limits_each_client_and_all_of_them() -> None:
@@ -227,13 +227,10 @@ def test_a_refused_call_does_not_count() -> None:
     assert admitted(guard.admit("a"))  # 60 s after its one admitted call, not after its last attempt
 
 
-def test_a_refunded_call_gives_its_place_back() -> None:
+def test_asking_records_nothing() -> None:
     guard = RateGuard(per_client=1, total=1, clock=Clock())
-    charge = guard.admit("a")
-    assert isinstance(charge, Charge) and not admitted(guard.admit("b"))
-    guard.refund(charge)
-    assert not guard.clients and not guard.calls
-    assert admitted(guard.admit("b"))
+    assert all(guard.wait("a") is None for _ in range(5)) and not guard.calls
+    assert admitted(guard.admit("a")) and guard.wait("b") is not None
 
 
 def test_the_guards_memory_is_bounded_by_its_total() -> None:
@@ -271,71 +268,84 @@ def guarded(clock: Clock, keys: tuple[str, ...] = KEYS) -> Access:
     return Access(ApiKeys(keys), {"/analyze": RateGuard(1, 10, "FASTINFER_ANALYZE_PER_MINUTE", clock=clock)})
 
 
+def checked_and_spent(access: Access, scope: dict[str, Any]) -> Refusal | None:
+    """What the front and then the handler do: check at the headers, record when spending."""
+    return access.check(scope) or spend(scope)
+
+
 def test_the_guard_applies_to_posts_on_its_route_by_client() -> None:
     clock = Clock()
     access = guarded(clock)
-    assert access.check(request("/analyze", authorization=f"Bearer {KEYS[0]}")) is None
+    assert checked_and_spent(access, request("/analyze", authorization=f"Bearer {KEYS[0]}")) is None
     refusal = access.check(request("/analyze", authorization=f"Bearer {KEYS[0]}"))
     assert refusal is not None and refusal.status == 429 and refusal.body["error"]["code"] == "rate_limited"
     assert (b"retry-after", b"60") in refusal.headers
     assert "FASTINFER_ANALYZE_PER_MINUTE" in refusal.body["error"]["message"]
-    assert access.check(request("/analyze", authorization=f"Bearer {KEYS[1]}")) is None  # another key: another client
+    other = request("/analyze", authorization=f"Bearer {KEYS[1]}")
+    assert checked_and_spent(access, other) is None  # another key: another client
     assert access.check(request("/classify", authorization=f"Bearer {KEYS[0]}")) is None  # other routes: no guard
     # Without keys the client is the peer's address.
     open_access = guarded(clock, keys=())
-    assert open_access.check(request("/analyze")) is None
+    assert checked_and_spent(open_access, request("/analyze")) is None
     assert open_access.check(request("/analyze")) is not None
     assert open_access.check({**request("/analyze"), "client": ("10.0.0.8", 1)}) is None
 
 
-def test_only_calls_that_spent_are_charged() -> None:
-    """A call whose handler never said it spent (invalid, refused, cut off, no Groq key) is given back."""
+def test_only_calls_that_spend_are_counted() -> None:
+    """A request checked but never spending (invalid, refused, cut off, stalled on its body, no Groq
+    key) holds no allowance: a client holding such requests open cannot lock others out (review)."""
     access = guarded(Clock(), keys=())
-    scope = request("/analyze")
-    assert access.check(scope) is None
-    access.settle(scope)  # not spent: refunded
-    spent = request("/analyze")
-    assert access.check(spent) is None
-    mark_spent(spent)
-    access.settle(spent)
+    for _ in range(5):
+        assert access.check(request("/analyze")) is None  # checked, never spent
+    assert checked_and_spent(access, request("/analyze")) is None
     assert access.check(request("/analyze")) is not None  # per client 1: the spent call counts
 
 
-def test_a_refund_then_a_refusal_does_not_break_the_guard() -> None:
-    """The review's sequence: A's refunded call, then A refused while the total is full, left A's emptied
-    entry first in line and every later call raised IndexError (the front answered 503 for good)."""
+def test_a_call_is_counted_when_it_spends_not_when_it_arrived() -> None:
+    """A body that takes 30 s to arrive is counted at 30 s: the window holds calls as Groq saw them, so
+    no more than the total reach Groq in any 60 s (review: slow bodies let 2x the total through)."""
     clock = Clock()
-    guard = RateGuard(per_client=2, total=3, clock=clock)
-    steps = [(0, "A"), (10, "B"), (20, "A"), (61, "C"), (62, "C"), (63, "A"), (71, "D"), (3600, "D")]
-    results = {}
-    for at, client in steps:
-        clock.now = 1000.0 + at
-        results[at] = guard.admit(client)
-        if at == 20:
-            guard.refund(results[at])  # e.g. answered 400: given back
-    assert not admitted(results[63])  # the total (B, C, C) is full
-    assert admitted(results[71]) and admitted(results[3600])
+    guard = RateGuard(per_client=5, total=5, clock=clock)
+    access = Access(ApiKeys(()), {"/analyze": guard})
+    slow = [request("/analyze") for _ in range(5)]
+    assert all(access.check(scope) is None for scope in slow)
+    clock.now += 30
+    assert all(spend(scope) is None for scope in slow)
+    assert list(guard.calls) == [1030.0] * 5
+    clock.now += 31  # 61 s after the headers, 31 s after those calls reached Groq
+    assert access.check(request("/analyze")) is not None
 
 
-def test_refunds_never_break_the_guard() -> None:
-    """Random admits, refunds and waits (review finding: a refund left an emptied client first in line, and
-    every later call raised IndexError: a 503 for good). The limits hold and memory stays bounded."""
+def test_more_spenders_than_the_window_holds_are_refused_at_spending() -> None:
+    """Checked together while the window had room; the ones past the total are refused when they spend."""
+    access = Access(ApiKeys(()), {"/analyze": RateGuard(10, 2, clock=Clock())})
+    scopes = [{**request("/analyze"), "client": (f"10.0.0.{n}", 1)} for n in range(4)]
+    assert all(access.check(scope) is None for scope in scopes)
+    results = [spend(scope) for scope in scopes]
+    assert results[:2] == [None, None]
+    assert all(r is not None and r.status == 429 for r in results[2:])
+
+
+def test_an_in_process_call_has_no_guard() -> None:
+    assert spend({"type": "http", "path": "/analyze"}) is None
+
+
+def test_the_guard_never_breaks_and_stays_bounded() -> None:
+    """Random calls, checks and waits: no exception (an emptied client entry once raised IndexError on every
+    later call), at most the total in the window, at most the total's worth of clients."""
     rng = random.Random(7)
     for _ in range(300):
         clock = Clock()
         guard = RateGuard(per_client=rng.randint(1, 3), total=rng.randint(1, 5), clock=clock)
-        held: list[Charge] = []
         for _ in range(200):
             clock.now += rng.choice([0.0, 0.5, 5, 20, 61])
-            if held and rng.random() < 0.3:
-                guard.refund(held.pop(rng.randrange(len(held))))
-                continue
-            result = guard.admit(rng.choice("ABCDEFG"))
-            if isinstance(result, Charge):
-                held.append(result)
-            live = [c for c in guard.calls if c > clock.now - 60]
-            assert len(live) <= guard.total
-            assert len(guard.clients) <= 2 * guard.total + 1
+            client = rng.choice("ABCDEFG")
+            if rng.random() < 0.3:
+                guard.wait(client)
+            else:
+                guard.admit(client)
+            assert len(guard.calls) <= guard.total and len(guard.clients) <= guard.total
+            assert all(guard.clients.values())
 
 
 # ---- in the front ----
@@ -398,15 +408,15 @@ def test_a_refusal_leaves_a_small_body_to_be_drained_and_closes_on_a_large_one(h
     assert ((b"connection", b"close") in sent[0]["headers"]) is closes
 
 
-def test_the_front_charges_only_calls_their_handler_spent() -> None:
+def test_the_front_and_the_handler_count_only_calls_that_spend() -> None:
     """Three junk /analyze answered 400 and one client that leaves before its body: none spends; the
-    valid call does (its handler marks it, as service.py's analyze does before calling Groq)."""
+    valid call does (its handler calls spend(), as service.py's analyze does before calling Groq)."""
 
     async def app(scope, receive, send) -> None:
         body = (await receive())["body"]
-        if body == b"valid":
-            mark_spent(scope)
-        await send({"type": "http.response.start", "status": 200 if body == b"valid" else 400, "headers": []})
+        refusal = spend(scope) if body == b"valid" else None
+        status = 400 if body != b"valid" else refusal.status if refusal else 200
+        await send({"type": "http.response.start", "status": status, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
     front = FrontMiddleware(
@@ -430,4 +440,26 @@ def test_the_front_charges_only_calls_their_handler_spent() -> None:
 
     assert [post(b"junk"), post(None), post(b"junk"), post(b"junk")] == [400, None, 400, 400]
     assert post(b"valid") == 200  # one per client per minute, and still free
-    assert post(b"valid") == 429  # the valid one was charged
+    assert post(b"valid") == 429  # the valid one was counted (refused at the headers)
+
+
+def test_a_websocket_without_a_key_is_refused() -> None:
+    """No WebSocket route exists today; one added later must not be open (review finding)."""
+    reached: list[str] = []
+
+    async def app(scope, receive, send) -> None:
+        reached.append(scope["path"])
+
+    front = FrontMiddleware(
+        app, max_bytes=10, max_concurrency=1, timeout_s=1, route_backends={}, max_uploads=1, body_idle_s=1,
+        access=Access(ApiKeys(KEYS)),
+    )  # fmt: skip
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(front({**request("/ws", "GET"), "type": "websocket"}, None, send))
+    assert sent == [{"type": "websocket.close", "code": 1008}] and reached == []
+    asyncio.run(front({**request("/ws", "GET", authorization=f"Bearer {KEYS[0]}"), "type": "websocket"}, None, send))
+    assert reached == ["/ws"]
