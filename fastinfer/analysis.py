@@ -15,9 +15,6 @@ from fastinfer.schemas import AnalyzeResponse
 
 logger = logging.getLogger("fastinfer.analysis")
 
-# What may be sent: the fields of a classification result, nothing else (no bytes, no paths).
-RESULT_FIELDS = ("class", "confidence", "top_k", "backend", "model", "weights", "cached", "timings_ms")
-
 SYSTEM_PROMPT = (
     "You explain the output of FastInfer, a service that classifies images with ResNet-50 on several "
     "inference backends (PyTorch, ONNX Runtime FP32, INT8, CoreML). Given JSON results, explain in at most "
@@ -39,19 +36,40 @@ class GroqTimeout(ApiError):
     status, code = 504, "analysis_timeout"
 
 
+# What may be sent: the fields of a classification result, nothing else (no bytes, no paths).
+TEXT_MAX = 100  # characters of any text field sent (labels are ~30, model tags ~40)
+STAGES = ("read", "cache", "decode", "preprocess", "inference", "total")  # timings_ms keys worth sending
+
+
 def sanitise(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Keep only result fields; top-k reduced to label and score."""
-    clean = []
-    for result in results:
-        item = {k: result[k] for k in RESULT_FIELDS if k in result}
-        if isinstance(item.get("top_k"), list):
-            item["top_k"] = [
-                {"label": str(p.get("label", ""))[:100], "score": p.get("score")}
-                for p in item["top_k"][:5]
-                if isinstance(p, dict)
-            ]
-        clean.append(item)
-    return clean
+    """Only result fields, each of its type and bounded: text cut to TEXT_MAX, numbers as numbers,
+    top-k to 5 (label, score), timings to the known stages. Each call spends Groq tokens: whatever a
+    client sends, a prompt stays a few KB (a 19 MB `class` once went through whole: review)."""
+    return [_result(r) for r in results if isinstance(r, dict)]
+
+
+def _result(result: dict[str, Any]) -> dict[str, Any]:
+    item: dict[str, Any] = {}
+    for key in ("class", "backend", "model", "weights"):
+        if isinstance(result.get(key), str):
+            item[key] = result[key][:TEXT_MAX]
+    if _number(result.get("confidence")):
+        item["confidence"] = result["confidence"]
+    if isinstance(result.get("cached"), bool):
+        item["cached"] = result["cached"]
+    if isinstance(result.get("top_k"), list):
+        item["top_k"] = [
+            {"label": str(p.get("label", ""))[:TEXT_MAX], "score": p["score"] if _number(p.get("score")) else None}
+            for p in result["top_k"][:5]
+            if isinstance(p, dict)
+        ]
+    if isinstance(result.get("timings_ms"), dict):
+        item["timings_ms"] = {k: v for k, v in result["timings_ms"].items() if k in STAGES and _number(v)}
+    return item
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def messages(results: list[dict[str, Any]], question: str) -> list[dict[str, str]]:

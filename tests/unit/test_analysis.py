@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -33,3 +34,21 @@ def test_only_result_fields_are_sent() -> None:
 
 def test_the_key_is_not_in_the_config_repr() -> None:
     assert "sekrit" not in repr(GroqConfig(api_key="sekrit"))
+
+
+def test_a_prompt_stays_small_whatever_the_results_hold() -> None:
+    """Each call spends Groq tokens: 20 results stuffed with megabytes of text (review: a 19 MB `class` went
+    to Groq whole) become a prompt of a few KB, every field of its type."""
+    huge = "lorem ipsum " * 80_000
+    stuffed = {
+        "class": huge, "backend": huge, "model": huge, "weights": huge, "confidence": huge, "cached": huge,
+        "top_k": [{"label": huge, "score": huge, "extra": huge}] * 1000,
+        "timings_ms": {**{f"stage{i}": 1.0 for i in range(10_000)}, "inference": huge, "total": 12.5},
+        "image_base64": huge,
+    }  # fmt: skip
+    prompt = json.dumps(analysis.messages([stuffed] * 20, "why?"))
+    assert len(prompt) < 40_000
+    (clean,) = analysis.sanitise([stuffed])
+    assert len(clean["class"]) == analysis.TEXT_MAX and "confidence" not in clean and "cached" not in clean
+    assert clean["timings_ms"] == {"total": 12.5} and len(clean["top_k"]) == 5
+    assert clean["top_k"][0] == {"label": huge[: analysis.TEXT_MAX], "score": None}
