@@ -30,6 +30,7 @@ from starlette.types import Scope, Send
 from fastinfer import analysis, hardware, image_api, inventory, store
 from fastinfer.access import ANALYZE_ROUTE, Access, ApiKeys, analyze_guard, spend
 from fastinfer.api_inputs import AnalyzeInput, BatchInput, ClassifyInput, CompareInput, ImageInput
+from fastinfer.api_page import ApiPage
 from fastinfer.cache import ResponseCache, open_cache
 from fastinfer.config import get_settings
 from fastinfer.cpu import CpuPool
@@ -296,3 +297,5 @@ FastInfer.add_asgi_middleware(
         {ANALYZE_ROUTE: analyze_guard(settings)},
     ),
 )
+# Inside FrontMiddleware (its limits apply): "/" is FastInfer's API page, not BentoML's.
+FastInfer.add_asgi_middleware(ApiPage)

@@ -61,6 +61,7 @@ class Settings:
     api_keys_from: str = ""  # the variable the keys came from (FASTINFER_API_KEYS or its _FILE), for the log
     analyze_per_minute: int = 10  # /analyze calls per client per minute (each spends Groq quota)
     analyze_total_per_minute: int = 30  # /analyze per minute from all clients (README)
+    contact: dict[str, str] = field(default_factory=lambda: {"name": "FastInfer"})  # the API page's contact
 
     def batching_for(self, backend: str) -> BatchingConfig:
         return self.batching[backend]  # every backend has an entry (get_settings builds them all)
@@ -154,6 +155,23 @@ def _groq_key(raw: str, source: str) -> str:
     return raw
 
 
+def _contact(raw: str) -> dict[str, str]:
+    """FASTINFER_CONTACT: who answers for this server, as the API page shows it: a URL, an e-mail
+    address, or a name (OpenAPI's ``info.contact``)."""
+    raw = raw.strip()
+    if not raw:
+        return {"name": "FastInfer"}
+    if len(raw) > 200 or not raw.isprintable():
+        raise ValueError("FASTINFER_CONTACT must be one line of at most 200 printable characters")
+    if re.fullmatch(r"https?://\S+", raw):
+        return {"name": "FastInfer", "url": raw}
+    if re.fullmatch(r"[^@\s]+@[^@\s]+\.[^@\s]+", raw):
+        return {"name": "FastInfer", "email": raw}
+    if "://" in raw or "@" in raw:
+        raise ValueError("FASTINFER_CONTACT must be an http(s) URL, an e-mail address, or a name")
+    return {"name": raw}
+
+
 def _batching(backend: str) -> BatchingConfig:
     key = backend.upper().replace("-", "_")
     on, size, latency = SPECS[backend].batching
@@ -200,6 +218,7 @@ def get_settings() -> Settings:
         api_keys_from=api_keys_from,
         analyze_per_minute=_positive("FASTINFER_ANALYZE_PER_MINUTE", Settings.analyze_per_minute),
         analyze_total_per_minute=_positive("FASTINFER_ANALYZE_TOTAL_PER_MINUTE", Settings.analyze_total_per_minute),
+        contact=_contact(os.environ.get("FASTINFER_CONTACT", "")),
         groq=GroqConfig(
             api_key=_groq_key(*_secret("GROQ_API_KEY", "GROQ_API_KEY_FILE")),
             model=os.environ.get("FASTINFER_GROQ_MODEL", "").strip() or GroqConfig.model,

@@ -50,6 +50,7 @@ class ImageRoute:
     backend: str | None
     kind: str = "one"  # one | batch | compare
     batched: bool | None = None  # force adaptive batching on or off; None: the backend's setting
+    original: bool = False  # a route of the original FastInfer API (its FastAPI release)
 
     @property
     def metric_label(self) -> str:
@@ -69,14 +70,15 @@ ROUTES: dict[str, ImageRoute] = {
     "/classify": ImageRoute(None),
     "/classify/batch": ImageRoute(None, "batch"),
     "/compare": ImageRoute("all", "compare"),
-    # The original FastInfer API's routes (its clients work unchanged): a fixed backend each.
-    "/predict": ImageRoute("pytorch"),
-    "/predict/onnx": ImageRoute("onnx"),
-    "/predict/quantized": ImageRoute("onnx-int8"),
-    "/predict/coreml": ImageRoute("coreml"),
+    # The original FastInfer API's routes (its clients work unchanged), and their OpenVINO sibling:
+    # a fixed backend each.
+    "/predict": ImageRoute("pytorch", original=True),
+    "/predict/onnx": ImageRoute("onnx", original=True),
+    "/predict/quantized": ImageRoute("onnx-int8", original=True),
+    "/predict/coreml": ImageRoute("coreml", original=True),
     "/predict/openvino": ImageRoute("openvino"),
-    "/predict/batched": ImageRoute("pytorch", batched=True),
-    "/predict/batched/coreml": ImageRoute("coreml-batched"),
+    "/predict/batched": ImageRoute("pytorch", batched=True, original=True),
+    "/predict/batched/coreml": ImageRoute("coreml-batched", original=True),
 }
 
 

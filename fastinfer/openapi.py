@@ -28,11 +28,12 @@ import bentoml
 
 # The spec's own classes: openapi_spec must return one (bento build yaml-dumps it by its type).
 from bentoml._internal.service.openapi import APP_TAG, INFRA_TAG
-from bentoml._internal.service.openapi.specification import OpenAPISpecification, PathItem, Tag
+from bentoml._internal.service.openapi.specification import Contact, OpenAPISpecification, PathItem, Tag
 from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from fastinfer import api_examples, api_page
 from fastinfer.access import ANALYZE_ROUTE, analyze_guard
 from fastinfer.api_models import CacheStatsResponse, LiveStatsResponse
 from fastinfer.config import get_settings
@@ -54,26 +55,21 @@ T = TypeVar("T")
 REF = "#/components/schemas/{model}"
 BATCH_ROUTE = next(path for path, route in ROUTES.items() if route.kind == "batch")  # POST /classify/batch
 STATUS_TAG = Tag(name="Status", description="What the service knows about itself: backends, cache, live traffic.")
+# BentoML's tags keep their names (its operations refer to them); their descriptions say what ours are.
+TAG_DESCRIPTIONS = {
+    APP_TAG.name: "Classify, compare and explain: images in, labels and per-stage timings out.",
+    INFRA_TAG.name: "Probes and Prometheus metrics (open without a key, never refused for load).",
+    STATUS_TAG.name: STATUS_TAG.description,
+}
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 # What fastinfer/image_api.py reads as a raw image body, as media types (its "image/" is a prefix).
 RAW_MEDIA_TYPES = tuple(t + "*" if t.endswith("/") else t for t in RAW_TYPES)
 
-API_NOTE = """
-## FastInfer API
-
-**Image routes** (`/classify`, `/predict…`, `/compare`) take the image in one of two forms: a
-`multipart/form-data` body with the image in the field `image` (or `file`, the original FastInfer
-API's name) and the options as form fields, or the whole image as the body with
-`Content-Type: image/*` (e.g. `image/jpeg`) and the options as query parameters
-(`?backend=onnx-int8&top_k=3`). `POST /classify/batch` classifies several images at once.
-
-**Access**: when the server sets `FASTINFER_API_KEYS`, every API needs `Authorization: Bearer <key>`
-(the Authorize button here sends it); the probes, `/metrics`, this page and the dashboard's files stay
-open. `/analyze` is limited per client and in all per minute (429 with `Retry-After`).
-
-**Errors** all have one shape, `{"error": {"code": "...", "message": "..."}}`: a machine code and a
-human message, never a stack trace. Nothing a client sends produces a 5xx.
-"""
+ORIGINAL_NOTE = (
+    "A route of the original FastInfer API (its FastAPI release), kept so that its clients work unchanged: "
+    "the field `file` is accepted, and the answer has its keys `class`, `confidence`, `latency_ms` and `model` "
+    "among FastInfer's."
+)
 
 # status → (description, example code, example message). What every typed API can answer:
 # FrontMiddleware (fastinfer/http.py) refuses, times out and reshapes errors before any handler.
@@ -235,7 +231,13 @@ def rebuild(spec: OpenAPISpecification, doc: dict[str, Any]) -> OpenAPISpecifica
     """The spec object again, from its JSON form (operations stay plain dicts, as BentoML's own do)."""
     return attrs.evolve(
         spec,
-        info=attrs.evolve(spec.info, description=doc["info"].get("description")),
+        info=attrs.evolve(
+            spec.info,
+            title=doc["info"]["title"],
+            version=doc["info"]["version"],
+            description=doc["info"].get("description"),
+            contact=Contact(**doc["info"]["contact"]) if doc["info"].get("contact") else None,
+        ),
         tags=[Tag(**tag) for tag in doc.get("tags", [])],
         paths={path: PathItem(**item) for path, item in doc["paths"].items()},
         components=doc.get("components"),
@@ -265,12 +267,13 @@ def extend_spec(doc: dict[str, Any], svc: bentoml.Service[Any]) -> dict[str, Any
         op = paths.get(api.route, {}).get("post")
         if op is None:
             continue
-        if (summary := first_sentence(op.get("description"))) is not None:
-            op.setdefault("summary", summary)
+        op.setdefault("summary", first_sentence(api.doc) or api.name)  # the docstring's, not what is added below
         errors = {**ERRORS, **ROUTE_ERRORS.get(api.route, {})}
         if api.route == ANALYZE_ROUTE:
             description, code, _ = errors["429"]
             errors["429"] = (description, code, analyze_guard(get_settings()).message(api.route, 42))
+        if (route := ROUTES.get(api.route)) is not None and route.original and ORIGINAL_NOTE not in op["description"]:
+            op["description"] = (op["description"].rstrip() + "\n\n" + ORIGINAL_NOTE).lstrip()
         fields = getattr(api.input_spec, "model_fields", {})
         if FILE_FIELDS[0] in fields:
             errors.update(IMAGE_ERRORS)
@@ -303,11 +306,40 @@ def extend_spec(doc: dict[str, Any], svc: bentoml.Service[Any]) -> dict[str, Any
         require_key(doc)
 
     if STATUS_TAG.name not in {tag["name"] for tag in doc.setdefault("tags", [])}:
-        doc["tags"].append({"name": STATUS_TAG.name, "description": STATUS_TAG.description})
-    info = doc.setdefault("info", {})
-    if API_NOTE.strip() not in (info.get("description") or ""):
-        info["description"] = (info.get("description") or "").rstrip() + "\n" + API_NOTE
+        doc["tags"].append({"name": STATUS_TAG.name})
+    for tag in doc["tags"]:
+        tag["description"] = TAG_DESCRIPTIONS.get(tag["name"], tag.get("description"))
+    add_examples(doc["paths"], bool(get_settings().api_keys))
+    # BentoML's info is its placeholder (title "fastinfer", version None, "Contact BentoML Team"): replaced.
+    doc["info"] = {**doc.get("info", {}), **api_page.info(get_settings(), svc)}
     return doc
+
+
+def add_examples(paths: dict[str, dict[str, Any]], key: bool) -> None:
+    """Every operation's example: a curl command in its description, and its answer (and request body)
+    where it speaks JSON, from fastinfer/api_examples.py. ``key``: the server needs an API key."""
+    for path, item in paths.items():
+        for method in METHODS:
+            if not isinstance(op := item.get(method), dict):
+                continue
+            route = ROUTES.get(path)
+            if path == "/dashboard/":
+                example = "Open [the dashboard](./dashboard/) in a browser."
+            else:
+                command = api_examples.curl(path, method, route is not None, key and not is_open(path))
+                example = f"```bash\n{command}\n```"
+            if example not in (description := op.get("description") or ""):
+                op["description"] = f"{description.rstrip()}\n\nExample:\n\n{example}".lstrip()
+            if path == ANALYZE_ROUTE and method == "post":
+                body = op.get("requestBody", {}).get("content", {}).get("application/json")
+                if body is not None:
+                    body["example"] = api_examples.ANALYZE_REQUEST
+            ok = op.get("responses", {}).get("200", {}).get("content", {})
+            if "application/json" in ok and (path in ROUTES or path in api_examples.ANSWERS):
+                backend = route.backend if route is not None else None
+                ok["application/json"]["example"] = api_examples.answer(path, backend)
+            elif "text/plain" in ok and path == "/metrics":
+                ok["text/plain"]["example"] = api_examples.METRICS
 
 
 def require_key(doc: dict[str, Any]) -> None:

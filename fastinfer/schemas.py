@@ -30,7 +30,7 @@ class Timings(BaseModel):
 class ClassifyResponse(BaseModel):
     model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
 
-    class_: str = Field(alias="class", description="top-1 label (the seed's key)")
+    class_: str = Field(alias="class", description="top-1 label (a key of the original FastInfer API's answers)")
     class_index: int
     confidence: float = Field(description="top-1 softmax probability")
     top_k: list[Prediction]

@@ -14,13 +14,15 @@ import sys
 from pathlib import Path
 
 import bentoml
+import httpx
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 
-from fastinfer import photos
+from fastinfer import __version__, photos
 from tests.servers import ROOT, start_server, stop_server
+from tests.spec_checks import spec_problems
 
 BENTOML = Path(sys.executable).parent / "bentoml"
 K8S_MANIFESTS = sorted((ROOT / "deploy" / "k8s").glob("*.yaml"))
@@ -82,6 +84,10 @@ def test_bento_holds_code_dashboard_models_and_a_dockerfile(bento) -> None:
     requirements = (root / "env" / "python" / "requirements.txt").read_text()
     assert "bentoml==1.4.40" in requirements and "torch==2.14.1" in requirements
     assert "openvino==2026.4.1" in requirements  # the container runs the OpenVINO backends too
+    # Its README is the API page's text (bentofile.yaml description), not BentoML's placeholder.
+    assert (root / "README.md").read_text() == (ROOT / "fastinfer" / "api_page.md").read_text()
+    assert (root / "src" / "fastinfer" / "api_page.md").is_file()  # what the served page reads
+    assert spec_problems(yaml.safe_load((root / "apis" / "openapi.yaml").read_text())) == []
 
 
 def test_the_built_bento_serves_by_tag(bento, redis_server, tmp_path) -> None:
@@ -94,6 +100,8 @@ def test_the_built_bento_serves_by_tag(bento, redis_server, tmp_path) -> None:
             for backend in ("onnx-int8", "openvino-int8"):
                 result = client.classify(image=photo, backend=backend, top_k=3)
                 assert result["backend"] == backend and len(result["top_k"]) == 3
+        spec = httpx.get(f"{srv.url}/docs.json", timeout=30).json()
+        assert spec_problems(spec) == [] and spec["info"]["version"] == f"{__version__} (bento {tag})"
     finally:
         stop_server(srv)
 

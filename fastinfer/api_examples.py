@@ -1,0 +1,235 @@
+"""Examples for the API page (/docs.json): a request and an answer per API, and its curl command.
+
+The answers were recorded from a real ``bentoml serve`` of this project (AMD EPYC, 2 cores,
+2026-12-03) and only shortened (scores rounded, lists cut). Its models had random-init weights,
+so the labels are meaningless while the timings are real; the API page says so. The /analyze text
+is written for the example: Groq cannot be reached where they were recorded.
+tests/unit/test_openapi.py validates every answer against its response model.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+BASE_URL = "http://127.0.0.1:3000"
+
+CLASSIFY: dict[str, Any] = {
+    "class": "photocopier",
+    "class_index": 713,
+    "confidence": 0.5485,
+    "top_k": [
+        {"label": "photocopier", "index": 713, "score": 0.5485},
+        {"label": "beer bottle", "index": 440, "score": 0.29},
+        {"label": "fur coat", "index": 568, "score": 0.081},
+    ],
+    "backend": "onnx-int8",
+    "model": "resnet50-onnx-int8:2f3zw3xoxoptuax4",
+    "weights": "random-init",
+    "latency_ms": 35.538,
+    "timings_ms": {"read": 0.064, "cache": 0.018, "decode": 6.201, "preprocess": 1.429, "inference": 26.875,
+                   "total": 35.538},
+    "cached": False,
+}  # fmt: skip
+
+BATCH: dict[str, Any] = {
+    "results": [
+        {
+            **CLASSIFY,
+            "confidence": 0.5115,
+            "top_k": [
+                {"label": "photocopier", "index": 713, "score": 0.5115},
+                {"label": "beer bottle", "index": 440, "score": 0.2704},
+            ],
+            "backend": "openvino-int8",
+            "model": "resnet50-openvino-int8:h7gprvxo46xtmax4",
+            "latency_ms": 71.724,
+            "timings_ms": {"read": 0.055, "cache": 0.02, "decode": 10.524, "preprocess": 2.369, "inference": 21.141,
+                           "total": 71.724},
+        },
+        {"error": {"code": "invalid_image", "message": "The body is not an image format this service can read."}},
+    ]
+}  # fmt: skip
+
+
+def _compared(backend: str, model: str, confidence: float, inference: float, total: float) -> dict[str, Any]:
+    return {
+        "class": "photocopier",
+        "class_index": 713,
+        "confidence": confidence,
+        "top_k": [{"label": "photocopier", "index": 713, "score": confidence}],
+        "backend": backend,
+        "model": model,
+        "weights": "random-init",
+        "latency_ms": total,
+        "timings_ms": {"read": 0.0, "cache": 0.0, "decode": 2.575, "preprocess": 2.377, "inference": inference,
+                       "total": total},
+        "cached": False,
+    }  # fmt: skip
+
+
+COMPARE: dict[str, Any] = {
+    "results": [
+        _compared("pytorch", "resnet50-pytorch:yocroihoxoptuax4", 0.877, 127.446, 132.399),
+        _compared("onnx", "resnet50-onnx:zebza3xoxoptuax4", 0.877, 61.825, 66.777),
+        _compared("onnx-int8", "resnet50-onnx-int8:2f3zw3xoxoptuax4", 0.931, 24.469, 29.422),
+        _compared("onnx-int8-dynamic", "resnet50-onnx-int8-dynamic:2iiwomhoxoptuax4", 0.887, 82.191, 87.143),
+        _compared("openvino", "resnet50-openvino:hzntbpho46xtmax4", 0.8688, 31.93, 36.883),
+        _compared("openvino-int8", "resnet50-openvino-int8:h7gprvxo46xtmax4", 0.9334, 19.28, 24.233),
+    ],
+    "summary": {
+        "fastest": "openvino-int8",
+        "slowest": "pytorch",
+        "all_agree_top1": True,
+        "top1": {
+            "pytorch": "photocopier",
+            "onnx": "photocopier",
+            "onnx-int8": "photocopier",
+            "onnx-int8-dynamic": "photocopier",
+            "openvino": "photocopier",
+            "openvino-int8": "photocopier",
+        },
+        "unavailable": ["coreml", "coreml-batched"],
+    },
+    "total_ms": 361.253,
+}
+
+ANALYZE_REQUEST: dict[str, Any] = {
+    "results": [CLASSIFY],
+    "question": "Is INT8 worth it on this machine?",
+}
+ANALYZE: dict[str, Any] = {
+    "text": "onnx-int8 answered in 35.5 ms, 26.9 ms of it inference, so the model dominates and decode "
+    "(6.2 ms) is a small share. Static INT8 uses the CPU's integer dot-product units: compare it with "
+    "onnx on /compare before choosing. The weights are a random init, so the label says nothing.",
+    "model": "llama-3.1-8b-instant",
+}
+
+BACKENDS: dict[str, Any] = {
+    "default": "onnx",
+    "hardware": {
+        "os": "Linux 6.18.44",
+        "machine": "x86_64",
+        "cpu": "AMD EPYC",
+        "cores": 2,
+        "cores_source": "CPU affinity (2), no cgroup CPU limit",
+        "isa": ["avx2", "avx512", "avx512_bf16", "avx512_vnni"],
+        "apple_chip": None,
+        "neural_engine": False,
+        "cuda": False,
+        "mps": False,
+    },
+    "recommended": {
+        "backend": "openvino-int8",
+        "why": "x86 integer dot-product units (VNNI/AMX): OpenVINO's static INT8 ran ~1.4× ONNX Runtime's in "
+        "process (rule)",
+    },
+    "backends": [
+        {
+            "name": "openvino",
+            "description": "OpenVINO IR of the FP32 model at the CPU's best precision (BF16 on AVX-512 BF16 / AMX)",
+            "available": True,
+            "reason": None,
+            "model": "resnet50-openvino:hzntbpho46xtmax4",
+            "models": ["resnet50-openvino:hzntbpho46xtmax4"],
+            "weights": "random-init",
+            "runs_on": {
+                "device": "CPU (AMD EPYC)",
+                "threads": 2,
+                "precision": "bf16",
+                "precision_requested": "auto",
+                "layer_precision": {"Convolution": "bf16 53/53", "FullyConnected": "bf16 1/1", "Pooling": "bf16 1/1"},
+                "fallbacks": [],
+            },
+            "batching": {"enabled": True, "max_batch_size": 8, "max_latency_ms": 0},
+        },
+        {
+            "name": "coreml",
+            "description": "CoreML FP16, batch 1 (Neural Engine / GPU / CPU)",
+            "available": False,
+            "reason": "CoreML prediction needs macOS; the models are built and stored (resnet50-coreml-b1)",
+            "model": "resnet50-coreml-b1:2svviehoxoptuax4",
+            "models": ["resnet50-coreml-b1:2svviehoxoptuax4"],
+            "weights": "random-init",
+            "runs_on": {},
+            "batching": {"enabled": False, "max_batch_size": 1, "max_latency_ms": 0},
+        },
+    ],
+}
+
+CACHE_STATS: dict[str, Any] = {
+    "mode": "redis",
+    "healthy": True,
+    "degraded": None,
+    "hits": 1,
+    "misses": 3,
+    "errors": 0,
+    "invalid": 0,
+    "bypasses": 0,
+    "hit_rate": 0.25,
+    "keys": 2,
+    "since": "2026-12-03T13:57:30Z",
+}
+
+LIVE_STATS: dict[str, Any] = {
+    "served": 9,
+    "cached": 1,
+    "since": "2026-12-03T13:57:30Z",
+    "p50_ms": {"onnx": 66.8, "onnx-int8": 32.5, "openvino": 36.9, "openvino-int8": 48.0, "pytorch": 132.4},
+    "window": 200,
+    "cache": CACHE_STATS,
+}
+
+METRICS = """\
+# TYPE fastinfer_requests_total counter
+fastinfer_requests_total{backend="onnx-int8",route="/classify",status="200"} 3.0
+fastinfer_batch_size_bucket{backend="onnx",le="1.0"} 1.0
+"""
+
+# Route → the answer its 200 carries. Routes not listed answer like /classify (one image).
+ANSWERS: dict[str, dict[str, Any]] = {
+    "/classify/batch": BATCH,
+    "/compare": COMPARE,
+    "/analyze": ANALYZE,
+    "/backends": BACKENDS,
+    "/cache/stats": CACHE_STATS,
+    "/stats/live": LIVE_STATS,
+}
+
+
+# The store tags of the models that answered the examples (the batch-1 model for CoreML).
+MODELS = {r["backend"]: r["model"] for r in COMPARE["results"]} | dict.fromkeys(
+    ("coreml", "coreml-batched"), "resnet50-coreml-b1:2svviehoxoptuax4"
+)
+
+
+def answer(route: str, backend: str | None = None) -> dict[str, Any]:
+    """The example answer of a JSON API; an image route with a fixed ``backend`` answers as /classify."""
+    if route in ANSWERS:
+        return ANSWERS[route]
+    if backend in MODELS:
+        return {**CLASSIFY, "backend": backend, "model": MODELS[backend]}
+    return CLASSIFY
+
+
+def curl(route: str, method: str, image_route: bool, key: bool) -> str:
+    """A working curl command for one operation (``key``: the server needs an API key)."""
+    auth = ' -H "Authorization: Bearer $FASTINFER_API_KEY"' if key else ""
+    url = BASE_URL + route
+    if method == "get":
+        return f"curl{auth} {url}"
+    if route == "/classify/batch":
+        return f"curl{auth} -F images=@cat.jpg -F images=@dog.jpg -F backend=openvino-int8 -F top_k=3 {url}"
+    if route == "/analyze":  # results as /classify or /compare answer them (these keys are enough)
+        body = json.dumps(
+            {"results": [{"backend": "onnx-int8", "class": "tabby", "confidence": 0.61, "latency_ms": 28.2}],
+             "question": "Is INT8 worth it?"}
+        )  # fmt: skip
+        return f"curl{auth} -H \"Content-Type: application/json\" -d '{body}' {url}"
+    if route == "/classify":
+        return f"curl{auth} -F image=@cat.jpg -F backend=onnx-int8 -F top_k=3 {url}"
+    if image_route and route.startswith("/predict"):
+        return f"curl{auth} -F file=@cat.jpg {url}"
+    if image_route:
+        return f"curl{auth} -F image=@cat.jpg -F top_k=1 {url}"
+    return f"curl{auth} -X {method.upper()} {url}"

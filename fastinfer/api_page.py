@@ -1,0 +1,109 @@
+"""The API page: what ``/`` shows about FastInfer, and the text of the spec's ``info``.
+
+BentoML fills ``info`` with its own placeholder (title ``fastinfer``, version ``None``, "This is a
+Machine Learning Service created with BentoML", its Slack and Twitter badges, "Contact BentoML
+Team"), and ``/`` serves a page titled "BentoML Prediction Service" that loads Google Tag Manager
+from the internet. Here both say FastInfer instead:
+
+* :func:`info` is the spec's title, version, contact and description: ``api_page.md`` (the same
+  file is the bento's README, bentofile.yaml ``description``) and what this server is set to.
+* :class:`ApiPage` answers ``GET /`` with Swagger UI from BentoML's own static files, titled
+  FastInfer, with nothing loaded from elsewhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import bentoml
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from fastinfer import __version__
+from fastinfer.access import analyze_guard
+from fastinfer.config import Settings
+
+TITLE = "FastInfer"
+PAGE = Path(__file__).with_name("api_page.md")  # also the bento's README (bentofile.yaml)
+
+
+def info(settings: Settings, svc: bentoml.Service[Any]) -> dict[str, Any]:
+    """The spec's ``info``: FastInfer's name, version, contact, and the API page's text."""
+    return {
+        "title": TITLE,
+        "version": version(svc),
+        "contact": dict(settings.contact),
+        "description": PAGE.read_text(encoding="utf-8").rstrip() + "\n\n" + this_server(settings, svc) + "\n",
+    }
+
+
+def version(svc: bentoml.Service[Any]) -> str:
+    """FastInfer's version, and the bento's when the service runs from a built bento."""
+    bento = getattr(svc, "bento", None)
+    return f"{__version__} (bento {bento.tag})" if bento is not None else __version__
+
+
+def this_server(settings: Settings, svc: bentoml.Service[Any]) -> str:
+    """What this server is set to, in the terms the page uses (from the settings it runs with)."""
+    guard = analyze_guard(settings)
+    keys = (
+        "required (`Authorization: Bearer <key>`)"
+        if settings.api_keys
+        else "not required: anyone who reaches this port may call every API"
+    )
+    analysis = "configured" if settings.groq.api_key else "not configured (503 `analysis_unavailable`)"
+    lines = [
+        f"- FastInfer {version(svc)}; default backend `{settings.default_backend}`.",
+        f"- API keys: {keys}.",
+        f"- Uploads up to {settings.max_bytes:,} bytes (`FASTINFER_MAX_BYTES`) and {settings.max_pixels:,} pixels "
+        f"(`FASTINFER_MAX_PIXELS`); up to {settings.max_batch_images} images per batch "
+        "(`FASTINFER_MAX_BATCH_IMAGES`).",
+        f"- `/analyze`: {analysis}; {guard.per_client} calls per client and {guard.total} in all per minute "
+        f"per front worker ({settings.front_workers}).",
+    ]
+    return "## This server\n\n" + "\n".join(lines)
+
+
+# Swagger UI from BentoML's static files; not its index.css, which hides the title (its description
+# brings its own heading).
+INDEX_HTML = f"""\
+<!DOCTYPE html>
+<html lang="en">
+  <head>
+    <meta charset="UTF-8">
+    <title>{TITLE} API</title>
+    <link rel="icon" href="data:," /><!-- no favicon request (it would need a key when keys are on) -->
+    <link rel="stylesheet" type="text/css" href="./static_content/swagger-ui.css" />
+    <style>
+      html {{ box-sizing: border-box; overflow-y: scroll; }}
+      *, *:before, *:after {{ box-sizing: inherit; }}
+      body {{ margin: 0; background: #fafafa; }}
+      .topbar {{ display: none; }}
+    </style>
+  </head>
+  <body>
+    <div id="swagger-ui"></div>
+    <script src="./static_content/swagger-ui-bundle.js" charset="UTF-8"></script>
+    <script src="./static_content/swagger-ui-standalone-preset.js" charset="UTF-8"></script>
+    <script src="./static_content/swagger-initializer.js" charset="UTF-8"></script>
+  </body>
+</html>
+""".encode()
+
+
+class ApiPage:
+    """ASGI middleware: ``GET /`` is FastInfer's API page (Swagger UI over ``/docs.json``)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/" or scope["method"] not in ("GET", "HEAD"):
+            await self.app(scope, receive, send)
+            return
+        headers = [
+            (b"content-type", b"text/html; charset=utf-8"),
+            (b"content-length", str(len(INDEX_HTML)).encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": INDEX_HTML if scope["method"] == "GET" else b""})

@@ -1,0 +1,173 @@
+"""The API page speaks FastInfer (fastinfer/api_page.py, fastinfer/api_examples.py): info, examples,
+the page at ``/``. Checked on the small service of test_openapi.py; tests/integration/test_api_page.py
+checks the real server's."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from fastinfer import __version__, api_examples, api_page
+from fastinfer.api_inputs import AnalyzeInput
+from fastinfer.api_models import CacheStatsResponse, LiveStatsResponse
+from fastinfer.backends import SPECS
+from fastinfer.config import _contact, get_settings
+from fastinfer.image_api import ROUTES
+from fastinfer.openapi import STATUS_ROUTES
+from fastinfer.schemas import AnalyzeResponse, BackendsResponse, BatchResponse, ClassifyResponse, CompareResponse
+from tests.spec_checks import spec_problems
+from tests.unit.test_openapi import SERVICE, as_json, base, spec  # noqa: F401 (fixtures)
+
+PAGE = api_page.PAGE.read_text(encoding="utf-8")
+
+
+def test_bentoml_s_own_spec_is_what_the_check_refuses(base: dict[str, Any]) -> None:  # noqa: F811
+    problems = spec_problems(base)
+    assert "title is 'tiny'" in problems and "version is 'None'" in problems
+    assert "framework placeholder 'Machine Learning Service created with BentoML'" in problems
+    assert "framework placeholder 'BentoML Team'" in problems
+    assert "POST /predict/onnx: no description" in problems  # a method without a docstring
+
+
+def test_the_spec_speaks_fastinfer(spec: dict[str, Any]) -> None:  # noqa: F811
+    info = spec["info"]
+    assert info["title"] == "FastInfer" and info["version"] == __version__
+    assert info["contact"] == {"name": "FastInfer"}
+    assert info["description"].startswith(PAGE.rstrip())
+    assert "## This server" in info["description"]
+    # The small service's methods without a docstring are the only problems left: the check bites on them.
+    # (/predict/onnx has none either, but says it is a route of the original FastInfer API.)
+    assert sorted(spec_problems(spec)) == ["POST /analyze: no description", "POST /compare: no description"]
+
+
+def test_this_server_says_how_it_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FASTINFER_API_KEYS", "k" * 20)
+    monkeypatch.setenv("FASTINFER_MAX_BATCH_IMAGES", "7")
+    monkeypatch.setenv("FASTINFER_DEFAULT_BACKEND", "openvino-int8")
+    monkeypatch.setenv("FASTINFER_CONTACT", "ops@example.org")
+    get_settings.cache_clear()
+    try:
+        info = api_page.info(get_settings(), SERVICE)
+    finally:
+        get_settings.cache_clear()
+    server = info["description"].split("## This server", 1)[1]
+    assert "API keys: required" in server and "up to 7 images" in server and "`openvino-int8`" in server
+    assert "k" * 20 not in info["description"]
+    assert info["contact"] == {"name": "FastInfer", "email": "ops@example.org"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "contact"),
+    [
+        ("", {"name": "FastInfer"}),
+        ("https://ops.example.org/fastinfer", {"name": "FastInfer", "url": "https://ops.example.org/fastinfer"}),
+        ("ops@example.org", {"name": "FastInfer", "email": "ops@example.org"}),
+        ("Platform team, #ml-serving", {"name": "Platform team, #ml-serving"}),
+    ],
+)
+def test_contact(raw: str, contact: dict[str, str]) -> None:
+    assert _contact(raw) == contact
+
+
+@pytest.mark.parametrize("raw", ["ftp://x", "a@b", "x" * 201, "two\nlines", "javascript://alert(1)"])
+def test_contact_refuses_what_it_cannot_show(raw: str) -> None:
+    with pytest.raises(ValueError, match="FASTINFER_CONTACT"):
+        _contact(raw)
+
+
+def test_the_page_names_every_backend_in_order_and_every_route() -> None:
+    table = re.findall(r"^\| `([a-z0-9-]+)` \|", PAGE, flags=re.MULTILINE)[1:]  # under the header `backend`
+    assert table == list(SPECS)
+    for route in [*ROUTES, *STATUS_ROUTES, "/analyze", "/dashboard/", "/metrics", "/livez", "/readyz"]:
+        assert f"`{route}`" in PAGE or f"`POST {route}`" in PAGE or f"`GET {route}`" in PAGE, route
+
+
+EXAMPLE_MODELS: list[tuple[str, Any, type[BaseModel]]] = [
+    ("CLASSIFY", api_examples.CLASSIFY, ClassifyResponse),
+    ("BATCH", api_examples.BATCH, BatchResponse),
+    ("COMPARE", api_examples.COMPARE, CompareResponse),
+    ("ANALYZE", api_examples.ANALYZE, AnalyzeResponse),
+    ("ANALYZE_REQUEST", api_examples.ANALYZE_REQUEST, AnalyzeInput),
+    ("BACKENDS", api_examples.BACKENDS, BackendsResponse),
+    ("CACHE_STATS", api_examples.CACHE_STATS, CacheStatsResponse),
+    ("LIVE_STATS", api_examples.LIVE_STATS, LiveStatsResponse),
+]
+
+
+@pytest.mark.parametrize(("name", "example", "model"), EXAMPLE_MODELS, ids=[e[0] for e in EXAMPLE_MODELS])
+def test_every_example_is_a_valid_answer(name: str, example: Any, model: type[BaseModel]) -> None:
+    model.model_validate(example)
+    fields = {f.alias or n for n, f in model.model_fields.items()}
+    assert set(example) <= fields, f"{name} has keys {set(example) - fields} that {model.__name__} does not"
+
+
+def test_examples_sit_where_swagger_shows_them(spec: dict[str, Any]) -> None:  # noqa: F811
+    classify = spec["paths"]["/classify"]["post"]
+    assert classify["responses"]["200"]["content"]["application/json"]["example"] == api_examples.CLASSIFY
+    assert (
+        "curl -F image=@cat.jpg -F backend=onnx-int8 -F top_k=3 http://127.0.0.1:3000/classify"
+        in (classify["description"])
+    )
+    onnx = spec["paths"]["/predict/onnx"]["post"]["responses"]["200"]["content"]["application/json"]["example"]
+    assert onnx["backend"] == "onnx" and onnx["model"].startswith("resnet50-onnx:")
+    analyze = spec["paths"]["/analyze"]["post"]
+    assert analyze["requestBody"]["content"]["application/json"]["example"] == api_examples.ANALYZE_REQUEST
+    backends = spec["paths"]["/backends"]["get"]
+    assert backends["responses"]["200"]["content"]["application/json"]["example"] == api_examples.BACKENDS
+
+
+def test_original_routes_say_what_they_are(spec: dict[str, Any]) -> None:  # noqa: F811
+    predict = spec["paths"]["/predict"]["post"]
+    assert predict["summary"] == "The original FastInfer API's route: PyTorch eager."
+    assert (
+        "original FastInfer API (its FastAPI release), kept so that its clients work unchanged"
+        in (predict["description"])
+    )
+    assert "original FastInfer API" not in spec["paths"]["/classify"]["post"]["description"]
+
+
+def test_examples_carry_the_key_when_keys_are_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FASTINFER_API_KEYS", "k" * 20)
+    get_settings.cache_clear()
+    try:
+        locked = as_json(SERVICE.openapi_spec)
+    finally:
+        get_settings.cache_clear()
+    assert "Authorization: Bearer $FASTINFER_API_KEY" in locked["paths"]["/classify"]["post"]["description"]
+    assert "Authorization" not in locked["paths"]["/livez"]["get"]["description"]  # open paths need none
+
+
+def call(method: str, path: str) -> tuple[list[dict[str, Any]], bool]:
+    """ApiPage over an app that records whether it was reached: (messages sent, reached the app)."""
+    sent: list[dict[str, Any]] = []
+    reached = []
+
+    async def app(scope, receive, send) -> None:
+        reached.append(scope["path"])
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b""}
+
+    scope = {"type": "http", "method": method, "path": path, "headers": []}
+    asyncio.run(api_page.ApiPage(app)(scope, receive, send))
+    return sent, bool(reached)
+
+
+def test_the_page_at_root_is_fastinfer_s_and_loads_nothing_from_elsewhere() -> None:
+    sent, reached = call("GET", "/")
+    assert not reached and sent[0]["status"] == 200
+    html = sent[1]["body"].decode()
+    assert "<title>FastInfer API</title>" in html
+    assert "BentoML" not in html and "googletagmanager" not in html
+    assert not re.search(r"(src|href)=\"https?://", html)
+    head, _ = call("HEAD", "/")
+    assert head[1]["body"] == b"" and dict(head[0]["headers"])[b"content-length"] == str(len(html)).encode()
+    for method, path in [("POST", "/"), ("GET", "/docs.json"), ("GET", "/classify")]:
+        assert call(method, path)[1], (method, path)  # everything else goes on to the app
