@@ -142,7 +142,7 @@ def export_onnx_int8_static(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
 
 
 def export_onnx_int8_dynamic(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
-    """The seed's dynamic INT8 (ConvInteger): weights quantized, activations at run time."""
+    """The original FastInfer API's dynamic INT8 (ConvInteger): weights quantized, activations at run time."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with quiet("onnxruntime", "root"):

@@ -1,17 +1,21 @@
 """The dashboard in a real browser: Debian's Chromium driven by Playwright (no browser download).
 
 Upload a photo, see top-5 and timings, switch backend, compare all, press Analyze against the
-fake Groq and see its text. The screenshot is written to test-artifacts/dashboard.png.
+fake Groq and see its text. The screenshot is written to test-artifacts/dashboard.png, and to
+docs/dashboard.png (README's picture) when dashboard/ changed since that was taken, or when
+FASTINFER_RETAKE_DASHBOARD_PICTURE=1 asks for it (tests/e2e/dashboard_picture.py).
 """
 
 from __future__ import annotations
 
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
 
 from fastinfer import hardware, photos
+from tests.e2e import dashboard_picture
 from tests.fake_groq import ANSWER
 from tests.servers import API_KEYS
 
@@ -88,8 +92,15 @@ def test_dashboard_end_to_end(server, fake_groq, browser, tmp_path) -> None:
     page.wait_for_function("Number(document.querySelector('#live-served')?.innerText || 0) >= 3")
 
     ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+    screenshot = page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
     page.close()
+
+    # README's picture: retaken only when the page's sources changed since it was taken (or asked for).
+    reason = dashboard_picture.retake_reason()
+    if reason is not None:
+        dashboard_picture.save(screenshot)
+        assert not dashboard_picture.is_stale()
+        warnings.warn(f"docs/dashboard.png was retaken ({reason}): it must be committed", stacklevel=1)
 
 
 def test_analyze_unavailable_is_shown(server, fake_groq, browser, tmp_path) -> None:

@@ -1,4 +1,5 @@
-"""End to end through a real ``bentoml serve``: typed APIs, seed routes, /backends, readiness, docs."""
+"""End to end through a real ``bentoml serve``: typed APIs, the original FastInfer API's routes, /backends,
+readiness, docs."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from tests.servers import NO_CACHE
 HERE = [b for b in BACKENDS if hardware.is_macos() or not b.startswith("coreml")]
 ELSEWHERE = [b for b in BACKENDS if b not in HERE]
 
-SEED_KEYS = {"class", "confidence", "latency_ms", "model"}
+# The keys the original FastInfer API answered with (its FastAPI release): its clients read them.
+ORIGINAL_KEYS = {"class", "confidence", "latency_ms", "model"}
 STAGES = {"read", "decode", "preprocess", "inference", "total"}
 
 
@@ -46,7 +48,7 @@ def test_classify_raw_multipart_every_backend(client, tmp_path) -> None:
         )
         assert r.status_code == 200, r.text
         body = r.json()
-        assert body.keys() >= SEED_KEYS
+        assert body.keys() >= ORIGINAL_KEYS
         assert body["backend"] == backend and body["model"].startswith(f"resnet50-{backend}:")
         assert body["cached"] is False
         assert set(body["timings_ms"]) == STAGES | {"cache"}
@@ -58,11 +60,11 @@ def test_classify_raw_multipart_every_backend(client, tmp_path) -> None:
         assert scores == sorted(scores, reverse=True) and 0 < scores[0] <= 1
 
 
-def test_seed_routes_agree_on_top1(client) -> None:
+def test_the_original_routes_agree_on_top1(client) -> None:
     files = {"image": ("m.jpg", photos.benchmark_photo(), "image/jpeg")}
     torch_answer = client.post("/predict", files=files, headers=NO_CACHE).json()
     onnx_answer = client.post("/predict/onnx", files=files, headers=NO_CACHE).json()
-    assert torch_answer.keys() >= SEED_KEYS and onnx_answer.keys() >= SEED_KEYS
+    assert torch_answer.keys() >= ORIGINAL_KEYS and onnx_answer.keys() >= ORIGINAL_KEYS
     assert torch_answer["backend"] == "pytorch" and onnx_answer["backend"] == "onnx"
     assert torch_answer["class"] == onnx_answer["class"]
     assert abs(torch_answer["confidence"] - onnx_answer["confidence"]) < 1e-3
@@ -100,7 +102,9 @@ def test_backends_describes_each_backend(client) -> None:
     assert placed.split()[0] in ("u8", "i8") and placed.endswith(" 53/53") and int8["fallbacks"] == [], int8
 
 
-SEED_ROUTES = {
+# The original FastInfer API's routes, kept so its clients work unchanged, and our /predict/openvino
+# beside them in the same form.
+PREDICT_ROUTES = {
     "/predict": "pytorch",
     "/predict/onnx": "onnx",
     "/predict/quantized": "onnx-int8",
@@ -111,9 +115,9 @@ SEED_ROUTES = {
 }
 
 
-def test_every_seed_route_answers_a_prediction_or_a_clear_503(client) -> None:
+def test_every_predict_route_answers_a_prediction_or_a_clear_503(client) -> None:
     files = {"image": ("m.jpg", photos.benchmark_photo(), "image/jpeg")}
-    for route, backend in SEED_ROUTES.items():
+    for route, backend in PREDICT_ROUTES.items():
         r = client.post(route, files=files)
         if backend in HERE:
             assert r.status_code == 200, (route, r.text)
@@ -129,7 +133,7 @@ def test_readiness_and_swagger(client) -> None:
     assert client.get("/livez").status_code == 200
     assert "swagger" in client.get("/").text.lower()
     spec = client.get("/docs.json").json()
-    for route in ("/classify", "/predict/openvino", *SEED_ROUTES):
+    for route in ("/classify", "/predict/openvino", *PREDICT_ROUTES):
         assert "post" in spec["paths"][route], route
     schema = spec["components"]["schemas"]
     assert any("top_k" in s.get("properties", {}) for s in schema.values())
@@ -146,7 +150,7 @@ def test_the_original_apis_curl_examples_work_unchanged(client, tmp_path) -> Non
     """`curl -F "file=@image.jpg" .../predict/coreml`, from the original FastInfer README: the field
     is `file`, and the answer carries its keys."""
     photo = photo_file(tmp_path)
-    for route, backend in SEED_ROUTES.items():
+    for route, backend in PREDICT_ROUTES.items():
         done = subprocess.run(
             ["curl", "-s", "-w", "\\n%{http_code}", "-F", f"file=@{photo}", f"{client.base_url}{route}"],
             capture_output=True,
@@ -157,7 +161,7 @@ def test_the_original_apis_curl_examples_work_unchanged(client, tmp_path) -> Non
         if backend in HERE:
             assert status == "200", (route, body)
             answer = json.loads(body)
-            assert answer.keys() >= SEED_KEYS and answer["backend"] == backend
+            assert answer.keys() >= ORIGINAL_KEYS and answer["backend"] == backend
         else:
             assert status == "503" and "needs macOS" in json.loads(body)["error"]["message"]
 
@@ -176,8 +180,8 @@ def test_a_raw_image_body_with_query_parameters(client) -> None:
     assert raw.status_code == 200 and form.status_code == 200, (raw.text, form.text)
     assert raw.json()["backend"] == "onnx-int8" and len(raw.json()["top_k"]) == 2
     assert raw.json()["top_k"] == form.json()["top_k"][:2]  # same image, same answer, whatever the form
-    seed = client.post("/predict/quantized", content=data, headers={"Content-Type": "image/jpeg"})
-    assert seed.status_code == 200 and seed.json()["backend"] == "onnx-int8"
+    original = client.post("/predict/quantized", content=data, headers={"Content-Type": "image/jpeg"})
+    assert original.status_code == 200 and original.json()["backend"] == "onnx-int8"
 
 
 def test_a_batch_is_answered_in_order_with_an_error_in_the_bad_images_slot(client) -> None:

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def reference(data: bytes) -> np.ndarray:
-    """The seed's pipeline: full decode, RGB, torchvision's IMAGENET1K_V2 resize + centre crop."""
+    """The original FastInfer API's pipeline: full decode, RGB, torchvision's IMAGENET1K_V2 resize + centre crop."""
     import io
 
     from torchvision.models import ResNet50_Weights
