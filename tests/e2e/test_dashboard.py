@@ -12,34 +12,13 @@ import shutil
 import warnings
 from pathlib import Path
 
-import pytest
-
 from fastinfer import hardware, photos
 from tests.e2e import dashboard_picture
+from tests.e2e.conftest import CHROMIUM
 from tests.fake_groq import ANSWER
 from tests.servers import API_KEYS
 
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-CHROMIUM_ARGS = [
-    "--no-sandbox",  # CI runs as root
-    "--disable-gpu",
-    "--disable-background-networking",  # this machine's network is closed: no phoning home
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (make test does)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 def test_dashboard_end_to_end(server, fake_groq, browser, tmp_path) -> None:

@@ -1,0 +1,28 @@
+"""The browser for the e2e tests: Debian's Chromium driven by Playwright (no browser download)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",  # CI runs as root
+    "--disable-gpu",
+    "--disable-background-networking",  # this machine's network is closed: no phoning home
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (make test does)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
