@@ -228,8 +228,8 @@ def curl(route: str, method: str, image_route: bool, key: bool) -> str:
         return f"curl{auth} -H \"Content-Type: application/json\" -d '{body}' {url}"
     if route == "/classify":
         return f"curl{auth} -F image=@cat.jpg -F backend=onnx-int8 -F top_k=3 {url}"
-    if image_route and route.startswith("/predict"):
-        return f"curl{auth} -F file=@cat.jpg {url}"
+    if image_route and route.startswith("/predict"):  # the original API's field; top_k as the example answer
+        return f"curl{auth} -F file=@cat.jpg -F top_k=3 {url}"
     if image_route:
         return f"curl{auth} -F image=@cat.jpg -F top_k=1 {url}"
     return f"curl{auth} -X {method.upper()} {url}"

@@ -8,15 +8,19 @@ from the internet. Here both say FastInfer instead:
 * :func:`info` is the spec's title, version, contact and description: ``api_page.md`` (the same
   file is the bento's README, bentofile.yaml ``description``) and what this server is set to.
 * :class:`ApiPage` answers ``GET /`` with Swagger UI from BentoML's own static files, titled
-  FastInfer, with nothing loaded from elsewhere.
+  FastInfer, its online validator off, and a Content-Security-Policy that keeps the page to this
+  server.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from pathlib import Path
 from typing import Any
 
 import bentoml
+from bentoml._internal.context import server_context
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fastinfer import __version__
@@ -28,13 +32,22 @@ PAGE = Path(__file__).with_name("api_page.md")  # also the bento's README (bento
 
 
 def info(settings: Settings, svc: bentoml.Service[Any]) -> dict[str, Any]:
-    """The spec's ``info``: FastInfer's name, version, contact, and the API page's text."""
+    """The spec's ``info``: FastInfer's name, version, contact, and the API page's text; in a running
+    server also what it is set to (not in ``bentoml build``'s copy: that would describe the builder)."""
+    page = PAGE.read_text(encoding="utf-8").rstrip()
+    if serving():
+        page += "\n\n" + this_server(settings, svc)
     return {
         "title": TITLE,
         "version": version(svc),
-        "contact": dict(settings.contact),
-        "description": PAGE.read_text(encoding="utf-8").rstrip() + "\n\n" + this_server(settings, svc) + "\n",
+        "contact": dict(settings.contact) or {"name": TITLE},
+        "description": page + "\n",
     }
+
+
+def serving() -> bool:
+    """Whether this process is a worker of ``bentoml serve`` (BentoML sets its worker index)."""
+    return server_context.worker_index is not None
 
 
 def version(svc: bentoml.Service[Any]) -> str:
@@ -47,7 +60,9 @@ def this_server(settings: Settings, svc: bentoml.Service[Any]) -> str:
     """What this server is set to, in the terms the page uses (from the settings it runs with)."""
     guard = analyze_guard(settings)
     keys = (
-        "required (`Authorization: Bearer <key>`)"
+        "required. Send yours as `Authorization: Bearer <key>`: the examples under each API do, from "
+        '`export FASTINFER_API_KEY=<your key>`; add `-H "Authorization: Bearer $FASTINFER_API_KEY"` to the '
+        "commands above, or press Authorize here"
         if settings.api_keys
         else "not required: anyone who reaches this port may call every API"
     )
@@ -60,10 +75,37 @@ def this_server(settings: Settings, svc: bentoml.Service[Any]) -> str:
         "(`FASTINFER_MAX_BATCH_IMAGES`).",
         f"- `/analyze`: {analysis}; {guard.per_client} calls per client and {guard.total} in all per minute "
         f"per front worker ({settings.front_workers}).",
+        f"- Contact: {contact_line(settings.contact)}.",
     ]
     return "## This server\n\n" + "\n".join(lines)
 
 
+def contact_line(contact: dict[str, str]) -> str:
+    """FASTINFER_CONTACT as a line of the page (Swagger UI shows ``info.contact`` only with a link)."""
+    if "url" in contact:
+        return f"[{contact['name']}]({contact['url']})"
+    if "email" in contact:
+        return f"{contact['name']}, [{contact['email']}](mailto:{contact['email']})"
+    if "name" in contact:
+        return contact["name"]
+    return "none set (`FASTINFER_CONTACT` names who answers for this server)"
+
+
+# Swagger UI's settings, BentoML's swagger-initializer.js but for validatorUrl: left unset, Swagger UI
+# sends the spec's address to validator.swagger.io whenever the page is not on localhost/127.0.0.1.
+INITIALIZER = """
+      window.onload = function () {
+        window.ui = SwaggerUIBundle({
+          url: "./docs.json",
+          dom_id: "#swagger-ui",
+          deepLinking: true,
+          validatorUrl: null,
+          presets: [SwaggerUIBundle.presets.apis, SwaggerUIStandalonePreset],
+          plugins: [SwaggerUIBundle.plugins.DownloadUrl],
+          layout: "StandaloneLayout",
+        });
+      };
+    """
 # Swagger UI from BentoML's static files; not its index.css, which hides the title (its description
 # brings its own heading).
 INDEX_HTML = f"""\
@@ -85,10 +127,17 @@ INDEX_HTML = f"""\
     <div id="swagger-ui"></div>
     <script src="./static_content/swagger-ui-bundle.js" charset="UTF-8"></script>
     <script src="./static_content/swagger-ui-standalone-preset.js" charset="UTF-8"></script>
-    <script src="./static_content/swagger-initializer.js" charset="UTF-8"></script>
+    <script>{INITIALIZER}</script>
   </body>
 </html>
 """.encode()
+# The browser loads nothing from elsewhere, whatever a script asks: only this server, the one inline
+# script above (by its hash), inline styles (Swagger UI sets them) and data: images (its icons).
+_SCRIPT_HASH = base64.b64encode(hashlib.sha256(INITIALIZER.encode()).digest()).decode()
+CONTENT_SECURITY_POLICY = (
+    f"default-src 'self'; script-src 'self' 'sha256-{_SCRIPT_HASH}'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; frame-ancestors 'self'; base-uri 'self'; form-action 'self'"
+)
 
 
 class ApiPage:
@@ -104,6 +153,7 @@ class ApiPage:
         headers = [
             (b"content-type", b"text/html; charset=utf-8"),
             (b"content-length", str(len(INDEX_HTML)).encode()),
+            (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": INDEX_HTML if scope["method"] == "GET" else b""})

@@ -61,7 +61,7 @@ class Settings:
     api_keys_from: str = ""  # the variable the keys came from (FASTINFER_API_KEYS or its _FILE), for the log
     analyze_per_minute: int = 10  # /analyze calls per client per minute (each spends Groq quota)
     analyze_total_per_minute: int = 30  # /analyze per minute from all clients (README)
-    contact: dict[str, str] = field(default_factory=lambda: {"name": "FastInfer"})  # the API page's contact
+    contact: dict[str, str] = field(default_factory=dict)  # FASTINFER_CONTACT for the API page ({}: not set)
 
     def batching_for(self, backend: str) -> BatchingConfig:
         return self.batching[backend]  # every backend has an entry (get_settings builds them all)
@@ -156,20 +156,24 @@ def _groq_key(raw: str, source: str) -> str:
 
 
 def _contact(raw: str) -> dict[str, str]:
-    """FASTINFER_CONTACT: who answers for this server, as the API page shows it: a URL, an e-mail
-    address, or a name (OpenAPI's ``info.contact``)."""
+    """FASTINFER_CONTACT: who answers for this server, as the API page shows it (OpenAPI's
+    ``info.contact``): an http(s) URL, an e-mail address, a name, or ``Name <URL or address>``."""
     raw = raw.strip()
     if not raw:
-        return {"name": "FastInfer"}
+        return {}
     if len(raw) > 200 or not raw.isprintable():
         raise ValueError("FASTINFER_CONTACT must be one line of at most 200 printable characters")
-    if re.fullmatch(r"https?://\S+", raw):
-        return {"name": "FastInfer", "url": raw}
-    if re.fullmatch(r"[^@\s]+@[^@\s]+\.[^@\s]+", raw):
-        return {"name": "FastInfer", "email": raw}
-    if "://" in raw or "@" in raw:
-        raise ValueError("FASTINFER_CONTACT must be an http(s) URL, an e-mail address, or a name")
-    return {"name": raw}
+    name, target = "", raw
+    if (named := re.fullmatch(r"(.*?)\s*<([^<>]*)>", raw)) is not None:
+        name, target = named.group(1).strip(), named.group(2).strip()
+    target = target.removeprefix("mailto:")
+    if re.fullmatch(r"https?://[^\s<>\"]+", target):
+        return {"name": name or target, "url": target}
+    if re.fullmatch(r"[^@\s<>\"]+@[^@\s<>\"]+\.[^@\s<>\".]+", target):
+        return {"name": name or target, "email": target}
+    if named is None and not re.search(r"://|@|[<>]", raw):
+        return {"name": raw}
+    raise ValueError("FASTINFER_CONTACT must be an http(s) URL, an e-mail address, a name, or 'Name <URL or address>'")
 
 
 def _batching(backend: str) -> BatchingConfig:

@@ -205,11 +205,20 @@ STATUS_ERRORS: dict[str, tuple[str, str, str]] = {  # FrontMiddleware's, on a GE
     "429": ERRORS["429"],
     "504": ERRORS["504"],
 }
-INFRA_SUMMARIES = {
-    "/healthz": "Liveness probe (deprecated alias of /livez)",
-    "/livez": "Liveness probe",
-    "/readyz": "Readiness probe: 200 once every runner has loaded its model and warmed up",
-    "/metrics": "Prometheus metrics: FastInfer's beside BentoML's",
+# BentoML's probes and /metrics: path → summary, description (BentoML's own speak of Kubernetes in HTML).
+INFRA_DOCS = {
+    "/healthz": ("Liveness probe (deprecated alias of /livez)", "200 while the server process is alive."),
+    "/livez": ("Liveness probe", "200 while the server process is alive; open without a key, never refused for load."),
+    "/readyz": (
+        "Readiness probe: 200 once every runner has loaded its model and warmed up",
+        "200 once every runner that can run here has loaded its model and answered a warm-up request; 503 before. "
+        "Open without a key, never refused for load.",
+    ),
+    "/metrics": (
+        "Prometheus metrics: FastInfer's beside BentoML's",
+        "Prometheus text format: `fastinfer_requests_total{route,backend,status}`, cache, batch sizes and stage "
+        "timings beside BentoML's own. Open without a key.",
+    ),
 }
 
 
@@ -268,6 +277,8 @@ def extend_spec(doc: dict[str, Any], svc: bentoml.Service[Any]) -> dict[str, Any
         if op is None:
             continue
         op.setdefault("summary", first_sentence(api.doc) or api.name)  # the docstring's, not what is added below
+        # BentoML keeps the docstring's indentation: Markdown would show an indented paragraph as code.
+        op["description"] = inspect.cleandoc(op.get("description") or "")
         errors = {**ERRORS, **ROUTE_ERRORS.get(api.route, {})}
         if api.route == ANALYZE_ROUTE:
             description, code, _ = errors["429"]
@@ -491,12 +502,14 @@ def status_operation(service: str, path: str, summary: str, description: str, mo
 
 
 def document_infra(paths: dict[str, dict[str, Any]]) -> None:
-    """Summaries for BentoML's probes and /metrics (it lists them, without what they answer)."""
-    for path, summary in INFRA_SUMMARIES.items():
+    """What BentoML's probes and /metrics answer, in FastInfer's words."""
+    for path, (summary, description) in INFRA_DOCS.items():
         op = paths.get(path, {}).get("get")
         if op is None:
             continue
         op.setdefault("summary", summary)
+        if not (op.get("description") or "").startswith(description):  # BentoML's: replaced
+            op["description"] = description
         op.setdefault("tags", [INFRA_TAG.name])
     if (metrics := paths.get("/metrics", {}).get("get")) is not None:
         metrics["responses"]["200"].setdefault(

@@ -342,7 +342,7 @@ def _fidelity(results: dict[str, Any]) -> list[str]:
 
 
 def _study_findings(study: list[dict[str, Any]]) -> list[str]:
-    """What the study says, computed from its rows (the original FastInfer API reported its batching backfiring
+    """What the study says, computed from its rows (the original FastInfer project reported its batching backfiring
     with several workers)."""
     backend = study[0]["backend"]
     by_key = {(s["front_workers"], s["runner_workers"], s["batching"]): s for s in study}
@@ -356,7 +356,7 @@ def _study_findings(study: list[dict[str, Any]]) -> list[str]:
     lines = [
         f"`{backend}` at 10 users, each configuration a fresh `bentoml serve`. Runner-side batching vs none, "
         f"same workers: {'; '.join(gains)}. With batching inside the runner (one queue per runner process, "
-        "fed by every front worker) it does not backfire with several workers, as the original FastInfer API "
+        "fed by every front worker) it does not backfire with several workers, as the original FastInfer project "
         "(its FastAPI release) reported of its own batching.",
     ]
     if base:

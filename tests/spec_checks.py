@@ -22,8 +22,20 @@ PLACEHOLDERS = (
     "BentoML Service API endpoints",
     "fastinfer:dev",
 )
-# "the seed": the team's word for the original FastInfer API; users never see it.
-INTERNAL_WORD = re.compile(r"\bthe seed\b|\bseed's\b|\bseed routes?\b", re.IGNORECASE)
+# "the seed": the team's word for the original FastInfer API; users never see it. Found: "the seed",
+# "the seed's", "seed routes", "seed keys"; not the RNG's seed: "seeded random init", "seed 0",
+# "(seed 0)", "the seed 0", "seed %d", "RANDOM_SEED", "manual_seed". Words may be apart by any
+# whitespace, or by JSON's escapes of it (\n, \t, \r as two characters: spec_problems reads json.dumps
+# of the spec, where ’ is \u2019). tests/unit/test_user_text.py uses the same regex.
+_GAP = r"(?:\s|\\[nrt])+"  # whitespace, or JSON's escape of it
+_START = r"(?:(?<=\\[nrt])|\b)"  # a word's start, also right after an escaped line break ("\nthe")
+_APOSTROPHE = r"(?:'|’|\\u2019)"
+INTERNAL_WORD = re.compile(
+    rf"{_START}the{_GAP}seed\b(?!(?:{_GAP})?(?:\d|%d|\{{|=))"
+    rf"|{_START}seed{_APOSTROPHE}s\b"
+    rf"|{_START}seed{_GAP}(?:routes?|keys?|project|api|release)\b",
+    re.IGNORECASE,
+)
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 
 

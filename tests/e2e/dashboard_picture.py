@@ -1,10 +1,23 @@
 """docs/dashboard.png, README's picture of the dashboard, and when the browser test retakes it.
 
-The picture records, in a PNG text chunk, a SHA-256 over the dashboard's sources (every file under
-dashboard/, sorted by name; name and bytes both hashed). tests/e2e/test_dashboard.py screenshots the
-page anyway; it writes that screenshot to docs/dashboard.png only when the recorded hash is not the
-sources' hash (the page changed), when the picture is missing, or when
-FASTINFER_RETAKE_DASHBOARD_PICTURE=1 asks for it, and then warns that the new picture must be committed.
+The picture records, in a PNG text chunk, a SHA-256 over the dashboard's sources: the files git tracks
+under dashboard/ (``git ls-files``), sorted by name, name and bytes both hashed, with CRLF read as LF.
+So an editor's swap file, .DS_Store, __pycache__ or a CRLF checkout does not make the picture stale; a
+NEW file in dashboard/ does not count either until it is ``git add``-ed (acceptable: the test that
+sees the page is run again before the commit that adds it). Where git is missing or dashboard/ is not
+in a git checkout (or git tracks nothing there), every file under it counts instead, except names
+starting with "." and __pycache__ directories.
+
+tests/e2e/test_dashboard.py screenshots the page anyway; what it does with README's picture is
+``decide()``'s answer:
+
+- KEEP: the recorded hash is the sources' hash (the picture is current);
+- RETAKE: the picture is stale (the sources changed, it is missing or records no hash) outside CI, or
+  FASTINFER_RETAKE_DASHBOARD_PICTURE=1 asks for it (in CI too: an explicit request); the screenshot is
+  written to docs/dashboard.png with a warning that it must be committed;
+- FAIL: the picture is stale in CI (the environment variable CI is set, not empty): a throwaway clone
+  would retake it silently, so the test fails and says how to retake it locally.
+
 No browser here: tests/unit/test_dashboard_picture.py tests this module alone.
 """
 
@@ -13,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -23,15 +37,53 @@ DASHBOARD = ROOT / "dashboard"
 PICTURE = ROOT / "docs" / "dashboard.png"
 KEY = "fastinfer-dashboard-sources"  # the PNG text chunk's keyword
 RETAKE = "FASTINFER_RETAKE_DASHBOARD_PICTURE"  # =1: retake even when the sources are unchanged
+CI = "CI"  # set, not empty: a stale picture fails the browser test instead of being retaken
+KEEP, RETAKE_IT, FAIL = "keep", "retake", "fail"  # decide()'s answers
+RETAKE_COMMAND = f"{RETAKE}=1 .venv/bin/python -m pytest tests/e2e/test_dashboard.py -k end_to_end"
+
+
+def tracked_files(directory: Path = DASHBOARD) -> list[str] | None:
+    """The files git tracks under ``directory``, relative to it (``git ls-files -z``), or None: git is
+    missing, ``directory`` is not in a git checkout, or git tracks nothing there."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--", "."],
+            cwd=directory,
+            capture_output=True,
+            check=False,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):  # no git, or no such directory
+        return None
+    if listed.returncode != 0:  # not a checkout (or one git refuses to read)
+        return None
+    names = [name for name in listed.stdout.decode("utf-8", "surrogateescape").split("\0") if name]
+    return names or None
+
+
+def all_files(directory: Path = DASHBOARD) -> list[str]:
+    """Every file under ``directory``, relative to it, except hidden names (an editor's ``.app.js.swp``,
+    ``.DS_Store``) and what is under ``__pycache__``: the sources when git cannot say which they are."""
+    names = []
+    for path in directory.rglob("*"):
+        parts = path.relative_to(directory).parts
+        if path.is_file() and not any(part.startswith(".") or part == "__pycache__" for part in parts):
+            names.append(path.relative_to(directory).as_posix())
+    return names
 
 
 def sources_hash(directory: Path = DASHBOARD) -> str:
-    """SHA-256 over every file under ``directory``, sorted by relative name; each name and its bytes are
-    hashed with their lengths, so moving bytes from one file to the next changes the hash too."""
+    """SHA-256 over the sources under ``directory`` (``tracked_files``, else ``all_files``), sorted by
+    relative name; each name and its bytes (CRLF read as LF) are hashed with their lengths, so moving
+    bytes from one file to the next changes the hash too. A tracked file deleted from the work tree is
+    left out, which changes the hash as removing it would."""
     digest = hashlib.sha256()
-    files = sorted((p for p in directory.rglob("*") if p.is_file()), key=lambda p: p.relative_to(directory).as_posix())
-    for path in files:
-        for part in (path.relative_to(directory).as_posix().encode(), path.read_bytes()):
+    names = tracked_files(directory) or all_files(directory)
+    for name in sorted(names):
+        path = directory / name
+        if not path.is_file():
+            continue
+        for part in (name.encode("utf-8", "surrogateescape"), path.read_bytes().replace(b"\r\n", b"\n")):
             digest.update(len(part).to_bytes(8, "big"))
             digest.update(part)
     return digest.hexdigest()
@@ -69,6 +121,25 @@ def retake_reason(
 def is_stale(picture: Path = PICTURE, directory: Path = DASHBOARD) -> bool:
     """Whether the picture does not show the current sources (missing, unrecorded or another hash)."""
     return retake_reason(picture, directory, env={}) is not None
+
+
+def decide(
+    picture: Path = PICTURE, directory: Path = DASHBOARD, env: Mapping[str, str] = os.environ
+) -> tuple[str, str | None]:
+    """What the browser test does with README's picture, and why: ``(KEEP, None)`` when it is current;
+    ``(RETAKE_IT, reason)`` when it is stale outside CI or FASTINFER_RETAKE_DASHBOARD_PICTURE=1 asks for
+    it (also in CI); ``(FAIL, reason)`` when it is stale in CI (CI set, not empty)."""
+    reason = retake_reason(picture, directory, env)
+    if reason is None:
+        return KEEP, None
+    if env.get(CI, "") and env.get(RETAKE, "") != "1":
+        return FAIL, reason
+    return RETAKE_IT, reason
+
+
+def stale_message(reason: str, picture: Path = PICTURE) -> str:
+    """The failure CI shows for a stale picture: why, and the command that retakes it."""
+    return f"{picture.parent.name}/{picture.name} is stale ({reason}) — run `{RETAKE_COMMAND}` locally and commit it"
 
 
 def save(screenshot: bytes, picture: Path = PICTURE, digest: str | None = None) -> None:

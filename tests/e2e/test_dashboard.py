@@ -3,7 +3,8 @@
 Upload a photo, see top-5 and timings, switch backend, compare all, press Analyze against the
 fake Groq and see its text. The screenshot is written to test-artifacts/dashboard.png, and to
 docs/dashboard.png (README's picture) when dashboard/ changed since that was taken, or when
-FASTINFER_RETAKE_DASHBOARD_PICTURE=1 asks for it (tests/e2e/dashboard_picture.py).
+FASTINFER_RETAKE_DASHBOARD_PICTURE=1 asks for it; in CI (CI set) a stale picture fails the test
+instead, unless FASTINFER_RETAKE_DASHBOARD_PICTURE=1 (tests/e2e/dashboard_picture.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import shutil
 import warnings
 from pathlib import Path
+
+import pytest
 
 from fastinfer import hardware, photos
 from tests.e2e import dashboard_picture
@@ -74,9 +77,12 @@ def test_dashboard_end_to_end(server, fake_groq, browser, tmp_path) -> None:
     screenshot = page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
     page.close()
 
-    # README's picture: retaken only when the page's sources changed since it was taken (or asked for).
-    reason = dashboard_picture.retake_reason()
-    if reason is not None:
+    # README's picture: retaken only when the page's sources changed since it was taken (or asked for);
+    # in CI a stale picture fails instead, since a throwaway clone's retake would be lost.
+    what, reason = dashboard_picture.decide()
+    if what == dashboard_picture.FAIL:
+        pytest.fail(dashboard_picture.stale_message(reason), pytrace=False)
+    if what == dashboard_picture.RETAKE_IT:
         dashboard_picture.save(screenshot)
         assert not dashboard_picture.is_stale()
         warnings.warn(f"docs/dashboard.png was retaken ({reason}): it must be committed", stacklevel=1)

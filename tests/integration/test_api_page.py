@@ -3,6 +3,7 @@ on them works as written (curl and Python, against this server)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -12,6 +13,8 @@ import httpx
 import pytest
 
 from fastinfer import __version__, hardware, photos
+from fastinfer.http import is_open
+from tests.servers import API_KEYS
 from tests.spec_checks import spec_problems
 
 BLOCK = re.compile(r"```(bash|python)\n(.*?)\n```", re.DOTALL)
@@ -34,10 +37,11 @@ def test_the_page_at_root_is_fastinfer_s(client: httpx.Client) -> None:
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "<title>FastInfer API</title>" in page.text and "googletagmanager" not in page.text
     assets = re.findall(r'(?:src|href)="\./([^"]+)"', page.text)
-    assert len(assets) == 4  # Swagger UI's css and three scripts, from BentoML's static files
+    assert len(assets) == 3  # Swagger UI's css and two scripts, from BentoML's static files
     for asset in assets:
         assert client.get("/" + asset).status_code == 200, asset
     assert client.head("/").status_code == 200
+    assert "default-src 'self'" in page.headers["content-security-policy"]  # nothing loads from elsewhere
 
 
 def examples(spec: dict) -> list[tuple[str, str, str]]:
@@ -50,30 +54,50 @@ def examples(spec: dict) -> list[tuple[str, str, str]]:
     return found
 
 
+def run(where: str, lang: str, code: str, url: str, cwd: Path, env: dict[str, str]) -> None:
+    """One example as a user would paste it, against the server at ``url``: it must work."""
+    code = code.replace(EXAMPLE_URL, url)
+    if lang == "python":
+        done = subprocess.run(
+            [sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, (where, code, done.stderr[-2000:])
+        return
+    for command in code.replace("\\\n", " ").splitlines():
+        line = command + " -s -o answer -w '%{http_code}'"
+        done = subprocess.run(["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+        status, answer = done.stdout, (cwd / "answer").read_text(errors="replace")
+        if "coreml" in command and not hardware.is_macos():
+            assert status == "503" and "needs macOS" in answer, (where, command, status, answer[:500])
+        else:
+            assert status == "200", (where, command, status, answer[:500])
+
+
+def photos_in(directory: Path) -> Path:
+    (directory / "cat.jpg").write_bytes(photos.photo_jpeg("chelsea.png"))
+    (directory / "dog.jpg").write_bytes(photos.photo_jpeg("coffee.png"))
+    return directory
+
+
 def test_every_example_works_as_written(spec: dict, server, tmp_path: Path) -> None:
-    (tmp_path / "cat.jpg").write_bytes(photos.photo_jpeg("chelsea.png"))
-    (tmp_path / "dog.jpg").write_bytes(photos.photo_jpeg("coffee.png"))
     found = examples(spec)
     paths = spec["paths"]
     operations = {f"{m.upper()} {p}" for p, item in paths.items() for m, op in item.items() if "responses" in op}
     assert {e[0] for e in found} == {"the page"} | operations - {"GET /dashboard/"}  # the dashboard's is a link
     for where, lang, code in found:
-        code = code.replace(EXAMPLE_URL, server.url)
-        if lang == "python":
-            python = [sys.executable, "-c", code]
-            done = subprocess.run(python, cwd=tmp_path, capture_output=True, text=True, timeout=120)
-            assert done.returncode == 0, (where, code, done.stderr[-2000:])
-            continue
-        for command in code.replace("\\\n", " ").splitlines():
-            done = subprocess.run(
-                ["bash", "-c", command + " -s -o answer -w '%{http_code}'"],
-                cwd=tmp_path,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            status, answer = done.stdout, (tmp_path / "answer").read_text(errors="replace")
-            if "coreml" in command and not hardware.is_macos():
-                assert status == "503" and "needs macOS" in answer, (where, command, status, answer[:500])
-            else:
-                assert status == "200", (where, command, status, answer[:500])
+        run(where, lang, code, server.url, photos_in(tmp_path), dict(os.environ))
+
+
+def test_with_keys_on_every_operation_s_example_sends_the_key(locked_server, tmp_path: Path) -> None:
+    """A server that needs a key: the examples under each API send $FASTINFER_API_KEY, as the page says."""
+    spec = httpx.get(f"{locked_server.url}/docs.json", timeout=30).json()
+    assert "export FASTINFER_API_KEY=<your key>" in spec["info"]["description"]
+    env = {**os.environ, "FASTINFER_API_KEY": API_KEYS[0]}
+    for where, lang, code in examples(spec):
+        # Not /analyze: this server allows 3 calls a minute in all, counted by tests/integration/test_access.py.
+        if where != "the page" and where != "POST /analyze":
+            assert ("$FASTINFER_API_KEY" in code) != is_open(where.split(" ", 1)[1]), where  # open paths need none
+            run(where, lang, code, locked_server.url, photos_in(tmp_path), env)
+    unkeyed = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"{locked_server.url}/backends"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert unkeyed.stdout == "401"

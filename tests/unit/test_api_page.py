@@ -5,7 +5,10 @@ checks the real server's."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,8 +40,8 @@ def test_the_spec_speaks_fastinfer(spec: dict[str, Any]) -> None:  # noqa: F811
     info = spec["info"]
     assert info["title"] == "FastInfer" and info["version"] == __version__
     assert info["contact"] == {"name": "FastInfer"}
-    assert info["description"].startswith(PAGE.rstrip())
-    assert "## This server" in info["description"]
+    # Not a running server here (as in `bentoml build`): the page, without what a server is set to.
+    assert info["description"] == PAGE.rstrip() + "\n"
     # The small service's methods without a docstring are the only problems left: the check bites on them.
     # (/predict/onnx has none either, but says it is a route of the original FastInfer API.)
     assert sorted(spec_problems(spec)) == ["POST /analyze: no description", "POST /compare: no description"]
@@ -48,32 +51,47 @@ def test_this_server_says_how_it_is_set(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("FASTINFER_API_KEYS", "k" * 20)
     monkeypatch.setenv("FASTINFER_MAX_BATCH_IMAGES", "7")
     monkeypatch.setenv("FASTINFER_DEFAULT_BACKEND", "openvino-int8")
-    monkeypatch.setenv("FASTINFER_CONTACT", "ops@example.org")
+    monkeypatch.setenv("FASTINFER_CONTACT", "Platform team <ops@example.org>")
+    monkeypatch.setattr(api_page, "serving", lambda: True)  # as in a worker of `bentoml serve`
     get_settings.cache_clear()
     try:
         info = api_page.info(get_settings(), SERVICE)
     finally:
         get_settings.cache_clear()
+    assert info["description"].startswith(PAGE.rstrip())
     server = info["description"].split("## This server", 1)[1]
-    assert "API keys: required" in server and "up to 7 images" in server and "`openvino-int8`" in server
+    assert "API keys: required" in server and "export FASTINFER_API_KEY=<your key>" in server
+    assert "up to 7 images" in server and "`openvino-int8`" in server
+    assert "Contact: Platform team, [ops@example.org](mailto:ops@example.org)." in server
     assert "k" * 20 not in info["description"]
-    assert info["contact"] == {"name": "FastInfer", "email": "ops@example.org"}
+    assert info["contact"] == {"name": "Platform team", "email": "ops@example.org"}
+
+
+def test_without_a_contact_the_page_says_how_to_name_one() -> None:
+    assert "FASTINFER_CONTACT" in api_page.contact_line({})
+    assert api_page.contact_line({"name": "Ops", "url": "https://ops.example.org"}) == "[Ops](https://ops.example.org)"
 
 
 @pytest.mark.parametrize(
     ("raw", "contact"),
     [
-        ("", {"name": "FastInfer"}),
-        ("https://ops.example.org/fastinfer", {"name": "FastInfer", "url": "https://ops.example.org/fastinfer"}),
-        ("ops@example.org", {"name": "FastInfer", "email": "ops@example.org"}),
-        ("Platform team, #ml-serving", {"name": "Platform team, #ml-serving"}),
+        ("", {}),
+        ("https://ops.example.org/a", {"name": "https://ops.example.org/a", "url": "https://ops.example.org/a"}),
+        ("ops@example.org", {"name": "ops@example.org", "email": "ops@example.org"}),
+        ("mailto:ops@example.org", {"name": "ops@example.org", "email": "ops@example.org"}),
+        ("Platform team <ops@example.org>", {"name": "Platform team", "email": "ops@example.org"}),
+        ("Ops <https://ops.example.org>", {"name": "Ops", "url": "https://ops.example.org"}),
+        ("Platform team, #ml-serving ☃", {"name": "Platform team, #ml-serving ☃"}),
     ],
 )
 def test_contact(raw: str, contact: dict[str, str]) -> None:
     assert _contact(raw) == contact
 
 
-@pytest.mark.parametrize("raw", ["ftp://x", "a@b", "x" * 201, "two\nlines", "javascript://alert(1)"])
+@pytest.mark.parametrize(
+    "raw",
+    ["ftp://x", "a@b", "x" * 201, "two\nlines", "javascript://alert(1)", "Ops <>", "<script>", 'https://x.org/"><b>'],
+)
 def test_contact_refuses_what_it_cannot_show(raw: str) -> None:
     with pytest.raises(ValueError, match="FASTINFER_CONTACT"):
         _contact(raw)
@@ -167,7 +185,38 @@ def test_the_page_at_root_is_fastinfer_s_and_loads_nothing_from_elsewhere() -> N
     assert "<title>FastInfer API</title>" in html
     assert "BentoML" not in html and "googletagmanager" not in html
     assert not re.search(r"(src|href)=\"https?://", html)
+    # Swagger UI would send the spec's address to its validator from any host but localhost.
+    assert "validatorUrl: null" in html and "swagger-initializer.js" not in html
+    (script,) = re.findall(r"<script>(.*?)</script>", html, flags=re.DOTALL)  # the one inline script
+    digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+    policy = dict(sent[0]["headers"])[b"content-security-policy"].decode()
+    assert f"script-src 'self' 'sha256-{digest}'" in policy and "default-src 'self'" in policy
     head, _ = call("HEAD", "/")
     assert head[1]["body"] == b"" and dict(head[0]["headers"])[b"content-length"] == str(len(html)).encode()
     for method, path in [("POST", "/"), ("GET", "/docs.json"), ("GET", "/classify")]:
         assert call(method, path)[1], (method, path)  # everything else goes on to the app
+
+
+def documented_codes() -> set[str]:
+    """Every error code the server answers with: its error classes, the front's, the documented ones."""
+    import fastinfer.analysis  # noqa: F401 (its errors)
+    from fastinfer import errors, http, openapi
+
+    def subclasses(cls: type) -> list[type]:
+        return [cls, *(s for sub in cls.__subclasses__() for s in subclasses(sub))]
+
+    codes = {cls.code for cls in subclasses(errors.ApiError)}
+    codes |= set(http._STATUS_CODES.values()) | set(http._FIELD_CODES.values())
+    tables = [openapi.ERRORS, openapi.IMAGE_ERRORS, openapi.STATUS_ERRORS, *openapi.ROUTE_ERRORS.values()]
+    codes |= {code for table in tables for _, code, _ in table.values()} | {openapi.UNAUTHORIZED[1]}
+    root = Path(__file__).resolve().parents[2]
+    for path in [*(root / "fastinfer").glob("*.py"), root / "service.py"]:
+        codes |= set(re.findall(r'(?:code=|error_body\()\s*"([a-z_]+)"', path.read_text()))
+    return codes
+
+
+def test_the_page_lists_every_error_code() -> None:
+    codes = documented_codes()
+    assert {"invalid_request", "unauthorized", "rate_limited", "analysis_failed", "request_timeout"} <= codes
+    missing = sorted(code for code in codes if f"`{code}`" not in PAGE)
+    assert missing == [], f"api_page.md does not list {missing}"
