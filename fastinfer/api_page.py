@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -82,12 +83,13 @@ def this_server(settings: Settings, svc: bentoml.Service[Any]) -> str:
 
 def contact_line(contact: dict[str, str]) -> str:
     """FASTINFER_CONTACT as a line of the page (Swagger UI shows ``info.contact`` only with a link)."""
+    name = re.sub(r"([\\`*_\[\]<>])", r"\\\1", contact.get("name", ""))  # shown as written, not as Markdown
     if "url" in contact:
-        return f"[{contact['name']}]({contact['url']})"
+        return f"[{name}](<{contact['url']}>)"
     if "email" in contact:
-        return f"{contact['name']}, [{contact['email']}](mailto:{contact['email']})"
-    if "name" in contact:
-        return contact["name"]
+        return f"{name}, [{contact['email']}](<mailto:{contact['email']}>)"
+    if name:
+        return name
     return "none set (`FASTINFER_CONTACT` names who answers for this server)"
 
 

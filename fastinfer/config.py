@@ -155,21 +155,27 @@ def _groq_key(raw: str, source: str) -> str:
     return raw
 
 
+CONTACT_URL = re.compile(r"https?://[^\s<>\"]+", re.IGNORECASE)
+CONTACT_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
+
+
 def _contact(raw: str) -> dict[str, str]:
     """FASTINFER_CONTACT: who answers for this server, as the API page shows it (OpenAPI's
-    ``info.contact``): an http(s) URL, an e-mail address, a name, or ``Name <URL or address>``."""
+    ``info.contact``): an http(s) URL, an e-mail address, a name, or ``Name <URL or address>``.
+    A name holds no angle brackets: the page is Markdown, and Swagger UI renders HTML in it."""
     raw = raw.strip()
     if not raw:
         return {}
     if len(raw) > 200 or not raw.isprintable():
         raise ValueError("FASTINFER_CONTACT must be one line of at most 200 printable characters")
     name, target = "", raw
-    if (named := re.fullmatch(r"(.*?)\s*<([^<>]*)>", raw)) is not None:
+    if (named := re.fullmatch(r"([^<>]*?)\s*<([^<>]*)>", raw)) is not None:
         name, target = named.group(1).strip(), named.group(2).strip()
-    target = target.removeprefix("mailto:")
-    if re.fullmatch(r"https?://[^\s<>\"]+", target):
+    if target[:7].lower() == "mailto:":
+        target = target[7:]
+    if CONTACT_URL.fullmatch(target):
         return {"name": name or target, "url": target}
-    if re.fullmatch(r"[^@\s<>\"]+@[^@\s<>\"]+\.[^@\s<>\".]+", target):
+    if CONTACT_EMAIL.fullmatch(target):
         return {"name": name or target, "email": target}
     if named is None and not re.search(r"://|@|[<>]", raw):
         return {"name": raw}

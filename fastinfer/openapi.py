@@ -207,11 +207,14 @@ STATUS_ERRORS: dict[str, tuple[str, str, str]] = {  # FrontMiddleware's, on a GE
 }
 # BentoML's probes and /metrics: path → summary, description (BentoML's own speak of Kubernetes in HTML).
 INFRA_DOCS = {
-    "/healthz": ("Liveness probe (deprecated alias of /livez)", "200 while the server process is alive."),
+    "/healthz": (
+        "Liveness probe (deprecated alias of /livez)",
+        "200 while the server process is alive; open without a key, never refused for load.",
+    ),
     "/livez": ("Liveness probe", "200 while the server process is alive; open without a key, never refused for load."),
     "/readyz": (
         "Readiness probe: 200 once every runner has loaded its model and warmed up",
-        "200 once every runner that can run here has loaded its model and answered a warm-up request; 503 before. "
+        "200 once every runner that can run here has loaded its model and run a warm-up inference; 503 before. "
         "Open without a key, never refused for load.",
     ),
     "/metrics": (

@@ -128,11 +128,11 @@ def decide(
 ) -> tuple[str, str | None]:
     """What the browser test does with README's picture, and why: ``(KEEP, None)`` when it is current;
     ``(RETAKE_IT, reason)`` when it is stale outside CI or FASTINFER_RETAKE_DASHBOARD_PICTURE=1 asks for
-    it (also in CI); ``(FAIL, reason)`` when it is stale in CI (CI set, not empty)."""
+    it (also in CI); ``(FAIL, reason)`` when it is stale in CI (CI set, and not empty, 0 or false)."""
     reason = retake_reason(picture, directory, env)
     if reason is None:
         return KEEP, None
-    if env.get(CI, "") and env.get(RETAKE, "") != "1":
+    if env.get(CI, "").strip().lower() not in ("", "0", "false") and env.get(RETAKE, "") != "1":
         return FAIL, reason
     return RETAKE_IT, reason
 

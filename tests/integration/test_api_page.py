@@ -98,6 +98,4 @@ def test_with_keys_on_every_operation_s_example_sends_the_key(locked_server, tmp
         if where != "the page" and where != "POST /analyze":
             assert ("$FASTINFER_API_KEY" in code) != is_open(where.split(" ", 1)[1]), where  # open paths need none
             run(where, lang, code, locked_server.url, photos_in(tmp_path), env)
-    unkeyed = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"{locked_server.url}/backends"],
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert unkeyed.stdout == "401"
+    assert httpx.get(f"{locked_server.url}/backends", timeout=60).status_code == 401  # the key is what let them in

@@ -62,14 +62,26 @@ def test_this_server_says_how_it_is_set(monkeypatch: pytest.MonkeyPatch) -> None
     server = info["description"].split("## This server", 1)[1]
     assert "API keys: required" in server and "export FASTINFER_API_KEY=<your key>" in server
     assert "up to 7 images" in server and "`openvino-int8`" in server
-    assert "Contact: Platform team, [ops@example.org](mailto:ops@example.org)." in server
+    assert "Contact: Platform team, [ops@example.org](<mailto:ops@example.org>)." in server
     assert "k" * 20 not in info["description"]
     assert info["contact"] == {"name": "Platform team", "email": "ops@example.org"}
 
 
-def test_without_a_contact_the_page_says_how_to_name_one() -> None:
-    assert "FASTINFER_CONTACT" in api_page.contact_line({})
-    assert api_page.contact_line({"name": "Ops", "url": "https://ops.example.org"}) == "[Ops](https://ops.example.org)"
+def test_the_contact_line() -> None:
+    assert "FASTINFER_CONTACT" in api_page.contact_line({})  # none set: says how to name one
+    url = {"name": "Ops", "url": "https://ops.example.org/a_(b)"}
+    assert api_page.contact_line(url) == "[Ops](<https://ops.example.org/a_(b)>)"
+    assert api_page.contact_line({"name": "Team_*x* [y]"}) == r"Team\_\*x\* \[y\]"  # shown as written
+
+
+def test_serving_is_a_worker_of_bentoml_serve(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BentoML sets the worker index in every worker it starts (_bentoml_impl/worker/service.py),
+    never in `bentoml build` or here: only a server's page says what the server is set to."""
+    from bentoml._internal.context import server_context
+
+    assert not api_page.serving() and "## This server" not in api_page.info(get_settings(), SERVICE)["description"]
+    monkeypatch.setattr(server_context, "worker_index", 1)
+    assert api_page.serving() and "## This server" in api_page.info(get_settings(), SERVICE)["description"]
 
 
 @pytest.mark.parametrize(
@@ -77,8 +89,10 @@ def test_without_a_contact_the_page_says_how_to_name_one() -> None:
     [
         ("", {}),
         ("https://ops.example.org/a", {"name": "https://ops.example.org/a", "url": "https://ops.example.org/a"}),
+        ("HTTPS://OPS.EXAMPLE.ORG", {"name": "HTTPS://OPS.EXAMPLE.ORG", "url": "HTTPS://OPS.EXAMPLE.ORG"}),
         ("ops@example.org", {"name": "ops@example.org", "email": "ops@example.org"}),
         ("mailto:ops@example.org", {"name": "ops@example.org", "email": "ops@example.org"}),
+        ("MAILTO:ops@example.org", {"name": "ops@example.org", "email": "ops@example.org"}),
         ("Platform team <ops@example.org>", {"name": "Platform team", "email": "ops@example.org"}),
         ("Ops <https://ops.example.org>", {"name": "Ops", "url": "https://ops.example.org"}),
         ("Platform team, #ml-serving ☃", {"name": "Platform team, #ml-serving ☃"}),
@@ -90,7 +104,21 @@ def test_contact(raw: str, contact: dict[str, str]) -> None:
 
 @pytest.mark.parametrize(
     "raw",
-    ["ftp://x", "a@b", "x" * 201, "two\nlines", "javascript://alert(1)", "Ops <>", "<script>", 'https://x.org/"><b>'],
+    [
+        *(
+            "ftp://x",
+            "a@b",
+            "x" * 201,
+            "two\nlines",
+            "javascript://alert(1)",
+            "Ops <>",
+            "<script>",
+            'https://x.org/"><b>',
+        ),
+        # A name with markup, before a valid address: the page is Markdown that Swagger UI renders as HTML.
+        *("<script>alert(1)</script> <o@x.io>", "a <b> <c@d.ef>", "<img src=https://e.example/x.png> <o@x.io>"),
+        *("x@y.z?subject=hi", "user:pw@host.com", "ops@x.org)"),
+    ],
 )
 def test_contact_refuses_what_it_cannot_show(raw: str) -> None:
     with pytest.raises(ValueError, match="FASTINFER_CONTACT"):

@@ -203,6 +203,7 @@ def test_what_the_browser_test_does_with_the_picture(tmp_path) -> None:
     what, reason = decide()
     assert what == dp.RETAKE_IT and "dashboard/ changed" in reason
     assert decide(CI="") == (dp.RETAKE_IT, reason)  # CI set but empty: not CI
+    assert decide(CI="false") == decide(CI="0") == (dp.RETAKE_IT, reason)  # said off: not CI
     assert decide(CI="1") == (dp.FAIL, reason)
     assert decide(CI="true", **{dp.RETAKE: "0"}) == (dp.FAIL, reason)
     assert decide(CI="1", **{dp.RETAKE: "1"}) == (dp.RETAKE_IT, f"{dp.RETAKE}=1")
