@@ -30,12 +30,13 @@ from fastinfer.config import Settings
 
 TITLE = "FastInfer"
 PAGE = Path(__file__).with_name("api_page.md")  # also the bento's README (bentofile.yaml)
+PAGE_TEXT = PAGE.read_text(encoding="utf-8").rstrip()  # read once: /docs.json is built per request
 
 
 def info(settings: Settings, svc: bentoml.Service[Any]) -> dict[str, Any]:
     """The spec's ``info``: FastInfer's name, version, contact, and the API page's text; in a running
     server also what it is set to (not in ``bentoml build``'s copy: that would describe the builder)."""
-    page = PAGE.read_text(encoding="utf-8").rstrip()
+    page = PAGE_TEXT
     if serving():
         page += "\n\n" + this_server(settings, svc)
     return {
