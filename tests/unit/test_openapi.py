@@ -331,3 +331,21 @@ def test_openapi30() -> None:
     assert openapi30({"anyOf": [{"type": "integer"}, {"type": "string"}]}) == {
         "anyOf": [{"type": "integer"}, {"type": "string"}]
     }
+
+
+def test_the_spec_is_built_once_not_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/docs.json is open without a key: building the spec (~40 ms) on every request let an unauthenticated
+    flood hold the event loop. It is built again only when what it depends on changes (the settings)."""
+    import fastinfer.openapi as openapi
+
+    built = []
+    monkeypatch.setattr(openapi, "extend_spec", lambda doc, svc: built.append(svc) or extend_spec(doc, svc))
+    monkeypatch.setattr(openapi, "_BUILT", {})
+    first = SERVICE.openapi_spec
+    assert SERVICE.openapi_spec is first and len(built) == 1
+    monkeypatch.setenv("FASTINFER_MAX_BATCH_IMAGES", "7")
+    get_settings.cache_clear()
+    try:
+        assert SERVICE.openapi_spec is not first and len(built) == 2
+    finally:
+        get_settings.cache_clear()
