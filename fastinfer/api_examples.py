@@ -2,7 +2,7 @@
 
 The answers were recorded from a real ``bentoml serve`` of this project (AMD EPYC, 2 cores,
 2026-12-03) and only shortened (scores rounded, lists cut). Its models had random-init weights,
-so the labels are meaningless while the timings are real; the API page says so. The /analyze text
+so the labels are meaningless while the timings are real; the API page says so (api_page.md). The /analyze text
 is written for the example: Groq cannot be reached where they were recorded.
 tests/unit/test_openapi.py validates every answer against its response model.
 """

@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fastinfer import __version__
 from fastinfer.access import analyze_guard
+from fastinfer.backends import unavailable_reason
 from fastinfer.config import Settings
 
 TITLE = "FastInfer"
@@ -69,14 +70,20 @@ def this_server(settings: Settings, svc: bentoml.Service[Any]) -> str:
         else "not required: anyone who reaches this port may call every API"
     )
     analysis = "configured" if settings.groq.api_key else "not configured (503 `analysis_unavailable`)"
+    default = f"default backend `{settings.default_backend}`"
+    if (why := unavailable_reason(settings.default_backend)) is not None:  # requests without `backend` get 503
+        default += f", which cannot run here: {why}"
+    workers = settings.front_workers
+    in_all = f"{guard.total} in all per minute" + (
+        f" per front worker ({workers} workers: up to {guard.total * workers} in all)" if workers > 1 else ""
+    )
     lines = [
-        f"- FastInfer {version(svc)}; default backend `{settings.default_backend}`.",
+        f"- FastInfer {version(svc)}; {default}.",
         f"- API keys: {keys}.",
         f"- Uploads up to {settings.max_bytes:,} bytes (`FASTINFER_MAX_BYTES`) and {settings.max_pixels:,} pixels "
         f"(`FASTINFER_MAX_PIXELS`); up to {settings.max_batch_images} images per batch "
         "(`FASTINFER_MAX_BATCH_IMAGES`).",
-        f"- `/analyze`: {analysis}; {guard.per_client} calls per client and {guard.total} in all per minute "
-        f"per front worker ({settings.front_workers}).",
+        f"- `/analyze`: {analysis}; {guard.per_client} calls per client and {in_all}.",
         f"- Contact: {contact_line(settings.contact)}.",
     ]
     return "## This server\n\n" + "\n".join(lines)

@@ -95,7 +95,7 @@ def recorded_hash(picture: Path = PICTURE) -> str | None:
         with Image.open(picture) as image:
             image.load()  # text chunks after the image data are read with it
             text = getattr(image, "text", {})
-    except (OSError, SyntaxError, ValueError):  # missing, unreadable or not an image
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):  # missing, unreadable, not an image
         return None
     value = text.get(KEY)
     return value if isinstance(value, str) and value else None

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from fastinfer import __version__, api_examples, api_page
+from fastinfer import __version__, api_examples, api_page, hardware
 from fastinfer.api_inputs import AnalyzeInput
 from fastinfer.api_models import CacheStatsResponse, LiveStatsResponse
 from fastinfer.backends import SPECS
@@ -248,3 +248,20 @@ def test_the_page_lists_every_error_code() -> None:
     assert {"invalid_request", "unauthorized", "rate_limited", "analysis_failed", "request_timeout"} <= codes
     missing = sorted(code for code in codes if f"`{code}`" not in PAGE)
     assert missing == [], f"api_page.md does not list {missing}"
+
+
+def test_this_server_says_when_its_default_cannot_run_and_the_analyze_total_of_all_workers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FASTINFER_DEFAULT_BACKEND", "coreml")
+    monkeypatch.setenv("FASTINFER_FRONT_WORKERS", "4")
+    monkeypatch.setenv("FASTINFER_ANALYZE_TOTAL_PER_MINUTE", "1")
+    get_settings.cache_clear()
+    try:
+        server = api_page.this_server(get_settings(), SERVICE)
+    finally:
+        get_settings.cache_clear()
+    if not hardware.is_macos():
+        assert "default backend `coreml`, which cannot run here: CoreML prediction needs macOS" in server
+    # Each worker counts alone (fastinfer/access.py share): at least 1 each, so 4 in all, not the 1 asked.
+    assert "1 in all per minute per front worker (4 workers: up to 4 in all)" in server

@@ -9,6 +9,7 @@ import io
 import re
 import shutil
 import subprocess
+import zlib
 from pathlib import Path
 
 import pytest
@@ -226,3 +227,16 @@ def test_the_committed_picture_records_the_sources_it_shows() -> None:
     """docs/dashboard.png is in the repository with its hash; whether that is today's dashboard/ is the
     browser test's business (it retakes the picture and warns, or fails in CI; not here)."""
     assert dp.recorded_hash() is not None, "docs/dashboard.png is missing or records no hash: run the browser test"
+
+
+def test_a_picture_claiming_absurd_dimensions_is_unreadable_not_a_crash(tmp_path) -> None:
+    """Pillow refuses a PNG whose header claims 100000×100000 pixels (DecompressionBombError, not an
+    OSError): the picture then records no hash, and in CI that fails the test with its message."""
+    directory, picture = a_dashboard(tmp_path), tmp_path / "dashboard.png"
+    dp.save(a_screenshot()[0], picture, digest=dp.sources_hash(directory))
+    data = bytearray(picture.read_bytes())
+    data[16:24] = (100_000).to_bytes(4, "big") * 2  # IHDR's width and height, then its CRC again
+    data[29:33] = zlib.crc32(bytes(data[12:29])).to_bytes(4, "big")
+    picture.write_bytes(bytes(data))
+    assert dp.recorded_hash(picture) is None
+    assert dp.decide(picture, directory, env={"CI": "1"}) == (dp.FAIL, "dashboard.png records no hash of dashboard/")
