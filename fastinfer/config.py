@@ -11,6 +11,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 from functools import lru_cache
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from fastinfer.backends import BACKENDS, SPECS
 from fastinfer.engines.openvino import PRECISIONS as OPENVINO_PRECISIONS  # without importing openvino
@@ -48,13 +49,21 @@ class Settings:
     max_concurrency: int = 64
     max_uploads: int = 128  # bodies arriving at once (no handling slot while they arrive); 2 × max_concurrency
     body_idle_s: int = 10  # a body that stalls this long gets 408
+    # Per front worker, below the ASGI app (fastinfer/connections.py): before a request's headers are in.
+    keepalive_s: int = 5  # a connection with no request closes after this long without a byte
+    header_timeout_s: int = 10  # a request's line and headers must arrive within this of its first byte (408)
+    max_header_bytes: int = 32 * 1024  # request line + headers (431)
+    max_headers: int = 100  # header fields (431)
+    max_connections: int = 1000  # open connections; beyond it the longest-idle closes, or 503 if none is idle
+    min_free_disk_mb: int = 16  # less free under BENTOML_HOME: /readyz answers 503 (0: only when writes fail)
     max_batch_images: int = 32  # images in one POST /classify/batch
     batching: dict[str, BatchingConfig] = field(default_factory=dict)
     cache: str = "auto"  # redis | memory | off | auto
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)  # may carry a password
     cache_ttl_s: int = 86400
     cache_timeout_ms: int = 50
     cache_max_entries: int = 10000
+    cache_hmac_key: str = field(default="", repr=False)  # signs cache entries; empty: unsigned (never printed)
     groq: GroqConfig = field(default_factory=GroqConfig)
     openvino_precision: str = "auto"  # auto = the CPU's best (bf16 where it has BF16 units), or bf16 | f32
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # empty: no key needed (never printed)
@@ -82,6 +91,13 @@ def _positive(name: str, default: int) -> int:
     value = _int(name, default)
     if value < 1:
         raise ValueError(f"{name} must be at least 1, got {value}")
+    return value
+
+
+def _non_negative(name: str, default: int) -> int:
+    value = _int(name, default)
+    if value < 0:
+        raise ValueError(f"{name} must be 0 or more, got {value}")
     return value
 
 
@@ -155,6 +171,32 @@ def _groq_key(raw: str, source: str) -> str:
     return raw
 
 
+def _redis_url(url: str) -> str:
+    """REDIS_URL, with the password from FASTINFER_REDIS_PASSWORD (or its _FILE: a Kubernetes or
+    Compose secret) put in, percent-encoded, so that any character may be in it."""
+    password, source = _secret("FASTINFER_REDIS_PASSWORD", "FASTINFER_REDIS_PASSWORD_FILE")
+    if not password:
+        return url
+    parts = urlsplit(url)
+    if parts.password is not None or "password=" in parts.query:
+        raise ValueError(f"REDIS_URL holds a password and {source} is set: give it in one place")
+    user = parts.netloc.rpartition("@")[0]  # a username stays (already encoded)
+    netloc = f"{user}:{quote(password, safe='')}@{parts.netloc.rpartition('@')[2]}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+CACHE_HMAC_KEY_MIN_LENGTH = 32  # anyone who can read Redis holds (key, entry, MAC) triples: a short key is guessed
+
+
+def _cache_hmac_key(raw: str, source: str) -> str:
+    if raw and len(raw) < CACHE_HMAC_KEY_MIN_LENGTH:  # the key itself is never echoed
+        raise ValueError(
+            f"{source} is shorter than {CACHE_HMAC_KEY_MIN_LENGTH} characters; "
+            'make one with: python3 -c "import secrets; print(secrets.token_urlsafe(32))"'
+        )
+    return raw
+
+
 CONTACT_URL = re.compile(r"https?://[^\s<>\"]+", re.IGNORECASE)
 CONTACT_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
 
@@ -205,6 +247,7 @@ def get_settings() -> Settings:
         raise ValueError(f"FASTINFER_OPENVINO_PRECISION must be one of {', '.join(OPENVINO_PRECISIONS)}")
     max_concurrency = _positive("FASTINFER_MAX_CONCURRENCY", Settings.max_concurrency)
     api_keys, api_keys_from = _secret("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE")
+    cache_hmac = _secret("FASTINFER_CACHE_HMAC_KEY", "FASTINFER_CACHE_HMAC_KEY_FILE")
     return Settings(
         default_backend=default_backend,
         max_bytes=_positive("FASTINFER_MAX_BYTES", Settings.max_bytes),
@@ -216,13 +259,20 @@ def get_settings() -> Settings:
         max_concurrency=max_concurrency,
         max_uploads=_positive("FASTINFER_MAX_UPLOADS", 2 * max_concurrency),
         body_idle_s=_positive("FASTINFER_BODY_IDLE_S", Settings.body_idle_s),
+        keepalive_s=_positive("FASTINFER_KEEPALIVE_S", Settings.keepalive_s),
+        header_timeout_s=_positive("FASTINFER_HEADER_TIMEOUT_S", Settings.header_timeout_s),
+        max_header_bytes=_positive("FASTINFER_MAX_HEADER_BYTES", Settings.max_header_bytes),
+        max_headers=_positive("FASTINFER_MAX_HEADERS", Settings.max_headers),
+        max_connections=_positive("FASTINFER_MAX_CONNECTIONS", Settings.max_connections),
+        min_free_disk_mb=_non_negative("FASTINFER_MIN_FREE_DISK_MB", Settings.min_free_disk_mb),
         max_batch_images=_positive("FASTINFER_MAX_BATCH_IMAGES", Settings.max_batch_images),
         batching={name: _batching(name) for name in BACKENDS},
         cache=os.environ.get("FASTINFER_CACHE", "auto").strip().lower() or "auto",
-        redis_url=os.environ.get("REDIS_URL", "").strip() or Settings.redis_url,
+        redis_url=_redis_url(os.environ.get("REDIS_URL", "").strip() or Settings.redis_url),
         cache_ttl_s=_int("FASTINFER_CACHE_TTL", Settings.cache_ttl_s),
         cache_timeout_ms=_int("FASTINFER_CACHE_TIMEOUT_MS", Settings.cache_timeout_ms),
         cache_max_entries=_int("FASTINFER_CACHE_MAX_ENTRIES", Settings.cache_max_entries),
+        cache_hmac_key=_cache_hmac_key(*cache_hmac),
         openvino_precision=openvino_precision,
         api_keys=_api_keys(api_keys, api_keys_from),
         api_keys_from=api_keys_from,

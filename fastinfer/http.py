@@ -14,6 +14,9 @@
 * Access (fastinfer/access.py): API keys (401) and the /analyze guard (429) are checked before a
   byte of the body is read.
 * Every answered API request is counted in ``fastinfer_requests_total{route,backend,status}``.
+* ``/readyz`` answers 503 with the reason while ``degraded`` has one (a full disk: fastinfer/disk.py).
+  Idle connections, header size and count and the number of connections are bounded below this
+  middleware, in the HTTP protocol (fastinfer/connections.py): they are over before a scope exists.
 * The image routes (``lanes``) are answered here from the body in memory (fastinfer/image_api.py),
   without a temporary file and without BentoML's per-request machinery; everything else goes on to
   the app with the body replayed.
@@ -27,14 +30,17 @@ went there): at most ``max_concurrency`` of them, each within ``max_bytes``.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from tempfile import TemporaryFile
 from typing import IO, TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from fastinfer import deadlines
 from fastinfer.errors import error_body
 from fastinfer.metrics import REQUESTS
 
@@ -129,9 +135,11 @@ class FrontMiddleware:
         body_idle_s: float,
         lanes: Mapping[str, Lane] | None = None,
         access: Access | None = None,
+        degraded: Callable[[], str | None] | None = None,
     ) -> None:
         self.app = app
         self.access = access
+        self.degraded = degraded  # why the server cannot be ready now (a full disk), or None: /readyz 503
         self.lanes = dict(lanes or {})  # POST route → its handler over the body in memory
         self.max_bytes = max_bytes
         self.max_concurrency = max_concurrency
@@ -142,6 +150,7 @@ class FrontMiddleware:
         self.in_flight = 0  # requests being handled (their body is in)
         self.uploading = 0  # requests whose body is still arriving
         self.memory = _MemoryBudget(MEMORY_FOR_BODIES)
+        self.disk_full_logged = -DISK_FULL_LOG_S
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -155,6 +164,9 @@ class FrontMiddleware:
         if refused is not None:  # on every route, probes included: the server would read it all
             await send_json(send, *refused, CLOSE)
             return
+        if path == "/readyz" and self.degraded is not None and (reason := self.degraded()) is not None:
+            await send_json(send, 503, error_body("degraded", f"Not ready: {reason}."))
+            return
         if path in UNLIMITED_PATHS:
             await self.app(scope, receive, _ErrorRewriter(send))
             return
@@ -166,17 +178,18 @@ class FrontMiddleware:
                 await send_json(recorder, refusal.status, refusal.body, [*refusal.headers, *_unread_body(scope)])
                 return
             await self._admit(scope, receive, recorder)
-        except Exception:
+        except Exception as exc:
             if recorder.status is not None:  # already answering: nothing else can be said
                 raise
             # E.g. no space left to spool a body. Unanswered, BentoML's outer timeout would give a
             # plain-text 500 only after timeout_s + 5 s.
-            logger.exception("front: failed before answering %s", path)
-            await send_json(
-                recorder,
-                503,
-                error_body("unavailable", "The server could not take this request now (logged); retry shortly."),
-            )
+            if _disk_full(exc):  # said once per episode (fastinfer/disk.py logs it too), not per request
+                self._log_disk_full(path, exc)
+                message = "The server's disk is full and this request needs it (logged); retry later."
+            else:
+                logger.exception("front: failed before answering %s", path)
+                message = "The server could not take this request now (logged); retry shortly."
+            await send_json(recorder, 503, error_body("unavailable", message))
         finally:
             if path in self.route_backends and recorder.status is not None:
                 backend = state.get("fastinfer_backend") or self.route_backends[path]
@@ -261,8 +274,10 @@ class FrontMiddleware:
 
     async def _handle(self, app: ASGIApp, scope: Scope, receive: Receive, send: _Recorder, deadline: float) -> None:
         gate = _Gate(send)
+        remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+        deadlines.set_within(remaining)  # the handler's task inherits it: runners drop work answered 504
         task = asyncio.ensure_future(app(scope, receive, _ErrorRewriter(gate)))
-        done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - asyncio.get_running_loop().time()))
+        done, _ = await asyncio.wait({task}, timeout=remaining)
         if task in done:
             task.result()
             return
@@ -279,6 +294,12 @@ class FrontMiddleware:
             504,
             error_body("timeout", f"The request did not finish within {self.timeout_s:g} s (FASTINFER_TIMEOUT_S)."),
         )
+
+    def _log_disk_full(self, path: str, exc: BaseException) -> None:
+        now = time.monotonic()
+        if now - self.disk_full_logged >= DISK_FULL_LOG_S:
+            self.disk_full_logged = now
+            logger.error("front: %s answered 503: no space left on the disk (%s); said once a minute", path, exc)
 
     def _overloaded(self) -> dict[str, Any]:
         return error_body(
@@ -300,6 +321,13 @@ class FrontMiddleware:
             f"The request body stalled for {self.body_idle_s:g} s or did not arrive within "
             f"{self.timeout_s:g} s (FASTINFER_BODY_IDLE_S, FASTINFER_TIMEOUT_S).",
         )
+
+
+DISK_FULL_LOG_S = 60.0
+
+
+def _disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 class _Recorder:

@@ -1,0 +1,452 @@
+"""The front's connections, bounded before a request reaches any ASGI code.
+
+BentoML 1.4.40's worker (``_bentoml_impl/worker/service.py``) builds its own ``uvicorn.Config`` with
+``http="auto"`` — uvicorn's httptools protocol — and exposes none of these limits (only
+``bentoml serve --timeout-keep-alive``). Out of the box that protocol:
+
+* arms its keep-alive timer only after a response, so a connection that never sends a byte, or
+  that sends one byte of its next request and then nothing, stays open for ever;
+* limits neither the size nor the number of request headers (llhttp has no limit, and httptools
+  joins a header's pieces by repeated concatenation: 640 KB header blocks cost the event loop
+  enough to slow every other request ~7x);
+* counts connections only to answer 503 once a request's headers are in (``limit_concurrency``).
+
+FastInfer's API keys and limits (fastinfer/http.py) are read after the headers, too late for any of
+it. So :func:`install_front_protocol` points uvicorn's ``"auto"`` HTTP protocol at :class:`FrontProtocol`, a
+subclass of uvicorn's httptools protocol that adds, per front worker:
+
+* idle connections closed: no byte within ``keepalive_s`` after connecting or after a response;
+* a request's headers must all arrive within ``header_timeout_s`` of its first byte (else 408);
+* at most ``max_header_bytes`` of request line and headers and ``max_headers`` header fields (431);
+* at most ``max_connections`` open connections: a new one beyond it closes the longest-idle
+  connection (none of them has a request being handled) or, when every one is busy, is answered
+  503 and closed;
+* every answer given here is in the project's JSON error shape and closes the connection, and
+  what happened is counted (``fastinfer_connection_events_total``) and logged, at most once per
+  ``LOG_INTERVAL_S``.
+
+The protocol is chosen when uvicorn loads its config, after the service module is imported, so
+installing at import (service.py) is in time; the runners, which import the same service module,
+keep uvicorn's protocol unchanged (their only client is the front).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import resource
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import httptools
+from prometheus_client import Counter
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from fastinfer.errors import error_body
+
+if TYPE_CHECKING:
+    from fastinfer.config import Settings
+
+logger = logging.getLogger("fastinfer.connections")
+
+LOG_INTERVAL_S = 10.0  # one summary line at most this often, however many events
+# A refused request (431, 400) is answered this late: a client that loops on oversized requests is
+# slowed to one per second per connection (answered at once, 4 such clients sent ~900 each per second,
+# and spent the machine's CPU sending them), at the cost of a paused socket.
+REFUSAL_DELAY_S = 1.0
+LINGER_S = 2.0  # an answer given here is followed by the close this much later (a client still sending reads it)
+FD_RESERVE = 256  # descriptors kept for everything but client connections (runners, Redis, files)
+
+EVENTS = Counter(
+    "fastinfer_connection_events",
+    "Front connections closed or refused before reaching the app, by why",
+    ["event"],
+)
+# event → how the log line names it. Connections closed idle after a request are ordinary (counted,
+# never logged); silent ones alone make an INFO line (browsers preconnect), anything else a WARNING.
+_EVENT_TEXT = {
+    "refused": "refused at the connection cap (503)",
+    "evicted": "idle connections closed to make room at the cap",
+    "headers_too_large": "requests with headers over the size limit (431)",
+    "too_many_headers": "requests with too many header fields (431)",
+    "header_timeout": "requests whose headers did not arrive in time (408)",
+    "bad_request": "unparsable requests (400)",
+    "silent_closed": "connections closed without having sent a byte",
+}
+_UNLOGGED = frozenset({"keepalive_closed"})
+_QUIET = frozenset({"silent_closed"})
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """The front's connection limits (fastinfer.config: FASTINFER_KEEPALIVE_S and the rest)."""
+
+    keepalive_s: float = 5.0
+    header_timeout_s: float = 10.0
+    max_header_bytes: int = 32 * 1024
+    max_headers: int = 100
+    max_connections: int = 1000
+
+
+def limits_from(settings: Settings) -> ConnectionLimits:
+    return ConnectionLimits(
+        keepalive_s=settings.keepalive_s,
+        header_timeout_s=settings.header_timeout_s,
+        max_header_bytes=settings.max_header_bytes,
+        max_headers=settings.max_headers,
+        max_connections=settings.max_connections,
+    )
+
+
+def install_front_protocol(settings: Settings) -> ConnectionLimits:
+    """Make :class:`FrontProtocol`, with the settings' limits, the protocol that uvicorn's
+    ``http="auto"`` loads in this process; call before uvicorn loads its config (service.py's import).
+
+    Returns the limits in force. Open connections and those closing after an answer given here
+    each hold a descriptor, up to ``max_connections`` of each: the soft descriptor limit is raised
+    towards the hard one to hold them, and where even that is short, ``max_connections`` is lowered
+    with a warning, since running out of descriptors is what the cap exists to prevent.
+    """
+    import uvicorn.config
+
+    limits = limits_from(settings)
+    needed = 2 * limits.max_connections + FD_RESERVE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError):
+            pass  # not allowed here: the cap is fitted to what there is
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        allowed = max(1, (soft - FD_RESERVE) // 2)
+        logger.warning(
+            "FASTINFER_MAX_CONNECTIONS=%d needs %d file descriptors; this process may have %d (ulimit -n): using %d",
+            limits.max_connections,
+            needed,
+            soft,
+            allowed,
+        )
+        limits = replace(limits, max_connections=allowed)
+    FrontProtocol.limits = limits
+    uvicorn.config.HTTP_PROTOCOLS["auto"] = f"{__name__}:FrontProtocol"
+    return limits
+
+
+class _Refusal(Exception):
+    """Raised inside a parser callback to stop parsing: the request is answered here."""
+
+
+class _Incidents:
+    """Counts events and logs a summary at most once per LOG_INTERVAL_S (a flood gives one line, not
+    thousands), the first one at once."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.counts: dict[str, int] = {}
+        self.last_log = -LOG_INTERVAL_S
+        self.flush_pending = False
+
+    def add(self, event: str, loop: asyncio.AbstractEventLoop | None, limits: ConnectionLimits) -> None:
+        EVENTS.labels(event=event).inc()
+        if event in _UNLOGGED:
+            return
+        self.counts[event] = self.counts.get(event, 0) + 1
+        if self.clock() - self.last_log >= LOG_INTERVAL_S:
+            self.flush(limits)
+        elif not self.flush_pending and loop is not None:
+            self.flush_pending = True  # what arrives until then is told in one line
+            loop.call_later(self.last_log + LOG_INTERVAL_S - self.clock(), self.flush, limits)
+
+    def flush(self, limits: ConnectionLimits) -> None:
+        self.flush_pending = False
+        counts, self.counts = self.counts, {}
+        if not counts:
+            return
+        self.last_log = self.clock()
+        parts = [f"{n} {_EVENT_TEXT.get(event, event)}" for event, n in counts.items()]
+        level = logging.INFO if counts.keys() <= _QUIET else logging.WARNING
+        logger.log(
+            level,
+            "front connections: %s (limits: keep-alive %gs, headers within %gs, %d header bytes, %d header "
+            "fields, %d connections per worker; FASTINFER_KEEPALIVE_S, FASTINFER_HEADER_TIMEOUT_S, "
+            "FASTINFER_MAX_HEADER_BYTES, FASTINFER_MAX_HEADERS, FASTINFER_MAX_CONNECTIONS)",
+            ", ".join(parts),
+            limits.keepalive_s,
+            limits.header_timeout_s,
+            limits.max_header_bytes,
+            limits.max_headers,
+            limits.max_connections,
+        )
+
+
+class _Shared:
+    """What the connections of one server (one front worker) know about each other."""
+
+    def __init__(self) -> None:
+        # Connections with no request being handled, oldest idle first: the ones a new connection at
+        # the cap may close. A connection re-enters at the end after each response, so a client
+        # between requests is closed only after every connection idle longer than it.
+        self.idle: dict[FrontProtocol, None] = {}
+        self.lingering = 0  # answered here, closing: not counted against the cap, but bounded
+        self.incidents = _Incidents()
+
+
+_SHARED: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
+
+
+def _shared(server_state: Any) -> _Shared:
+    shared = _SHARED.get(server_state)
+    if shared is None:
+        shared = _SHARED[server_state] = _Shared()
+    return shared
+
+
+def _is_front() -> bool:
+    """False in the runners' processes (BentoML marks them before uvicorn starts); True in the entry
+    service and wherever the protocol is used outside ``bentoml serve`` (tests)."""
+    from bentoml._internal.context import server_context
+
+    return server_context.service_type != "service"
+
+
+class FrontProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the front's limits (see the module docstring)."""
+
+    limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> HttpToolsProtocol:
+        if not _is_front():  # a runner: uvicorn's own protocol, untouched
+            return HttpToolsProtocol(*args, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # uvicorn's keep-alive timer (armed after each response) now also runs from the connection's start.
+        self.timeout_keep_alive = self.limits.keepalive_s
+        self.shared = _shared(self.server_state)
+        self.head_bytes = 0  # bytes read since the current request's head began (raw, as they arrive)
+        self.head_size = 0  # its request target and header fields, as parsed
+        self.header_count = 0
+        self.in_head = True  # the next bytes belong to a request line or headers
+        self.begun = False  # a request line has begun (not just blank lines), its headers not complete
+        self.head_timer: asyncio.TimerHandle | None = None
+        self.refusal: tuple[int, str, str, str] | None = None  # (status, code, message, event) once decided
+        self.answered = False  # answered here: anything still read is dropped until the connection closes
+        self.served = False  # a request of this connection reached the app
+
+    # Connection life
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections and not self._evict_one():
+            self._answer(
+                503,
+                "too_many_connections",
+                f"The server is at its limit of {self.limits.max_connections} open connections "
+                "(FASTINFER_MAX_CONNECTIONS), all of them busy; retry shortly.",
+                "refused",
+                retry_after=True,
+            )
+            return
+        self._become_idle()
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.shared.idle.pop(self, None)
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.answered:
+            return  # read before the pause took effect: dropped
+        self._unset_keepalive_if_required()
+        if self.in_head:
+            # Counted as it arrives: httptools buffers a header whole before handing it over. A read
+            # that ends one request and starts the next is counted for neither (one read at most).
+            self.head_bytes += len(data)
+            self._arm_head_timer()  # any byte, even the blank lines llhttp skips between requests
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        except httptools.HttpParserError:
+            if self.refusal is not None:
+                self._answer(*self.refusal, delay=REFUSAL_DELAY_S)
+            else:
+                self._answer(
+                    400, "bad_request", "The request is not valid HTTP/1.1.", "bad_request", delay=REFUSAL_DELAY_S
+                )
+            return
+        # Still in the head after this read: every byte of it was head (a read that completes the
+        # head may carry body bytes too, so that case is judged on the parsed size instead).
+        if self.in_head and self.head_bytes > self.limits.max_header_bytes:
+            self._answer(*self._too_large(), delay=REFUSAL_DELAY_S)
+
+    # Parser callbacks
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.begun = True
+        self.head_size = self.header_count = 0
+        self._arm_head_timer()  # a pipelined request may begin in a read that began in a body
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_count += 1
+        if self.header_count > self.limits.max_headers:
+            self.refusal = (
+                431,
+                "request_header_fields_too_large",
+                f"The request has more than {self.limits.max_headers} header fields (FASTINFER_MAX_HEADERS).",
+                "too_many_headers",
+            )
+            raise _Refusal
+        self._count_head(len(name) + len(value) + 4)  # "name: value\r\n"
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._cancel_head_timer()
+        self.in_head = self.begun = False
+        self.served = True
+        self.head_bytes = 0
+        self.shared.idle.pop(self, None)  # a request is being handled: never closed to make room
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self.in_head = True  # what follows is the next request's head
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self.timeout_keep_alive_task is not None:
+            self._become_idle()  # uvicorn armed the keep-alive timer: nothing queued behind it
+
+    # Timers and closing
+
+    def timeout_keep_alive_handler(self) -> None:
+        if not self.transport.is_closing():
+            event = "keepalive_closed" if self.served else "silent_closed"
+            self.shared.incidents.add(event, self.loop, self.limits)
+        super().timeout_keep_alive_handler()
+
+    def _head_timed_out(self) -> None:
+        self.head_timer = None
+        if not self.in_head or self.transport.is_closing():
+            return
+        if self.begun:  # part of a request's head came, not all of it
+            self._answer(
+                408,
+                "request_timeout",
+                f"The request's headers did not arrive within {self.limits.header_timeout_s:g} s "
+                "(FASTINFER_HEADER_TIMEOUT_S).",
+                "header_timeout",
+            )
+        elif self.cycle is None or self.cycle.response_complete:  # blank lines only: idle, as HTTP goes
+            self.shared.incidents.add("keepalive_closed" if self.served else "silent_closed", self.loop, self.limits)
+            self.transport.close()
+        # else: blank lines after a request still being handled; FASTINFER_TIMEOUT_S bounds it, and
+        # the keep-alive timer follows its response.
+
+    def _count_head(self, size: int) -> None:
+        self.head_size += size
+        if self.head_size > self.limits.max_header_bytes:
+            self.refusal = self._too_large()
+            raise _Refusal
+
+    def _arm_head_timer(self) -> None:
+        if self.head_timer is None:
+            self.head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+
+    def _become_idle(self) -> None:
+        self.shared.idle.pop(self, None)
+        self.shared.idle[self] = None
+
+    def _evict_one(self) -> bool:
+        """Close the connection idle the longest to make room; False when every one is busy."""
+        idle = self.shared.idle
+        while idle:
+            victim = next(iter(idle))
+            del idle[victim]
+            if victim.transport.is_closing():
+                continue
+            victim.connections.discard(victim)  # gone now for the count; uvicorn's own discard follows
+            victim._cancel_head_timer()
+            victim.transport.close()
+            self.shared.incidents.add("evicted", self.loop, self.limits)
+            return True
+        return False
+
+    def _too_large(self) -> tuple[int, str, str, str]:
+        return (
+            431,
+            "request_header_fields_too_large",
+            f"The request line and headers exceed {self.limits.max_header_bytes:,} bytes (FASTINFER_MAX_HEADER_BYTES).",
+            "headers_too_large",
+        )
+
+    def _answer(
+        self, status: int, code: str, message: str, event: str, retry_after: bool = False, delay: float = 0.0
+    ) -> None:
+        """Answer in the project's JSON shape, ``delay`` seconds from now, and close LINGER_S after it.
+        Nothing more is read meanwhile: what a client still sends waits in the kernel's buffers, so
+        that it reads this answer rather than a reset, at no cost to us."""
+        if self.answered:
+            return
+        self.answered = True
+        self._cancel_head_timer()
+        self._unset_keepalive_if_required()
+        self.shared.idle.pop(self, None)
+        self.connections.discard(self)  # not counted against the cap while it lingers
+        self.shared.incidents.add(event, self.loop, self.limits)
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A pipelined request over a limit while the one before it is handled: an answer now would
+            # arrive before that one's; the connection is closed instead (the client asked for both).
+            self.transport.close()
+            return
+        body = json.dumps(error_body(code, message)).encode()
+        head = [STATUS_LINE[status], b"content-type: application/json\r\n", b"connection: close\r\n"]
+        if retry_after:
+            head.append(b"retry-after: 1\r\n")
+        head.append(b"content-length: %d\r\n\r\n" % len(body))
+        answer = b"".join(head) + body
+        if self.shared.lingering >= self.limits.max_connections:  # bounded: beyond it, no wait at all
+            self.transport.write(answer)
+            self.transport.close()
+            return
+        self.flow.pause_reading()
+        self.shared.lingering += 1
+        if delay > 0:
+            self.loop.call_later(delay, self._send_and_linger, answer)
+        else:
+            self._send_and_linger(answer)
+
+    def _send_and_linger(self, answer: bytes) -> None:
+        if self.transport.is_closing():  # the client gave up waiting
+            self.shared.lingering -= 1
+            return
+        self.transport.write(answer)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()  # the client sees the end of the answer now
+        self.loop.call_later(LINGER_S, self._end_linger)
+
+    def _end_linger(self) -> None:
+        self.shared.lingering -= 1
+        self.transport.close()

@@ -1,0 +1,284 @@
+"""A full disk under BENTOML_HOME: a degraded state, not a crash loop.
+
+The cause, reproduced on a full tmpfs: ``bentoml serve`` points every process at one
+``PROMETHEUS_MULTIPROC_DIR`` under BENTOML_HOME, where prometheus_client (``mmap_dict.py``) keeps each
+process's metric values in a memory-mapped file that it sizes with ``truncate`` — a sparse file, whose
+pages get disk blocks only when first written through the map. On a full disk that write finds no
+block and the kernel kills the process with SIGBUS: no exception, no log line. The front worker
+writes a fresh page on the first request with new labels (a route, backend or status not seen yet),
+dies, is restarted by BentoML's supervisor, maps new files for its new pid, and dies again; every dead
+worker's files stay behind (nothing marks a SIGBUS'd process dead): the review's 106 stale files.
+
+:func:`guard_metric_files` swaps prometheus_client's ``MmapedDict`` for one that gives the file real
+blocks (``os.posix_fallocate``) before any page of it is mapped, so a full disk is an ``OSError``
+raised where it can be caught. That process's values then live in anonymous memory — still counted,
+not shown by ``/metrics`` — logged once, and are written back to their file once space returns.
+:meth:`DiskHealth.reason` is what ``/readyz`` answers 503 with meanwhile (fastinfer/http.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+import re
+import struct
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
+import prometheus_client.values
+from prometheus_client.mmap_dict import _INITIAL_MMAP_SIZE, MmapedDict
+
+logger = logging.getLogger("fastinfer.disk")
+
+RETRY_S = 5.0  # a file held in memory tries to get its blocks back at most this often
+CHECK_S = 1.0  # free space is looked up at most this often (each /readyz asks)
+_HEADER = 8  # a metric file's first 8 bytes: how much of it is used, then padding
+_FILE_NAME = re.compile(r"(?P<kind>[a-z_]+)_(?P<pid>\d+)\.db")
+
+
+class DiskHealth:
+    """Why the disk makes this process degraded, or None: metric files that could not get disk blocks,
+    or less than ``min_free_bytes`` free where BentoML writes (BENTOML_HOME, the Prometheus directory)."""
+
+    def __init__(
+        self, min_free_bytes: int, paths: Callable[[], list[str]], clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.min_free_bytes = min_free_bytes
+        self.paths = paths
+        self.clock = clock
+        self.in_memory: weakref.WeakSet[GuardedMmapedDict] = weakref.WeakSet()
+        self.lock = threading.Lock()
+        self.checked_at = -CHECK_S
+        self.low_space: str | None = None
+
+    def reason(self) -> str | None:
+        """One sentence for a client (no server paths), or None when the disk is fine."""
+        reasons = []
+        if self.in_memory:
+            reasons.append(
+                "the disk under BENTOML_HOME is full: this worker's metrics cannot be written there and are "
+                "held in memory (missing from /metrics until space returns)"
+            )
+        if (low := self._low_space()) is not None:
+            reasons.append(low)
+        return "; ".join(reasons) or None
+
+    def _low_space(self) -> str | None:
+        if self.min_free_bytes <= 0:
+            return None
+        now = self.clock()
+        if now - self.checked_at < CHECK_S:
+            return self.low_space
+        self.checked_at = now
+        low = None
+        for path in self.paths():
+            try:
+                stat = os.statvfs(path)
+            except OSError:
+                continue  # not there (yet): nothing to say about its disk
+            free = stat.f_bavail * stat.f_frsize
+            if free < self.min_free_bytes:
+                low = (
+                    f"less than {self.min_free_bytes // 2**20} MB free on the disk under BENTOML_HOME "
+                    f"({free // 2**20} MB; FASTINFER_MIN_FREE_DISK_MB)"
+                )
+                if self.low_space is None:
+                    logger.error(
+                        "disk: %s has %d bytes free (FASTINFER_MIN_FREE_DISK_MB): /readyz answers 503", path, free
+                    )
+                break
+        if low is None and self.low_space is not None:
+            logger.warning("disk: free space is back above FASTINFER_MIN_FREE_DISK_MB")
+        self.low_space = low
+        return low
+
+    def moved_to_memory(self, metric_file: GuardedMmapedDict, filename: str, exc: OSError) -> None:
+        with self.lock:
+            first = not self.in_memory
+            self.in_memory.add(metric_file)
+        if first:  # once per episode, not once per file or per request
+            logger.error(
+                "disk: cannot give %s disk blocks (%s): metrics of this process are held in memory (missing "
+                "from /metrics) until space returns; /readyz answers 503 meanwhile",
+                filename,
+                exc,
+            )
+
+    def back_on_disk(self, metric_file: GuardedMmapedDict) -> None:
+        with self.lock:
+            self.in_memory.discard(metric_file)
+            last = not self.in_memory
+        if last:
+            logger.warning("disk: space is back; metrics are written to their files again")
+
+
+def _default_paths() -> list[str]:
+    home = os.environ.get("BENTOML_HOME") or os.path.join(os.path.expanduser("~"), "bentoml")
+    return [p for p in (os.environ.get("PROMETHEUS_MULTIPROC_DIR"), home) if p]
+
+
+HEALTH = DiskHealth(0, _default_paths)
+
+
+def _allocate(fd: int, size: int) -> None:
+    """Give the first ``size`` bytes of the file real blocks (and that length): ENOSPC here, not SIGBUS later."""
+    os.posix_fallocate(fd, 0, size)
+
+
+class GuardedMmapedDict(MmapedDict):
+    """prometheus_client's MmapedDict, but never mapping a page without a disk block behind it; when
+    the disk has none, the values are held in anonymous memory instead (see the module docstring).
+
+    prometheus_client calls every method but ``__init__`` under its own lock, so the switches between
+    file and memory cannot race with a write."""
+
+    def __init__(self, filename: str, read_mode: bool = False) -> None:
+        self._retry_at = 0.0
+        if read_mode:
+            super().__init__(filename, read_mode=True)
+            return
+        try:
+            fd = os.open(filename, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:  # no room even for the file's name
+            self._to_memory(filename, _INITIAL_MMAP_SIZE, b"", {}, exc)
+            return
+        size = 0
+        try:
+            size = os.fstat(fd).st_size
+            _allocate(fd, max(size, _INITIAL_MMAP_SIZE))  # all of it: a file made before the disk filled has holes
+        except OSError as exc:
+            if size == 0:  # ours, empty: not left behind for /metrics to read
+                with contextlib.suppress(OSError):
+                    os.unlink(filename)
+            self._to_memory(filename, _INITIAL_MMAP_SIZE, b"", {}, exc)
+            return
+        finally:
+            os.close(fd)
+        super().__init__(filename)
+
+    def _init_value(self, key: str) -> None:
+        # Room for the entry first (an upper bound of the one prometheus_client writes: length, key padded
+        # to 8 bytes, two doubles), so that its own growth by truncate (sparse) never runs.
+        needed = self._used + 4 + len(key.encode("utf-8")) + 8 + 16
+        if needed > self._capacity:
+            capacity = self._capacity
+            while needed > capacity:
+                capacity *= 2
+            self._grow(capacity)
+        super()._init_value(key)
+
+    def write_value(self, key: str, value: float, timestamp: float) -> None:
+        if self._f is None and time.monotonic() >= self._retry_at:
+            self._back_to_file()
+        super().write_value(key, value, timestamp)
+
+    def _grow(self, capacity: int) -> None:
+        if self._f is None:
+            grown = mmap.mmap(-1, capacity)
+            grown[: self._used] = self._m[: self._used]
+            self._m, self._capacity = grown, capacity
+            return
+        try:
+            _allocate(self._f.fileno(), capacity)
+        except OSError as exc:
+            contents = self._m[: self._used]
+            self._m.close()
+            self._f.close()
+            # The file keeps its last consistent values (/metrics shows them, stale) until space returns.
+            self._to_memory(self._fname, capacity, contents, self._positions, exc)
+            return
+        self._m = mmap.mmap(self._f.fileno(), capacity)
+        self._capacity = capacity
+
+    def _to_memory(
+        self, filename: str, capacity: int, contents: bytes, positions: dict[str, int], exc: OSError
+    ) -> None:
+        self._f = None  # prometheus_client's close() then leaves the (anonymous) map to the collector
+        self._fname = filename
+        self._capacity = capacity
+        self._m = mmap.mmap(-1, capacity)
+        if contents:
+            self._m[: len(contents)] = contents
+            self._used = len(contents)
+        else:
+            self._used = _HEADER
+            self._m[0:4] = struct.pack("i", _HEADER)
+        self._positions = dict(positions)
+        self._retry_at = time.monotonic() + RETRY_S
+        HEALTH.moved_to_memory(self, filename, exc)
+
+    def _back_to_file(self) -> None:
+        self._retry_at = time.monotonic() + RETRY_S
+        try:
+            fd = os.open(self._fname, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError:
+            return
+        try:
+            _allocate(fd, self._capacity)
+            file = os.fdopen(fd, "a+b")
+        except OSError:
+            os.close(fd)
+            return
+        mapped = mmap.mmap(file.fileno(), self._capacity)
+        # Entries first, the used count last: a /metrics scrape reading meanwhile sees old or new, whole.
+        mapped[_HEADER : self._used] = self._m[_HEADER : self._used]
+        mapped[0:_HEADER] = self._m[0:_HEADER]
+        self._f, self._m = file, mapped
+        HEALTH.back_on_disk(self)
+
+
+def remove_stale_files(directory: str) -> int:
+    """Delete metric files that dead processes left and that cannot count towards any total: empty ones
+    and live gauges (what prometheus_client's ``mark_process_dead`` deletes, which a killed process never
+    calls). Files of dead processes that hold counts stay: /metrics sums them so counters never go back."""
+    removed = 0
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for entry in entries:
+            match = _FILE_NAME.fullmatch(entry.name)
+            if match is None or _alive(int(match["pid"])):
+                continue
+            try:
+                if match["kind"].startswith("gauge_live") or _holds_nothing(entry.path):
+                    os.unlink(entry.path)
+                    removed += 1
+            except OSError:
+                continue  # another process removed it first, or it is unreadable: left alone
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's: alive
+    return True
+
+
+def _holds_nothing(path: str) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(4)
+    return len(head) < 4 or struct.unpack("i", head)[0] <= _HEADER
+
+
+def guard_metric_files(min_free_bytes: int) -> DiskHealth:
+    """Install :class:`GuardedMmapedDict` for the metric files this process opens from now on, clear the
+    files dead processes left, and return the health that ``/readyz`` consults.
+
+    Call before the process records any metric (a file already open keeps prometheus_client's class)."""
+    HEALTH.min_free_bytes = min_free_bytes
+    prometheus_client.values.MmapedDict = GuardedMmapedDict  # looked up there each time a file is opened
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
+        early = [p.name for p in Path(directory).glob(f"*_{os.getpid()}.db")]
+        if early:
+            logger.warning("disk: metric files opened before the guard (not covered): %s", ", ".join(early))
+        if removed := remove_stale_files(directory):
+            logger.info("disk: removed %d metric files left by dead processes", removed)
+    return HEALTH

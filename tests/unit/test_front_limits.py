@@ -1,0 +1,442 @@
+"""The front's connection limits (fastinfer/connections.py), below the ASGI app: idle connections closed,
+headers bounded in time, size and count (408/431 in our JSON shape), and a cap on open connections.
+
+Driven through uvicorn's real protocol machinery (httptools parser, timers on a real event loop) over
+a fake transport; tests/integration/test_front_limits.py does the same against a real ``bentoml serve``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import resource
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import uvicorn
+import uvicorn.config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from fastinfer import connections
+from fastinfer.config import Settings, get_settings
+from fastinfer.connections import ConnectionLimits, FrontProtocol, install_front_protocol
+
+FAST = ConnectionLimits(keepalive_s=0.2, header_timeout_s=0.3, max_header_bytes=4096, max_headers=20, max_connections=3)
+GET = b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+class FakeTransport(asyncio.Transport):
+    """What the protocol writes and whether it closed; ``close`` reports the loss like a real one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = b""
+        self.closed = False
+        self.eof = False
+        self.reading = True
+        self.protocol: asyncio.Protocol | None = None
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 3000)}.get(name, default)
+
+    def write(self, data: bytes) -> None:  # type: ignore[override]
+        self.written += data
+
+    def write_eof(self) -> None:
+        self.eof = True
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.protocol is not None:
+                asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
+
+    def status(self) -> int | None:
+        if not self.written.startswith(b"HTTP/1.1 "):
+            return None
+        return int(self.written[9:12])
+
+    def json(self) -> dict[str, Any]:
+        return json.loads(self.written.split(b"\r\n\r\n", 1)[1])
+
+
+class Server:
+    """One front worker's worth of protocol state, with an app that answers 200 or waits to be released."""
+
+    def __init__(self, limits: ConnectionLimits = FAST) -> None:
+        self.release = asyncio.Event()
+        self.app_calls = 0
+        self.hold = False
+        self.config = uvicorn.Config(app=self.app, log_config=None, lifespan="off", interface="asgi3")
+        self.config.load()
+        self.state = ServerState()
+        FrontProtocol.limits = limits
+
+    async def app(self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]], send: Any) -> None:
+        self.app_calls += 1
+        while True:
+            message = await receive()
+            if not message.get("more_body"):
+                break
+        if self.hold:
+            await self.release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    def connect(self) -> tuple[FrontProtocol, FakeTransport]:
+        protocol = FrontProtocol(config=self.config, server_state=self.state, app_state={})
+        transport = FakeTransport()
+        transport.protocol = protocol
+        protocol.connection_made(transport)
+        return protocol, transport
+
+
+def run(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(test())
+
+
+@pytest.fixture(autouse=True)
+def _front(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(FrontProtocol, "limits", FAST)
+    monkeypatch.setattr(connections, "LINGER_S", 0.05)
+    monkeypatch.setattr(connections, "REFUSAL_DELAY_S", 0.0)
+
+
+def test_a_connection_that_never_sends_a_byte_is_closed_after_the_keepalive() -> None:
+    """uvicorn arms its keep-alive timer only after a response: 2,000 silent connections stayed open."""
+
+    async def test() -> None:
+        _, transport = Server().connect()
+        await asyncio.sleep(0.1)
+        assert not transport.closed
+        await asyncio.sleep(0.25)
+        assert transport.closed
+        assert transport.written == b""  # nothing was asked: nothing is answered
+
+    run(test)
+
+
+def test_a_request_that_starts_and_stalls_gets_408_and_the_connection_closes() -> None:
+    """Before: one byte cancelled the keep-alive timer, and nothing else ever closed the connection."""
+
+    async def test() -> None:
+        server = Server()
+        protocol, transport = server.connect()
+        protocol.data_received(b"GET /livez HTTP/1.1\r\nHost: x\r\n")
+        await asyncio.sleep(0.5)
+        assert transport.status() == 408
+        assert transport.json()["error"]["code"] == "request_timeout"
+        assert "FASTINFER_HEADER_TIMEOUT_S" in transport.json()["error"]["message"]
+        await asyncio.sleep(0.1)
+        assert transport.closed
+        assert server.app_calls == 0
+
+    run(test)
+
+
+def test_blank_lines_do_not_keep_a_connection_open() -> None:
+    async def test() -> None:
+        protocol, transport = Server().connect()
+        for _ in range(10):  # one every 0.1 s: the keep-alive timer alone would never fire
+            if transport.closed:
+                break
+            protocol.data_received(b"\r\n")  # llhttp skips these without starting a request
+            await asyncio.sleep(0.1)
+        assert transport.closed
+        assert transport.written == b""  # no request began: closed as idle, not answered 408
+
+    run(test)
+
+
+def test_a_connection_between_requests_closes_after_the_keepalive() -> None:
+    async def test() -> None:
+        server = Server()
+        protocol, transport = server.connect()
+        protocol.data_received(GET)
+        await asyncio.sleep(0.05)
+        assert transport.status() == 200
+        await asyncio.sleep(0.1)
+        protocol.data_received(GET)  # a second request on the same connection is served
+        await asyncio.sleep(0.05)
+        assert transport.written.count(b"HTTP/1.1 200") == 2
+        await asyncio.sleep(0.3)
+        assert transport.closed
+
+    run(test)
+
+
+@pytest.mark.parametrize("pieces", [1, 8])
+def test_headers_over_the_size_limit_get_431_in_our_shape(pieces: int) -> None:
+    """In one read (judged as parsed) or spread over many (judged as they arrive, before httptools
+    holds them whole): 431, the connection closing, and the app never called."""
+
+    async def test() -> None:
+        server = Server()
+        protocol, transport = server.connect()
+        request = b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8000 + b"\r\n\r\n"
+        size = len(request) // pieces + 1
+        for start in range(0, len(request), size):
+            protocol.data_received(request[start : start + size])
+        assert transport.status() == 431
+        error = transport.json()["error"]
+        assert error["code"] == "request_header_fields_too_large"
+        assert "4,096 bytes (FASTINFER_MAX_HEADER_BYTES)" in error["message"]
+        assert b"connection: close" in transport.written
+        assert transport.eof and not transport.reading  # lingers without reading, then closes
+        await asyncio.sleep(0.1)
+        assert transport.closed
+        assert server.app_calls == 0
+
+    run(test)
+
+
+def test_a_long_request_line_counts_towards_the_header_limit() -> None:
+    async def test() -> None:
+        protocol, transport = Server().connect()
+        protocol.data_received(b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert transport.status() == 431
+
+    run(test)
+
+
+def test_too_many_header_fields_get_431() -> None:
+    async def test() -> None:
+        server = Server()
+        protocol, transport = server.connect()
+        fields = b"".join(b"X-%d: 1\r\n" % i for i in range(21))
+        protocol.data_received(b"GET /livez HTTP/1.1\r\n" + fields + b"\r\n")
+        assert transport.status() == 431
+        assert "more than 20 header fields (FASTINFER_MAX_HEADERS)" in transport.json()["error"]["message"]
+        assert server.app_calls == 0
+
+    run(test)
+
+
+def test_headers_within_the_limits_pass_even_with_a_large_body_in_the_same_read() -> None:
+    """The raw byte count must not take the body for headers."""
+
+    async def test() -> None:
+        server = Server()
+        protocol, transport = server.connect()
+        fields = b"".join(b"X-%d: %s\r\n" % (i, b"v" * 100) for i in range(19))
+        body = b"x" * 100_000
+        protocol.data_received(b"POST /classify HTTP/1.1\r\nContent-Length: 100000\r\n" + fields + b"\r\n" + body)
+        await asyncio.sleep(0.05)
+        assert transport.status() == 200
+        assert server.app_calls == 1
+
+    run(test)
+
+
+def test_an_unparsable_request_gets_400_in_our_shape() -> None:
+    async def test() -> None:
+        protocol, transport = Server().connect()
+        protocol.data_received(b"\x16\x03\x01 not http\r\n\r\n")  # e.g. TLS sent to the plain port
+        assert transport.status() == 400
+        assert transport.json()["error"]["code"] == "bad_request"
+
+    run(test)
+
+
+def test_at_the_cap_a_new_connection_closes_the_longest_idle_one() -> None:
+    async def test() -> None:
+        server = Server()
+        (_, oldest), (busy, busy_transport), (_, newer) = (server.connect() for _ in range(3))
+        server.hold = True
+        busy.data_received(GET)  # a request being handled: never closed to make room
+        await asyncio.sleep(0.01)
+        protocol, transport = server.connect()  # the 4th, over the cap of 3
+        assert oldest.closed and not newer.closed and not busy_transport.closed
+        protocol.data_received(GET)
+        server.release.set()
+        await asyncio.sleep(0.05)
+        assert transport.status() == 200
+        assert busy_transport.status() == 200
+
+    run(test)
+
+
+def test_at_the_cap_with_every_connection_busy_a_new_one_gets_503() -> None:
+    async def test() -> None:
+        server = Server()
+        server.hold = True
+        busy = [server.connect() for _ in range(3)]
+        for protocol, _ in busy:
+            protocol.data_received(GET)
+        await asyncio.sleep(0.01)
+        _, refused = server.connect()
+        assert refused.status() == 503
+        assert refused.json()["error"]["code"] == "too_many_connections"
+        assert b"retry-after: 1" in refused.written
+        assert all(not t.closed for _, t in busy)
+        server.release.set()
+        await asyncio.sleep(0.1)
+        assert refused.closed
+        assert all(t.status() == 200 for _, t in busy)
+        _, accepted = server.connect()  # the busy ones are idle again: room is made
+        assert not accepted.closed
+
+    run(test)
+
+
+def test_refusals_are_logged_as_one_summary_line_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    async def test() -> None:
+        server = Server()
+        for _ in range(50):
+            protocol, _ = server.connect()
+            protocol.data_received(b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\n\r\n")
+
+    with caplog.at_level(logging.INFO, logger="fastinfer.connections"):
+        run(test)
+    lines = [r for r in caplog.records if r.name == "fastinfer.connections"]
+    assert len(lines) == 1  # the first at once; the other 49 wait for the interval
+    assert lines[0].levelno == logging.WARNING
+    assert "431" in lines[0].getMessage()
+
+
+def test_the_runners_keep_uvicorns_protocol(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runners import the same service module; their only client is the front."""
+    from bentoml._internal.context import server_context
+
+    monkeypatch.setattr(server_context, "service_type", "service")
+
+    async def test() -> None:
+        server = Server()
+        protocol = FrontProtocol(config=server.config, server_state=server.state, app_state={})
+        assert type(protocol) is HttpToolsProtocol
+
+    run(test)
+
+
+def test_install_makes_uvicorns_auto_protocol_ours(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(uvicorn.config.HTTP_PROTOCOLS, "auto", uvicorn.config.HTTP_PROTOCOLS["auto"])
+    monkeypatch.setattr(FrontProtocol, "limits", FrontProtocol.limits)
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (65536, 65536))  # whatever this machine's ulimit
+    limits = install_front_protocol(Settings(max_connections=500))
+    config = uvicorn.Config(app=lambda *a: None, log_config=None)  # what BentoML's worker builds: http="auto"
+    config.load()
+    assert config.http_protocol_class is FrontProtocol
+    assert FrontProtocol.limits == limits
+    assert limits.max_connections == 500
+
+
+def test_the_descriptor_limit_is_raised_for_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(uvicorn.config.HTTP_PROTOCOLS, "auto", uvicorn.config.HTTP_PROTOCOLS["auto"])
+    monkeypatch.setattr(FrontProtocol, "limits", FrontProtocol.limits)
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 65536))
+    raised: list[tuple[int, int]] = []
+    monkeypatch.setattr(resource, "setrlimit", lambda _, value: raised.append(value))
+    limits = install_front_protocol(Settings(max_connections=1000))
+    assert raised == [(2 * 1000 + connections.FD_RESERVE, 65536)]
+    assert limits.max_connections == 1000
+
+
+def test_the_cap_fits_the_descriptor_limit(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setitem(uvicorn.config.HTTP_PROTOCOLS, "auto", uvicorn.config.HTTP_PROTOCOLS["auto"])
+    monkeypatch.setattr(FrontProtocol, "limits", FrontProtocol.limits)
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 1024))
+    monkeypatch.setattr(resource, "setrlimit", lambda *_: None)
+    with caplog.at_level(logging.WARNING, logger="fastinfer.connections"):
+        limits = install_front_protocol(Settings(max_connections=5000))
+    assert limits.max_connections == (1024 - connections.FD_RESERVE) // 2
+    assert "ulimit -n" in caplog.text
+
+
+def test_limits_are_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    values = {
+        "FASTINFER_KEEPALIVE_S": "75",
+        "FASTINFER_HEADER_TIMEOUT_S": "20",
+        "FASTINFER_MAX_HEADER_BYTES": "16384",
+        "FASTINFER_MAX_HEADERS": "50",
+        "FASTINFER_MAX_CONNECTIONS": "200",
+        "FASTINFER_MIN_FREE_DISK_MB": "0",
+    }
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    try:
+        settings = get_settings()
+        assert connections.limits_from(settings) == ConnectionLimits(75, 20, 16384, 50, 200)
+        assert settings.min_free_disk_mb == 0
+        monkeypatch.setenv("FASTINFER_MAX_HEADER_BYTES", "0")
+        get_settings.cache_clear()
+        with pytest.raises(ValueError, match="FASTINFER_MAX_HEADER_BYTES must be at least 1"):
+            get_settings()
+    finally:
+        get_settings.cache_clear()
+
+
+def test_defaults_are_sensible() -> None:
+    limits = connections.limits_from(Settings())
+    assert limits == ConnectionLimits(5, 10, 32 * 1024, 100, 1000)
+
+
+def test_closing_idle_connections_is_logged_only_for_silent_ones(caplog: pytest.LogCaptureFixture) -> None:
+    """A keep-alive expiring after a request is ordinary: counted, never logged."""
+
+    async def test() -> None:
+        server = Server()
+        protocol, _ = server.connect()
+        protocol.data_received(GET)
+        await asyncio.sleep(0.35)  # served, then idle past the keep-alive
+        assert not caplog.records
+        server.connect()  # never sends a byte
+        await asyncio.sleep(0.35)
+
+    with caplog.at_level(logging.INFO, logger="fastinfer.connections"):
+        run(test)
+    (line,) = [r for r in caplog.records if r.name == "fastinfer.connections"]
+    assert line.levelno == logging.INFO
+    assert "1 connections closed without having sent a byte" in line.getMessage()
+
+
+def test_blank_lines_after_a_body_do_not_cut_short_a_slow_answer() -> None:
+    """Some clients send CRLF after a POST body; the answer taking longer than the header timeout is
+    still delivered, and only then does the idle connection close."""
+
+    async def test() -> None:
+        server = Server()
+        server.hold = True
+        protocol, transport = server.connect()
+        protocol.data_received(b"POST /classify HTTP/1.1\r\nContent-Length: 2\r\n\r\nab\r\n")
+        await asyncio.sleep(0.5)  # past the header timeout
+        assert transport.written == b"" and not transport.closed
+        server.release.set()
+        await asyncio.sleep(0.05)
+        assert transport.status() == 200
+        await asyncio.sleep(0.3)
+        assert transport.closed
+
+    run(test)
+
+
+def test_a_refused_request_is_answered_late_so_a_looping_client_is_slowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four clients looping on 640 KB headers sent ~900 each per second when answered at once."""
+    monkeypatch.setattr(connections, "REFUSAL_DELAY_S", 0.2)
+    monkeypatch.setattr(connections, "LINGER_S", 0.2)
+
+    async def test() -> None:
+        protocol, transport = Server().connect()
+        protocol.data_received(b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\n\r\n")
+        assert transport.written == b"" and not transport.reading  # held, unread
+        await asyncio.sleep(0.3)
+        assert transport.status() == 431 and transport.eof and not transport.closed
+        await asyncio.sleep(0.2)
+        assert transport.closed
+
+    run(test)
