@@ -166,6 +166,9 @@ CACHE_STATS: dict[str, Any] = {
     "errors": 0,
     "invalid": 0,
     "bypasses": 0,
+    "writes_refused": 0,
+    "write_errors": 0,
+    "signed": False,
     "hit_rate": 0.25,
     "keys": 2,
     "since": "2026-12-03T13:57:30Z",
@@ -173,6 +176,7 @@ CACHE_STATS: dict[str, Any] = {
 
 LIVE_STATS: dict[str, Any] = {
     "served": 9,
+    "images": 9,
     "cached": 1,
     "since": "2026-12-03T13:57:30Z",
     "p50_ms": {"onnx": 66.8, "onnx-int8": 32.5, "openvino": 36.9, "openvino-int8": 48.0, "pytorch": 132.4},

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -101,6 +102,38 @@ def _header(scope: dict[str, Any], name: bytes) -> str:
         if key == name:
             return value.decode("latin-1")
     return ""
+
+
+QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')  # a quoted-string directive value: its commas split nothing
+
+
+def _directives(scope: dict[str, Any], name: bytes) -> set[str] | None:
+    """The directive names (lower case) of every ``name`` header in the request; None if it has none."""
+    values = [value.decode("latin-1") for key, value in scope.get("headers", []) if key == name]
+    if not values:
+        return None
+    return {item.split("=", 1)[0].strip().lower() for value in values for item in QUOTED.sub('""', value).split(",")}
+
+
+@dataclass(frozen=True)
+class CacheUse:
+    """What a request lets the response cache do (RFC 9111 request directives)."""
+
+    read: bool = True  # may be answered from the cache
+    store: bool = True  # its answer may be stored
+
+
+def cache_use(scope: dict[str, Any]) -> CacheUse:
+    """``Cache-Control: no-cache``: not answered from the cache (we cannot revalidate an entry) and,
+    as benchmarks expect, not stored either. ``no-store``: the answer is not stored; reading is still
+    allowed (RFC 9111 §5.2.1.5 forbids storing only). ``Pragma: no-cache`` is no-cache for HTTP/1.0
+    clients, ignored when a Cache-Control header is present (§5.4)."""
+    control = _directives(scope, b"cache-control")
+    if control is None:
+        no_cache = "no-cache" in (_directives(scope, b"pragma") or set())
+        return CacheUse(read=not no_cache, store=not no_cache)
+    no_cache = "no-cache" in control
+    return CacheUse(read=not no_cache, store=not no_cache and "no-store" not in control)
 
 
 def parse(scope: dict[str, Any], body: bytes, route: ImageRoute, rules: FormRules) -> Form:
@@ -273,13 +306,16 @@ async def answer(
             # The request metric's label (fastinfer.http): never a name the client made up, or every
             # made-up name would become a time series of its own.
             state["fastinfer_backend"] = backend if backend in pipeline.backends else "unknown"
-        bypass = "no-cache" in _header(scope, b"cache-control").lower()
-        if route.kind == "compare":
+        use = cache_use(scope)
+        if route.kind == "compare":  # never from the cache, never into it
             results, skipped = await pipeline.compare(form.images[0], k, pipeline.backends)
             return 200, summarise(results, skipped, started)
         if route.kind == "batch":
-            return 200, {"results": await pipeline.classify_many(form.images, backend, k, bypass=bypass)}
-        return 200, await pipeline.classify(form.images[0], backend, k, bypass=bypass, batched=route.batched)
+            results = await pipeline.classify_many(form.images, backend, k, bypass=not use.read, store=use.store)
+            return 200, {"results": results}
+        return 200, await pipeline.classify(
+            form.images[0], backend, k, bypass=not use.read, store=use.store, batched=route.batched
+        )
     except ApiError as exc:
         return exc.status, exc.body()
 

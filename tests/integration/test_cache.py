@@ -1,4 +1,6 @@
-"""The response cache through a real server and a real redis-server."""
+"""The response cache through a real server and a real redis-server: hits, bad entries, Redis dying,
+Redis full (writes refused, reads on), the request's cache directives, and a Redis behind a password
+with signed entries."""
 
 from __future__ import annotations
 
@@ -6,15 +8,18 @@ import itertools
 import json
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 import redis
 
 from fastinfer import photos
-from fastinfer.cache import BODY_KEYS, CACHE_FORMAT, cache_key
-from tests.servers import NO_CACHE
+from fastinfer.cache import BODY_KEYS, CACHE_FORMAT, cache_key, encode_entry, entry_mac
+from load_tests.service import Server
+from tests.servers import NO_CACHE, RedisServer, start_server, stop_server
 
 _unique = itertools.count(1)
 
@@ -85,7 +90,7 @@ def scores(answer: dict) -> list[float]:
 
 
 def entry(body: dict) -> str:
-    return json.dumps({"v": CACHE_FORMAT, "body": body})
+    return json.dumps({"v": CACHE_FORMAT, "mac": None, "body": body})
 
 
 # A few kinds of bad entry, each built from the true body; tests/unit/test_cache.py tries them all.
@@ -154,3 +159,175 @@ def test_redis_dies_under_load_and_comes_back(server, redis_server, client) -> N
         time.sleep(0.3)  # the breaker retries Redis about once a second
     assert classify(client, data)["cached"] is True
     assert client.get("/cache/stats").json()["healthy"] is True
+
+
+# --- the request's cache directives ------------------------------------------------------------
+
+
+def post(client: httpx.Client, data: bytes, headers: dict[str, str] | None = None, path: str = "/classify") -> dict:
+    r = client.post(path, files={"image": ("p.jpg", data, "image/jpeg")}, headers=headers or {})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_no_store_is_answered_from_the_cache_but_never_stored(client) -> None:
+    """RFC 9111 §5.2.1.5: no-store forbids storing the answer; reading a stored one is allowed."""
+    held = unique_jpeg()
+    post(client, held)
+    assert post(client, held, {"Cache-Control": "no-store"})["cached"] is True
+
+    fresh = unique_jpeg()
+    first = post(client, fresh, {"Cache-Control": "no-store"})
+    assert first["cached"] is False and first["timings_ms"]["inference"] > 0
+    assert post(client, fresh)["cached"] is False  # the no-store answer was not kept
+    assert post(client, fresh)["cached"] is True
+
+    batch = [unique_jpeg(), unique_jpeg()]
+    files = [("images", (f"{i}.jpg", data, "image/jpeg")) for i, data in enumerate(batch)]
+    r = client.post("/classify/batch", files=files, headers={"Cache-Control": "no-store"})
+    assert r.status_code == 200 and [a["cached"] for a in r.json()["results"]] == [False, False]
+    r = client.post("/classify/batch", files=files)
+    assert [a["cached"] for a in r.json()["results"]] == [False, False]  # nothing was stored
+
+    original = unique_jpeg()  # a route of the original API
+    post(client, original, {"Cache-Control": "no-store"}, path="/predict/onnx")
+    assert post(client, original, path="/predict/onnx")["cached"] is False
+
+
+def test_pragma_no_cache_bypasses_unless_cache_control_is_there(client) -> None:
+    """Pragma: no-cache is HTTP/1.0's no-cache; with a Cache-Control header it is ignored (§5.4)."""
+    data = unique_jpeg()
+    post(client, data)
+    before = client.get("/cache/stats").json()["bypasses"]
+    for path in ("/classify", "/predict/onnx"):
+        answer = post(client, data, {"Pragma": "no-cache"}, path=path)
+        assert answer["cached"] is False and answer["timings_ms"]["inference"] > 0, path
+    assert client.get("/cache/stats").json()["bypasses"] == before + 2
+    assert post(client, data, {"Pragma": "no-cache", "Cache-Control": "max-age=60"})["cached"] is True
+
+
+# --- Redis full: writes refused, reads on --------------------------------------------------------
+
+
+def fill_to_the_brim(admin: redis.Redis) -> list[str]:
+    """Redis full the way production fills it: maxmemory with noeviction, written until it refuses
+    (tests/unit/test_cache.py does the same). Returns the keys written."""
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", admin.info("memory")["used_memory"] + 2_000_000)
+    written = []
+    for i in itertools.count():
+        try:
+            admin.set(f"otherapp:blob:{i}", b"x" * 20_000)
+        except redis.exceptions.OutOfMemoryError:
+            break
+        written.append(f"otherapp:blob:{i}")
+    admin.config_set("maxmemory", admin.info("memory")["used_memory"] - 100_000)  # no room for a small write
+    return written
+
+
+def test_a_full_redis_still_answers_what_it_holds(client, redis_server) -> None:
+    """With maxmemory + noeviction every SET fails with OOM. That used to open the breaker, which
+    skipped the GETs too: a repeated photo was answered from the cache 0 of 656 times, while
+    /cache/stats said hit_rate 0.9995. Now the repeated photo is a hit every time, new answers are
+    computed and not stored, and /cache/stats says why."""
+    held = unique_jpeg()
+    post(client, held)
+    assert post(client, held)["cached"] is True
+    admin = redis.Redis.from_url(redis_server.url)
+    saved = {name: admin.config_get(name)[name] for name in ("maxmemory", "maxmemory-policy")}
+    before = client.get("/cache/stats").json()
+    fillers: list[str] = []
+    try:
+        fillers = fill_to_the_brim(admin)
+        held_cached, new_cached = [], []
+        for _ in range(12):
+            new_cached.append(post(client, unique_jpeg())["cached"])  # computed; its SET refused
+            held_cached.append(post(client, held)["cached"])
+        during = client.get("/cache/stats").json()
+    finally:
+        admin.config_set("maxmemory", saved["maxmemory"])
+        admin.config_set("maxmemory-policy", saved["maxmemory-policy"])
+        if fillers:
+            admin.delete(*fillers)
+        admin.close()
+    assert held_cached == [True] * 12, held_cached
+    assert new_cached == [False] * 12
+    assert during["healthy"] is False and during["degraded"].startswith("writes refused: OOM "), during
+    assert during["errors"] == before["errors"] and during["write_errors"] == before["write_errors"]
+    assert during["writes_refused"] == before["writes_refused"] + 12
+    lookups = during["hits"] + during["misses"] + during["errors"]
+    assert during["hit_rate"] == round(during["hits"] / lookups, 4)
+
+    # Room again: after the back-off (about a second) a new answer is stored and the cache is healthy.
+    data = unique_jpeg()
+    deadline = time.monotonic() + 10
+    while post(client, data)["cached"] is False and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert post(client, data)["cached"] is True
+    assert client.get("/cache/stats").json()["healthy"] is True
+
+
+# --- Redis behind a password, entries signed ------------------------------------------------------
+
+REDIS_PASSWORD = "redis-pw-never-shown-4c1d"
+HMAC_KEY = "cache-signing-key-never-shown-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def locked_redis(tmp_path_factory) -> Iterator[RedisServer]:
+    srv = RedisServer(tmp_path_factory.mktemp("locked-redis"))
+    srv.start()
+    with redis.Redis.from_url(srv.url) as admin:
+        admin.config_set("requirepass", REDIS_PASSWORD)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def signed_server(built_models, bentoml_home: Path, tmp_path_factory, locked_redis: RedisServer) -> Iterator[Server]:
+    """A server as deploy/k8s runs it: the Redis password and the signing key from secret files."""
+    work = tmp_path_factory.mktemp("signed")
+    home = work / "home"  # its own home: `bentoml serve` empties its home's Prometheus directory
+    home.mkdir()
+    (home / "models").symlink_to(bentoml_home / "models")
+    (work / "redis-password").write_text(REDIS_PASSWORD + "\n")
+    (work / "cache-hmac-key").write_text(HMAC_KEY + "\n")
+    env = {
+        "REDIS_URL": locked_redis.url,  # no password in it: it comes from the secret file
+        "FASTINFER_REDIS_PASSWORD_FILE": str(work / "redis-password"),
+        "FASTINFER_CACHE_HMAC_KEY_FILE": str(work / "cache-hmac-key"),
+    }
+    srv = start_server(home, work / "serve.log", env)
+    yield srv
+    stop_server(srv)
+
+
+def test_a_signed_cache_behind_a_password(signed_server, locked_redis) -> None:
+    admin = redis.Redis.from_url(locked_redis.url, password=REDIS_PASSWORD)
+    with httpx.Client(base_url=signed_server.url, timeout=60) as c:
+        data, other = unique_jpeg(), unique_jpeg()
+        truth = post(c, data)
+        assert truth["cached"] is False and post(c, data)["cached"] is True  # through the password
+        stats = c.get("/cache/stats").json()
+        assert stats["signed"] is True and stats["healthy"] is True and stats["keys"] >= 1
+        key = cache_key(data, "onnx", truth["model"], 5)
+        stored = admin.get(key)
+        body = json.loads(stored)["body"]
+        assert stored.decode() == encode_entry(body, key, HMAC_KEY.encode())  # signed with the server's key
+        assert json.loads(stored)["mac"] == entry_mac(HMAC_KEY.encode(), key, json.dumps(body))
+
+        # Anyone who can write to Redis writes another photo's answer under this photo's key: a
+        # consistent entry (same model, labels that fit their classes), unsigned or signed with
+        # another key. It is never served: recomputed, and overwritten.
+        forged = {k: v for k, v in post(c, other).items() if k in BODY_KEYS}
+        for value in (encode_entry(forged, key), encode_entry(forged, key, b"a key that is not the server's key")):
+            admin.set(key, value, ex=600)
+            again = post(c, data)
+            assert again["cached"] is False and prediction(again) == prediction(truth)
+            assert post(c, data)["cached"] is True
+        stats = c.get("/cache/stats").json()
+        assert stats["invalid"] == 2 and stats["errors"] == 0 and stats["healthy"] is True
+    admin.close()
+    shown = json.dumps(stats) + signed_server.log.read_text(errors="replace")
+    assert REDIS_PASSWORD not in shown and HMAC_KEY not in shown
+    assert "entries signed" in shown  # the log says the cache is signed (the key itself never)

@@ -8,9 +8,11 @@ from __future__ import annotations
 import importlib.resources
 import json
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import bentoml
@@ -21,6 +23,7 @@ import pytest
 import yaml
 
 from fastinfer import __version__, photos
+from load_tests.service import free_port
 from tests.servers import ROOT, start_server, stop_server
 from tests.spec_checks import spec_problems
 
@@ -31,7 +34,12 @@ MANIFESTS = [ROOT / "compose.yaml", *K8S_MANIFESTS]
 # new (or gone) in the versions between fails one of them.
 K8S_VERSIONS = ("1.25.0", "1.37.0")
 SECRET = "fastinfer"  # the Kubernetes Secret the Deployment reads: its keys, by the variable they set
-SECRET_KEYS = {"FASTINFER_API_KEYS": "api-keys", "GROQ_API_KEY": "groq-api-key"}
+SECRET_KEYS = {
+    "FASTINFER_API_KEYS": "api-keys",
+    "GROQ_API_KEY": "groq-api-key",
+    "FASTINFER_REDIS_PASSWORD": "redis-password",
+    "FASTINFER_CACHE_HMAC_KEY": "cache-hmac-key",
+}
 
 
 def test_client_example_against_a_live_server(server, tmp_path) -> None:
@@ -304,3 +312,130 @@ def test_compose_takes_the_keys_from_secret_files() -> None:
         assert placeholder.is_file() and not placeholder.read_bytes(), f"{default[2]}: an empty file in the repo"
         if name in mounted:  # the host's variable is the setting the service reads the mounted file by
             assert files.get(default[1]) == mounted[name], f"secret {name} is set by {default[1]}"
+
+
+# --- the shared Redis: a password from the Secret, reached by FastInfer's pods only ---------------
+
+
+def k8s_object(kind: str, name: str) -> dict:
+    (found,) = [d for _, d in k8s_documents() if d["kind"] == kind and d["metadata"]["name"] == name]
+    return found
+
+
+def test_k8s_redis_requires_the_password_fastinfer_is_given() -> None:
+    (redis_container,) = k8s_object("Deployment", "fastinfer-redis")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in redis_container["env"]}
+    # Required (no `optional`): without the password this Redis does not start, rather than start open.
+    assert env["REDISCLI_AUTH"]["valueFrom"] == {"secretKeyRef": {"name": SECRET, "key": "redis-password"}}
+    args = redis_container["args"]
+    assert args[args.index("--requirepass") + 1] == "$(REDISCLI_AUTH)"  # put in by Kubernetes, not a value
+    (app,) = k8s_object("Deployment", "fastinfer")["spec"]["template"]["spec"]["containers"]
+    given = next(e for e in app["env"] if e["name"] == "FASTINFER_REDIS_PASSWORD")
+    assert given["valueFrom"]["secretKeyRef"]["key"] == "redis-password"
+
+
+def test_k8s_redis_admits_only_fastinfer_pods() -> None:
+    redis_deployment, app = k8s_object("Deployment", "fastinfer-redis"), k8s_object("Deployment", "fastinfer")
+    policy = k8s_object("NetworkPolicy", "fastinfer-redis")["spec"]
+    redis_labels = redis_deployment["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= redis_labels.items()
+    assert policy["policyTypes"] == ["Ingress"]
+    (rule,) = policy["ingress"]
+    (source,) = rule["from"]
+    assert set(source) == {"podSelector"}, "pods only: no namespaceSelector or ipBlock"
+    assert source["podSelector"]["matchLabels"].items() <= app["spec"]["template"]["metadata"]["labels"].items()
+    (redis_container,) = redis_deployment["spec"]["template"]["spec"]["containers"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": redis_container["ports"][0]["containerPort"]}]
+
+
+@pytest.fixture
+def tools(tmp_path) -> dict[str, str]:
+    """PATH where `redis-cli` talks to a test port, and the redis image's docker-entrypoint.sh runs
+    redis-server on it: the manifests' own commands run here against a real redis-server."""
+    if not (shutil.which("redis-server") and shutil.which("redis-cli")):
+        pytest.fail("redis-server and redis-cli are not installed (apt-get install redis-server; make test does)")
+    port = free_port()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "redis-cli").write_text(f'#!/bin/sh\nexec {shutil.which("redis-cli")} -p {port} "$@"\n')
+    (bin_dir / "docker-entrypoint.sh").write_text(
+        f'#!/bin/sh\nexec "$@" --port {port} --bind 127.0.0.1 --dir {tmp_path}\n'  # the image's drops privileges
+    )
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "PORT": str(port)}
+
+
+def wait_for_port(port: int, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "redis-server exited"
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError("redis-server did not start")
+
+
+def answers_without_password(port: int) -> bool:
+    import redis
+
+    with redis.Redis(port=port) as r:
+        try:
+            return r.ping()
+        except redis.exceptions.AuthenticationError:
+            return False
+
+
+def test_k8s_redis_as_kubernetes_starts_it(tools, tmp_path) -> None:
+    """The container's args, with $(REDISCLI_AUTH) put in as the kubelet does, run a Redis that
+    requires the password, and the readiness probe (with the same variable) passes only with it."""
+    (container,) = k8s_object("Deployment", "fastinfer-redis")["spec"]["template"]["spec"]["containers"]
+    password = "k8s-redis-pw-0123456789"
+    args = [a.replace("$(REDISCLI_AUTH)", password) for a in container["args"]]
+    port = int(tools["PORT"])
+    process = subprocess.Popen(
+        [shutil.which("redis-server"), *args, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port, process)
+        assert not answers_without_password(port)
+        probe = container["readinessProbe"]["exec"]["command"]
+        run = lambda env: subprocess.run(probe, env={**tools, **env}, timeout=10, check=False).returncode  # noqa: E731
+        assert run({"REDISCLI_AUTH": password}) == 0
+        assert run({}) != 0 and run({"REDISCLI_AUTH": "wrong"}) != 0
+        assert password not in Path(f"/proc/{process.pid}/cmdline").read_text()  # Redis rewrote its title
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.parametrize("with_password", [True, False], ids=["password", "none"])
+def test_compose_redis_as_compose_starts_it(tools, tmp_path, with_password: bool) -> None:
+    """The redis service's command and health check, with Compose's `$$` as `$`, against a real
+    redis-server: with the secret file it requires that password, with the empty placeholder none."""
+    service = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["redis"]
+    password = "compose-redis-pw-0123456789"
+    secret = tmp_path / "secret"
+    secret.write_text(password + "\n" if with_password else "")
+    env = {**tools, "REDIS_PASSWORD_FILE": str(secret)}
+    assert service["environment"]["REDIS_PASSWORD_FILE"].startswith("/run/secrets/")
+    command = [part.replace("$$", "$") for part in service["command"]]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
+    port = int(tools["PORT"])
+    try:
+        wait_for_port(port, process)
+        assert answers_without_password(port) is not with_password
+        kind, check = service["healthcheck"]["test"]
+        assert kind == "CMD-SHELL"
+        health = subprocess.run(["sh", "-c", check.replace("$$", "$")], env=env, timeout=10, check=False)
+        assert health.returncode == 0
+        if with_password:
+            assert password not in Path(f"/proc/{process.pid}/cmdline").read_text()
+            secret.write_text("wrong")  # the check authenticates with what the file holds
+            wrong = subprocess.run(["sh", "-c", check.replace("$$", "$")], env=env, timeout=10, check=False)
+            assert wrong.returncode != 0
+    finally:
+        process.kill()
+        process.wait()

@@ -1,11 +1,13 @@
 """The response cache without a BentoML server: keys, the memory bound, Redis failing open, entries
-validated on read, and the key count. The Redis tests use a real redis-server (database 1: the
-integration tests' servers use 0)."""
+validated (and signed) on read, refused writes that leave reads on, the key count, and the cache's
+settings. The Redis tests use a real redis-server (database 1: the integration tests' servers use 0;
+a test that changes the server's configuration starts its own)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import socket
 import time
@@ -16,24 +18,33 @@ from typing import Any
 import pytest
 import redis
 
+from fastinfer import config
+from fastinfer.api_models import CacheStatsResponse
 from fastinfer.cache import (
     CACHE_FORMAT,
     INDEX_KEY,
+    MAX_ENTRY_BYTES,
     Expected,
     MemoryCache,
     RedisCache,
     ResponseCache,
+    WriteRefused,
+    _refusal,
     cache_key,
+    encode_entry,
+    entry_mac,
     open_cache,
+    redact_url,
 )
+from tests.servers import RedisServer
 
 TAG = "resnet50-onnx:abc"
 KEY = cache_key(b"image", "onnx", TAG, 5)
 
 
-def body(k: int = 5, backend: str = "onnx", model: str = TAG) -> dict[str, Any]:
-    """A response body as fastinfer.pipeline.Pipeline._body makes it."""
-    ranked = [{"label": f"class {i}", "index": i, "score": round(0.4 / 2**i, 4)} for i in range(k)]
+def body(k: int = 5, backend: str = "onnx", model: str = TAG, first: int = 0) -> dict[str, Any]:
+    """A response body as fastinfer.pipeline.Pipeline._body makes it (classes first, first + 1, ...)."""
+    ranked = [{"label": f"class {first + i}", "index": first + i, "score": round(0.4 / 2**i, 4)} for i in range(k)]
     return {
         "class": ranked[0]["label"],
         "class_index": ranked[0]["index"],
@@ -169,7 +180,8 @@ async def redis_cache(url: str, ttl_s: float = 60) -> AsyncIterator[RedisCache]:
 
 
 def entry(value: Any) -> str:
-    return json.dumps({"v": CACHE_FORMAT, "body": value})
+    """An unsigned entry of this format."""
+    return json.dumps({"v": CACHE_FORMAT, "mac": None, "body": value})
 
 
 def changed(**fields: Any) -> str:
@@ -191,6 +203,8 @@ BAD_ENTRIES: dict[str, str | bytes] = {
     "JSON null": b"null",
     "bare body (format 1)": json.dumps(body()),
     "another format": json.dumps({"v": "1", "body": body()}),
+    "format 2 ({v, body})": json.dumps({"v": "2", "body": body()}),
+    "this format without its mac field": json.dumps({"v": CACHE_FORMAT, "body": body()}),
     "body not an object": entry("a string"),
     "missing field": entry({k: v for k, v in body().items() if k != "weights"}),
     "extra field": changed(extra=1),
@@ -232,6 +246,10 @@ BAD_ENTRIES: dict[str, str | bytes] = {
 @pytest.mark.parametrize("kind", ["memory", "redis"])
 @pytest.mark.parametrize("bad", BAD_ENTRIES, ids=list(BAD_ENTRIES))
 def test_a_bad_entry_is_an_invalid_miss_never_an_error(kind: str, bad: str, request) -> None:
+    # Redis is read with GETRANGE (bounded), which answers "" for a missing key and an empty value
+    # alike: an empty value is a plain miss there, overwritten all the same.
+    event = "miss" if (kind, bad) == ("redis", "empty") else "invalid"
+
     async def main() -> dict:
         if kind == "memory":
             cache: ResponseCache = MemoryCache(max_entries=10, ttl_s=60)
@@ -240,7 +258,7 @@ def test_a_bad_entry_is_an_invalid_miss_never_an_error(kind: str, bad: str, requ
             cache = RedisCache(request.getfixturevalue("redis_url"), ttl_s=60, timeout_s=1)
             await cache.client.set(KEY, BAD_ENTRIES[bad])  # as another version, or a person, would
         try:
-            assert await lookup(cache) == (None, "invalid")
+            assert await lookup(cache) == (None, event)
             await cache.store(KEY, body())  # what the request does after inference: overwrites it
             assert await lookup(cache) == (body(), "hit")  # the breaker stayed closed
             return await cache.describe()
@@ -248,7 +266,7 @@ def test_a_bad_entry_is_an_invalid_miss_never_an_error(kind: str, bad: str, requ
             await cache.close()
 
     stats = asyncio.run(main())
-    assert stats["invalid"] == 1 and stats["misses"] == 1 and stats["hits"] == 1
+    assert stats["invalid"] == (event == "invalid") and stats["misses"] == 1 and stats["hits"] == 1
     assert stats["errors"] == 0 and stats["healthy"] is True
 
 
@@ -256,7 +274,7 @@ def test_redis_stores_what_it_reads(redis_url: str) -> None:
     async def main() -> None:
         async with redis_cache(redis_url) as cache:
             await cache.store(KEY, body())
-            assert json.loads(await cache.client.get(KEY)) == {"v": CACHE_FORMAT, "body": body()}
+            assert json.loads(await cache.client.get(KEY)) == {"v": CACHE_FORMAT, "mac": None, "body": body()}
             assert await lookup(cache) == (body(), "hit")
             # the same entry read for another top_k, backend or model than it holds is not served
             assert (await cache.lookup(KEY, replace(EXPECTED, top_k=3)))[1] == "invalid"
@@ -271,7 +289,9 @@ def test_redis_stores_what_it_reads(redis_url: str) -> None:
 
 
 async def calls(client: Any, command: str) -> int:
-    return (await client.info("commandstats")).get(f"cmdstat_{command}", {}).get("calls", 0)
+    """How often ``command`` reached Redis: run, failed, or rejected (e.g. OOM) before it ran."""
+    stats = (await client.info("commandstats")).get(f"cmdstat_{command}", {})
+    return sum(stats.get(n, 0) for n in ("calls", "rejected_calls"))
 
 
 def test_redis_key_count_is_exact_and_never_scans(redis_url: str) -> None:
@@ -359,3 +379,484 @@ def test_another_redis_type_under_the_key_is_invalid_not_an_outage(kind: str, re
 
     stats = asyncio.run(main())
     assert stats["errors"] == 0 and stats["healthy"] is True and stats["invalid"] == 1
+
+
+# --- what /cache/stats says ---------------------------------------------------------------------
+
+
+def test_stats_have_the_documented_shape() -> None:
+    """describe() and the response model of /cache/stats (the OpenAPI spec) name the same fields."""
+    stats = asyncio.run(MemoryCache(max_entries=10, ttl_s=60).describe())
+    assert set(stats) == set(CacheStatsResponse.model_fields)
+    CacheStatsResponse.model_validate(stats)
+
+
+class FlakyMemory(MemoryCache):
+    """A memory cache whose store stops answering when told to."""
+
+    down = False
+
+    async def _get(self, key: str) -> str | bytes | None:
+        if self.down:
+            raise ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+        return await super()._get(key)
+
+
+def test_the_hit_rate_counts_lookups_that_failed() -> None:
+    """A cache whose reads all failed once reported hit_rate 0.9995 (errors were left out)."""
+
+    async def main() -> dict:
+        cache = FlakyMemory(max_entries=10, ttl_s=60)
+        await cache.store(KEY, body())
+        assert (await lookup(cache))[1] == "hit"
+        assert (await lookup(cache, "absent"))[1] == "miss"
+        cache.down = True
+        assert [(await lookup(cache))[1] for _ in range(6)] == ["error"] * 6  # one failed, five skipped
+        cache.bypassed()  # no lookup: the client asked for none
+        return await cache.describe()
+
+    stats = asyncio.run(main())
+    assert (stats["hits"], stats["misses"], stats["errors"], stats["bypasses"]) == (1, 1, 6, 1)
+    assert stats["hit_rate"] == 0.125  # 1 / (1 + 1 + 6)
+    assert stats["healthy"] is False and "Connection refused" in stats["degraded"]
+
+
+class SlowStore(ResponseCache):
+    """A store whose calls run past their limit the way RedisCache's do (asyncio.wait_for)."""
+
+    mode = "redis"
+    timeout_s = 0.05
+
+    async def _get(self, key: str) -> str | bytes | None:
+        return await asyncio.wait_for(asyncio.sleep(1), self.timeout_s)
+
+    async def _set(self, key: str, raw: str | bytes) -> None:
+        await asyncio.wait_for(asyncio.sleep(1), self.timeout_s)
+
+
+@pytest.mark.parametrize("op", ["GET", "SET"])
+def test_a_timeout_is_said_in_words(op: str) -> None:
+    """asyncio's TimeoutError has no message: "redis SET failed: TimeoutError: " ended in nothing."""
+
+    async def main() -> dict:
+        cache = SlowStore()
+        await (lookup(cache) if op == "GET" else cache.store(KEY, body()))
+        return await cache.describe()
+
+    stats = asyncio.run(main())
+    assert stats["degraded"] == f"redis {op} failed: timed out after 50 ms"
+    assert (stats["errors"], stats["write_errors"]) == ((1, 0) if op == "GET" else (0, 1))
+
+
+@pytest.mark.parametrize(
+    "exc", [ConnectionError(), RuntimeError("   "), OSError(), asyncio.CancelledError()], ids=lambda e: type(e).__name__
+)
+def test_every_degraded_message_says_something(exc: BaseException) -> None:
+    cache = ResponseCache()
+    cache._failed("GET", exc)
+    reason = cache.stats.degraded.split("failed: ", 1)[1]
+    assert reason.strip() and not reason.rstrip().endswith(":"), cache.stats.degraded
+    assert type(exc).__name__ in reason
+
+
+def test_a_silent_redis_times_out_in_words() -> None:
+    """A Redis that accepts connections and never answers (a hung server, a black-holed route)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)  # accepted by the kernel, never read
+
+        async def main() -> dict:
+            cache = RedisCache(f"redis://127.0.0.1:{listener.getsockname()[1]}/0", ttl_s=60, timeout_s=0.05)
+            try:
+                await cache.store(KEY, body())
+                return await cache.describe()
+            finally:
+                await cache.close()
+
+        stats = asyncio.run(main())
+    degraded = stats["degraded"]
+    assert degraded.startswith("redis SET failed: ") and "time" in degraded.lower(), degraded
+    assert not degraded.rstrip().endswith(":"), degraded
+
+
+# --- a Redis that answers but refuses writes ----------------------------------------------------
+
+
+@pytest.fixture()
+def own_redis(tmp_path) -> RedisServer:
+    """A redis-server of this test's own, whose configuration it may change."""
+    srv = RedisServer(tmp_path)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def fill_to_the_brim(admin: redis.Redis) -> None:
+    """Redis full the way production fills it: maxmemory with noeviction, written until it refuses."""
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", admin.info("memory")["used_memory"] + 2_000_000)
+    for i in itertools.count():
+        try:
+            admin.set(f"otherapp:blob:{i}", b"x" * 20_000)
+        except redis.exceptions.OutOfMemoryError:
+            break
+    # The refused blob's request buffer is freed after it, which leaves room for a small write or two:
+    # a margin, so that every write of the test is refused.
+    admin.config_set("maxmemory", admin.info("memory")["used_memory"] - 100_000)
+
+
+@pytest.mark.parametrize("refusal", ["OOM", "READONLY"])
+def test_a_refused_write_leaves_reads_on(refusal: str, own_redis: RedisServer) -> None:
+    """A full Redis (maxmemory + noeviction: OOM) or a replica (READONLY) still serves what it holds.
+    Every refused SET once opened the breaker, which skipped the GETs too: a repeated photo was
+    answered from the cache 0 of 656 times while the cache was full."""
+    admin = redis.Redis.from_url(own_redis.url)
+
+    async def main() -> tuple[list[str], dict, dict]:
+        async with redis_cache(own_redis.url) as cache:
+            cache.retry_after_s = 0.2
+            await cache.store(KEY, body())  # a photo stored while there was room
+            if refusal == "OOM":
+                fill_to_the_brim(admin)
+            else:
+                admin.replicaof("127.0.0.1", closed_port())  # a master that never answers: stale reads allowed
+            events = []
+            for i in range(20):  # new photos (not stored) and the repeated one, in turn
+                await cache.store(cache_key(f"new photo {i}".encode(), "onnx", TAG, 5), body())
+                events.append((await lookup(cache))[1])
+            during = await cache.describe()
+            if refusal == "OOM":
+                admin.config_set("maxmemory", 0)  # room again
+            else:
+                admin.replicaof("no", "one")
+            await asyncio.sleep(0.25)  # the write back-off ends
+            await cache.store(cache_key(b"a later photo", "onnx", TAG, 5), body())
+            assert (await lookup(cache, cache_key(b"a later photo", "onnx", TAG, 5)))[1] == "hit"
+            return events, during, await cache.describe()
+
+    try:
+        events, during, after = asyncio.run(main())
+    finally:
+        admin.close()
+    assert events == ["hit"] * 20
+    assert during["healthy"] is False and during["degraded"].startswith(f"writes refused: {refusal} ")
+    assert "reads still served" in during["degraded"]
+    assert during["errors"] == 0 and during["write_errors"] == 0
+    assert during["writes_refused"] == 20  # each answer not stored is counted, tried or backed off from
+    assert during["hit_rate"] == 1.0 and during["keys"] is not None
+    assert after["healthy"] is True and after["degraded"] is None and after["writes_refused"] == 20
+
+
+def test_writes_back_off_while_refused(own_redis: RedisServer) -> None:
+    """One SET a back-off interval is tried while Redis refuses, not one per request."""
+    admin = redis.Redis.from_url(own_redis.url)
+
+    async def main() -> int:
+        async with redis_cache(own_redis.url) as cache:
+            cache.retry_after_s = 60
+            fill_to_the_brim(admin)
+            before = await calls(cache.client, "set")
+            for i in range(50):
+                await cache.store(cache_key(f"photo {i}".encode(), "onnx", TAG, 5), body())
+            return await calls(cache.client, "set") - before
+
+    try:
+        assert asyncio.run(main()) == 1
+    finally:
+        admin.close()
+
+
+@pytest.mark.parametrize(
+    ("error", "refused"),
+    [
+        ("OOM command not allowed when used memory > 'maxmemory'.", True),
+        ("READONLY You can't write against a read only replica.", True),
+        ("MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.", True),
+        ("NOREPLICAS Not enough good replicas to write.", True),
+        ("ERR unknown command 'SET'", False),
+        ("NOPERM this user has no permissions to run the 'set' command", False),
+        ("OOMKILLER a reply code of another name", False),
+    ],
+)
+def test_which_replies_are_refusals(error: str, refused: bool) -> None:
+    from redis._parsers.base import BaseParser
+
+    exc = BaseParser.parse_error(error)  # the exception redis-py raises for that reply
+    assert isinstance(_refusal(exc), WriteRefused) is refused
+    if refused:
+        assert str(_refusal(exc)).startswith(error.split()[0])
+    assert _refusal(redis.exceptions.ConnectionError("Connection refused")) is None
+
+
+# --- a value too large to be ours ---------------------------------------------------------------
+
+
+def net_output_bytes(admin: redis.Redis) -> int:
+    return admin.info("stats")["total_net_output_bytes"]
+
+
+def test_a_huge_value_is_refused_without_being_read_whole(redis_url: str) -> None:
+    """A ~200 MB value under our key made the GET time out and opened the breaker; now Redis sends
+    at most MAX_ENTRY_BYTES + 1 bytes of it, and it is an invalid entry, recomputed and overwritten."""
+    admin = redis.Redis.from_url(redis_url)
+    admin.set(KEY, entry(body()) + " " * 64_000_000)
+
+    async def main() -> tuple[str, int, dict]:
+        cache = RedisCache(redis_url, ttl_s=60, timeout_s=0.05)  # the production limit
+        try:
+            before = net_output_bytes(admin)
+            event = (await lookup(cache))[1]
+            sent = net_output_bytes(admin) - before
+            await cache.store(KEY, body())
+            assert await lookup(cache) == (body(), "hit")
+            return event, sent, await cache.describe()
+        finally:
+            await cache.close()
+
+    try:
+        event, sent, stats = asyncio.run(main())
+    finally:
+        admin.close()
+    assert event == "invalid"
+    assert sent < MAX_ENTRY_BYTES + 8_000, f"Redis sent {sent:,} bytes for one lookup"  # + INFO's own reply
+    assert stats["healthy"] is True and stats["errors"] == 0 and stats["invalid"] == 1
+
+
+def test_an_entry_of_the_largest_size_is_still_read(redis_url: str) -> None:
+    """top_k 20 with long labels stays well inside the bound, and is served whole."""
+
+    async def main() -> tuple[dict | None, str]:
+        async with redis_cache(redis_url) as cache:
+            big = body(k=20)
+            big["top_k"] = [{**p, "label": p["label"] + " x" * 40} for p in big["top_k"]]
+            big["class"] = big["top_k"][0]["label"]
+            await cache.store(KEY, big)
+            assert len(await cache.client.get(KEY)) < MAX_ENTRY_BYTES // 2
+            return await cache.lookup(KEY, Expected("onnx", TAG, 20, "random-init")), json.dumps(big)
+
+    (found, event), text = asyncio.run(main())
+    assert event == "hit" and json.dumps(found) == text
+
+
+# --- signed entries -----------------------------------------------------------------------------
+
+HMAC_KEY = "a-cache-signing-key-of-32-chars-or-more-0123"
+FORGED = body(first=500)  # a consistent answer, but another photo's: validation alone serves it
+
+
+def signed_cache(kind: str, request, hmac_key: str = HMAC_KEY) -> ResponseCache:
+    if kind == "memory":
+        return MemoryCache(max_entries=10, ttl_s=60, hmac_key=hmac_key)
+    return RedisCache(request.getfixturevalue("redis_url"), ttl_s=60, timeout_s=1, hmac_key=hmac_key)
+
+
+async def put(cache: ResponseCache, key: str, raw: str | bytes) -> None:
+    """Writes ``raw`` under ``key`` as anyone with access to the store could."""
+    if isinstance(cache, MemoryCache):
+        cache._data[key] = (time.monotonic() + 60, raw)
+    else:
+        await cache.client.set(key, raw)
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_without_a_key_a_forged_consistent_entry_is_served(kind: str, request) -> None:
+    """The finding: anyone who can write to Redis can forge an answer that passes validation."""
+
+    async def main() -> tuple[dict | None, str]:
+        cache = signed_cache(kind, request, hmac_key="")
+        try:
+            await put(cache, KEY, encode_entry(FORGED, KEY))
+            return await lookup(cache)
+        finally:
+            await cache.close()
+
+    assert asyncio.run(main()) == (FORGED, "hit")
+
+
+def signed(body_text: str, mac: str) -> str:
+    """An entry laid out as encode_entry lays one out, with any body text and MAC."""
+    return f'{{"v":"{CACHE_FORMAT}","mac":"{mac}","body":{body_text}}}'
+
+
+TRUE_MAC = entry_mac(HMAC_KEY.encode(), KEY, json.dumps(body()))
+FORGERIES = {
+    "unsigned": lambda: encode_entry(FORGED, KEY),
+    "signed with another key": lambda: encode_entry(FORGED, KEY, b"another key, of 32 characters or more"),
+    "the MAC of the true answer, the forged body": lambda: signed(json.dumps(FORGED), TRUE_MAC),
+    "the true answer, one score changed after signing": lambda: signed(
+        json.dumps(body()).replace('"score": 0.4', '"score": 0.5'), TRUE_MAC
+    ),
+    "the true answer, the MAC in capitals": lambda: signed(json.dumps(body()), TRUE_MAC.upper()),
+    "the true answer, laid out another way": lambda: json.dumps(
+        {"v": CACHE_FORMAT, "mac": TRUE_MAC, "body": body()}, indent=1
+    ),
+    "a valid entry of another key, copied": lambda: encode_entry(
+        FORGED, cache_key(b"another photo", "onnx", TAG, 5), HMAC_KEY.encode()
+    ),
+    "a MAC that is not a string": lambda: json.dumps({"v": CACHE_FORMAT, "mac": 7, "body": FORGED}),
+    "another format, signed": lambda: encode_entry(FORGED, KEY, HMAC_KEY.encode()).replace(
+        f'"v":"{CACHE_FORMAT}"', '"v":"2"'
+    ),
+}
+
+
+def test_the_true_answer_signed_is_served() -> None:
+    """The forgeries below are refused for what they change, not for their layout."""
+
+    async def main() -> tuple[dict | None, str]:
+        cache = MemoryCache(max_entries=10, ttl_s=60, hmac_key=HMAC_KEY)
+        await put(cache, KEY, signed(json.dumps(body()), TRUE_MAC))
+        return await lookup(cache)
+
+    assert asyncio.run(main()) == (body(), "hit")
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+@pytest.mark.parametrize("forgery", FORGERIES, ids=list(FORGERIES))
+def test_with_a_key_only_entries_it_signed_are_served(kind: str, forgery: str, request) -> None:
+    async def main() -> dict:
+        cache = signed_cache(kind, request)
+        try:
+            await put(cache, KEY, FORGERIES[forgery]())
+            assert await lookup(cache) == (None, "invalid")  # never served, and no outage
+            await cache.store(KEY, body())  # the request's answer overwrites it
+            assert await lookup(cache) == (body(), "hit")
+            return await cache.describe()
+        finally:
+            await cache.close()
+
+    stats = asyncio.run(main())
+    assert stats["signed"] is True and stats["healthy"] is True and stats["invalid"] == 1 and stats["errors"] == 0
+
+
+def test_a_signed_entry_covers_key_and_body(redis_url: str) -> None:
+    async def main() -> bytes:
+        async with redis_cache(redis_url) as cache:
+            cache.hmac_key = HMAC_KEY.encode()
+            await cache.store(KEY, body())
+            return await cache.client.get(KEY)
+
+    stored = asyncio.run(main())
+    mac = entry_mac(HMAC_KEY.encode(), KEY, json.dumps(body()))
+    assert json.loads(stored) == {"v": CACHE_FORMAT, "mac": mac, "body": body()}  # JSON, as before
+    assert stored.decode() == signed(json.dumps(body()), mac) and len(mac) == 64
+
+
+def test_the_signing_key_reaches_every_mode_and_is_said() -> None:
+    async def main() -> list[ResponseCache]:
+        port = closed_port()
+        return [
+            await open_cache("memory", "redis://unused", 60, 0.05, 10, hmac_key=HMAC_KEY),
+            await open_cache("auto", f"redis://127.0.0.1:{port}/0", 60, 0.05, 10, hmac_key=HMAC_KEY),
+            await open_cache("redis", f"redis://127.0.0.1:{port}/0", 60, 0.05, 10, hmac_key=HMAC_KEY),
+        ]
+
+    caches = asyncio.run(main())
+    assert [c.hmac_key for c in caches] == [HMAC_KEY.encode()] * 3
+    assert all(asyncio.run(c.describe())["signed"] is True for c in caches)
+    assert asyncio.run(ResponseCache().describe())["signed"] is False
+
+
+# --- the password never shown -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:s3cret-pw@fastinfer-redis:6379/0", "redis://fastinfer-redis:6379/0"),
+        ("rediss://user:s3cret-pw@cache.example:6380/2", "rediss://cache.example:6380/2"),
+        ("redis://cache.example:6379/0?password=s3cret-pw", "redis://cache.example:6379/0"),
+        ("redis://:p%40ss%3As3cret-pw@host:6379/0", "redis://host:6379/0"),
+        ("unix://:s3cret-pw@/run/redis.sock?db=1", "unix:///run/redis.sock"),
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+    ],
+)
+def test_a_redis_url_is_shown_without_its_password(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+def test_the_password_is_in_no_mode_message_or_log(own_redis: RedisServer, caplog) -> None:
+    admin = redis.Redis.from_url(own_redis.url)
+    admin.config_set("requirepass", "s3cret-pw")
+    admin.close()
+    host = own_redis.url.split("//")[1]
+
+    async def main() -> list[dict]:
+        described = []
+        for password in ("wrong-s3cret-pw", "s3cret-pw"):
+            cache = await open_cache("redis", f"redis://:{password}@{host}", 60, 0.5, 10)
+            await cache.store(KEY, body())
+            described.append({**await cache.describe(), "event": (await lookup(cache))[1]})
+            await cache.close()
+        return described
+
+    with caplog.at_level("WARNING", logger="fastinfer.cache"):
+        wrong, right = asyncio.run(main())
+    assert wrong["event"] == "error" and "AuthenticationError" in wrong["degraded"]
+    assert right["event"] == "hit" and right["healthy"] is True
+    shown = json.dumps([wrong, right]) + caplog.text
+    assert "s3cret" not in shown and f"redis (redis://{host})" in shown
+
+
+# --- the settings -------------------------------------------------------------------------------
+
+CACHE_SECRETS = (
+    "REDIS_URL",
+    "FASTINFER_REDIS_PASSWORD",
+    "FASTINFER_REDIS_PASSWORD_FILE",
+    "FASTINFER_CACHE_HMAC_KEY",
+    "FASTINFER_CACHE_HMAC_KEY_FILE",
+)
+
+
+def settings_with(monkeypatch, **env: str) -> config.Settings:
+    for name in CACHE_SECRETS:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config.get_settings.cache_clear()
+    try:
+        return config.get_settings()
+    finally:
+        config.get_settings.cache_clear()
+
+
+def test_the_redis_password_comes_from_a_secret_into_the_url(monkeypatch, tmp_path) -> None:
+    from redis.asyncio.connection import parse_url
+
+    password = "p@ss:w/rd?#%& é"  # anything a secret generator or a person may use
+    secret = tmp_path / "redis_password"
+    secret.write_text(password + "\n")
+    for env in (
+        {"FASTINFER_REDIS_PASSWORD": password},
+        {"FASTINFER_REDIS_PASSWORD_FILE": str(secret)},
+    ):
+        settings = settings_with(monkeypatch, REDIS_URL="redis://fastinfer-redis:6379/0", **env)
+        assert parse_url(settings.redis_url) == {"host": "fastinfer-redis", "port": 6379, "db": 0, "password": password}
+        assert password not in repr(settings) and "fastinfer-redis" not in repr(settings)  # repr=False
+    user = settings_with(monkeypatch, REDIS_URL="redis://app@h:6379/1", FASTINFER_REDIS_PASSWORD="pw")
+    assert parse_url(user.redis_url)["username"] == "app" and parse_url(user.redis_url)["password"] == "pw"
+    assert settings_with(monkeypatch).redis_url == config.Settings.redis_url  # none: the URL as given
+
+
+@pytest.mark.parametrize("url", ["redis://:inurl@h:6379/0", "redis://h:6379/0?password=inurl"])
+def test_a_password_in_two_places_stops_start_up(monkeypatch, url: str) -> None:
+    with pytest.raises(ValueError, match="give it in one place") as caught:
+        settings_with(monkeypatch, REDIS_URL=url, FASTINFER_REDIS_PASSWORD="other")
+    assert "inurl" not in str(caught.value) and "other" not in str(caught.value)
+
+
+def test_the_signing_key_comes_from_the_variable_or_a_secret_file(monkeypatch, tmp_path) -> None:
+    assert settings_with(monkeypatch).cache_hmac_key == ""
+    settings = settings_with(monkeypatch, FASTINFER_CACHE_HMAC_KEY=HMAC_KEY)
+    assert settings.cache_hmac_key == HMAC_KEY and HMAC_KEY not in repr(settings)
+    secret = tmp_path / "hmac"
+    secret.write_text(HMAC_KEY + "\n")
+    settings = settings_with(monkeypatch, FASTINFER_CACHE_HMAC_KEY_FILE=str(secret))
+    assert settings.cache_hmac_key == HMAC_KEY
+    with pytest.raises(ValueError, match="shorter than 32") as caught:
+        settings_with(monkeypatch, FASTINFER_CACHE_HMAC_KEY="short-key")
+    assert "short-key" not in str(caught.value)
+    (tmp_path / "empty").write_text("")
+    with pytest.raises(ValueError, match="is empty"):  # set means meant: no silent unsigned cache
+        settings_with(monkeypatch, FASTINFER_CACHE_HMAC_KEY_FILE=str(tmp_path / "empty"))

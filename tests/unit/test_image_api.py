@@ -3,13 +3,14 @@ multipart encoder, raw bodies), without a server."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
 import pytest
 
 from fastinfer.errors import ApiError
-from fastinfer.image_api import ROUTES, FormRules, answer, parse, top_k
+from fastinfer.image_api import ROUTES, CacheUse, FormRules, answer, cache_use, parse, top_k
 
 RULES = FormRules(default_backend="onnx", max_batch_images=4)
 JPEG = b"\xff\xd8\xff\xe0 pretend this is a photo"
@@ -141,12 +142,19 @@ class RecordingPipeline:
     def __init__(self) -> None:
         self.backends = ["onnx", "pytorch"]
         self.calls: list[tuple] = []
+        self.stores: list[bool] = []  # whether each call may store its answer in the cache
 
-    async def classify(self, image, backend, k, *, bypass=False, batched=None):
+    async def classify(self, image, backend, k, *, bypass=False, store=True, batched=None):
         self.calls.append(("classify", backend, k, bypass, batched))
+        self.stores.append(store)
         if backend not in self.backends:
             raise ApiError(f"Unknown backend {backend!r}", code="unknown_backend")
         return {"backend": backend}
+
+    async def classify_many(self, images, backend, k, *, bypass=False, store=True):
+        self.calls.append(("classify_many", backend, k, bypass, None))
+        self.stores.append(store)
+        return [{"backend": backend} for _ in images]
 
 
 def answered(path: str = "/classify", query: str = "", **kwargs: Any) -> tuple[int, dict, dict, RecordingPipeline]:
@@ -201,3 +209,66 @@ def test_echoed_names_are_cut_short() -> None:
     long = "k" * 60_000
     assert len(refused(query=f"{long}=1", content=JPEG, headers={"content-type": "image/png"}).message) < 300
     assert len(refused(files={"image": ("a", JPEG), long: (None, "1")}).message) < 300
+
+
+# ---- the request's cache directives ----
+
+
+def use_for(*headers: tuple[str, str]) -> CacheUse:
+    scope = {"headers": [(name.lower().encode(), value.encode()) for name, value in headers]}
+    return cache_use(scope)
+
+
+READ_AND_STORE, NEITHER, READ_ONLY = CacheUse(True, True), CacheUse(False, False), CacheUse(True, False)
+
+
+@pytest.mark.parametrize(
+    ("headers", "use"),
+    [
+        ((), READ_AND_STORE),
+        ((("Cache-Control", "no-cache"),), NEITHER),
+        ((("Cache-Control", "NO-CACHE"),), NEITHER),  # directive names are case-insensitive
+        ((("Cache-Control", "no-store"),), READ_ONLY),  # RFC 9111 §5.2.1.5: do not store; reading is allowed
+        ((("Cache-Control", "max-age=60, No-Store"),), READ_ONLY),
+        ((("Cache-Control", "no-store, no-cache"),), NEITHER),
+        ((("Cache-Control", "max-age=60"), ("Cache-Control", "no-store")), READ_ONLY),  # every header line counts
+        ((("Pragma", "no-cache"),), NEITHER),  # HTTP/1.0's no-cache (RFC 9111 §5.4)
+        ((("Pragma", "no-cache"), ("Cache-Control", "max-age=60")), READ_AND_STORE),  # Cache-Control wins
+        ((("Pragma", "no-cache"), ("Cache-Control", "no-store")), READ_ONLY),
+        ((("Cache-Control", 'private="no-cache, no-store", max-age=5'),), READ_AND_STORE),  # quoted: no directives
+        ((("Cache-Control", "no-cache-please"),), READ_AND_STORE),  # another token, not no-cache
+        ((("Cache-Control", "x-no-store"),), READ_AND_STORE),
+        ((("Pragma", "x-no-cache"),), READ_AND_STORE),
+    ],
+)
+def test_cache_directives_of_a_request(headers: tuple[tuple[str, str], ...], use: CacheUse) -> None:
+    assert use_for(*headers) == use
+
+
+@pytest.mark.parametrize("path", sorted(set(ROUTES) - {"/compare"}))
+@pytest.mark.parametrize(
+    ("headers", "read", "stored"),
+    [
+        ({}, True, True),
+        ({"cache-control": "no-store"}, True, False),
+        ({"pragma": "no-cache"}, False, False),
+        ({"cache-control": "no-cache"}, False, False),
+    ],
+    ids=["none", "no-store", "pragma", "no-cache"],
+)
+def test_every_image_route_passes_the_directives_on(path: str, headers: dict, read: bool, stored: bool) -> None:
+    """What the pipeline is told: whether to read the cache (not ``bypass``), and whether the answer
+    may be stored (``store``; a bypass stores nothing either)."""
+    pipeline = RecordingPipeline()
+    pipeline.backends = ["onnx", "pytorch", "onnx-int8", "coreml", "openvino", "coreml-batched"]
+    if ROUTES[path].kind == "batch":
+        kwargs: dict[str, Any] = {"files": [("images", ("a.jpg", JPEG, "image/jpeg"))]}
+    else:
+        kwargs = {"content": JPEG}
+        headers = {"content-type": "image/jpeg", **headers}
+    scope, body = request(path, headers=headers, **kwargs)
+    status, _ = asyncio.run(answer(pipeline, ROUTES[path], scope, body, RULES))  # type: ignore[arg-type]
+    assert status == 200
+    ((_, _, _, bypass, _),) = pipeline.calls
+    (store,) = pipeline.stores
+    assert (not bypass, store and not bypass) == (read, stored)
