@@ -23,7 +23,7 @@ import numpy as np
 
 from build_models import exporters
 from build_models.context import BuildContext
-from fastinfer import fidelity, hardware, photos, store
+from fastinfer import fidelity, hardware, photos, store, store_check
 from fastinfer.backends import anywhere, open_engine, openvino_cache_dir, openvino_missing
 from fastinfer.engines import EngineUnavailable
 from fastinfer.engines.openvino import cache_folder
@@ -197,9 +197,16 @@ def build(
                 progress(f"{step}: skipped: {cannot}")
                 continue
             if not force and store.is_current(existing, weights.source_hash) and artifact.still_current(ctx, existing):
-                progress(f"{step}: up to date ({existing.tag}), skipped")
-                results.append(BuildResult(name, str(existing.tag), False, 0.0))
-                continue
+                # Up to date only if its files are still what was built (store_check): labels alone
+                # call a truncated copy current.
+                health = ctx.health(existing)
+                if health.intact:
+                    progress(f"{step}: up to date ({existing.tag}; its files match their sha256), skipped")
+                    prune(name, str(existing.tag), step, progress)  # what a server kept while it ran
+                    results.append(BuildResult(name, str(existing.tag), False, 0.0))
+                    continue
+                state = "is corrupt" if health.corrupt else "cannot be verified"
+                progress(f"{step}: {existing.tag} {state}: {health.why()}; rebuilding")
             progress(f"{step}: exporting ...")
             t0 = time.perf_counter()
             export = artifact.export if size is None else partial(artifact.export, batch=size)
@@ -271,6 +278,7 @@ def build(
                         }
                     ),
                     **extra,
+                    store_check.FILES_KEY: store_check.record(Path(tmp)),  # what "up to date" is checked against
                 }
                 import bentoml
 
@@ -279,12 +287,15 @@ def build(
                         # Not Path.rename, which cannot cross filesystems: where BentoML stages a new
                         # model is its own business (1.4 stages it in TMPDIR, then copies it to the store).
                         shutil.move(f, Path(stored.path) / f.name)
-                # Every superseded version goes (not only the last: a build killed before this point
-                # leaves one), with its compiled OpenVINO models if any: the store does not grow.
-                for old in bentoml.models.list(name):
-                    if old.tag != stored.tag:
-                        shutil.rmtree(cache_folder(openvino_cache_dir(), old.path), ignore_errors=True)
-                        bentoml.models.delete(old.tag)
+                # The copy in the store, read back: a disk that fills up mid-copy leaves it short.
+                copied = store_check.check(bentoml.models.get(stored.tag))
+                if not copied.intact:
+                    bentoml.models.delete(stored.tag)
+                    raise VerificationError(
+                        f"{name}: the copy in the store differs from the export ({copied.why()}); is the disk "
+                        f"full? Nothing stored{kept}."
+                    )
+                prune(name, str(stored.tag), step, progress)
             seconds = time.perf_counter() - t0
             progress(f"{step}: stored {stored.tag} in {seconds:.1f}s")
             diff, agree = (None, None) if check is None else (check.max_abs_error, check.top1_agreement)
@@ -294,11 +305,38 @@ def build(
     return results
 
 
-def missing() -> list[str]:
-    """Store names of the models the store lacks entirely (of those this machine can build)."""
-    return [
-        store.model_name(a.name, b)
-        for a in ARTIFACTS.values()
-        for b in a.batches
-        if a.requires() is None and store.find(a.name, b) is None
-    ]
+def prune(name: str, current: str, step: str, progress: Callable[[str], None]) -> None:
+    """Delete every version of ``name`` but ``current`` (not only the last: a build killed before it
+    stored leaves one), with its compiled OpenVINO models: the store does not grow. Except a version
+    a running server serves (it pinned it at start-up, fastinfer.store.in_use): it stays, so that the
+    server's runners can still (re)load it, and goes with the first build after that server stops."""
+    import bentoml
+
+    in_use = store.in_use()
+    for old in bentoml.models.list(name):
+        tag = str(old.tag)
+        if tag == current:
+            continue
+        if tag in in_use:
+            progress(f"{step}: kept {tag}: the server running as process {in_use[tag]} serves it until restarted")
+            continue
+        shutil.rmtree(cache_folder(openvino_cache_dir(), old.path), ignore_errors=True)
+        bentoml.models.delete(old.tag)
+        progress(f"{step}: removed {tag}, superseded")
+
+
+def unusable() -> dict[str, str]:
+    """Store names of the models that are not in the store, or whose files cannot be trusted (corrupt,
+    or stored by a build that recorded no sha256), of those this machine can build → why."""
+    found: dict[str, str] = {}
+    for artifact in ARTIFACTS.values():
+        if artifact.requires() is not None:
+            continue
+        for size in artifact.batches:
+            model = store.find(artifact.name, size)
+            health = None if model is None else store_check.check(model)
+            if health is None or not health.intact:
+                state = "is corrupt" if health and health.corrupt else "cannot be verified"
+                why = "not in the store" if health is None else f"{health.tag} {state}: {health.why()}"
+                found[store.model_name(artifact.name, size)] = why
+    return found

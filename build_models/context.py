@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from PIL import Image
 
-from fastinfer import photos, store
+from fastinfer import photos, store, store_check
 from fastinfer.preprocess import PreprocessSpec, prepare
 
 if TYPE_CHECKING:
@@ -70,6 +70,18 @@ class BuildContext:
     _onnx: Path | None = None
     _onnx_int8: tuple[Path, dict[str, Any]] | None = None
     _calibration: list[np.ndarray] | None = None
+    _health: dict[str, store_check.Health] = field(default_factory=dict)
+
+    def health(self, model: Model) -> store_check.Health:
+        """A stored model's files against their record, read at most once per build."""
+        if str(model.tag) not in self._health:
+            self._health[str(model.tag)] = store_check.check(model)
+        return self._health[str(model.tag)]
+
+    def current_and_intact(self, model: Model | None) -> bool:
+        """A stored model whose file an export may start from: built from these weights and intact (a
+        corrupt copy would be caught, if at all, only by the export's own verification)."""
+        return model is not None and store.is_current(model, self.weights.source_hash) and self.health(model).intact
 
     @property
     def activation_type(self) -> str:
@@ -91,7 +103,7 @@ class BuildContext:
 
             path = Path(self._tmp.name) / "fp32.onnx"
             stored = store.find("onnx")
-            if not self.force and store.is_current(stored, self.weights.source_hash):
+            if not self.force and self.current_and_intact(stored):
                 shutil.copyfile(Path(stored.path) / MODEL_FILE, path)
             else:
                 write_onnx_fp32(self, path)
@@ -111,7 +123,7 @@ class BuildContext:
 
             path = Path(self._tmp.name) / "int8.onnx"
             stored = store.find("onnx-int8")
-            reusable = store.is_current(stored, self.weights.source_hash) and self.calibrated_as_asked(stored)
+            reusable = self.current_and_intact(stored) and self.calibrated_as_asked(stored)
             if not fresh and reusable:
                 shutil.copyfile(Path(stored.path) / MODEL_FILE, path)
                 meta = stored.info.metadata

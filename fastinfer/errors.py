@@ -7,6 +7,7 @@ Errors BentoML raises before our code runs (validation, content type) are reshap
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -56,9 +57,41 @@ class BackendUnavailable(ApiError):
     status, code = 503, "backend_unavailable"
 
 
+class RequestTimeout(ApiError):
+    """The request's deadline passed (the front's middleware answers the same, fastinfer/http.py)."""
+
+    status, code = 504, "timeout"
+
+
 class RunnerNotLoaded(BackendUnavailable):
     """The backend's runner is up but could not load its model (it says why; see runners/base.py)."""
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        # The runner already leaves its paths out; this front relays nothing that has one either way.
+        super().__init__(without_paths(message), **kwargs)
 
 
 def error_body(code: str, message: str) -> dict[str, Any]:
     return {"error": {"code": code, "message": message}}
+
+
+# An absolute path of two or more parts (``/tmp/x/model.onnx``; not ``/readyz``, ``53/53`` or a URL's
+# path, which follows a host name): as runtimes print them in their load errors.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])(?:/[^\s/'\"`,;:()<>\[\]{}]+){2,}/?")
+# Where a stored model's files are: <store>/<resnet50-...>/<version>/<file>.
+_STORED = re.compile(r"/(resnet50-[a-z0-9-]+)/([a-z0-9]+)(/.*)?$")
+
+
+def _private(match: re.Match[str]) -> str:
+    path = match.group(0)
+    end = len(path.rstrip("."))  # a sentence's full stop is not part of the path
+    path, tail = path[:end], path[end:]
+    if stored := _STORED.search(path):
+        return f"{stored.group(1)}:{stored.group(2)}{stored.group(3) or ''}{tail}"
+    return path.rstrip("/").rsplit("/", 1)[-1] + tail
+
+
+def without_paths(text: str) -> str:
+    """A message for clients, without this server's paths: a file in a stored model becomes
+    ``<model tag>/<file>``, any other absolute path its file name. The full message is for the log."""
+    return _ABSOLUTE_PATH.sub(_private, text)

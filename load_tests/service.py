@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,8 +47,11 @@ def start_server(
     timeout: float = 240,
     target: str = "service:FastInfer",
     cwd: Path = ROOT,
+    ready: Callable[[str], bool] | None = None,
 ) -> Server:
-    """``bentoml serve TARGET`` (the source tree by default, or a built bento's tag); returns when ready."""
+    """``bentoml serve TARGET`` (the source tree by default, or a built bento's tag); returns when ready:
+    its /readyz answers 200, or ``ready(url)`` says so (a server whose model is broken is never ready)."""
+    ready = ready or (lambda url: httpx.get(f"{url}/readyz", timeout=2).status_code == 200)
     port = free_port()
     # Keys exported in the shell for a real deploy do not lock the servers started here (unless ``env`` says).
     shell = {k: v for k, v in os.environ.items() if k not in ("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE")}
@@ -68,10 +72,13 @@ def start_server(
         if process.poll() is not None:
             raise RuntimeError(f"bentoml serve exited with {process.returncode}:\n{server.log_tail()}")
         try:
-            if httpx.get(f"{server.url}/readyz", timeout=2).status_code == 200:
+            if ready(server.url):
                 return server
         except httpx.HTTPError:
             pass
+        except BaseException:  # a broken check (or Ctrl-C) must not leave a server running unowned
+            stop_server(server)
+            raise
         time.sleep(0.5)
     stop_server(server)
     raise RuntimeError(f"bentoml serve not ready after {timeout}s:\n{server.log_tail()}")

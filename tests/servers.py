@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -82,9 +83,10 @@ def start_server(
     timeout: float = 240,
     target: str = "service:FastInfer",
     cwd: Path = ROOT,
+    ready: Callable[[str], bool] | None = None,
 ) -> Server:
     """A test server: the test limits (SERVER_ENV) plus ``extra_env``."""
-    return _start(home, log, {**SERVER_ENV, **(extra_env or {})}, timeout, target, cwd)
+    return _start(home, log, {**SERVER_ENV, **(extra_env or {})}, timeout, target, cwd, ready)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,251 @@
+"""Store health: a stored model is up to date only while its files are what was built.
+
+Every file's size and sha256 is recorded at build time; the build, ``--if-missing``, the runners and
+``fastinfer doctor`` check against it. A runner that could not load its model is not ready, and what
+it tells clients carries no path of this server. Tests that damage the test store repair it
+(``pytorch`` rebuilds in seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import shutil
+from pathlib import Path
+from typing import Any
+
+import bentoml
+import numpy as np
+import pytest
+from bentoml.exceptions import ServiceUnavailable
+
+from build_models import VerificationError, build
+from build_models import __main__ as build_cli
+from fastinfer import cli, store, store_check
+from fastinfer.backends import SPECS, open_engine
+from fastinfer.engines import EngineUnavailable
+from fastinfer.errors import RunnerNotLoaded, without_paths
+
+STATE_DICT = "state_dict.pt"
+
+
+def pytorch_file() -> Path:
+    return Path(store.find("pytorch").path) / STATE_DICT
+
+
+def cut_short(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+
+
+def altered_in_place(path: Path) -> None:
+    """Same size, a few bytes in the middle changed: only the sha256 tells (and torch may still load it)."""
+    with path.open("r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        f.write(b"\x00\x01\x02\x03")
+
+
+@pytest.fixture
+def pytorch_model(built_models) -> bentoml.Model:
+    """The stored pytorch model, for a test to damage: rebuilt afterwards if the test left it so."""
+    yield store.find("pytorch")
+    if not store_check.check(store.find("pytorch")).intact:
+        build("random", only=["pytorch"], progress=print)
+
+
+def test_every_stored_file_is_recorded_with_its_size_and_sha256(built_models) -> None:
+    health = store_check.stored_health()
+    assert len(health) == len({n for s in SPECS.values() for n in s.model_names()})  # CoreML's too
+    for name, checked in health.items():
+        assert checked.intact, (name, checked)
+        model = bentoml.models.get(checked.tag)
+        on_disk = {p.relative_to(model.path).as_posix() for p in Path(model.path).rglob("*") if p.is_file()} - {
+            "model.yaml"
+        }
+        assert set(model.info.metadata[store_check.FILES_KEY]) == on_disk, name
+
+
+def test_a_truncated_model_is_called_corrupt_and_rebuilt(pytorch_model) -> None:
+    cut_short(pytorch_file())
+    said: list[str] = []
+    (result,) = build("random", only=["pytorch"], progress=said.append)
+    assert f"[1/1] resnet50-pytorch: {pytorch_model.tag} is corrupt: {STATE_DICT} is " in "\n".join(said), said
+    assert any(s.endswith("; rebuilding") for s in said), said
+    assert result.built and result.tag != str(pytorch_model.tag)
+    assert store_check.check(store.find("pytorch")).intact
+    assert [str(m.tag) for m in bentoml.models.list("resnet50-pytorch")] == [result.tag]  # the corrupt one is gone
+    (again,) = build("random", only=["pytorch"], progress=said.append)
+    assert not again.built and said[-1].endswith("; its files match their sha256), skipped")
+
+
+def test_if_missing_rebuilds_a_model_altered_in_place(pytorch_model, capsys) -> None:
+    altered_in_place(pytorch_file())
+    assert build_cli.main(["--weights", "random", "--if-missing"]) == 0
+    out = capsys.readouterr().out
+    assert f"build_models: resnet50-pytorch: {pytorch_model.tag} is corrupt: {STATE_DICT} differs from" in out, out
+    assert "nothing to do" not in out
+    rebuilt = store.find("pytorch")
+    assert rebuilt.tag != pytorch_model.tag and store_check.check(rebuilt).intact
+    assert "resnet50-onnx: up to date" in out  # the rest was checked, not rebuilt
+    assert build_cli.main(["--weights", "random", "--if-missing"]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+
+
+def test_a_model_stored_without_a_record_is_rebuilt_once(pytorch_model) -> None:
+    """What an older build stored cannot be verified: it is rebuilt (once), not trusted."""
+    meta = {k: v for k, v in pytorch_model.info.metadata.items() if k != store_check.FILES_KEY}
+    with bentoml.models.create("resnet50-pytorch", labels=dict(pytorch_model.info.labels), metadata=meta) as old:
+        shutil.copyfile(pytorch_file(), Path(old.path) / STATE_DICT)
+    assert not store_check.check(store.find("pytorch")).recorded
+    said: list[str] = []
+    (result,) = build("random", only=["pytorch"], progress=said.append)
+    assert f"{old.tag} cannot be verified: {store_check.NOT_RECORDED}; rebuilding" in "\n".join(said), said
+    assert result.built and store_check.check(store.find("pytorch")).intact
+    (again,) = build("random", only=["pytorch"], progress=said.append)
+    assert not again.built
+
+
+def test_a_copy_cut_short_on_its_way_into_the_store_is_not_kept(pytorch_model, monkeypatch) -> None:
+    """A disk that fills up while BentoML copies a new model into the store: read back, refused."""
+    import bentoml._internal.models.model as bentoml_model
+
+    copytree = shutil.copytree
+
+    def short_copy(src: Any, dst: Any, **kwargs: Any) -> Any:
+        copied = copytree(src, dst, **kwargs)
+        cut_short(Path(dst) / STATE_DICT)
+        return copied
+
+    monkeypatch.setattr(bentoml_model.shutil, "copytree", short_copy)
+    with pytest.raises(VerificationError, match=rf"resnet50-pytorch: the copy in the store differs .*{STATE_DICT} is"):
+        build("random", only=["pytorch"], force=True, progress=print)
+    assert [str(m.tag) for m in bentoml.models.list("resnet50-pytorch")] == [str(pytorch_model.tag)]
+
+
+def test_doctor_names_a_corrupt_model_and_the_command_that_rebuilds_it(pytorch_model, monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(cli, "_available", lambda: {"pytorch": None})  # the one backend under test
+    report_file = tmp_path / "doctor.json"
+    args = ["doctor", "--json", str(report_file), "--profile", str(tmp_path / "none.json")]
+    assert cli.main(args) == 0
+    assert "every file matches its recorded sha256" in capsys.readouterr().out
+
+    cut_short(pytorch_file())
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert f"{pytorch_model.tag}: CORRUPT: {STATE_DICT} is " in out, out
+    command = "python -m build_models --only pytorch --weights random"
+    assert f"rebuild them: {command}\n" in out
+    report = json.loads(report_file.read_text())
+    assert report["store"]["resnet50-pytorch"]["state"] == "corrupt"
+    assert (
+        report["backends"]["pytorch"]["available"] is False and "is corrupt" in report["backends"]["pytorch"]["reason"]
+    )
+
+    assert build_cli.main(shlex.split(command)[3:]) == 0  # the command doctor gave repairs it
+    assert cli.main(args) == 0
+    assert "every file matches its recorded sha256" in capsys.readouterr().out
+
+
+# The runners: readiness and what a client is told.
+
+
+def stored_copy(name: str, tmp_path: Path) -> Path:
+    """A copy of a stored model's directory laid out as in a store: <root>/<name>/<version>."""
+    model = store.find(name)
+    copy = tmp_path / "models" / str(model.tag.name) / str(model.tag.version)
+    shutil.copytree(model.path, copy)
+    return copy
+
+
+def runner_over(backend: str, monkeypatch, engine_dirs: Path | None = None, fails: Exception | None = None) -> Any:
+    import runners.base
+
+    def opening(name: str, threads: int, dirs: dict) -> Any:
+        if fails is not None:
+            raise fails
+        return open_engine(name, threads, {None: engine_dirs} if engine_dirs else dirs)
+
+    monkeypatch.setattr(runners.base, "open_engine", opening)
+    return runners.base.make_runner(backend).inner()
+
+
+def test_a_runner_that_could_not_load_is_not_ready_and_names_no_server_path(
+    built_models, monkeypatch, tmp_path, caplog
+) -> None:
+    broken = stored_copy("onnx-int8", tmp_path)
+    cut_short(broken / "model.onnx")
+    runner = runner_over("onnx-int8", monkeypatch, broken)
+    error = runner.describe()["error"]  # what /backends and the 503 say
+    tag = f"resnet50-onnx-int8:{broken.name}"
+    assert error.startswith("onnx-int8 could not be loaded: ") and f"Load model from {tag}/model.onnx " in error
+    assert str(tmp_path) not in error and "/models/" not in error, error
+    with pytest.raises(ServiceUnavailable) as refused:
+        asyncio.run(runner.infer(np.zeros((1, 224, 224, 3), np.uint8)))
+    assert str(tmp_path) not in str(refused.value)
+    assert str(broken / "model.onnx") in caplog.text  # the server's log keeps the path
+    assert asyncio.run(runner.__is_ready__()) is False
+
+
+def test_a_runner_refuses_a_stored_model_whose_files_differ(built_models, monkeypatch, tmp_path) -> None:
+    """Altered in place, the model might still load, and answer wrongly: its recorded sha256 refuses it."""
+    copy = stored_copy("onnx-int8", tmp_path)
+    altered_in_place(copy / "model.onnx")
+    altered = bentoml.models.Model.from_path(copy)
+    monkeypatch.setattr(store, "serving", lambda artifact, batch=None: altered)
+    runner = runner_over("onnx-int8", monkeypatch)
+    error = runner.describe()["error"]
+    assert f"CorruptModel: {altered.tag} is corrupt: model.onnx differs from what was built (sha256)" in error, error
+    assert "rebuild it: python -m build_models --only onnx-int8 --weights random" in error
+    assert str(tmp_path) not in error
+    assert asyncio.run(runner.__is_ready__()) is False
+
+
+def test_readiness_ignores_what_this_machine_cannot_run_and_retries_what_may_heal(built_models, monkeypatch) -> None:
+    import runners.base
+
+    cannot = runner_over("onnx-int8", monkeypatch, fails=EngineUnavailable("OpenVINO crashed with SIGILL on this CPU"))
+    assert "error" in cannot.describe() and asyncio.run(cannot.__is_ready__()) is True  # like a runner not started
+
+    attempts: list[str] = []
+
+    def flaky(backend: str, threads: int, dirs: dict) -> Any:
+        attempts.append(backend)
+        if len(attempts) == 1:
+            raise MemoryError("a transient failure")
+        return open_engine(backend, threads, dirs)
+
+    monkeypatch.setattr(runners.base, "open_engine", flaky)
+    monkeypatch.setattr(runners.base, "RELOAD_AFTER_S", 0.0)
+    runner = runners.base.make_runner("onnx-int8").inner()
+
+    async def probe_until_ready() -> list[bool]:
+        answers = [await runner.__is_ready__()]  # not ready: and the probe starts the retry
+        await runner._retry
+        return [*answers, await runner.__is_ready__()]
+
+    assert asyncio.run(probe_until_ready()) == [False, True] and len(attempts) == 2
+
+
+@pytest.mark.parametrize(
+    ("message", "told"),
+    [
+        (
+            "InvalidProtobuf: [ONNXRuntimeError] : 7 : INVALID_PROTOBUF : Load model from "
+            "/srv/bentoml/models/resnet50-onnx/ty7v2sxpkgwx4ax4/model.onnx failed:Protobuf parsing failed.",
+            "Load model from resnet50-onnx:ty7v2sxpkgwx4ax4/model.onnx failed:Protobuf parsing failed.",
+        ),
+        (
+            "RuntimeError: OpenVINO compile_model failed for /tmp/pytest-7/m/model.xml: Incorrect weights in bin file!",
+            "RuntimeError: OpenVINO compile_model failed for model.xml: Incorrect weights in bin file!",
+        ),
+        ("No such file '/home/u/bentoml/cache/openvino/x/blob.'.", "No such file 'blob.'."),
+        # Not paths: a route, a count, a URL, the runtime's own source file.
+        (
+            "GET /readyz 53/53 http://h:1/a/b src/inference/core.cpp:97",
+            "GET /readyz 53/53 http://h:1/a/b src/inference/core.cpp:97",
+        ),
+    ],
+)
+def test_server_paths_are_left_out_of_what_clients_are_told(message: str, told: str) -> None:
+    assert told in without_paths(message)
+    assert told in RunnerNotLoaded(message).message  # the front relays nothing with a path either
