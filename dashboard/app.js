@@ -8,8 +8,29 @@ let lastResults = null; // what Analyze sends: the results only, never the image
 const KEY_STORE = "fastinfer-api-key"; // sessionStorage: the key lives as long as this tab, no longer
 let keyWanted = null; // while the server asks for a key: the promise that the key form resolves
 
-function escapeHtml(text) {
-  return String(text).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+// The one way anything is put on the page: elements built here, every value from the server as text.
+// No HTML is ever parsed from a string (no innerHTML), so a backend name or label that holds markup is
+// shown as written, whatever the server lets through. Attribute names are always literals here, and no
+// value from the server becomes a src, href or on* attribute.
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs)) {
+    if (value === false || value == null) continue;
+    node.setAttribute(name, value === true ? "" : String(value));
+  }
+  for (const child of children.flat(Infinity)) {
+    if (child == null || child === false) continue;
+    node.append(child instanceof Node ? child : String(child)); // a string becomes a text node
+  }
+  return node;
+}
+
+// A bar filled to `fraction` of its width. Set through element.style, not a style attribute: the
+// page's Content-Security-Policy allows no inline styles.
+function bar(fraction) {
+  const fill = el("span");
+  fill.style.width = `${Math.min(100, Math.max(0, 100 * fraction || 0))}%`;
+  return el("span", { class: "bar" }, fill);
 }
 
 async function errorMessage(response) {
@@ -79,17 +100,14 @@ async function loadBackends() {
     `${hw.neural_engine ? " · Neural Engine" : ""}${hw.cuda ? " · CUDA" : ""}` +
     ` — recommended here: ${info.recommended.backend}`;
   const list = $("#backends");
-  list.innerHTML = "";
-  for (const b of info.backends) {
-    const label = document.createElement("label");
-    label.className = "option" + (b.available ? "" : " disabled");
-    label.title = b.available ? b.description : b.reason;
-    label.innerHTML =
-      `<input type="radio" name="backend" id="backend-${b.name}" value="${b.name}" ${b.available ? "" : "disabled"}>` +
-      `<span><strong>${b.name}</strong> <span class="muted">${escapeHtml(b.description)}</span>` +
-      (b.available ? "" : `<span class="reason">unavailable: ${escapeHtml(b.reason)}</span>`) + `</span>`;
-    list.appendChild(label);
-  }
+  list.replaceChildren(...info.backends.map((b) => el(
+    "label",
+    { class: b.available ? "option" : "option disabled", title: b.available ? b.description : b.reason },
+    el("input", { type: "radio", name: "backend", id: `backend-${b.name}`, value: b.name, disabled: !b.available }),
+    el("span", {},
+      el("strong", {}, b.name), " ", el("span", { class: "muted" }, b.description),
+      b.available ? null : el("span", { class: "reason" }, `unavailable: ${b.reason}`)),
+  )));
   const preferred = document.getElementById(`backend-${info.default}`);
   const fallback = list.querySelector("input:not([disabled])");
   (preferred && !preferred.disabled ? preferred : fallback).checked = true;
@@ -97,39 +115,49 @@ async function loadBackends() {
 }
 
 function bars(items, max, cls, format) {
-  return `<ul class="bars ${cls}">` + items.map(([name, value]) =>
-    `<li><span>${escapeHtml(name)}</span><span class="bar"><span style="width:${max ? (100 * value) / max : 0}%"></span></span>` +
-    `<span class="num">${format(value)}</span></li>`).join("") + "</ul>";
+  return el("ul", { class: `bars ${cls}` }, items.map(([name, value]) =>
+    el("li", {}, el("span", {}, name), bar(max ? value / max : 0), el("span", { class: "num" }, format(value)))));
 }
 
 function renderOne(r) {
-  const badges =
-    (r.cached ? '<span class="badge cached" id="cached-badge">cached</span>' : "") +
-    `<span class="badge ${r.weights === "random-init" ? "random" : ""}">weights: ${escapeHtml(r.weights)}</span>`;
   const top = r.top_k.map((p) => [p.label, p.score]);
   const stages = STAGES.map((s) => [s, r.timings_ms[s] || 0]);
   const slowest = Math.max(...stages.map(([, v]) => v));
-  return `<div class="label">${escapeHtml(r["class"])}</div>
-    <div>${(100 * r.confidence).toFixed(1)}% on <strong>${escapeHtml(r.backend)}</strong>${badges}</div>
-    <div class="muted small">model ${escapeHtml(r.model)}</div>
-    <h2>Top ${r.top_k.length}</h2><div id="top5">${bars(top, 1, "top", (v) => (100 * v).toFixed(1) + "%")}</div>
-    <h2>Where the ${r.timings_ms.total.toFixed(1)} ms went</h2>
-    <div id="timings">${bars(stages, slowest, "timings", (v) => v.toFixed(1) + " ms")}</div>`;
+  return [
+    el("div", { class: "label" }, r["class"]),
+    el("div", {},
+      `${(100 * r.confidence).toFixed(1)}% on `, el("strong", {}, r.backend),
+      r.cached ? el("span", { class: "badge cached", id: "cached-badge" }, "cached") : null,
+      el("span", { class: r.weights === "random-init" ? "badge random" : "badge" }, `weights: ${r.weights}`)),
+    el("div", { class: "muted small" }, `model ${r.model}`),
+    el("h2", {}, `Top ${r.top_k.length}`),
+    el("div", { id: "top5" }, bars(top, 1, "top", (v) => (100 * v).toFixed(1) + "%")),
+    el("h2", {}, `Where the ${r.timings_ms.total.toFixed(1)} ms went`),
+    el("div", { id: "timings" }, bars(stages, slowest, "timings", (v) => v.toFixed(1) + " ms")),
+  ];
 }
 
 function renderCompare(c) {
   const slowest = Math.max(...c.results.map((r) => r.timings_ms.total));
-  const rows = c.results.map((r) => `<tr data-backend="${r.backend}"><td><strong>${r.backend}</strong></td>
-      <td>${escapeHtml(r["class"])}</td><td class="num">${(100 * r.confidence).toFixed(1)}%</td>
-      <td class="num">${r.timings_ms.inference.toFixed(1)}</td><td class="num">${r.timings_ms.total.toFixed(1)}</td>
-      <td style="width:30%"><span class="bar"><span style="width:${(100 * r.timings_ms.total) / slowest}%"></span></span></td></tr>`);
   const s = c.summary;
-  return `<div id="compare-summary"><strong>${s.fastest}</strong> is fastest;
-      ${s.all_agree_top1 ? "all backends agree on top-1" : "<span class='error'>backends disagree on top-1</span>"}.
-      ${s.unavailable.length ? `<span class="muted">Not on this machine: ${s.unavailable.join(", ")}.</span>` : ""}</div>
-    <table id="compare-table"><tr><th>backend</th><th>top-1</th><th>conf.</th><th>inference ms</th><th>total ms</th><th></th></tr>
-    ${rows.join("")}</table>
-    <p class="muted small">Decoded once (${c.results[0].timings_ms.decode.toFixed(1)} ms), then each backend in turn, never from the cache.</p>`;
+  const head = ["backend", "top-1", "conf.", "inference ms", "total ms", ""].map((h) => el("th", {}, h));
+  const rows = c.results.map((r) => el("tr", { "data-backend": r.backend },
+    el("td", {}, el("strong", {}, r.backend)),
+    el("td", {}, r["class"]),
+    el("td", { class: "num" }, `${(100 * r.confidence).toFixed(1)}%`),
+    el("td", { class: "num" }, r.timings_ms.inference.toFixed(1)),
+    el("td", { class: "num" }, r.timings_ms.total.toFixed(1)),
+    el("td", { class: "bar-cell" }, bar(r.timings_ms.total / slowest))));
+  return [
+    el("div", { id: "compare-summary" },
+      el("strong", {}, s.fastest), " is fastest; ",
+      s.all_agree_top1 ? "all backends agree on top-1" : el("span", { class: "error" }, "backends disagree on top-1"),
+      ". ",
+      s.unavailable.length ? el("span", { class: "muted" }, `Not on this machine: ${s.unavailable.join(", ")}.`) : null),
+    el("table", { id: "compare-table" }, el("tr", {}, head), rows),
+    el("p", { class: "muted small" },
+      `Decoded once (${c.results[0].timings_ms.decode.toFixed(1)} ms), then each backend in turn, never from the cache.`),
+  ];
 }
 
 async function classify() {
@@ -145,15 +173,15 @@ async function classify() {
   try {
     const response = await api(compare ? "/compare" : "/classify", { method: "POST", body: form });
     if (!response.ok) {
-      $("#result").innerHTML = `<span class="error">${escapeHtml(await errorMessage(response))}</span>`;
+      $("#result").replaceChildren(el("span", { class: "error" }, await errorMessage(response)));
       lastResults = null;
     } else {
       const body = await response.json();
-      $("#result").innerHTML = compare ? renderCompare(body) : renderOne(body);
+      $("#result").replaceChildren(...(compare ? renderCompare(body) : renderOne(body)));
       lastResults = compare ? body.results : [body];
     }
   } catch (err) {
-    $("#result").innerHTML = `<span class="error">request failed: ${escapeHtml(err)}</span>`;
+    $("#result").replaceChildren(el("span", { class: "error" }, `request failed: ${err}`));
   } finally {
     $("#status").textContent = "";
     $("#classify-btn").disabled = false;
@@ -198,11 +226,15 @@ async function refreshLive() {
   try {
     const live = await (await api("/stats/live")).json();
     const p50 = Object.entries(live.p50_ms)
-      .map(([b, v]) => `<tr><td>${b}</td><td class="num">${v.toFixed(1)} ms</td></tr>`).join("");
-    $("#live").innerHTML = `<div>requests served: <strong id="live-served">${live.served}</strong></div>
-      <div>cache: ${escapeHtml(live.cache.mode)}, hit rate <strong>${(100 * live.cache.hit_rate).toFixed(1)}%</strong>
-      ${live.cache.healthy ? "" : `<span class="error">degraded: ${escapeHtml(live.cache.degraded)}</span>`}</div>
-      <h2>p50 (last ${live.window})</h2><table>${p50 || '<tr><td class="muted">no inference yet</td></tr>'}</table>`;
+      .map(([b, v]) => el("tr", {}, el("td", {}, b), el("td", { class: "num" }, `${v.toFixed(1)} ms`)));
+    $("#live").replaceChildren(
+      el("div", {}, "requests served: ", el("strong", { id: "live-served" }, live.served)),
+      el("div", {},
+        `cache: ${live.cache.mode}, hit rate `, el("strong", {}, `${(100 * live.cache.hit_rate).toFixed(1)}%`),
+        live.cache.healthy ? null : [" ", el("span", { class: "error" }, `degraded: ${live.cache.degraded}`)]),
+      el("h2", {}, `p50 (last ${live.window})`),
+      el("table", {}, p50.length ? p50 : el("tr", {}, el("td", { class: "muted" }, "no inference yet"))),
+    );
   } catch {
     $("#live").textContent = "live stats unavailable";
   }

@@ -9,7 +9,7 @@ from the internet. Here both say FastInfer instead:
   file is the bento's README, bentofile.yaml ``description``) and what this server is set to.
 * :class:`ApiPage` answers ``GET /`` with Swagger UI from BentoML's own static files, titled
   FastInfer, its online validator off, and a Content-Security-Policy that keeps the page to this
-  server.
+  server (:func:`content_security_policy`, which the dashboard's policy is built with too).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -141,13 +142,32 @@ INDEX_HTML = f"""\
   </body>
 </html>
 """.encode()
+
+
+def script_hash(script: str) -> str:
+    """The base64 sha256 of an inline script's text, as a Content-Security-Policy names it."""
+    return base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
+
+
+def content_security_policy(
+    inline_scripts: Sequence[str] = (), *, inline_styles: bool = False, images: Sequence[str] = ()
+) -> str:
+    """A Content-Security-Policy that keeps a page of this server to this server: scripts, styles,
+    images and requests from here only, and inline scripts only those in ``inline_scripts`` (allowed by
+    their sha256, so an injected one never runs). ``inline_styles`` allows ``style`` attributes and
+    elements; ``images`` adds image sources beyond this server (``data:``, ``blob:``)."""
+    scripts = "".join(f" 'sha256-{script_hash(script)}'" for script in inline_scripts)
+    styles = " 'unsafe-inline'" if inline_styles else ""
+    more_images = "".join(f" {source}" for source in images)
+    return (
+        f"default-src 'self'; script-src 'self'{scripts}; style-src 'self'{styles}; img-src 'self'{more_images}; "
+        "connect-src 'self'; frame-ancestors 'self'; base-uri 'self'; form-action 'self'"
+    )
+
+
 # The browser loads nothing from elsewhere, whatever a script asks: only this server, the one inline
 # script above (by its hash), inline styles (Swagger UI sets them) and data: images (its icons).
-_SCRIPT_HASH = base64.b64encode(hashlib.sha256(INITIALIZER.encode()).digest()).decode()
-CONTENT_SECURITY_POLICY = (
-    f"default-src 'self'; script-src 'self' 'sha256-{_SCRIPT_HASH}'; style-src 'self' 'unsafe-inline'; "
-    "img-src 'self' data:; connect-src 'self'; frame-ancestors 'self'; base-uri 'self'; form-action 'self'"
-)
+CONTENT_SECURITY_POLICY = content_security_policy([INITIALIZER], inline_styles=True, images=["data:"])
 
 
 class ApiPage:

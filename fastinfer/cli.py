@@ -1,17 +1,16 @@
-"""``fastinfer``: the command line.
+"""The ``fastinfer`` command line: build, doctor, fidelity, bench, profile.
 
-* ``fastinfer build ...``   build every model into the store (same as ``python -m build_models``)
-* ``fastinfer doctor``      this machine, every backend's availability and placement, the recommendation
-* ``fastinfer fidelity``    every available backend against the FP32 PyTorch reference on real photos
-* ``fastinfer bench``       in-process model latency per backend (b1 and b8): the INT8 finding
-* ``fastinfer profile``     per-stage CPU cost, the ceiling of this machine, and what binds it
+What each command does is said once, in :func:`parser` (its help and description); ``fastinfer --help``
+and ``fastinfer <command> --help`` print it as plain text.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,39 @@ def _write_json(path: Path | None, data: Any) -> None:
         print(f"wrote {path}", file=sys.stderr)
 
 
+def placement_lines(entry: dict[str, Any]) -> list[str]:
+    """What doctor prints under a backend about where its work runs, each line saying what its number
+    is: the precision OpenVINO was told to compute float layers in is not the precision the layers
+    ended up in (an INT8 model's convolutions run in u8 whatever the hint), so the two are told apart."""
+    lines = []
+    if "precision_requested" in entry:  # OpenVINO: the compiled model's INFERENCE_PRECISION_HINT
+        how = (
+            "OpenVINO's default on this CPU"
+            if entry["precision_requested"] == "auto"
+            else f"as set by FASTINFER_OPENVINO_PRECISION={entry['precision_requested']}"
+        )
+        lines.append(f"inference precision hint: {entry['precision']} ({how}): layers not quantized compute in it")
+    elif "precision" in entry:
+        lines.append(f"computes in {entry['precision']}")
+    for provider, nodes in entry.get("node_placement", {}).items():
+        lines.append(f"{provider} runs {nodes} of the graph")
+    for layer, summary in entry.get("layer_precision", {}).items():
+        lines.append(f"{layer} layers run in {_per_precision(summary)}")
+    lines.extend(f"WARNING: {fallback}" for fallback in entry.get("fallbacks", []))
+    return lines
+
+
+def _per_precision(summary: str) -> str:
+    """OpenVINO's per-layer summary ``"u8 50/53, f32 3/53"`` as ``"u8: 50 of 53, f32: 3 of 53"``
+    (a summary in another form is kept as it is)."""
+    parts = [re.fullmatch(r"(\S+) (\d+)/(\d+)", part) for part in summary.split(", ")]
+    if not all(parts):
+        return summary
+    return ", ".join(f"{m[1]}: {m[2]} of {m[3]}" for m in parts if m)
+
+
 def doctor(args: argparse.Namespace) -> int:
+    from fastinfer import store_check
     from fastinfer.backends import open_engine
 
     hw = hardware.probe(check_torch=True)
@@ -51,8 +82,12 @@ def doctor(args: argparse.Namespace) -> int:
     meaning: dict[str, str] = hw.get("isa_meaning", {})  # type: ignore[assignment]
     for label, text in meaning.items():
         print(f"  {'':14} {label}: {text}")
+    started = time.perf_counter()
+    health = store_check.stored_health()  # every stored file against its recorded sha256
+    checked_s = time.perf_counter() - started
     print("\nbackends:")
     for name, reason in reasons.items():
+        reason = reason or store_check.unhealthy_reason(name, health)  # a corrupt model is not served
         entry: dict[str, Any] = {"available": reason is None, "reason": reason}
         if reason is None and not name.startswith("coreml"):  # CoreML's placement is CoreML's secret
             try:
@@ -64,17 +99,16 @@ def doctor(args: argparse.Namespace) -> int:
         report["backends"][name] = entry
         status = "available" if entry["available"] else f"unavailable: {entry['reason']}"
         print(f"  {name:18} {status}")
-        if "precision" in entry:
-            print(f"  {'':18}   precision {entry['precision']} (requested {entry.get('precision_requested')})")
-        for placement in ("node_placement", "layer_precision"):
-            for what, count in entry.get(placement, {}).items():
-                print(f"  {'':18}   {what} {count}")
-        for fallback in entry.get("fallbacks", []):
-            print(f"  {'':18}   WARNING: {fallback}")
+        for line in placement_lines(entry):
+            print(f"  {'':18}   {line}")
+    print("\nstored models:")
+    for line in store_check.summary(health, checked_s):
+        print(f"  {line}")
+    report["store"] = {name: h.as_dict() for name, h in health.items()}
     # Only from what actually loaded: a backend whose model fails here is not recommended.
     available = [n for n, e in report["backends"].items() if e["available"]]
     rec = report["recommended"] = hardware.recommend(hw, available, throughput)
-    print(f"\nrecommended here: {rec['backend']} — {rec['why']}")
+    print(f"\nrecommended here: {rec['backend'] or 'none'} — {rec['why']}")
     _write_json(args.json, report)
     return 0
 
@@ -145,6 +179,96 @@ def profile(args: argparse.Namespace) -> int:
     return 0
 
 
+THREADS_HELP = "intra-op threads per model (default: the cores this process may use)"
+
+
+def parser() -> argparse.ArgumentParser:
+    """``fastinfer``'s arguments: every command with a one-line help (listed by ``fastinfer --help``), a
+    description (``fastinfer <command> --help``) and a help for every option. Plain text, not
+    reStructuredText: argparse prints it as written."""
+    top = argparse.ArgumentParser(
+        prog="fastinfer",
+        description="FastInfer's command line: build the models, check this machine, measure every backend.",
+        epilog="fastinfer <command> --help says more about each command.",
+    )
+    sub = top.add_subparsers(dest="command", required=True, title="commands")
+
+    def command(name: str, help: str, description: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=description)
+
+    # Its arguments are build_models' own: `fastinfer build --help` prints them (main() hands over).
+    command(
+        "build",
+        "build every model into the BentoML store",
+        "Build every model into the BentoML store: the same as python -m build_models.",
+    )
+    p = command(
+        "doctor",
+        "this machine, each backend's availability and placement, the recommendation",
+        "Probe this machine (CPU, cores, instruction sets, accelerators), load every backend that can run "
+        "here and say where its work runs (execution provider nodes, OpenVINO's precision per layer), "
+        "and recommend a backend: from measurements when a bench result exists, else by rule.",
+    )
+    p.add_argument("--json", type=Path, help="also write the report as JSON to this file")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=Path("artifacts/bench.json"),
+        help="a fastinfer bench result to recommend from, when it exists (default: %(default)s)",
+    )
+    p.set_defaults(func=doctor)
+    p = command(
+        "fidelity",
+        "every available backend against the FP32 PyTorch reference",
+        "Run every backend that can run here on real photos and compare its answers with the FP32 PyTorch "
+        "reference: top-1 agreement, top-5 overlap, cosine similarity and the largest logit error, each "
+        "held to the gate of the precision it runs at (FP32, BF16 or INT8).",
+    )
+    p.add_argument(
+        "--json",
+        type=Path,
+        default=Path("artifacts/fidelity.json"),
+        help="write the results here (default: %(default)s)",
+    )
+    p.set_defaults(func=fidelity)
+    p = command(
+        "bench",
+        "in-process model latency per backend",
+        "Time every backend that can run here in this process (no server), at each batch size: median "
+        "latency and images per second. doctor recommends from the result.",
+    )
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="batch sizes to time (default: 1 8)")
+    p.add_argument(
+        "--repeats", type=int, default=20, help="timed runs per backend and batch size (default: %(default)s)"
+    )
+    p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
+    p.add_argument(
+        "--json", type=Path, default=Path("artifacts/bench.json"), help="write the results here (default: %(default)s)"
+    )
+    p.set_defaults(func=bench_engines)
+    p = command(
+        "profile",
+        "per-stage costs in-process, and the ceiling they allow",
+        "Measure the CPU cost of every stage of a request (decode, preprocess, inference per backend) in this "
+        "process, the throughput ceiling they allow on this machine, and which stage binds it.",
+    )
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="batch sizes to measure (default: 1 8)")
+    p.add_argument("--repeats", type=int, default=10, help="timed runs per stage and batch size (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
+    p.add_argument(
+        "--json",
+        type=Path,
+        default=Path("artifacts/profile.json"),
+        help="write the results here (default: %(default)s)",
+    )
+    p.add_argument(
+        "--plot", type=Path, default=Path("artifacts/profile.png"), help="draw the stages here (default: %(default)s)"
+    )
+    p.add_argument("--load-test", type=Path, help="a load-test result (results.json) to compare with the ceiling")
+    p.set_defaults(func=profile)
+    return top
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "build":
@@ -152,33 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         from build_models.__main__ import main as build_main
 
         return build_main(argv[1:])
-    parser = argparse.ArgumentParser(
-        prog="fastinfer", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="build every model into the BentoML store (see python -m build_models -h)")
-    p = sub.add_parser("doctor", help="hardware, backends, node placement, recommendation")
-    p.add_argument("--json", type=Path, help="also write the report as JSON")
-    p.add_argument("--profile", type=Path, default=Path("artifacts/bench.json"), help="measured data to recommend from")
-    p.set_defaults(func=doctor)
-    p = sub.add_parser("fidelity", help="every backend vs the FP32 PyTorch reference")
-    p.add_argument("--json", type=Path, default=Path("artifacts/fidelity.json"))
-    p.set_defaults(func=fidelity)
-    p = sub.add_parser("bench", help="in-process model latency per backend")
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads (default: the cores this process may use)")
-    p.add_argument("--json", type=Path, default=Path("artifacts/bench.json"))
-    p.set_defaults(func=bench_engines)
-    p = sub.add_parser("profile", help="per-stage costs in-process, and the ceiling they allow")
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads (default: the cores this process may use)")
-    p.add_argument("--json", type=Path, default=Path("artifacts/profile.json"))
-    p.add_argument("--plot", type=Path, default=Path("artifacts/profile.png"))
-    p.add_argument("--load-test", type=Path, help="a load-test result (results.json) to compare with the ceiling")
-    p.set_defaults(func=profile)
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     return int(args.func(args))
 
 

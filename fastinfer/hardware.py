@@ -390,4 +390,8 @@ def recommend(hw: dict[str, object], available: list[str], profile: dict[str, fl
     for name, applies, why in rules:
         if applies and name in available:
             return {"backend": name, "why": f"{why} (rule)"}
-    return {"backend": available[0] if available else "", "why": "the only backend available here"}
+    if not available:
+        return {"backend": "", "why": "no backend can run here: each says why"}
+    # No rule names one of those available (onnx is missing, say): the first, said as what it is.
+    why = "the only backend available here" if len(available) == 1 else "the first available here; no rule prefers one"
+    return {"backend": available[0], "why": why}

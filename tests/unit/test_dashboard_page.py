@@ -1,0 +1,107 @@
+"""The dashboard's Content-Security-Policy (fastinfer/dashboard_page.py) and the page's sources it
+relies on: no inline script or style for the policy to refuse, and no HTML parsed from strings in
+app.js (every value the server sends is put on the page as text). The browser's view of both is in
+tests/e2e/test_dashboard.py."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from fastinfer import api_page, dashboard_page
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "dashboard"
+POLICY = dashboard_page.CONTENT_SECURITY_POLICY
+
+
+def mounted_dashboard() -> Any:
+    """The app service.py mounts at /dashboard, as the server runs it."""
+    import service
+
+    (app,) = [app for app, path, _ in service.FastInfer.mount_apps if path == "/dashboard"]
+    return app
+
+
+def get(app: Any, path: str) -> httpx.Response:
+    async def fetch() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            return await client.get(path)
+
+    return asyncio.run(fetch())
+
+
+@pytest.mark.parametrize("path", ["/", "/index.html", "/app.js", "/style.css", "/not-a-file"])
+def test_every_response_of_the_dashboard_carries_its_policy(path: str) -> None:
+    response = get(mounted_dashboard(), path)
+    assert response.status_code == (404 if path == "/not-a-file" else 200)
+    assert response.headers.get("content-security-policy") == dashboard_page.CONTENT_SECURITY_POLICY
+
+
+def test_the_policy_keeps_the_page_to_this_server_with_no_inline_code() -> None:
+    policy = dict(d.strip().split(" ", 1) for d in POLICY.split(";"))
+    assert policy["default-src"] == "'self'"
+    assert policy["script-src"] == "'self'"  # no inline script, no hash, no eval
+    assert policy["style-src"] == "'self'"  # no style attribute either: markup cannot restyle the page
+    assert policy["img-src"] == "'self' data: blob:"  # the empty icon, the photo's preview
+    assert policy["connect-src"] == "'self'" and policy["base-uri"] == "'self'"
+    assert "unsafe" not in POLICY and "http" not in POLICY
+
+
+def test_the_api_page_s_policy_is_built_by_the_same_helper() -> None:
+    built = api_page.content_security_policy([api_page.INITIALIZER], inline_styles=True, images=["data:"])
+    assert built == api_page.CONTENT_SECURITY_POLICY
+    assert f"script-src 'self' 'sha256-{api_page.script_hash(api_page.INITIALIZER)}';" in built
+
+
+def test_the_page_has_nothing_inline_for_the_policy_to_refuse() -> None:
+    html = (DASHBOARD / "index.html").read_text(encoding="utf-8")
+    scripts = re.findall(r"<script\b([^>]*)>(.*?)</script>", html, flags=re.DOTALL | re.IGNORECASE)
+    assert scripts and all("src=" in attrs and not body.strip() for attrs, body in scripts), scripts
+    assert not re.search(r"<style\b|\sstyle=|\son[a-z]+=|javascript:", html, flags=re.IGNORECASE)
+    assert not re.search(r"(src|href)=\"(https?:)?//", html)  # nothing from elsewhere
+
+
+def test_app_js_never_parses_html_from_a_string() -> None:
+    """Values are put on the page as text nodes and attributes (app.js's el()); the ways a string becomes
+    markup are not used at all, so no value can reach one unescaped."""
+    source = (DASHBOARD / "app.js").read_text(encoding="utf-8")
+    code = re.sub(r"//[^\n]*", "", source)  # comments may name what is not used
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "createContextualFragment"):
+        assert sink not in code, sink
+
+
+def call(app: Any, scope_type: str = "http") -> list[dict[str, Any]]:
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b""}
+
+    scope = {"type": scope_type, "method": "GET", "path": "/", "headers": []}
+    asyncio.run(dashboard_page.DashboardPage(app)(scope, receive, send))
+    return sent
+
+
+def test_the_policy_replaces_one_the_app_set_and_leaves_other_scopes_alone() -> None:
+    async def app(scope, receive, send) -> None:
+        if scope["type"] == "http":
+            headers = [(b"content-type", b"text/plain"), (b"Content-Security-Policy", b"default-src *")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": b"ok"})
+        else:
+            await send({"type": "lifespan.startup.complete"})
+
+    start, body = call(app)
+    assert start["headers"] == [
+        (b"content-type", b"text/plain"),
+        (b"content-security-policy", dashboard_page.CONTENT_SECURITY_POLICY.encode()),
+    ]
+    assert body["body"] == b"ok"
+    assert call(app, "lifespan") == [{"type": "lifespan.startup.complete"}]
