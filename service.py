@@ -8,10 +8,13 @@ fastinfer.image_api): same routes, fields and answers, without a temporary file 
 """
 
 import asyncio
+import atexit
 import contextlib
+import json
 import logging
 import os
 import time
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -19,22 +22,23 @@ import aiohttp
 import anyio
 import bentoml
 import numpy as np
-from bentoml.exceptions import ServiceUnavailable
+from bentoml.exceptions import BentoMLException, ServiceUnavailable
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from starlette.staticfiles import StaticFiles
 from starlette.types import Scope, Send
 
-from fastinfer import analysis, hardware, image_api, inventory, store
+from fastinfer import analysis, dashboard_page, deadlines, hardware, image_api, inventory, store
 from fastinfer.access import ANALYZE_ROUTE, Access, ApiKeys, analyze_guard, spend
 from fastinfer.api_inputs import AnalyzeInput, BatchInput, ClassifyInput, CompareInput, ImageInput
 from fastinfer.api_page import ApiPage
 from fastinfer.cache import ResponseCache, open_cache
 from fastinfer.config import get_settings
+from fastinfer.connections import install_front_protocol
 from fastinfer.cpu import CpuPool
-from fastinfer.errors import ApiError, BackendUnavailable, RunnerNotLoaded
+from fastinfer.disk import guard_metric_files
+from fastinfer.errors import ApiError, BackendUnavailable, RequestTimeout, RunnerNotLoaded
 from fastinfer.http import FrontMiddleware
 from fastinfer.live import LiveStats
 from fastinfer.openapi import DocumentedService
@@ -75,7 +79,7 @@ class FastInfer:
         models = {
             name: store.describe(m)
             for name, entry in REGISTRY.items()
-            if (m := store.find(entry.spec.artifact, entry.spec.static_batches[0])) is not None
+            if (m := store.serving_or_none(entry.spec.artifact, entry.spec.static_batches[0])) is not None
         }
         self.runner_failures: dict[str, tuple[str, float]] = {}  # runner → (why, until when it is believed)
         self.hardware = hardware.probe()
@@ -97,6 +101,19 @@ class FastInfer:
             if os.environ.get("FASTINFER_API_KEY"):
                 logger.warning("FASTINFER_API_KEY is what clients send; the server's keys are FASTINFER_API_KEYS")
 
+    @bentoml.on_deployment
+    def _pin_models() -> None:
+        """Once per ``bentoml serve``, in its parent process before any worker starts: fix the exact
+        model versions this server serves (fastinfer.store.PINS_ENV, inherited by every worker, restarted
+        or not), and record them so that a rebuild keeps them while this server runs."""
+        pinned = store.pin([name for entry in REGISTRY.values() for name in entry.spec.model_names()])
+        os.environ[store.PINS_ENV] = json.dumps(pinned)
+        try:
+            atexit.register(store.record_pins(pinned).unlink, missing_ok=True)
+        except OSError as exc:  # a read-only home (a container's): nothing builds beside this server there
+            logger.warning("could not record the served versions for builds to keep: %s", exc)
+        logger.info("serving %s", ", ".join(sorted(set(pinned.values()))) or "no stored model")
+
     @bentoml.on_startup
     async def _open_cache(self) -> None:
         self.pipeline.cache = await open_cache(
@@ -105,6 +122,7 @@ class FastInfer:
             settings.cache_ttl_s,
             settings.cache_timeout_ms / 1000,
             settings.cache_max_entries,
+            hmac_key=settings.cache_hmac_key,
         )
 
     @bentoml.on_shutdown
@@ -123,7 +141,8 @@ class FastInfer:
     async def classify(self, image: Path, backend: str, top_k: int) -> ClassifyResponse:
         """Classify one image with the chosen backend; returns top-k labels and per-stage timings.
 
-        Send `Cache-Control: no-cache` to bypass the response cache (benchmarks do)."""
+        Send `Cache-Control: no-cache` (or `Pragma: no-cache`) to bypass the response cache (benchmarks do),
+        `Cache-Control: no-store` to keep this answer out of it."""
         return ClassifyResponse.model_validate(await self.pipeline.classify(Image(image.read_bytes()), backend, top_k))
 
     @bentoml.api(route="/classify/batch", input_spec=BatchInput)
@@ -214,19 +233,32 @@ class FastInfer:
         """The backend's runner on a uint8 batch (fastinfer.pipeline.Infer)."""
         entry = REGISTRY[backend]
         call = getattr(getattr(self, entry.runner).to_async, entry.method(batched))
+        # The runner computes only with the model this answer will be labelled with (runners/base.py).
+        model = self.pipeline.models[backend].tag
+        deadline = deadlines.current()  # the runner drops the images if it passes before they run
         try:
             try:
-                return await call(pixels)
+                return await call(pixels, model=model, deadline=deadline)
             except aiohttp.ClientConnectorError:
                 # Nothing was sent, so one retry is safe. At SIGTERM the runner's socket file is
                 # gone for a moment before the runner links it back (runners/drain.py).
                 await asyncio.sleep(0.1)
-                return await call(pixels)
+                return await call(pixels, model=model, deadline=deadline)
         except ServiceUnavailable as exc:
             # The runner is up but could not load its model. BentoML hides a 5xx's message, so ask the
             # runner why, and remember it for a while: requests meanwhile get the 503 without the round
             # trip; after it the runner is asked again (it retries the load, runners/base.py).
             reason = (await self._describe(entry.runner)).get("error") or f"The {backend} runner is unavailable"
+            self.runner_failures[entry.runner] = (reason, time.monotonic() + RUNNER_FAILURE_MEMORY_S)
+            raise RunnerNotLoaded(reason) from exc
+        except BentoMLException as exc:
+            if exc.error_code == HTTPStatus.GATEWAY_TIMEOUT:  # the deadline passed before the model ran it
+                raise RequestTimeout(f"The request did not finish within {settings.request_timeout_s:g} s") from exc
+            if exc.error_code != HTTPStatus.CONFLICT:
+                raise BackendUnavailable(f"The {backend} runner failed: {type(exc).__name__}") from exc
+            # The runner holds another version than this front names (runners/base.py ModelMismatch):
+            # nothing was computed; said, and remembered like a load failure.
+            reason = _runner_message(str(exc)) or f"The {backend} runner holds another model version than {model}"
             self.runner_failures[entry.runner] = (reason, time.monotonic() + RUNNER_FAILURE_MEMORY_S)
             raise RunnerNotLoaded(reason) from exc
         except Exception as exc:  # runner down or crashed: the server's fault, said plainly
@@ -245,6 +277,16 @@ class FastInfer:
                 return dict(await getattr(self, runner).to_async.describe())
         except Exception as exc:
             return {"error": f"the runner does not answer: {type(exc).__name__}"}
+
+
+def _runner_message(text: str) -> str:
+    """The message of a runner's 4xx answer: BentoML sends ``[{"error": "..."}]``."""
+    with contextlib.suppress(ValueError):
+        body = json.loads(text)
+        body = body[0] if isinstance(body, list) and body else body
+        if isinstance(body, dict) and isinstance(body.get("error"), str):
+            return body["error"]
+    return ""
 
 
 async def _image_lane(scope: Scope, body: bytes, send: Send) -> None:
@@ -281,7 +323,10 @@ FastInfer.mount_asgi_app(
     ),
     path="/",
 )
-FastInfer.mount_asgi_app(StaticFiles(directory=DASHBOARD_DIR, html=True), path="/dashboard", name="dashboard")
+FastInfer.mount_asgi_app(dashboard_page.files(DASHBOARD_DIR), path="/dashboard", name="dashboard")
+# Idle connections, header size and count, open connections: bounded in uvicorn's protocol, below the
+# middleware, before a request has headers to check (fastinfer/connections.py).
+install_front_protocol(settings)
 FastInfer.add_asgi_middleware(
     FrontMiddleware,
     max_bytes=settings.max_bytes,
@@ -296,6 +341,8 @@ FastInfer.add_asgi_middleware(
         ApiKeys(settings.api_keys),
         {ANALYZE_ROUTE: analyze_guard(settings)},
     ),
+    # A full disk under BENTOML_HOME: metrics held in memory instead of a SIGBUS, and /readyz says why.
+    degraded=guard_metric_files(settings.min_free_disk_mb * 2**20).reason,
 )
 # Inside FrontMiddleware (its limits apply): "/" is FastInfer's API page, not BentoML's.
 FastInfer.add_asgi_middleware(ApiPage)

@@ -69,6 +69,10 @@ class BackendSpec:
     platform: Callable[[], str | None] = anywhere  # None when this machine can run it, else why not
     runner: str = ""  # the backend whose runner serves this one ("" = its own)
     batching: tuple[bool, int, int] = (True, 8, 0)  # default (enabled, max batch size, max latency ms)
+    # False when a row's result depends on the other rows of its batch (dynamic INT8 computes its
+    # activation scales over the whole batch): its runner then runs each image on its own, so that an
+    # answer never depends on whose images happened to share a batch with it.
+    rows_independent: bool = True
 
     def model_names(self) -> list[str]:
         return [store.model_name(self.artifact, b) for b in self.static_batches]
@@ -94,7 +98,13 @@ SPECS: dict[str, BackendSpec] = {
         BackendSpec("onnx", "onnx", "ONNX Runtime FP32 (CoreML EP / CUDA EP / CPU EP)", ONNX),
         BackendSpec("onnx-int8", "onnx-int8", "ONNX Runtime static QDQ INT8, per-channel (CPU EP)", ONNX, _cpu_only),
         BackendSpec(
-            "onnx-int8-dynamic", "onnx-int8-dynamic", "ONNX Runtime dynamic INT8, ConvInteger (CPU EP)", ONNX, _cpu_only
+            "onnx-int8-dynamic",
+            "onnx-int8-dynamic",
+            "ONNX Runtime dynamic INT8, ConvInteger (CPU EP); one image per run: its scales are per batch",
+            ONNX,
+            _cpu_only,
+            batching=(False, 1, 0),
+            rows_independent=False,
         ),
         BackendSpec(
             "openvino",
@@ -149,21 +159,31 @@ def unavailable_reason(name: str) -> str | None:
     """None when the backend can run on this machine, else why not (the platform first: where it
     cannot run, building its models is not the fix)."""
     spec = SPECS[name]
-    missing = [
-        n for n, b in zip(spec.model_names(), spec.static_batches, strict=True) if store.find(spec.artifact, b) is None
-    ]
     reason = spec.platform()
+    try:
+        missing = [
+            n
+            for n, b in zip(spec.model_names(), spec.static_batches, strict=True)
+            if store.serving(spec.artifact, b) is None
+        ]
+    except store.PinnedModelGone as exc:
+        return reason or str(exc)
     if reason is not None:
         stored = "" if missing else f"; the models are built and stored ({', '.join(spec.model_names())})"
         return reason + stored
     if missing:
+        if store.pins() is not None:  # a server: what it serves was fixed when it started
+            return (
+                f"{', '.join(missing)} was not in the model store when this server started; "
+                "run `python -m build_models` if it still is not, then restart the server"
+            )
         return f"{', '.join(missing)} not in the model store; run `python -m build_models`"
     return None
 
 
 def model_dirs(name: str) -> dict[int | None, str]:
     spec = SPECS[name]
-    found = {b: store.find(spec.artifact, b) for b in spec.static_batches}
+    found = {b: store.serving(spec.artifact, b) for b in spec.static_batches}
     lost = [store.model_name(spec.artifact, b) for b, m in found.items() if m is None]
     if lost:
         raise LookupError(f"{', '.join(lost)} not in the model store; run `python -m build_models`")

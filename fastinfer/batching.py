@@ -26,11 +26,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+class Expired(TimeoutError):
+    """The caller's deadline passed before the model took its images: its request was already
+    answered (504), so the model does not spend time on it."""
+
+
 @dataclass
 class _Job:
     images: np.ndarray
     future: asyncio.Future[np.ndarray]
+    deadline: float = 0.0  # wall clock (time.time(): the caller is another process), 0 = none
     enqueued: float = field(default_factory=time.perf_counter)
+
+    def expired(self) -> bool:
+        return 0.0 < self.deadline < time.time()
 
 
 class MicroBatcher:
@@ -44,20 +53,30 @@ class MicroBatcher:
         self._queue: deque[_Job] = deque()
         self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
+        self.expired_rows = 0  # images dropped because their deadline passed before the model took them
 
-    async def run_now(self, images: np.ndarray) -> np.ndarray:
-        """One model call with exactly these images (no batching), on the model thread."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._run, images)
+    async def run_now(self, images: np.ndarray, deadline: float = 0.0) -> np.ndarray:
+        """One model call with exactly these images (no batching), on the model thread; Expired when
+        ``deadline`` (wall clock, 0 = none) has passed by the time the thread takes it."""
 
-    async def submit(self, images: np.ndarray) -> np.ndarray:
-        """Queue ``images`` ([n,...]) to be run in a batch with others; returns their n outputs."""
+        def run() -> np.ndarray:
+            if 0.0 < deadline < time.time():
+                self.expired_rows += len(images)
+                raise Expired("the request's deadline passed before the model took it")
+            return self._run(images)
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, run)
+
+    async def submit(self, images: np.ndarray, deadline: float = 0.0) -> np.ndarray:
+        """Queue ``images`` ([n,...]) to be run in a batch with others; returns their n outputs. Expired
+        when ``deadline`` (wall clock, 0 = none) passes before a batch takes them."""
         if getattr(images, "ndim", 0) < 1 or len(images) < 1:
             raise ValueError("submit needs an array of at least one row")
         loop = asyncio.get_running_loop()
         if self._worker is None or self._worker.done():
             self._wake = asyncio.Event()
             self._worker = loop.create_task(self._serve())
-        job = _Job(images, loop.create_future())
+        job = _Job(images, loop.create_future(), deadline)
         self._queue.append(job)
         assert self._wake is not None
         self._wake.set()
@@ -107,6 +126,11 @@ class MicroBatcher:
             job = self._queue[0]
             if job.future.done():  # cancelled by its caller: drop it
                 self._queue.popleft()
+                continue
+            if job.expired():  # answered 504 already: nobody waits for it
+                self._queue.popleft()
+                self.expired_rows += len(job.images)
+                job.future.set_exception(Expired("the request's deadline passed while it queued"))
                 continue
             if jobs and rows + len(job.images) > self.max_batch_size:
                 break

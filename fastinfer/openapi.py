@@ -214,7 +214,9 @@ INFRA_DOCS = {
     "/livez": ("Liveness probe", "200 while the server process is alive; open without a key, never refused for load."),
     "/readyz": (
         "Readiness probe: 200 once every runner has loaded its model and warmed up",
-        "200 once every runner that can run here has loaded its model and run a warm-up inference; 503 before. "
+        "200 once every runner that can run here has loaded its model and run a warm-up inference; 503 before, "
+        "while a runner could not load its model (GET /backends says why), and `degraded` while the disk under "
+        "the model store is full. "
         "Open without a key, never refused for load.",
     ),
     "/metrics": (
@@ -528,7 +530,10 @@ def document_infra(paths: dict[str, dict[str, Any]]) -> None:
             "content", {"text/plain": {"schema": {"type": "string", "description": "Prometheus text format"}}}
         )
     if (ready := paths.get("/readyz", {}).get("get")) is not None:
-        ready["responses"].setdefault("503", {"description": "Not ready yet: a runner is still loading or warming up"})
+        ready["responses"].setdefault(
+            "503",
+            {"description": "Not ready: a runner is loading or could not load its model, or the disk is full"},
+        )
 
 
 def error_responses(errors: dict[str, tuple[str, str, str]]) -> dict[str, Any]:

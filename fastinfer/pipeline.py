@@ -85,40 +85,56 @@ class Pipeline:
         return self.models[backend]
 
     async def classify(
-        self, image: Image, backend: str, k: int, *, bypass: bool = False, batched: bool | None = None
+        self,
+        image: Image,
+        backend: str,
+        k: int,
+        *,
+        bypass: bool = False,
+        store: bool = True,
+        batched: bool | None = None,
     ) -> dict[str, Any]:
-        """One image → a ClassifyResponse-shaped body (from the cache unless ``bypass``)."""
+        """One image → a ClassifyResponse-shaped body (from the cache unless ``bypass``; stored in it
+        unless ``bypass`` or not ``store``: Cache-Control: no-store)."""
         started = time.perf_counter()
         info = self.check(backend)
         timings: dict[str, float] = {}
-        key, cached = await self._from_cache(image, backend, info, k, timings, bypass)
+        digest = "" if bypass else await self._hash_timed(image.data, timings)
+        key, cached = await self._from_cache(digest, backend, info, k, timings, bypass)
         if cached is not None:
             return self._respond(backend, cached, timings, started)
         prepared = await self._prepare(image.data, info, timings)
         logits = await self._infer(backend, prepared.pixels[np.newaxis], batched, timings)
         body = self._body(backend, logits[0], k)
-        if not bypass:
+        if store and not bypass:
             await self.cache.store(key, body)
         return self._respond(backend, body, timings, started)
 
     async def classify_many(
-        self, images: list[Image], backend: str, k: int, *, bypass: bool = False
+        self, images: list[Image], backend: str, k: int, *, bypass: bool = False, store: bool = True
     ) -> list[dict[str, Any]]:
         """Several images → one body per image, in order: a prediction, or ``{"error": ...}`` for an
         image that cannot be classified. Cache per image; the misses are decoded in parallel on the
-        CPU pool and sent to the runner as one batch."""
+        CPU pool and sent to the runner as one batch. The same bytes sent twice are looked up, decoded
+        and inferred once. Recorded in /stats/live and the stage histograms as one request."""
         started = time.perf_counter()
         info = self.check(backend)
-        slots: list[dict[str, Any] | None] = [None] * len(images)
-        timings = [dict[str, float]() for _ in images]
-        looked_up = await asyncio.gather(
-            *(self._from_cache(image, backend, info, k, t, bypass) for image, t in zip(images, timings, strict=True))
+        every = [dict[str, float]() for _ in images]
+        digests = await asyncio.gather(
+            *(self._hash_timed(image.data, t) for image, t in zip(images, every, strict=True))
         )
-        keys = [key for key, _ in looked_up]
+        first = {digest: i for i, digest in reversed(list(enumerate(digests)))}  # digest → its first copy
+        unique = sorted(first.values())
+        answers: dict[int, dict[str, Any]] = {}  # first copy → its body (timings included), or its error
+        timings = {i: every[i] for i in unique}
+        looked_up = await asyncio.gather(
+            *(self._from_cache(digests[i], backend, info, k, timings[i], bypass) for i in unique)
+        )
+        keys = {i: key for i, (key, _) in zip(unique, looked_up, strict=True)}
         todo = []
-        for i, (_, cached) in enumerate(looked_up):
+        for i, (_, cached) in zip(unique, looked_up, strict=True):
             if cached is not None:
-                slots[i] = self._respond(backend, cached, timings[i], started)
+                answers[i] = self._respond(backend, cached, timings[i], started, record=False)
             else:
                 todo.append(i)
         # In parallel, but at most one decode per core for this request: the pool's queue is first come,
@@ -133,21 +149,24 @@ class Pipeline:
         ready: list[tuple[int, Prepared]] = []
         for i, outcome in zip(todo, outcomes, strict=True):
             if isinstance(outcome, ApiError):
-                slots[i] = outcome.body()
+                answers[i] = outcome.body()
             elif isinstance(outcome, BaseException):
                 raise outcome
             else:
                 ready.append((i, outcome))
+        inference: dict[str, float] = {}
         if ready:
-            shared: dict[str, float] = {}
             batch = np.stack([p.pixels for _, p in ready])
-            logits = await self._infer(backend, batch, None, shared)
+            logits = await self._infer(backend, batch, None, inference)
             bodies = [(i, self._body(backend, row, k)) for (i, _), row in zip(ready, logits, strict=True)]
-            if not bypass:
+            if store and not bypass:
                 await asyncio.gather(*(self.cache.store(keys[i], body) for i, body in bodies))
             for i, body in bodies:
-                slots[i] = self._respond(backend, body, {**timings[i], **shared}, started)
-        return [slot for slot in slots if slot is not None]
+                answers[i] = self._respond(backend, body, {**timings[i], **inference}, started, record=False)
+        request = {stage: sum(t.get(stage, 0.0) for t in timings.values()) for stage in STAGES[:-1]}
+        request.update(inference, total=(time.perf_counter() - started) * 1000)
+        self._record(backend, request, cached=not ready, images=len(images), from_cache=len(unique) - len(todo))
+        return [answers[first[digest]] for digest in digests]
 
     async def compare(self, image: Image, k: int, backends: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
         """One image through each of ``backends`` that can answer, one after another (decoded once,
@@ -176,22 +195,28 @@ class Pipeline:
     async def _hash(self, data: bytes | memoryview) -> str:
         return _digest(data) if len(data) <= HASH_INLINE_MAX else await self.cpu.run(lambda: _digest(data))
 
+    async def _hash_timed(self, data: bytes | memoryview, timings: dict[str, float]) -> str:
+        """The sha256 of an image, its time observed as ``read``."""
+        t0 = time.perf_counter()
+        digest = await self._hash(data)
+        timings["read"] = (time.perf_counter() - t0) * 1000
+        return digest
+
     async def _from_cache(
-        self, image: Image, backend: str, info: StoredModelInfo, k: int, timings: dict[str, float], bypass: bool
+        self, digest: str, backend: str, info: StoredModelInfo, k: int, timings: dict[str, float], bypass: bool
     ) -> tuple[str, dict[str, Any] | None]:
         """The image's cache key and its cached body (None on a miss). A bypass needs no key: nothing is
-        read from or written to the cache, and ``read`` is observed as 0 so that every stage counts
-        every request."""
+        read from or written to the cache, and ``read`` is observed (as 0 where nothing was hashed) so
+        that every stage counts every request."""
         if bypass:
             self.cache.bypassed()
             metrics.CACHE_EVENTS.labels(event="bypass").inc()
-            timings["read"] = 0.0
+            timings.setdefault("read", 0.0)
             return "", None
-        t0 = time.perf_counter()
-        key = digest_key(await self._hash(image.data), backend, info.tag, k)
         t1 = time.perf_counter()
+        key = digest_key(digest, backend, info.tag, k)
         cached, event = await self.cache.lookup(key, Expected(backend, info.tag, k, info.weights, info.categories))
-        timings["read"], timings["cache"] = (t1 - t0) * 1000, (time.perf_counter() - t1) * 1000
+        timings["cache"] = (time.perf_counter() - t1) * 1000
         metrics.CACHE_EVENTS.labels(event=event).inc()
         return key, None if cached is None else {**cached, "cached": True}
 
@@ -205,6 +230,12 @@ class Pipeline:
         logits = np.asarray(await self.infer(backend, pixels, batched))
         timings["inference"] = (time.perf_counter() - t0) * 1000
         return logits
+
+    def _record(self, backend: str, timings: dict[str, float], *, cached: bool, images: int, from_cache: int) -> None:
+        """One request in the stage histograms and /stats/live: its stages (for a batch, the sum over its
+        images but the one runner call), whether inference ran at all, how many images, how many cached."""
+        metrics.observe_stages(backend, timings)
+        self.live.record(backend, timings["total"], cached, images=images, cached_images=from_cache)
 
     def _body(self, backend: str, logits: np.ndarray, k: int) -> dict[str, Any]:
         info = self.models[backend]
@@ -220,12 +251,15 @@ class Pipeline:
             "cached": False,
         }
 
-    def _respond(self, backend: str, body: dict[str, Any], timings: dict[str, float], started: float) -> dict[str, Any]:
-        """The body with its timings (ClassifyResponse's keys, in its order), observed in the metrics."""
+    def _respond(
+        self, backend: str, body: dict[str, Any], timings: dict[str, float], started: float, *, record: bool = True
+    ) -> dict[str, Any]:
+        """The body with its timings (ClassifyResponse's keys, in its order); ``record``: observed in the
+        metrics and /stats/live as a request of one image (a batch records itself once)."""
         timings.setdefault("total", (time.perf_counter() - started) * 1000)
-        metrics.observe_stages(backend, timings)
         cached = bool(body.get("cached", False))
-        self.live.record(backend, timings["total"], cached)
+        if record:
+            self._record(backend, timings, cached=cached, images=1, from_cache=int(cached))
         stages = {stage: round(timings.get(stage, 0.0), 3) for stage in STAGES}
         return {
             **{key: value for key, value in body.items() if key != "cached"},

@@ -8,6 +8,8 @@ parameters and the class names, so that serving needs nothing but the store.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +59,112 @@ def find(backend: str, batch: int | None = None) -> Model | None:
     try:
         return bentoml.models.get(f"{model_name(backend, batch)}:latest")
     except NotFound:
+        return None
+
+
+PINS_ENV = "FASTINFER_PINNED_MODELS"
+"""Set by the server at start-up (service.py's deployment hook), inherited by every worker: store name
+→ the exact tag resolved then. Every process of one server (front workers, runners, restarted or
+not) loads and names those versions, never whatever ``:latest`` is when it happens to (re)start."""
+
+
+def home() -> Path:
+    """BentoML's home, as BentoML resolves it (BENTOML_HOME, else ~/bentoml)."""
+    return Path(os.environ.get("BENTOML_HOME") or Path.home() / "bentoml")
+
+
+def pins() -> dict[str, str] | None:
+    """This server's pinned tags; None outside a server (then ``:latest`` is what serves)."""
+    raw = os.environ.get(PINS_ENV)
+    return None if raw is None else dict(json.loads(raw))
+
+
+def pin(names: list[str]) -> dict[str, str]:
+    """Resolve each stored name's ``:latest`` now, for a server about to start its workers."""
+    import bentoml
+    from bentoml.exceptions import NotFound
+
+    resolved = {}
+    for name in names:
+        try:
+            resolved[name] = str(bentoml.models.get(f"{name}:latest").tag)
+        except NotFound:
+            continue  # not built: the backend answers 503 saying so
+    return resolved
+
+
+class PinnedModelGone(LookupError):
+    """The version this server pinned at start-up was deleted from the store (by a rebuild)."""
+
+
+def serving(backend: str, batch: int | None = None) -> Model | None:
+    """The model a server serves for a store name: its pinned version (PinnedModelGone when that was
+    deleted), or the latest stored outside a server. None when never built."""
+    import bentoml
+    from bentoml.exceptions import NotFound
+
+    name = model_name(backend, batch)
+    pinned = pins()
+    if pinned is None:
+        return find(backend, batch)
+    if name not in pinned:
+        return None  # not stored when this server started: it serves without it until restarted
+    pinned_tag = pinned[name]
+    try:
+        return bentoml.models.get(pinned_tag)
+    except NotFound:
+        try:
+            latest = find(backend, batch)
+        except Exception:  # a store whose latest pointer names a deleted version, say
+            latest = None
+        now = f"; the store now holds {latest.tag}" if latest is not None else ""
+        raise PinnedModelGone(
+            f"{pinned_tag}, the version this server started with, is no longer in the model store{now}: "
+            "restart the server to serve what is stored"
+        ) from None
+
+
+PINS_DIR = "pinned"
+"""Under BentoML's home: one ``<pid>.json`` per running server, listing the tags it pinned, so that a
+rebuild keeps the versions a running server uses instead of deleting them under it."""
+
+
+def record_pins(pinned: dict[str, str]) -> Path:
+    """Say, for builds to see, which versions the server running as this process uses."""
+    folder = home() / PINS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{os.getpid()}.json"
+    path.write_text(json.dumps(sorted(pinned.values())))
+    return path
+
+
+def in_use() -> dict[str, int]:
+    """Tags pinned by servers that are still running → the process id of one. A file left by a
+    server that died (kill -9) names a process that is gone: it is removed here."""
+    used: dict[str, int] = {}
+    folder = home() / PINS_DIR
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            pid = int(path.stem)
+            os.kill(pid, 0)
+        except (ValueError, ProcessLookupError):
+            path.unlink(missing_ok=True)
+            continue
+        except PermissionError:
+            pass  # alive, another user's
+        try:
+            tags = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        used.update(dict.fromkeys(map(str, tags), pid))
+    return used
+
+
+def serving_or_none(backend: str, batch: int | None = None) -> Model | None:
+    """:func:`serving`, with None for a pinned version that is gone (its backend says why elsewhere)."""
+    try:
+        return serving(backend, batch)
+    except PinnedModelGone:
         return None
 
 

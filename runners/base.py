@@ -12,18 +12,21 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Awaitable
+from http import HTTPStatus
 from typing import Any
 
 import bentoml
 import numpy as np
-from bentoml.exceptions import InvalidArgument, ServiceUnavailable
+from bentoml.exceptions import BentoMLException, InvalidArgument, ServiceUnavailable
 from bentoml.models import BentoModel
 
-from fastinfer import hardware, store
+from fastinfer import hardware, store, store_check
 from fastinfer.backends import SPECS, open_engine
-from fastinfer.batching import MicroBatcher
+from fastinfer.batching import Expired, MicroBatcher
 from fastinfer.config import get_settings
 from fastinfer.engines import Engine, EngineUnavailable, check_batch, warm_up
+from fastinfer.errors import without_paths
 from fastinfer.metrics import BATCH_SIZE
 from runners.drain import leave_after_front
 
@@ -41,12 +44,38 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def public_line(exc: BaseException, limit: int = 300) -> str:
+    """:func:`one_line` for clients: without this server's paths (ONNX Runtime and OpenVINO name the
+    model file they failed on). The log keeps the whole line."""
+    text = without_paths(one_line(exc, limit=1 << 20))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class ModelMismatch(BentoMLException):
+    """Asked to compute for a model version this runner does not hold (409: the front's view is stale)."""
+
+    error_code = HTTPStatus.CONFLICT
+
+
 def _checked(images: np.ndarray) -> np.ndarray:
     """The contract's input, or a 400 from the runner that says what is wrong with it."""
     try:
         return check_batch(images)
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from exc
+
+
+class DeadlinePassed(BentoMLException):
+    """The caller's deadline passed before the model took the images (the caller has answered 504)."""
+
+    error_code = HTTPStatus.GATEWAY_TIMEOUT
+
+
+async def _in_time(outputs: Awaitable[np.ndarray]) -> np.ndarray:
+    try:
+        return await outputs
+    except Expired as exc:
+        raise DeadlinePassed(str(exc)) from exc
 
 
 def make_runner(backend: str) -> Any:
@@ -82,10 +111,10 @@ def make_runner(backend: str) -> Any:
                 # A model that cannot load (missing, corrupt, a runtime that cannot compile it on this
                 # CPU) makes this backend unavailable, with the reason; it must not take the service
                 # down with it, as a runner that dies at start-up would.
-                self.failure = f"{name} could not be loaded: {one_line(exc)}"
+                self.failure = f"{name} could not be loaded: {public_line(exc)}"  # what clients are told
                 self.failed_at = time.monotonic()
                 self.lasting = isinstance(exc, EngineUnavailable)  # about this machine: no retry heals it
-                logger.error("runner %s: %s", name, self.failure)
+                logger.error("runner %s: %s could not be loaded: %s", name, name, one_line(exc, limit=4000))
                 return
             self.failure = None
             runs_on = self.engine.describe()
@@ -113,11 +142,29 @@ def make_runner(backend: str) -> Any:
             if self.failure is not None:
                 raise ServiceUnavailable(self.failure)
 
+        async def __is_ready__(self) -> bool:
+            """This runner's /readyz, which the front's /readyz asks too (BentoML's runner probe): ready
+            once its model is loaded. A failed load keeps it not ready, and the probe itself starts the
+            retry when one is due (in the background: a probe must answer at once), since a server
+            that is not ready gets no requests to start it. What this machine cannot run at all
+            (EngineUnavailable) does not hold readiness, as a runner that is not started does not."""
+            if self.failure is None or self.lasting:
+                return True
+            if time.monotonic() - self.failed_at >= RELOAD_AFTER_S and not self._reloading.locked():
+                self._retry = asyncio.create_task(self._loaded())  # kept: a task nobody holds may vanish
+                # Its 503 is expected (the failure is logged by _try_load): retrieved, so asyncio stays quiet.
+                self._retry.add_done_callback(lambda task: task.cancelled() or task.exception())
+            return False
+
         def _load(self) -> Engine:
-            missing = [str(ref.tag) for ref in refs.values() if ref.stored is None]
+            # The versions this server pinned at start-up (fastinfer.store.serving): a runner restarted
+            # after a rebuild loads what the front names, or nothing.
+            found = {size: store.serving(spec.artifact, size) for size in spec.static_batches}
+            missing = [store.model_name(spec.artifact, size) for size, model in found.items() if model is None]
             if missing:
                 raise LookupError(f"{', '.join(missing)} not in the model store; run `python -m build_models`")
-            stored = {size: ref.resolve() for size, ref in refs.items()}
+            stored = {size: model for size, model in found.items() if model is not None}
+            store_check.require_intact(stored.values())  # a file that is not what was built is refused
             self.models = [str(model.tag) for model in stored.values()]
             engine = open_engine(backend, threads, {size: model.path for size, model in stored.items()})
             warm_up(engine, (1, batching.max_batch_size) if batching.enabled else (1,))
@@ -125,6 +172,8 @@ def make_runner(backend: str) -> Any:
 
         def _run(self, images: np.ndarray) -> np.ndarray:
             """Every model call, batched or not: counted for /backends and the batch-size histogram."""
+            if not spec.rows_independent and len(images) > 1:  # one run per image (fastinfer/backends.py)
+                return np.concatenate([self._run(images[i : i + 1]) for i in range(len(images))])
             self.batch_sizes[len(images)] += 1
             BATCH_SIZE.labels(backend=name).observe(len(images))
             return self.engine.run(images)
@@ -134,19 +183,32 @@ def make_runner(backend: str) -> Any:
             # The front may hold a request for up to the request timeout before it calls us.
             leave_after_front(settings.request_timeout_s + 5)
 
-        @bentoml.api
-        async def infer(self, images: np.ndarray) -> np.ndarray:
-            """uint8 [N,224,224,3] → float32 logits [N,1000], run as sent."""
-            self.calls["infer"] += 1
-            await self._loaded()
-            return await self.batcher.run_now(_checked(images))
+        def _holds(self, model: str) -> None:
+            """Compute only for the model the caller names in its answer: a front and a runner that
+            disagree on the version (one of them restarted across a rebuild) must not mislabel."""
+            if model and model not in self.models:
+                raise ModelMismatch(
+                    f"the {name} runner holds {', '.join(self.models)}, not {model}: "
+                    "restart the server so that every process serves the same version"
+                )
 
         @bentoml.api
-        async def infer_batched(self, images: np.ndarray) -> np.ndarray:
+        async def infer(self, images: np.ndarray, model: str = "", deadline: float = 0.0) -> np.ndarray:
+            """uint8 [N,224,224,3] → float32 logits [N,1000], run as sent, by ``model`` (a tag this runner
+            holds; "" = whichever it holds); dropped (504) if ``deadline`` (time.time(), 0 = none) passes
+            before the model takes it: the caller has answered its client already."""
+            self.calls["infer"] += 1
+            await self._loaded()
+            self._holds(model)
+            return await _in_time(self.batcher.run_now(_checked(images), deadline))
+
+        @bentoml.api
+        async def infer_batched(self, images: np.ndarray, model: str = "", deadline: float = 0.0) -> np.ndarray:
             """As ``infer``, but calls that wait for the model run together, up to max_batch_size rows."""
             self.calls["infer_batched"] += 1
             await self._loaded()
-            return await self.batcher.submit(_checked(images))
+            self._holds(model)
+            return await _in_time(self.batcher.submit(_checked(images), deadline))
 
         @bentoml.api
         def describe(self) -> dict[str, Any]:
@@ -158,6 +220,7 @@ def make_runner(backend: str) -> Any:
                 "models": self.models,
                 "batch_sizes_seen": dict(sorted(self.batch_sizes.items())),
                 "calls": {"infer": self.calls["infer"], "infer_batched": self.calls["infer_batched"]},
+                "expired_images": self.batcher.expired_rows,
             }
 
     for size, ref in refs.items():  # class attributes, so that `bentoml build` packs the models

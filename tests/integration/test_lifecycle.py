@@ -1,5 +1,5 @@
 """A second server (pytorch batching off, a 3 s deadline), for what the shared one cannot show: two
-servers sharing one Redis, which runner API a route really calls, a corrupt model in the store, the
+servers sharing one Redis, which runner API a route really calls, corrupt models in the store, the
 deadline against a slow client, and a graceful shutdown with a request provably in flight. The shutdown test stops this
 server, so it runs last."""
 
@@ -15,30 +15,57 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+import yaml
 
 from fastinfer import photos
 from tests.servers import NO_CACHE, start_server, stop_server
 
 TIMEOUT_S = 3
 CORRUPT = "resnet50-openvino-int8"
+# Stored by an older build (no sha256 recorded) and cut short since: only loading it can tell.
+UNRECORDED = "resnet50-onnx-int8-dynamic"
+
+
+def cut_short(home, name: str, file: str) -> None:
+    version = (home / "models" / name / "latest").read_text().strip()
+    weights = home / "models" / name / version / file
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
+
+
+def runners_settled(url: str) -> bool:
+    """Every runner has loaded its model or failed to (two cannot: /readyz stays 503 here)."""
+    answer = httpx.get(f"{url}/backends", timeout=10)
+    if answer.status_code != 200:  # the front itself still starting
+        return False
+    return all(b["available"] or "does not answer" not in b["reason"] for b in answer.json()["backends"])
 
 
 @pytest.fixture(scope="module")
-def own_server(built_models, bentoml_home, redis_server, tmp_path_factory):
+def own_home(built_models, bentoml_home, tmp_path_factory):
     # Its own BENTOML_HOME over the same model store: `bentoml serve` wipes
     # $BENTOML_HOME/prometheus_multiproc_dir at start, which would blank the shared server's metrics.
-    # One model in it is broken: openvino-int8's weights file is cut short (a failed copy, a full disk).
+    # Two models in it are broken (a failed copy, a full disk): openvino-int8's weights file is cut
+    # short, and so is onnx-int8-dynamic's model, stored without the sha256 that would tell.
     home = tmp_path_factory.mktemp("home-lifecycle")
+    (home / "models").mkdir()
     for model in (bentoml_home / "models").iterdir():
-        if model.name != CORRUPT:
-            (home / "models").mkdir(exist_ok=True)
+        if model.name in (CORRUPT, UNRECORDED):
+            shutil.copytree(model, home / "models" / model.name)
+        else:
             (home / "models" / model.name).symlink_to(model)
-    shutil.copytree(bentoml_home / "models" / CORRUPT, home / "models" / CORRUPT)
-    version = (home / "models" / CORRUPT / "latest").read_text().strip()
-    weights = home / "models" / CORRUPT / version / "model.bin"
-    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
+    cut_short(home, CORRUPT, "model.bin")
+    cut_short(home, UNRECORDED, "model.onnx")
+    (info,) = (home / "models" / UNRECORDED).glob("*/model.yaml")
+    meta = yaml.safe_load(info.read_text())
+    del meta["metadata"]["files"]
+    info.write_text(yaml.safe_dump(meta, sort_keys=False))
+    return home
+
+
+@pytest.fixture(scope="module")
+def own_server(own_home, redis_server, tmp_path_factory):
     env = {"REDIS_URL": redis_server.url, "FASTINFER_BATCHING_PYTORCH": "false", "FASTINFER_TIMEOUT_S": str(TIMEOUT_S)}
-    srv = start_server(home, tmp_path_factory.mktemp("serve-lifecycle") / "serve.log", env)
+    srv = start_server(own_home, tmp_path_factory.mktemp("serve-lifecycle") / "serve.log", env, ready=runners_settled)
     yield srv
     stop_server(srv)
 
@@ -46,7 +73,6 @@ def own_server(built_models, bentoml_home, redis_server, tmp_path_factory):
 def test_a_corrupt_model_makes_its_backend_unavailable_and_the_rest_serves(own_server) -> None:
     files = {"image": ("p.jpg", photos.photo_jpeg("astronaut.png", width=301), "image/jpeg")}
     with httpx.Client(base_url=own_server.url, timeout=60) as client:
-        assert client.get("/readyz").status_code == 200
         # First /compare (before any request learnt of the failure): every other backend, this one unavailable.
         compared = client.post("/compare", files=files)
         assert compared.status_code == 200, compared.text
@@ -63,6 +89,28 @@ def test_a_corrupt_model_makes_its_backend_unavailable_and_the_rest_serves(own_s
             ok = client.post("/classify", data={"backend": backend}, files=files)
             assert ok.status_code == 200 and ok.json()["backend"] == backend, ok.text
             assert info[backend]["available"] is True
+
+
+def test_corrupt_models_keep_the_server_not_ready_and_clients_see_no_server_path(own_server, own_home) -> None:
+    """README: ready means every runner loaded its model. The 503s say why, without the store's path
+    (ONNX Runtime names the file it failed on); the server's log keeps the whole message."""
+    files = {"image": ("p.jpg", photos.photo_jpeg("astronaut.png", width=303), "image/jpeg")}
+    with httpx.Client(base_url=own_server.url, timeout=60) as client:
+        assert client.get("/readyz").status_code == 503
+        said = {}
+        for backend in ("openvino-int8", "onnx-int8-dynamic"):
+            broken = client.post("/classify", data={"backend": backend}, files=files)
+            assert broken.status_code == 503, broken.text
+            said[backend] = broken.json()["error"]["message"]
+        reasons = {b["name"]: b["reason"] for b in client.get("/backends").json()["backends"]}
+    # Refused on its recorded sha256, before the runtime reads it; with the command that rebuilds it.
+    assert "is corrupt: model.bin is " in said["openvino-int8"], said
+    assert "rebuild it: python -m build_models --only openvino-int8 --weights random" in said["openvino-int8"]
+    # No record: the runtime's own error, the file named by the model's tag instead of its path.
+    assert f"Load model from {UNRECORDED}:" in said["onnx-int8-dynamic"], said
+    for text in [*said.values(), reasons["openvino-int8"], reasons["onnx-int8-dynamic"]]:
+        assert str(own_home) not in text and "/tmp/" not in text and "/models/" not in text, text
+    assert f"{own_home}/models/{UNRECORDED}/" in own_server.log.read_text()  # the operator's copy
 
 
 def test_two_servers_share_one_redis(client, own_server) -> None:
@@ -136,6 +184,43 @@ def test_a_client_too_slow_to_send_gets_our_408_before_bentomls_timeout(own_serv
     assert status == 408, payload
     assert b'"code": "request_timeout"' in payload  # ours, not BentoML's {"error": "Not able to ..."}
     assert TIMEOUT_S - 0.5 < seconds < TIMEOUT_S + 4  # BentoML's backstop would answer at TIMEOUT_S + 5
+
+
+def test_work_answered_504_is_dropped_by_the_runner(own_server) -> None:
+    """More pytorch work than the 3 s deadline allows: the requests past it are answered 504, and the
+    runner drops the images it had not started on instead of computing them for nobody."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    # Small photos (their decoding is nearly free, so every request reaches the runner at once), 32 a
+    # request: ~400 images of pytorch queue behind one another, far more than 3 s of work.
+    requests = [
+        [("images", (f"{i}.jpg", photos.photo_jpeg(photos.PHOTOS[i % 12], width=64 + r + 12 * i), "image/jpeg"))
+         for i in range(32)]
+        for r in range(12)
+    ]  # fmt: skip
+    with httpx.Client(base_url=own_server.url, timeout=60) as client:
+
+        def computed() -> tuple[int, int]:
+            runs_on = {b["name"]: b for b in client.get("/backends").json()["backends"]}["pytorch"]["runs_on"]
+            return sum(int(n) * c for n, c in runs_on["batch_sizes_seen"].items()), runs_on["expired_images"]
+
+        before, expired_before = computed()
+
+        def send(files):
+            return client.post("/classify/batch", data={"backend": "pytorch"}, files=files, headers=NO_CACHE)
+
+        with ThreadPoolExecutor(len(requests)) as pool:
+            statuses = [answer.status_code for answer in pool.map(send, requests)]
+        assert 504 in statuses and set(statuses) <= {200, 504}, statuses
+        settled, last = time.monotonic(), computed()
+        while time.monotonic() - settled < 3:  # until the runner has been idle for 3 s
+            time.sleep(0.5)
+            if (now := computed()) != last:
+                settled, last = time.monotonic(), now
+        images, expired = last[0] - before, last[1] - expired_before
+    sent = sum(len(files) for files in requests)
+    # A request answered 504 before its images reached the runner is in neither count.
+    assert expired > 0 and images + expired <= sent and images < sent, (images, expired, sent)
 
 
 def in_flight(client: httpx.Client, route: str) -> float:

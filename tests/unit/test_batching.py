@@ -153,3 +153,30 @@ def test_runners_refuse_malformed_arrays(images, message: str) -> None:
 
     with pytest.raises(ValueError, match=message):
         check_batch(images)
+
+
+def test_work_whose_deadline_passed_while_it_queued_is_dropped_not_run() -> None:
+    """A request answered 504 by the front is not computed by the model afterwards."""
+    from fastinfer.batching import Expired
+
+    run, calls = slow_double(0.2)
+    batcher = MicroBatcher(run, max_batch_size=2, max_latency_ms=0)
+
+    async def main() -> list:
+        soon = time.time() + 0.1  # passes while the first batch (0.2 s) runs
+        return await asyncio.gather(
+            batcher.submit(rows(0, 2)),
+            batcher.submit(rows(1, 2), deadline=soon),
+            batcher.submit(rows(2, 2), deadline=time.time() + 60),
+            late(batcher.run_now(rows(3), deadline=soon)),
+            return_exceptions=True,
+        )
+
+    async def late(call):  # queued on the model thread behind the first batch
+        await asyncio.sleep(0.05)
+        return await call
+
+    first, expired, later, now = asyncio.run(main())
+    assert np.all(first == 0) and np.all(later == 4)
+    assert isinstance(expired, Expired) and isinstance(now, Expired)
+    assert calls == [2, 2] and batcher.expired_rows == 3

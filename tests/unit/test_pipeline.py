@@ -182,3 +182,39 @@ def test_a_batch_decodes_at_most_one_image_per_core_at_a_time() -> None:
     results = run(pipeline.classify_many([Image(grey(i)) for i in range(8)], "onnx", 1, bypass=True))
     assert [r["class"] for r in results] == [f"class {i}" for i in range(8)]
     assert peak == pipeline.cpu.workers == 2
+
+
+def test_the_same_image_twice_in_a_batch_is_decoded_and_inferred_once() -> None:
+    pipeline, runner = make()
+    a, b = grey(40), grey(90)
+    results = run(pipeline.classify_many([Image(a), Image(b), Image(a), Image(a)], "onnx", 3))
+    assert runner.calls == [("onnx", 2, None)]  # a and b, once each
+    assert [r["class_index"] for r in results] == [40, 90, 40, 40]
+    assert results[0] == results[2] == results[3]
+    again = run(pipeline.classify_many([Image(b), Image(b)], "onnx", 3))
+    assert [r["cached"] for r in again] == [True, True] and len(runner.calls) == 1
+    # An invalid image sent twice is one error, in both its slots.
+    bad = run(pipeline.classify_many([Image(b"junk"), Image(b"junk")], "onnx", 3, bypass=True))
+    assert [r["error"]["code"] for r in bad] == ["invalid_image", "invalid_image"]
+
+
+def test_a_batch_is_one_request_in_live_stats() -> None:
+    pipeline, _ = make()
+    run(pipeline.classify_many([Image(grey(level)) for level in (10, 20, 30, 40)], "onnx", 3))
+    run(pipeline.classify(Image(grey(50)), "onnx", 3))
+    run(pipeline.classify_many([Image(grey(10)), Image(grey(20))], "onnx", 3))  # both from the cache
+    live = pipeline.live.snapshot()
+    assert (live["served"], live["images"], live["cached"]) == (3, 7, 2)
+    assert len(pipeline.live._latencies["onnx"]) == 2  # the all-cached batch is not an inference request
+
+
+def test_a_batch_observes_its_stages_once(monkeypatch) -> None:
+    from fastinfer import metrics
+
+    seen: list[tuple[str, dict[str, float]]] = []
+    monkeypatch.setattr(metrics, "observe_stages", lambda backend, t: seen.append((backend, dict(t))))
+    pipeline, _ = make()
+    run(pipeline.classify_many([Image(grey(level)) for level in (11, 22, 33)], "onnx", 3))
+    ((backend, stages),) = seen
+    assert backend == "onnx" and set(stages) >= {"read", "cache", "decode", "preprocess", "inference", "total"}
+    assert stages["total"] >= stages["inference"] > 0

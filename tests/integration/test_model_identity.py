@@ -1,0 +1,260 @@
+"""Every answer names the model that computed it, across a rebuild, a runner killed and restarted, a
+front worker killed and restarted, and a second server sharing the same Redis (issue: answers were
+labelled with a version the front resolved at start-up while a restarted runner ran another).
+
+One server (A) starts; ``onnx`` is rebuilt with other weights under it; its onnx runner and then a
+front worker are killed with SIGKILL and come back; a second server (B) starts on the new version over
+the same Redis. Every answer, and every cache entry both wrote, is checked against what its named
+model computes in this process: a tag paired with another model's output fails the test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import redis
+
+from fastinfer import photos
+from fastinfer.backends import open_engine
+from fastinfer.postprocess import top_k
+from fastinfer.preprocess import PreprocessSpec, prepare
+from load_tests.service import ROOT, Server
+from tests.servers import start_server, stop_server
+
+REBUILT = "resnet50-onnx"
+SPEC = PreprocessSpec(resize_size=232, crop_size=224)
+
+
+def _photo(name: str, width: int) -> bytes:
+    return photos.photo_jpeg(name, width=width, quality=83)  # bytes no other test sends
+
+
+@pytest.fixture(scope="module")
+def home(built_models, bentoml_home: Path, tmp_path_factory) -> Path:
+    """A store of its own (the rebuilt model is a copy; the others are shared, read-only)."""
+    home = tmp_path_factory.mktemp("home-identity")
+    (home / "models").mkdir()
+    for model in (bentoml_home / "models").iterdir():
+        if model.name == REBUILT:
+            shutil.copytree(model, home / "models" / model.name)
+        else:
+            (home / "models" / model.name).symlink_to(model)
+    return home
+
+
+def _other_weights(path: Path) -> Path:
+    """A state_dict unlike the test store's seeded init: the rebuilt model answers differently."""
+    import torch
+    from torchvision.models import resnet50
+
+    torch.manual_seed(12345)
+    torch.save(resnet50(weights=None).state_dict(), path)
+    return path
+
+
+def _versions(home: Path) -> list[str]:
+    folder = home / "models" / REBUILT
+    return sorted(p.name for p in folder.iterdir() if p.is_dir())
+
+
+def _expected(home: Path, tag: str, data: bytes, k: int = 5) -> list[tuple[int, float]]:
+    """What the model stored under ``tag`` answers for ``data``, computed here."""
+    name, version = tag.split(":")
+    engine = open_engine("onnx", 1, {None: home / "models" / name / version}, cpu_only=True)
+    logits = engine.run(prepare(data, SPEC, 10**9).pixels[np.newaxis])[0]
+    return [(p.index, p.score) for p in top_k(logits, k, [])]
+
+
+def _answered(body: dict) -> list[tuple[int, float]]:
+    return [(p["index"], p["score"]) for p in body["top_k"]]
+
+
+def _same(got: list[tuple[int, float]], want: list[tuple[int, float]]) -> bool:
+    return [i for i, _ in got] == [i for i, _ in want] and np.allclose(
+        [s for _, s in got], [s for _, s in want], rtol=1e-4, atol=1e-6
+    )
+
+
+def _pids(server: Server, service_name: str) -> list[int]:
+    """The processes under ``server`` that run ``service_name``."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+
+    def under_server(pid: int) -> bool:
+        while pid > 1:
+            if pid == server.process.pid:
+                return True
+            pid = parents.get(pid, 0)
+        return False
+
+    found = []
+    for pid in parents:
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        named = b"--service-name" in args[:-1] and args[args.index(b"--service-name") + 1] == service_name.encode()
+        if named and under_server(pid):
+            found.append(pid)
+    return found
+
+
+def _kill_and_wait(server: Server, service_name: str, client: httpx.Client) -> None:
+    before = _pids(server, service_name)
+    assert before, f"no {service_name} process found"
+    for pid in before:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        now = _pids(server, service_name)
+        if now and not set(now) & set(before):
+            try:
+                if client.get("/readyz", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.5)
+    raise AssertionError(f"{service_name} did not come back:\n{server.log_tail()}")
+
+
+def _classify(client: httpx.Client, data: bytes) -> dict:
+    answer = client.post("/classify", data={"backend": "onnx"}, files={"image": ("p.jpg", data, "image/jpeg")})
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def _check_every_answer(client: httpx.Client, home: Path, tag: str, data: bytes) -> None:
+    """/classify, /classify/batch and /compare name ``tag`` and answer what ``tag`` computes."""
+    want = _expected(home, tag, data)
+    single = _classify(client, data)
+    assert single["model"] == tag and _same(_answered(single), want), (single, want)
+    batch = client.post("/classify/batch", data={"backend": "onnx"}, files=[("images", ("a.jpg", data, "image/jpeg"))])
+    assert batch.status_code == 200, batch.text
+    (item,) = batch.json()["results"]
+    assert item["model"] == tag and _same(_answered(item), want), (item, want)
+    compared = client.post("/compare", files={"image": ("p.jpg", data, "image/jpeg")})
+    assert compared.status_code == 200, compared.text
+    (onnx,) = [r for r in compared.json()["results"] if r["backend"] == "onnx"]
+    assert onnx["model"] == tag and _same(_answered(onnx), want), (onnx, want)
+    runner = {b["name"]: b for b in client.get("/backends").json()["backends"]}["onnx"]
+    assert runner["model"] == tag and runner["models"] == [tag], runner
+
+
+def _rebuild(home: Path, weights: Path, force: bool = True) -> str:
+    env = {**os.environ, "BENTOML_HOME": str(home)}
+    done = subprocess.run(
+        [sys.executable, "-m", "build_models", "--weights", str(weights), "--only", "onnx", *["--force"][:force]],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_answers_and_cache_entries_name_the_model_that_computed_them(home, redis_server, tmp_path) -> None:
+    env = {"REDIS_URL": redis_server.url}
+    a = start_server(home, tmp_path / "a.log", env)
+    b: Server | None = None
+    try:
+        with httpx.Client(base_url=a.url, timeout=60) as client:
+            old = {x["name"]: x for x in client.get("/backends").json()["backends"]}["onnx"]["model"]
+            first = _photo("chelsea.png", 333)
+            _check_every_answer(client, home, old, first)
+
+            # Rebuilt under the running server: the version it serves stays in the store.
+            out = _rebuild(home, _other_weights(tmp_path / "other.pth"))
+            assert f"kept {old}" in out, out
+            assert len(_versions(home)) == 2
+            new = f"{REBUILT}:{(home / 'models' / REBUILT / 'latest').read_text().strip()}"
+            assert new != old
+            assert _expected(home, new, first)[0] != _expected(home, old, first)[0]  # they answer differently
+
+            # Its runner restarts: it loads the pinned version, not the rebuilt one.
+            _kill_and_wait(a, "runner-onnx", client)
+            second = _photo("coffee.png", 347)
+            _check_every_answer(client, home, old, second)
+            # A front worker restarts: it names the pinned version too.
+            _kill_and_wait(a, "fastinfer", client)
+            third = _photo("rocket.jpg", 311)
+            _check_every_answer(client, home, old, third)
+            assert _classify(client, first)["cached"] is True
+
+        # A second server, started after the rebuild, on the same Redis: the new version, never A's entries.
+        b = start_server(home, tmp_path / "b.log", env)
+        with httpx.Client(base_url=b.url, timeout=60) as other:
+            for data in (first, second, third):
+                answer = _classify(other, data)
+                assert answer["cached"] is False and answer["model"] == new
+                assert _same(_answered(answer), _expected(home, new, data))
+
+        # Every entry either server wrote pairs its model with that model's output.
+        sent = {hashlib.sha256(data).hexdigest(): data for data in (first, second, third)}
+        r = redis.Redis.from_url(redis_server.url)
+        checked = 0
+        for key in r.scan_iter(match="fastinfer:*"):
+            if r.type(key) != b"string":
+                continue
+            body = json.loads(r.get(key)).get("body", {})
+            if body.get("model") not in (old, new):
+                continue  # another test's server
+            data = sent[key.decode().rsplit(":", 1)[1]]
+            assert _same(_answered(body), _expected(home, body["model"], data, len(body["top_k"]))), key
+            checked += 1
+        assert checked >= 6
+
+        # Server A gone, the next build (nothing to rebuild) removes the version it kept.
+        stop_server(a)
+        out = _rebuild(home, tmp_path / "other.pth", force=False)
+        assert f"removed {old}" in out and _versions(home) == [new.split(":")[1]], out
+    finally:
+        stop_server(a)
+        if b is not None:
+            stop_server(b)
+
+
+def test_a_pinned_version_deleted_by_hand_is_a_503_naming_it(home, tmp_path) -> None:
+    srv = start_server(home, tmp_path / "c.log", {"FASTINFER_CACHE": "off"})
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as client:
+            tag = {x["name"]: x for x in client.get("/backends").json()["backends"]}["onnx"]["model"]
+            env = {**os.environ, "BENTOML_HOME": str(home)}
+            bentoml_cli = Path(sys.executable).parent / "bentoml"
+            subprocess.run([str(bentoml_cli), "models", "delete", tag, "-y"], env=env, check=True, capture_output=True)
+            for pid in _pids(srv, "runner-onnx"):
+                os.kill(pid, signal.SIGKILL)
+            photo = {"image": ("p.jpg", _photo("camera.png", 301), "image/jpeg")}
+            deadline = time.monotonic() + 120
+            answer = None
+            while time.monotonic() < deadline:  # until the runner is back and has failed to load it
+                answer = client.post("/classify", data={"backend": "onnx"}, files=photo)
+                if answer.status_code == 503 and tag in answer.json()["error"]["message"]:
+                    break
+                time.sleep(1)
+            assert answer is not None and answer.status_code == 503, answer.text if answer else None
+            message = answer.json()["error"]["message"]
+            assert tag in message and "no longer in the model store" in message, message
+            assert str(home) not in message
+            # Other backends still answer.
+            ok = client.post("/classify", data={"backend": "onnx-int8"}, files=photo)
+            assert ok.status_code == 200, ok.text
+    finally:
+        stop_server(srv)

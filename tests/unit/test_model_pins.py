@@ -1,0 +1,53 @@
+"""A server's pinned model versions (fastinfer.store): what every process of one server loads and
+names, whatever ``:latest`` becomes meanwhile, and what a rebuild must keep while it runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fastinfer import store
+from fastinfer.backends import unavailable_reason
+
+
+@pytest.fixture()
+def pinned(built_models, monkeypatch) -> dict[str, str]:
+    pins = store.pin(["resnet50-onnx", "resnet50-never-built"])
+    monkeypatch.setenv(store.PINS_ENV, json.dumps(pins))
+    return pins
+
+
+def test_pin_resolves_latest_and_skips_what_was_never_built(pinned) -> None:
+    assert pinned == {"resnet50-onnx": str(store.find("onnx").tag)}
+
+
+def test_a_server_serves_its_pins_only(pinned, monkeypatch) -> None:
+    assert str(store.serving("onnx").tag) == pinned["resnet50-onnx"]
+    assert store.serving("onnx-int8") is None  # not pinned: not stored when the server started
+    reason = unavailable_reason("onnx-int8")
+    assert reason is not None and "when this server started" in reason
+    monkeypatch.setenv(store.PINS_ENV, json.dumps({"resnet50-onnx": "resnet50-onnx:gone0000version"}))
+    with pytest.raises(store.PinnedModelGone, match=r"resnet50-onnx:gone0000version.*no longer in the model store"):
+        store.serving("onnx")
+    assert store.serving_or_none("onnx") is None
+    assert "resnet50-onnx:gone0000version" in (unavailable_reason("onnx") or "")
+
+
+def test_outside_a_server_latest_serves(built_models, monkeypatch) -> None:
+    monkeypatch.delenv(store.PINS_ENV, raising=False)
+    assert store.pins() is None
+    assert str(store.serving("onnx-int8").tag) == str(store.find("onnx-int8").tag)
+
+
+def test_recorded_pins_of_a_live_server_are_in_use_and_a_dead_ones_are_cleared(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("BENTOML_HOME", str(tmp_path))
+    mine = store.record_pins({"resnet50-onnx": "resnet50-onnx:aaaa"})
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / store.PINS_DIR / f"{int(dead.stdout)}.json"
+    stale.write_text(json.dumps(["resnet50-onnx:bbbb"]))
+    assert store.in_use() == {"resnet50-onnx:aaaa": os.getpid()}
+    assert mine.exists() and not stale.exists()
