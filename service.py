@@ -235,15 +235,15 @@ class FastInfer:
         call = getattr(getattr(self, entry.runner).to_async, entry.method(batched))
         # The runner computes only with the model this answer will be labelled with (runners/base.py).
         model = self.pipeline.models[backend].tag
-        deadline = deadlines.current()  # the runner drops the images if it passes before they run
+        within_s = deadlines.remaining()  # the runner drops the images if this passes before they run
         try:
             try:
-                return await call(pixels, model=model, deadline=deadline)
+                return await call(pixels, model=model, within_s=within_s)
             except aiohttp.ClientConnectorError:
                 # Nothing was sent, so one retry is safe. At SIGTERM the runner's socket file is
                 # gone for a moment before the runner links it back (runners/drain.py).
                 await asyncio.sleep(0.1)
-                return await call(pixels, model=model, deadline=deadline)
+                return await call(pixels, model=model, within_s=within_s)
         except ServiceUnavailable as exc:
             # The runner is up but could not load its model. BentoML hides a 5xx's message, so ask the
             # runner why, and remember it for a while: requests meanwhile get the 503 without the round
@@ -255,6 +255,7 @@ class FastInfer:
             if exc.error_code == HTTPStatus.GATEWAY_TIMEOUT:  # the deadline passed before the model ran it
                 raise RequestTimeout(f"The request did not finish within {settings.request_timeout_s:g} s") from exc
             if exc.error_code != HTTPStatus.CONFLICT:
+                logger.exception("runner %s failed", backend)
                 raise BackendUnavailable(f"The {backend} runner failed: {type(exc).__name__}") from exc
             # The runner holds another version than this front names (runners/base.py ModelMismatch):
             # nothing was computed; said, and remembered like a load failure.

@@ -191,6 +191,11 @@ def build(
         for i, (artifact, size) in enumerate(jobs, 1):
             name = store.model_name(artifact.name, size)
             step = f"[{i}/{len(jobs)}] {name}"
+            for tag, why in store.unreadable(name).items():  # nothing can load it; BentoML stores nothing beside it
+                import bentoml
+
+                bentoml.models.delete(tag)
+                progress(f"{step}: removed {tag}, unreadable: {why}")
             existing = store.find(artifact.name, size)
             cannot = artifact.requires()
             if cannot is not None:
@@ -313,15 +318,15 @@ def prune(name: str, current: str, step: str, progress: Callable[[str], None]) -
     import bentoml
 
     in_use = store.in_use()
-    for old in bentoml.models.list(name):
-        tag = str(old.tag)
+    for tag in store.versions(name):  # unreadable ones too (a deleted model.yaml): they go as well
         if tag == current:
             continue
         if tag in in_use:
             progress(f"{step}: kept {tag}: the server running as process {in_use[tag]} serves it until restarted")
             continue
-        shutil.rmtree(cache_folder(openvino_cache_dir(), old.path), ignore_errors=True)
-        bentoml.models.delete(old.tag)
+        version_dir = store.home() / "models" / name / tag.split(":", 1)[1]
+        shutil.rmtree(cache_folder(openvino_cache_dir(), str(version_dir)), ignore_errors=True)
+        bentoml.models.delete(tag)
         progress(f"{step}: removed {tag}, superseded")
 
 

@@ -35,11 +35,11 @@ class Expired(TimeoutError):
 class _Job:
     images: np.ndarray
     future: asyncio.Future[np.ndarray]
-    deadline: float = 0.0  # wall clock (time.time(): the caller is another process), 0 = none
+    deadline: float = 0.0  # time.monotonic() by which the caller stops waiting, 0 = none
     enqueued: float = field(default_factory=time.perf_counter)
 
     def expired(self) -> bool:
-        return 0.0 < self.deadline < time.time()
+        return 0.0 < self.deadline < time.monotonic()
 
 
 class MicroBatcher:
@@ -57,10 +57,10 @@ class MicroBatcher:
 
     async def run_now(self, images: np.ndarray, deadline: float = 0.0) -> np.ndarray:
         """One model call with exactly these images (no batching), on the model thread; Expired when
-        ``deadline`` (wall clock, 0 = none) has passed by the time the thread takes it."""
+        ``deadline`` (time.monotonic(), 0 = none) has passed by the time the thread takes it."""
 
         def run() -> np.ndarray:
-            if 0.0 < deadline < time.time():
+            if 0.0 < deadline < time.monotonic():
                 self.expired_rows += len(images)
                 raise Expired("the request's deadline passed before the model took it")
             return self._run(images)
@@ -69,7 +69,7 @@ class MicroBatcher:
 
     async def submit(self, images: np.ndarray, deadline: float = 0.0) -> np.ndarray:
         """Queue ``images`` ([n,...]) to be run in a batch with others; returns their n outputs. Expired
-        when ``deadline`` (wall clock, 0 = none) passes before a batch takes them."""
+        when ``deadline`` (time.monotonic(), 0 = none) passes before a batch takes them."""
         if getattr(images, "ndim", 0) < 1 or len(images) < 1:
             raise ValueError("submit needs an array of at least one row")
         loop = asyncio.get_running_loop()

@@ -189,6 +189,8 @@ CACHE_HMAC_KEY_MIN_LENGTH = 32  # anyone who can read Redis holds (key, entry, M
 
 
 def _cache_hmac_key(raw: str, source: str) -> str:
+    if source and not raw:  # set means meant: an empty Secret value must not leave the cache unsigned
+        raise ValueError(f"{source} is set but holds no key; unset it to run with unsigned cache entries")
     if raw and len(raw) < CACHE_HMAC_KEY_MIN_LENGTH:  # the key itself is never echoed
         raise ValueError(
             f"{source} is shorter than {CACHE_HMAC_KEY_MIN_LENGTH} characters; "

@@ -7,6 +7,7 @@ Errors BentoML raises before our code runs (validation, content type) are reshap
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -93,5 +94,11 @@ def _private(match: re.Match[str]) -> str:
 
 def without_paths(text: str) -> str:
     """A message for clients, without this server's paths: a file in a stored model becomes
-    ``<model tag>/<file>``, any other absolute path its file name. The full message is for the log."""
+    ``<model tag>/<file>``, any other absolute path its file name. The full message is for the log.
+    BentoML's home goes first, as written and resolved: it may hold a space, where a path's end is
+    otherwise guessed."""
+    home = os.environ.get("BENTOML_HOME") or os.path.join(os.path.expanduser("~"), "bentoml")
+    for root in sorted({home.rstrip("/"), os.path.realpath(home).rstrip("/")}, key=len, reverse=True):
+        if len(root) > 1:
+            text = text.replace(f"file://{root}/", "/").replace(f"{root}/", "/")
     return _ABSOLUTE_PATH.sub(_private, text)

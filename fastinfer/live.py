@@ -17,13 +17,13 @@ class LiveStats:
         self._latencies: dict[str, deque[float]] = {}
         self._window = window
 
-    def record(self, backend: str, total_ms: float, cached: bool, images: int = 1, cached_images: int = 0) -> None:
-        """One request: ``cached`` when the cache answered all of it (no inference ran), ``images`` it
-        held and ``cached_images`` of them from the cache."""
+    def record(self, backend: str, total_ms: float, *, inferred: bool, images: int = 1, cached_images: int = 0) -> None:
+        """One request: whether inference ran for it, how many ``images`` it held and ``cached_images`` of
+        them the response cache answered."""
         self.served += 1
         self.images += images
         self.cached += cached_images
-        if not cached:  # p50 of inference requests; hits would hide the backend's speed
+        if inferred:  # p50 of inference requests; hits would hide the backend's speed
             self._latencies.setdefault(backend, deque(maxlen=self._window)).append(total_ms)
 
     def snapshot(self) -> dict[str, Any]:

@@ -165,8 +165,10 @@ class Pipeline:
                 answers[i] = self._respond(backend, body, {**timings[i], **inference}, started, record=False)
         request = {stage: sum(t.get(stage, 0.0) for t in timings.values()) for stage in STAGES[:-1]}
         request.update(inference, total=(time.perf_counter() - started) * 1000)
-        self._record(backend, request, cached=not ready, images=len(images), from_cache=len(unique) - len(todo))
-        return [answers[first[digest]] for digest in digests]
+        slots = [answers[first[digest]] for digest in digests]
+        from_cache = sum(bool(slot.get("cached")) for slot in slots)  # every copy the cache answered
+        self._record(backend, request, inferred=bool(ready), images=len(images), from_cache=from_cache)
+        return slots
 
     async def compare(self, image: Image, k: int, backends: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
         """One image through each of ``backends`` that can answer, one after another (decoded once,
@@ -231,11 +233,11 @@ class Pipeline:
         timings["inference"] = (time.perf_counter() - t0) * 1000
         return logits
 
-    def _record(self, backend: str, timings: dict[str, float], *, cached: bool, images: int, from_cache: int) -> None:
+    def _record(self, backend: str, timings: dict[str, float], *, inferred: bool, images: int, from_cache: int) -> None:
         """One request in the stage histograms and /stats/live: its stages (for a batch, the sum over its
-        images but the one runner call), whether inference ran at all, how many images, how many cached."""
+        images but the one runner call), whether inference ran, how many images, how many the cache answered."""
         metrics.observe_stages(backend, timings)
-        self.live.record(backend, timings["total"], cached, images=images, cached_images=from_cache)
+        self.live.record(backend, timings["total"], inferred=inferred, images=images, cached_images=from_cache)
 
     def _body(self, backend: str, logits: np.ndarray, k: int) -> dict[str, Any]:
         info = self.models[backend]
@@ -259,7 +261,7 @@ class Pipeline:
         timings.setdefault("total", (time.perf_counter() - started) * 1000)
         cached = bool(body.get("cached", False))
         if record:
-            self._record(backend, timings, cached=cached, images=1, from_cache=int(cached))
+            self._record(backend, timings, inferred=not cached, images=1, from_cache=int(cached))
         stages = {stage: round(timings.get(stage, 0.0), 3) for stage in STAGES}
         return {
             **{key: value for key, value in body.items() if key != "cached"},

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastinfer.preprocess import PreprocessSpec
+
+logger = logging.getLogger("fastinfer.store")
 
 if TYPE_CHECKING:
     from bentoml import Model
@@ -60,6 +63,37 @@ def find(backend: str, batch: int | None = None) -> Model | None:
         return bentoml.models.get(f"{model_name(backend, batch)}:latest")
     except NotFound:
         return None
+    except Exception as exc:  # its model.yaml deleted or garbled (BentoMLException, KeyError, a YAML error)
+        logger.warning(
+            "%s:latest is unreadable (%s); `python -m build_models` rebuilds it", model_name(backend, batch), exc
+        )
+        return None
+
+
+def unreadable(name: str) -> dict[str, str]:
+    """Stored versions of ``name`` that BentoML cannot read (model.yaml deleted or garbled) → why. No
+    process can load them, and BentoML refuses to store a new version beside them."""
+    import bentoml
+    from bentoml.exceptions import NotFound
+
+    found = {}
+    for tag in versions(name):
+        try:
+            bentoml.models.get(tag)
+        except NotFound:
+            continue
+        except Exception as exc:  # BentoMLException, KeyError, a YAML error: whatever a bad model.yaml raises
+            found[tag] = f"{type(exc).__name__}: {exc}"
+    return found
+
+
+def versions(name: str) -> list[str]:
+    """Every stored version of a store name, as tags, readable or not (BentoML's own listing stops at
+    the first version whose model.yaml is gone)."""
+    folder = home() / "models" / name
+    if not folder.is_dir():
+        return []
+    return sorted(f"{name}:{p.name}" for p in folder.iterdir() if p.is_dir())
 
 
 PINS_ENV = "FASTINFER_PINNED_MODELS"
@@ -76,7 +110,16 @@ def home() -> Path:
 def pins() -> dict[str, str] | None:
     """This server's pinned tags; None outside a server (then ``:latest`` is what serves)."""
     raw = os.environ.get(PINS_ENV)
-    return None if raw is None else dict(json.loads(raw))
+    if raw is None:
+        return None
+    try:
+        pinned = json.loads(raw)
+    except ValueError:
+        pinned = None
+    if not isinstance(pinned, dict) or not all(isinstance(v, str) for v in pinned.values()):
+        raise ValueError(f"{PINS_ENV} is set by `bentoml serve` for its own workers (a JSON object of model tags); "
+                         f"it holds {raw[:60]!r} here: unset it")  # fmt: skip
+    return pinned
 
 
 def pin(names: list[str]) -> dict[str, str]:
@@ -113,15 +156,18 @@ def serving(backend: str, batch: int | None = None) -> Model | None:
     try:
         return bentoml.models.get(pinned_tag)
     except NotFound:
-        try:
-            latest = find(backend, batch)
-        except Exception:  # a store whose latest pointer names a deleted version, say
-            latest = None
-        now = f"; the store now holds {latest.tag}" if latest is not None else ""
-        raise PinnedModelGone(
-            f"{pinned_tag}, the version this server started with, is no longer in the model store{now}: "
-            "restart the server to serve what is stored"
-        ) from None
+        pass
+    except Exception as exc:  # its model.yaml deleted or garbled since
+        raise PinnedModelGone(f"{pinned_tag}, the version this server started with, is unreadable now: {exc}") from None
+    try:
+        latest = find(backend, batch)
+    except Exception:  # a store whose latest pointer names a deleted version, say
+        latest = None
+    now = f"; the store now holds {latest.tag}" if latest is not None else ""
+    raise PinnedModelGone(
+        f"{pinned_tag}, the version this server started with, is no longer in the model store{now}: "
+        "restart the server to serve what is stored"
+    )
 
 
 PINS_DIR = "pinned"

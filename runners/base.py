@@ -21,7 +21,7 @@ import numpy as np
 from bentoml.exceptions import BentoMLException, InvalidArgument, ServiceUnavailable
 from bentoml.models import BentoModel
 
-from fastinfer import hardware, store, store_check
+from fastinfer import deadlines, hardware, store, store_check
 from fastinfer.backends import SPECS, open_engine
 from fastinfer.batching import Expired, MicroBatcher
 from fastinfer.config import get_settings
@@ -193,22 +193,22 @@ def make_runner(backend: str) -> Any:
                 )
 
         @bentoml.api
-        async def infer(self, images: np.ndarray, model: str = "", deadline: float = 0.0) -> np.ndarray:
+        async def infer(self, images: np.ndarray, model: str = "", within_s: float = 0.0) -> np.ndarray:
             """uint8 [N,224,224,3] → float32 logits [N,1000], run as sent, by ``model`` (a tag this runner
-            holds; "" = whichever it holds); dropped (504) if ``deadline`` (time.time(), 0 = none) passes
+            holds; "" = whichever it holds); dropped (504) if ``within_s`` seconds (0 = no limit) pass
             before the model takes it: the caller has answered its client already."""
             self.calls["infer"] += 1
             await self._loaded()
             self._holds(model)
-            return await _in_time(self.batcher.run_now(_checked(images), deadline))
+            return await _in_time(self.batcher.run_now(_checked(images), deadlines.monotonic_deadline(within_s)))
 
         @bentoml.api
-        async def infer_batched(self, images: np.ndarray, model: str = "", deadline: float = 0.0) -> np.ndarray:
+        async def infer_batched(self, images: np.ndarray, model: str = "", within_s: float = 0.0) -> np.ndarray:
             """As ``infer``, but calls that wait for the model run together, up to max_batch_size rows."""
             self.calls["infer_batched"] += 1
             await self._loaded()
             self._holds(model)
-            return await _in_time(self.batcher.submit(_checked(images), deadline))
+            return await _in_time(self.batcher.submit(_checked(images), deadlines.monotonic_deadline(within_s)))
 
         @bentoml.api
         def describe(self) -> dict[str, Any]:

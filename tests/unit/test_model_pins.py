@@ -51,3 +51,10 @@ def test_recorded_pins_of_a_live_server_are_in_use_and_a_dead_ones_are_cleared(t
     stale.write_text(json.dumps(["resnet50-onnx:bbbb"]))
     assert store.in_use() == {"resnet50-onnx:aaaa": os.getpid()}
     assert mine.exists() and not stale.exists()
+
+
+@pytest.mark.parametrize("raw", ["{bad", '"x"', '{"resnet50-onnx": 5}', "[]"])
+def test_a_malformed_pin_variable_is_refused_saying_what_it_is(raw, monkeypatch) -> None:
+    monkeypatch.setenv(store.PINS_ENV, raw)
+    with pytest.raises(ValueError, match=r"set by `bentoml serve`.*unset it"):
+        store.pins()

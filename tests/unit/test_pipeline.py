@@ -218,3 +218,14 @@ def test_a_batch_observes_its_stages_once(monkeypatch) -> None:
     ((backend, stages),) = seen
     assert backend == "onnx" and set(stages) >= {"read", "cache", "decode", "preprocess", "inference", "total"}
     assert stages["total"] >= stages["inference"] > 0
+
+
+def test_cached_copies_of_a_repeated_image_are_each_counted() -> None:
+    pipeline, _ = make()
+    same = [Image(grey(60))] * 4
+    run(pipeline.classify_many(same, "onnx", 3))
+    run(pipeline.classify_many(same, "onnx", 3))  # all four answered by the cache
+    run(pipeline.classify_many([Image(b"junk"), Image(b"junk")], "onnx", 3))  # no inference, nothing cached
+    live = pipeline.live.snapshot()
+    assert (live["served"], live["images"], live["cached"]) == (3, 10, 4)
+    assert len(pipeline.live._latencies["onnx"]) == 1

@@ -49,7 +49,7 @@ def altered_in_place(path: Path) -> None:
 def pytorch_model(built_models) -> bentoml.Model:
     """The stored pytorch model, for a test to damage: rebuilt afterwards if the test left it so."""
     yield store.find("pytorch")
-    if not store_check.check(store.find("pytorch")).intact:
+    if (left := store.find("pytorch")) is None or not store_check.check(left).intact:
         build("random", only=["pytorch"], progress=print)
 
 
@@ -249,3 +249,41 @@ def test_readiness_ignores_what_this_machine_cannot_run_and_retries_what_may_hea
 def test_server_paths_are_left_out_of_what_clients_are_told(message: str, told: str) -> None:
     assert told in without_paths(message)
     assert told in RunnerNotLoaded(message).message  # the front relays nothing with a path either
+
+
+def test_a_home_with_a_space_leaves_no_path_in_a_message(monkeypatch) -> None:
+    monkeypatch.setenv("BENTOML_HOME", "/srv/model store/home")
+    message = (
+        "Load model from /srv/model store/home/models/resnet50-onnx/abc123/model.onnx failed: "
+        "file:///srv/model store/home/x.bin"
+    )
+    told = without_paths(message)
+    assert "srv" not in told and "store/home" not in told, told
+    assert "resnet50-onnx:abc123/model.onnx" in told
+
+
+def test_backends_shows_the_openvino_cache_under_home_not_its_path(monkeypatch) -> None:
+    from fastinfer.engines.openvino import _under_home
+
+    monkeypatch.setenv("BENTOML_HOME", "/srv/model store/home")
+    assert _under_home("/srv/model store/home/cache/openvino/x/1") == "$BENTOML_HOME/cache/openvino/x/1"
+    assert _under_home("/elsewhere/cache") == "cache" and _under_home(None) is None
+
+
+@pytest.mark.parametrize("damage", ["deleted", "garbled"])
+def test_a_model_whose_model_yaml_is_gone_or_garbled_is_rebuilt(pytorch_model, damage: str) -> None:
+    from build_models import unusable
+
+    meta = Path(pytorch_model.path) / "model.yaml"
+    if damage == "deleted":
+        meta.unlink()
+    else:
+        meta.write_text("::: not yaml")
+    assert store.find("pytorch") is None
+    assert "resnet50-pytorch" in unusable()
+    store_check.stored_health()  # what doctor reads: no traceback
+    said: list[str] = []
+    (result,) = build("random", only=["pytorch"], progress=said.append)
+    assert result.built and f"removed {pytorch_model.tag}, unreadable" in "\n".join(said), said
+    assert store.versions("resnet50-pytorch") == [result.tag]
+    assert store_check.check(store.find("pytorch")).intact
