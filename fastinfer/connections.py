@@ -60,6 +60,13 @@ LOG_INTERVAL_S = 10.0  # one summary line at most this often, however many event
 REFUSAL_DELAY_S = 1.0
 LINGER_S = 2.0  # an answer given here is followed by the close this much later (a client still sending reads it)
 FD_RESERVE = 256  # descriptors kept for everything but client connections (runners, Redis, files)
+# A client that stops reading its answers keeps its connection "busy" (never closed to make room) for
+# as long as it likes: a review filled the cap with 50 such sockets and the probes got 503 for the
+# whole attack. Output that cannot be written for this long closes the connection.
+SEND_TIMEOUT_S = 10.0
+# Requests queued behind the one being handled on one connection (HTTP/1.1 pipelining): browsers and
+# common clients send none; 300 pipelined GETs per socket starved the event loop.
+MAX_PIPELINED = 8
 
 EVENTS = Counter(
     "fastinfer_connection_events",
@@ -76,6 +83,8 @@ _EVENT_TEXT = {
     "header_timeout": "requests whose headers did not arrive in time (408)",
     "bad_request": "unparsable requests (400)",
     "silent_closed": "connections closed without having sent a byte",
+    "send_timeout": f"connections closed: their client read nothing for {SEND_TIMEOUT_S:g} s",
+    "pipeline_flood": f"connections closed: more than {MAX_PIPELINED} requests pipelined",
 }
 _UNLOGGED = frozenset({"keepalive_closed"})
 _QUIET = frozenset({"silent_closed"})
@@ -239,6 +248,7 @@ class FrontProtocol(HttpToolsProtocol):
         self.refusal: tuple[int, str, str, str] | None = None  # (status, code, message, event) once decided
         self.answered = False  # answered here: anything still read is dropped until the connection closes
         self.served = False  # a request of this connection reached the app
+        self.send_timer: asyncio.TimerHandle | None = None  # armed while the client reads nothing
 
     # Connection life
 
@@ -260,6 +270,8 @@ class FrontProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.shared.idle.pop(self, None)
         self._cancel_head_timer()
+        if self.send_timer is not None:
+            self.send_timer.cancel()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -324,6 +336,27 @@ class FrontProtocol(HttpToolsProtocol):
         self.head_bytes = 0
         self.shared.idle.pop(self, None)  # a request is being handled: never closed to make room
         super().on_headers_complete()
+        if len(self.pipeline) > MAX_PIPELINED and not self.answered:  # no answer fits ahead of the queue: cut
+            self.answered = True  # what is still read or parsed is dropped
+            self.shared.incidents.add("pipeline_flood", self.loop, self.limits)
+            self.transport.abort()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self.send_timer is None:
+            self.send_timer = self.loop.call_later(SEND_TIMEOUT_S, self._send_timed_out)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self.send_timer is not None:
+            self.send_timer.cancel()
+            self.send_timer = None
+
+    def _send_timed_out(self) -> None:
+        self.send_timer = None
+        if not self.transport.is_closing():
+            self.shared.incidents.add("send_timeout", self.loop, self.limits)
+            self.transport.abort()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -66,6 +66,9 @@ class FakeTransport(asyncio.Transport):
             if self.protocol is not None:
                 asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
 
+    def abort(self) -> None:
+        self.close()
+
     def status(self) -> int | None:
         if not self.written.startswith(b"HTTP/1.1 "):
             return None
@@ -438,5 +441,42 @@ def test_a_refused_request_is_answered_late_so_a_looping_client_is_slowed(monkey
         assert transport.status() == 431 and transport.eof and not transport.closed
         await asyncio.sleep(0.2)
         assert transport.closed
+
+    run(test)
+
+
+def test_a_client_that_reads_nothing_is_cut_off_after_the_send_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Busy connections are never closed to make room: 50 sockets that pipelined requests and never
+    read their answers held the whole cap, and the probes got 503 for as long as they liked."""
+    monkeypatch.setattr(connections, "SEND_TIMEOUT_S", 0.1)
+
+    async def test() -> None:
+        server = Server()
+        stuck, stuck_transport = server.connect()
+        slow, slow_transport = server.connect()
+        for protocol in (stuck, slow):
+            protocol.data_received(GET)
+            protocol.pause_writing()  # the client's window is full
+        await asyncio.sleep(0.05)
+        slow.resume_writing()  # this one reads, late but within the limit
+        await asyncio.sleep(0.15)
+        assert stuck_transport.closed and not slow_transport.closed
+
+    run(test)
+
+
+def test_more_than_a_few_pipelined_requests_close_the_connection() -> None:
+    async def test() -> None:
+        server = Server()
+        server.hold = True
+        few, few_transport = server.connect()
+        few.data_received(GET * 3)
+        flood, flood_transport = server.connect()
+        flood.data_received(GET * (connections.MAX_PIPELINED + 2))
+        await asyncio.sleep(0.01)
+        assert flood_transport.closed and not few_transport.closed
+        server.release.set()
+        await asyncio.sleep(0.1)
+        assert few_transport.written.count(b"HTTP/1.1 200") == 3
 
     run(test)
