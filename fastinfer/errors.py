@@ -102,3 +102,15 @@ def without_paths(text: str) -> str:
         if len(root) > 1:
             text = text.replace(f"file://{root}/", "/").replace(f"{root}/", "/")
     return _ABSOLUTE_PATH.sub(_private, text)
+
+
+def under_home(path: str | None) -> str | None:
+    """A path under BentoML's home as ``$BENTOML_HOME/...`` (else its file name): what /backends shows
+    clients, who need not learn where this server keeps its files."""
+    if path is None:
+        return None
+    home = os.environ.get("BENTOML_HOME") or os.path.join(os.path.expanduser("~"), "bentoml")
+    for root in dict.fromkeys((home.rstrip("/"), os.path.realpath(home).rstrip("/"))):
+        if path == root or path.startswith(root + "/"):
+            return "$BENTOML_HOME" + path[len(root) :]
+    return os.path.basename(path)

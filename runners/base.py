@@ -26,7 +26,7 @@ from fastinfer.backends import SPECS, open_engine
 from fastinfer.batching import Expired, MicroBatcher
 from fastinfer.config import get_settings
 from fastinfer.engines import Engine, EngineUnavailable, check_batch, warm_up
-from fastinfer.errors import without_paths
+from fastinfer.errors import under_home, without_paths
 from fastinfer.metrics import BATCH_SIZE
 from runners.drain import leave_after_front
 
@@ -215,8 +215,11 @@ def make_runner(backend: str) -> Any:
             """Where this runner runs (device / execution providers, threads), its models, batch sizes seen."""
             if self.failure is not None:
                 return {"error": self.failure, "models": self.models}
+            runs_on = self.engine.describe()
+            if "cache_dir" in runs_on:  # /backends shows this to clients: no server path
+                runs_on["cache_dir"] = under_home(runs_on["cache_dir"])
             return {
-                **self.engine.describe(),
+                **runs_on,
                 "models": self.models,
                 "batch_sizes_seen": dict(sorted(self.batch_sizes.items())),
                 "calls": {"infer": self.calls["infer"], "infer_batched": self.calls["infer_batched"]},

@@ -172,7 +172,7 @@ class OpenVinoEngine:
             "layer_precision": {t: summary(self.layers[t]) for t in REPORTED_LAYERS if t in self.layers},
             "fallbacks": self.fallbacks(),
             "compile_s": round(self.compile_s, 3),
-            "cache_dir": _under_home(self.cache_dir),
+            "cache_dir": self.cache_dir,
             "loaded_from_cache": self.loaded_from_cache,
         }
 
@@ -341,15 +341,3 @@ def preflight(
             raise RuntimeError(f"OpenVINO {stage} failed for {xml}: {message}")
     tail = child.stderr.strip().splitlines()[-1:] or [f"exit status {child.returncode}"]
     raise RuntimeError(f"OpenVINO {stage} failed: {tail[0]}")
-
-
-def _under_home(path: str | None) -> str | None:
-    """A path under BentoML's home as ``$BENTOML_HOME/...``: /backends shows it to clients, who need
-    not learn where this server keeps its files."""
-    home = os.environ.get("BENTOML_HOME") or os.path.join(os.path.expanduser("~"), "bentoml")
-    if path is None:
-        return None
-    for root in dict.fromkeys((home, os.path.realpath(home))):
-        if path == root or path.startswith(root.rstrip("/") + "/"):
-            return "$BENTOML_HOME" + path[len(root.rstrip("/")) :]
-    return os.path.basename(path)

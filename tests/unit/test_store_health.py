@@ -263,7 +263,7 @@ def test_a_home_with_a_space_leaves_no_path_in_a_message(monkeypatch) -> None:
 
 
 def test_backends_shows_the_openvino_cache_under_home_not_its_path(monkeypatch) -> None:
-    from fastinfer.engines.openvino import _under_home
+    from fastinfer.errors import under_home as _under_home
 
     monkeypatch.setenv("BENTOML_HOME", "/srv/model store/home")
     assert _under_home("/srv/model store/home/cache/openvino/x/1") == "$BENTOML_HOME/cache/openvino/x/1"
