@@ -28,6 +28,7 @@ from fastinfer.backends import anywhere, open_engine, openvino_cache_dir, openvi
 from fastinfer.engines import EngineUnavailable
 from fastinfer.engines.openvino import cache_folder
 from fastinfer.fidelity import Fidelity, Gate, compare
+from fastinfer.home import bentoml_home
 from fastinfer.preprocess import PreprocessSpec, prepare
 
 if TYPE_CHECKING:
@@ -324,7 +325,7 @@ def prune(name: str, current: str, step: str, progress: Callable[[str], None]) -
         if tag in in_use:
             progress(f"{step}: kept {tag}: the server running as process {in_use[tag]} serves it until restarted")
             continue
-        version_dir = store.home() / "models" / name / tag.split(":", 1)[1]
+        version_dir = bentoml_home() / "models" / name / tag.split(":", 1)[1]
         shutil.rmtree(cache_folder(openvino_cache_dir(), str(version_dir)), ignore_errors=True)
         bentoml.models.delete(tag)
         progress(f"{step}: removed {tag}, superseded")

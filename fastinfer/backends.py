@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -19,6 +18,7 @@ from typing import Any
 
 from fastinfer import hardware, store
 from fastinfer.engines import Engine
+from fastinfer.home import bentoml_home
 
 
 def anywhere() -> str | None:
@@ -39,8 +39,7 @@ def openvino_missing() -> str | None:
 
 def openvino_cache_dir() -> str:
     """Compiled OpenVINO models, kept beside the model store so that a restart does not recompile."""
-    home = os.environ.get("BENTOML_HOME") or os.path.join(os.path.expanduser("~"), "bentoml")
-    return os.path.join(home, "cache", "openvino")
+    return str(bentoml_home() / "cache" / "openvino")
 
 
 def _cpu_only() -> dict[str, Any]:

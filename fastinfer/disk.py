@@ -33,6 +33,8 @@ from pathlib import Path
 import prometheus_client.values
 from prometheus_client.mmap_dict import _INITIAL_MMAP_SIZE, MmapedDict
 
+from fastinfer.home import bentoml_home
+
 logger = logging.getLogger("fastinfer.disk")
 
 RETRY_S = 5.0  # a file held in memory tries to get its blocks back at most this often
@@ -118,8 +120,7 @@ class DiskHealth:
 
 
 def _default_paths() -> list[str]:
-    home = os.environ.get("BENTOML_HOME") or os.path.join(os.path.expanduser("~"), "bentoml")
-    return [p for p in (os.environ.get("PROMETHEUS_MULTIPROC_DIR"), home) if p]
+    return [p for p in (os.environ.get("PROMETHEUS_MULTIPROC_DIR"), str(bentoml_home())) if p]
 
 
 HEALTH = DiskHealth(0, _default_paths)

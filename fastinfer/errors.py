@@ -11,6 +11,8 @@ import os
 import re
 from typing import Any
 
+from fastinfer.home import home_roots
+
 
 class ApiError(Exception):
     """An error with an HTTP status, a machine-readable code and a human message."""
@@ -97,10 +99,8 @@ def without_paths(text: str) -> str:
     ``<model tag>/<file>``, any other absolute path its file name. The full message is for the log.
     BentoML's home goes first, as written and resolved: it may hold a space, where a path's end is
     otherwise guessed."""
-    home = os.environ.get("BENTOML_HOME") or os.path.join(os.path.expanduser("~"), "bentoml")
-    for root in sorted({home.rstrip("/"), os.path.realpath(home).rstrip("/")}, key=len, reverse=True):
-        if len(root) > 1:
-            text = text.replace(f"file://{root}/", "/").replace(f"{root}/", "/")
+    for root in home_roots():
+        text = text.replace(f"file://{root}/", "/").replace(f"{root}/", "/")
     return _ABSOLUTE_PATH.sub(_private, text)
 
 
@@ -109,8 +109,7 @@ def under_home(path: str | None) -> str | None:
     clients, who need not learn where this server keeps its files."""
     if path is None:
         return None
-    home = os.environ.get("BENTOML_HOME") or os.path.join(os.path.expanduser("~"), "bentoml")
-    for root in dict.fromkeys((home.rstrip("/"), os.path.realpath(home).rstrip("/"))):
+    for root in home_roots():
         if path == root or path.startswith(root + "/"):
             return "$BENTOML_HOME" + path[len(root) :]
     return os.path.basename(path)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fastinfer.home import bentoml_home
 from fastinfer.preprocess import PreprocessSpec
 
 logger = logging.getLogger("fastinfer.store")
@@ -90,7 +91,7 @@ def unreadable(name: str) -> dict[str, str]:
 def versions(name: str) -> list[str]:
     """Every stored version of a store name, as tags, readable or not (BentoML's own listing stops at
     the first version whose model.yaml is gone)."""
-    folder = home() / "models" / name
+    folder = bentoml_home() / "models" / name
     if not folder.is_dir():
         return []
     return sorted(f"{name}:{p.name}" for p in folder.iterdir() if p.is_dir())
@@ -100,11 +101,6 @@ PINS_ENV = "FASTINFER_PINNED_MODELS"
 """Set by the server at start-up (service.py's deployment hook), inherited by every worker: store name
 → the exact tag resolved then. Every process of one server (front workers, runners, restarted or
 not) loads and names those versions, never whatever ``:latest`` is when it happens to (re)start."""
-
-
-def home() -> Path:
-    """BentoML's home, as BentoML resolves it (BENTOML_HOME, else ~/bentoml)."""
-    return Path(os.environ.get("BENTOML_HOME") or Path.home() / "bentoml")
 
 
 def pins() -> dict[str, str] | None:
@@ -177,7 +173,7 @@ rebuild keeps the versions a running server uses instead of deleting them under 
 
 def record_pins(pinned: dict[str, str]) -> Path:
     """Say, for builds to see, which versions the server running as this process uses."""
-    folder = home() / PINS_DIR
+    folder = bentoml_home() / PINS_DIR
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{os.getpid()}.json"
     path.write_text(json.dumps(sorted(pinned.values())))
@@ -188,7 +184,7 @@ def in_use() -> dict[str, int]:
     """Tags pinned by servers that are still running → the process id of one. A file left by a
     server that died (kill -9) names a process that is gone: it is removed here."""
     used: dict[str, int] = {}
-    folder = home() / PINS_DIR
+    folder = bentoml_home() / PINS_DIR
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
             pid = int(path.stem)
