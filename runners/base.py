@@ -57,18 +57,18 @@ class ModelMismatch(BentoMLException):
     error_code = HTTPStatus.CONFLICT
 
 
+class DeadlinePassed(BentoMLException):
+    """The caller's deadline passed before the model took the images (the caller has answered 504)."""
+
+    error_code = HTTPStatus.GATEWAY_TIMEOUT
+
+
 def _checked(images: np.ndarray) -> np.ndarray:
     """The contract's input, or a 400 from the runner that says what is wrong with it."""
     try:
         return check_batch(images)
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from exc
-
-
-class DeadlinePassed(BentoMLException):
-    """The caller's deadline passed before the model took the images (the caller has answered 504)."""
-
-    error_code = HTTPStatus.GATEWAY_TIMEOUT
 
 
 async def _in_time(outputs: Awaitable[np.ndarray]) -> np.ndarray:
