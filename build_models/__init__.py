@@ -23,13 +23,16 @@ import numpy as np
 
 from build_models import exporters
 from build_models.context import BuildContext
-from fastinfer import fidelity, hardware, photos, store, store_check
-from fastinfer.backends import anywhere, open_engine, openvino_cache_dir, openvino_missing
+from fastinfer.catalog import store, store_check
+from fastinfer.catalog.backends import anywhere, open_engine, openvino_cache_dir, openvino_missing
+from fastinfer.catalog.store import PreprocessSpec
+from fastinfer.common import hardware
+from fastinfer.common.home import bentoml_home
 from fastinfer.engines import EngineUnavailable
 from fastinfer.engines.openvino import cache_folder
-from fastinfer.fidelity import Fidelity, Gate, compare
-from fastinfer.home import bentoml_home
-from fastinfer.preprocess import PreprocessSpec, prepare
+from fastinfer.measure import fidelity, photos
+from fastinfer.measure.fidelity import Fidelity, Gate, compare
+from fastinfer.serving.preprocess import prepare
 
 if TYPE_CHECKING:
     from bentoml import Model
@@ -47,7 +50,7 @@ class VerificationError(RuntimeError):
 
 # The same graph in another runtime: measured max |logit diff| ~3e-5 here.
 FP32_TOLERANCE = fidelity.FP32_GATE
-# The INT8 fidelity gates (fastinfer.fidelity; 36 photos there) on the 8 verification photos:
+# The INT8 fidelity gates (fastinfer.measure.fidelity; 36 photos there) on the 8 verification photos:
 # 90% of 8 rounds down to 7, so one photo may flip.
 INT8_TOLERANCE = Gate(
     max_abs_error=fidelity.INT8_MAX_ERROR,
@@ -171,7 +174,7 @@ def build(
     import torch
 
     from build_models.weights import load_weights
-    from fastinfer.torch_model import resnet50
+    from fastinfer.engines.torch_model import resnet50
 
     names = only or list(ARTIFACT_NAMES)
     unknown = [n for n in names if n not in ARTIFACTS]
@@ -314,7 +317,7 @@ def build(
 def prune(name: str, current: str, step: str, progress: Callable[[str], None]) -> None:
     """Delete every version of ``name`` but ``current`` (not only the last: a build killed before it
     stored leaves one), with its compiled OpenVINO models: the store does not grow. Except a version
-    a running server serves (it pinned it at start-up, fastinfer.store.in_use): it stays, so that the
+    a running server serves (it pinned it at start-up, fastinfer.catalog.store.in_use): it stays, so that the
     server's runners can still (re)load it, and goes with the first build after that server stops."""
     import bentoml
 

@@ -11,14 +11,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from PIL import Image
 
-from fastinfer import photos, store, store_check
-from fastinfer.preprocess import PreprocessSpec, prepare
+from build_models.converters import int8_scheme, write_onnx_fp32, write_onnx_int8_static
+from fastinfer.catalog import store, store_check
+from fastinfer.catalog.store import PreprocessSpec
+from fastinfer.measure import photos
+from fastinfer.serving.preprocess import prepare
 
 if TYPE_CHECKING:
     from bentoml import Model
 
     from build_models.weights import Weights
-    from fastinfer.torch_model import Uint8Classifier
+    from fastinfer.engines.torch_model import Uint8Classifier
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -51,8 +54,8 @@ def directory_images(directory: Path, spec: PreprocessSpec) -> list[np.ndarray]:
 
 def stored_int8_sha256() -> str | None:
     """The sha256 of the stored onnx-int8 model's file (None when there is none)."""
+    from fastinfer.common.files import file_sha256
     from fastinfer.engines.onnx import MODEL_FILE
-    from fastinfer.store import file_sha256
 
     stored = store.find("onnx-int8")
     return None if stored is None else file_sha256(Path(stored.path) / MODEL_FILE)
@@ -98,7 +101,6 @@ class BuildContext:
         stored file itself: rebuilding ``onnx`` deletes the version it supersedes mid-build.
         """
         if self._onnx is None:
-            from build_models.exporters import write_onnx_fp32
             from fastinfer.engines.onnx import MODEL_FILE
 
             path = Path(self._tmp.name) / "fp32.onnx"
@@ -106,7 +108,7 @@ class BuildContext:
             if not self.force and self.current_and_intact(stored):
                 shutil.copyfile(Path(stored.path) / MODEL_FILE, path)
             else:
-                write_onnx_fp32(self, path)
+                write_onnx_fp32(self.model, path)
             self._onnx = path
         return self._onnx
 
@@ -118,7 +120,6 @@ class BuildContext:
         asked (even under ``--force``: one calibration for both runtimes).
         """
         if self._onnx_int8 is None:
-            from build_models.exporters import write_onnx_int8_static
             from fastinfer.engines.onnx import MODEL_FILE
 
             path = Path(self._tmp.name) / "int8.onnx"
@@ -129,18 +130,19 @@ class BuildContext:
                 meta = stored.info.metadata
                 calibration = {k: meta[k] for k in ("quantization", "calibration_images", "calibration_source")}
             else:
-                calibration = write_onnx_int8_static(self, path)
+                images = self.calibration_images()
+                calibration = write_onnx_int8_static(self.onnx_fp32(), images, self.activation_type, path)
+                calibration["calibration_source"] = self.calibration_source
             self._onnx_int8 = (path, calibration)
         return self._onnx_int8
 
     def calibrated_as_asked(self, model: Model) -> bool:
         """A stored onnx-int8 model is current only if calibrated as this build asks (when it asks)."""
-        from build_models.exporters import int8_scheme
-
         meta = model.info.metadata
         if self.calibration_dir is not None and meta.get("calibration_source") != self.calibration_source:
             return False
-        return self.int8_activations is None or str(meta.get("quantization", "")).startswith(int8_scheme(self) + ",")
+        scheme = int8_scheme(self.activation_type)
+        return self.int8_activations is None or str(meta.get("quantization", "")).startswith(scheme + ",")
 
     def converts_stored_int8(self, model: Model) -> bool:
         """A stored openvino-int8 model is current only if converted from the onnx-int8 model stored now."""

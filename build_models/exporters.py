@@ -7,18 +7,11 @@ and one row in ``ARTIFACTS`` (build_models/__init__.py).
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
 import shutil
-import tempfile
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from build_models.converters import ONNX_OPSET, quiet
 from fastinfer.engines.coreml import PACKAGE_DIR as COREML_PACKAGE
 from fastinfer.engines.onnx import MODEL_FILE as ONNX_FILE
 from fastinfer.engines.openvino import MODEL_FILE as OPENVINO_FILE
@@ -26,28 +19,6 @@ from fastinfer.engines.pytorch import STATE_FILE
 
 if TYPE_CHECKING:
     from build_models.context import BuildContext
-
-ONNX_OPSET = 18
-
-
-@contextlib.contextmanager
-def quiet(*loggers: str) -> Iterator[None]:
-    """Silence converters that narrate every step, so that our progress stays readable."""
-    logs = [logging.getLogger(n) for n in loggers]
-    levels = [log.level for log in logs]
-    for log in logs:
-        log.setLevel(logging.ERROR)
-    try:
-        with (
-            warnings.catch_warnings(),
-            contextlib.redirect_stdout(io.StringIO()),
-            contextlib.redirect_stderr(io.StringIO()),
-        ):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for log, level in zip(logs, levels, strict=True):
-            log.setLevel(level)
 
 
 def export_pytorch(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
@@ -58,81 +29,9 @@ def export_pytorch(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
     return {"format": "torch state_dict", "file": STATE_FILE}
 
 
-def write_onnx_fp32(ctx: BuildContext, path: Path) -> None:
-    """ONNX FP32 with a dynamic batch dimension; cast and normalisation are in the graph."""
-    import torch
-
-    example = torch.zeros((2, 224, 224, 3), dtype=torch.uint8)
-    batch = torch.export.Dim("batch", min=1, max=1024)
-    with quiet("torch.onnx", "onnxscript", "onnx_ir"):
-        torch.onnx.export(
-            ctx.model,
-            (example,),
-            str(path),
-            input_names=["images"],
-            output_names=["logits"],
-            dynamic_shapes={"images": {0: batch}},
-            opset_version=ONNX_OPSET,
-            dynamo=True,
-            external_data=False,
-            optimize=True,
-        )
-
-
 def export_onnx(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
     shutil.copyfile(ctx.onnx_fp32(), out_dir / ONNX_FILE)
     return {"format": "onnx", "file": ONNX_FILE, "opset": ONNX_OPSET}
-
-
-def write_onnx_int8_static(ctx: BuildContext, path: Path) -> dict[str, Any]:
-    """Static QDQ INT8, per-channel weights, calibrated (MinMax) on real photos; returns its metadata.
-
-    Activations are uint8 by default (U8S8): measured on ORT 1.32 / AVX-512 VNNI, S8S8 QDQ left 20 of
-    53 convolutions unfused in FP32 and ran no faster than FP32 (33.6 vs 31.6 ms), while U8S8 fused all
-    53 into QLinearConv (14.8 ms). ``--int8-activations s8`` builds S8S8 for machines where it fuses.
-    """
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    images = ctx.calibration_images()
-
-    class Photos(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.remaining = iter(images)
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            img = next(self.remaining, None)
-            return None if img is None else {"images": img[np.newaxis]}
-
-    activations = QuantType.QUInt8 if ctx.activation_type == "u8" else QuantType.QInt8
-    with tempfile.TemporaryDirectory() as tmp, quiet("onnxruntime", "root"):
-        prepared = Path(tmp) / "prepared.onnx"
-        quant_pre_process(str(ctx.onnx_fp32()), str(prepared), skip_symbolic_shape=True)
-        quantize_static(
-            str(prepared),
-            str(path),
-            Photos(),
-            quant_format=QuantFormat.QDQ,
-            activation_type=activations,
-            weight_type=QuantType.QInt8,
-            per_channel=True,
-            calibrate_method=CalibrationMethod.MinMax,
-        )
-    return {
-        "quantization": f"{int8_scheme(ctx)}, per-channel weights, MinMax calibration",
-        "calibration_images": len(images),
-        "calibration_source": ctx.calibration_source,
-    }
-
-
-def int8_scheme(ctx: BuildContext) -> str:
-    return f"static QDQ {ctx.activation_type.upper()}S8"
 
 
 def export_onnx_int8_static(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
@@ -202,7 +101,7 @@ def export_openvino(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
 
 def export_openvino_int8(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
     """The static QDQ INT8 ONNX model of this build as OpenVINO IR: one calibration for both runtimes."""
-    from fastinfer.store import file_sha256
+    from fastinfer.common.files import file_sha256
 
     path, calibration = ctx.onnx_int8()
     version = write_openvino(path, out_dir)

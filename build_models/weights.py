@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from fastinfer.store import file_sha256
+from fastinfer.common.files import file_sha256
 
 logger = logging.getLogger(__name__)
 

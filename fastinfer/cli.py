@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastinfer import hardware
-from fastinfer.config import BACKENDS
+from fastinfer.catalog.config import BACKENDS
+from fastinfer.common import hardware
 
 
 def _available() -> dict[str, str | None]:
-    from fastinfer.backends import unavailable_reason
+    from fastinfer.catalog.backends import unavailable_reason
 
     return {name: unavailable_reason(name) for name in BACKENDS}
 
@@ -67,8 +67,8 @@ def _per_precision(summary: str) -> str:
 
 
 def doctor(args: argparse.Namespace) -> int:
-    from fastinfer import store_check
-    from fastinfer.backends import open_engine
+    from fastinfer.catalog import store_check
+    from fastinfer.catalog.backends import open_engine
 
     hw = hardware.probe(check_torch=True)
     reasons = _available()
@@ -114,9 +114,9 @@ def doctor(args: argparse.Namespace) -> int:
 
 
 def fidelity(args: argparse.Namespace) -> int:
-    from fastinfer import fidelity as fid
-    from fastinfer.backends import open_engine
-    from fastinfer.preprocess import PreprocessSpec
+    from fastinfer.catalog.backends import open_engine
+    from fastinfer.catalog.store import PreprocessSpec
+    from fastinfer.measure import fidelity as fid
 
     images = fid.fidelity_images(PreprocessSpec())
     print(f"reference: pytorch FP32 on {len(images)} real photos", file=sys.stderr)
@@ -136,10 +136,10 @@ def fidelity(args: argparse.Namespace) -> int:
 
 
 def bench_engines(args: argparse.Namespace) -> int:
-    from fastinfer import bench as engine_bench
-    from fastinfer.backends import open_engine
-    from fastinfer.fidelity import fidelity_images
-    from fastinfer.preprocess import PreprocessSpec
+    from fastinfer.catalog.backends import open_engine
+    from fastinfer.catalog.store import PreprocessSpec
+    from fastinfer.measure import bench as engine_bench
+    from fastinfer.measure.fidelity import fidelity_images
 
     images = fidelity_images(PreprocessSpec())[:8]
     timings = []
@@ -156,9 +156,9 @@ def bench_engines(args: argparse.Namespace) -> int:
 
 
 def profile(args: argparse.Namespace) -> int:
-    from fastinfer import profile as prof
-    from fastinfer.backends import open_engine
-    from fastinfer.preprocess import PreprocessSpec
+    from fastinfer.catalog.backends import open_engine
+    from fastinfer.catalog.store import PreprocessSpec
+    from fastinfer.measure import profile as prof
 
     engines = {}
     for name, reason in _available().items():
@@ -172,7 +172,7 @@ def profile(args: argparse.Namespace) -> int:
     print(prof.table(result))
     _write_json(args.json, result)
     if args.plot:
-        from fastinfer.plots import plot_profile
+        from fastinfer.measure.plots import plot_profile
 
         plot_profile(result, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)

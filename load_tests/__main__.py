@@ -34,7 +34,8 @@ from typing import Any
 
 import httpx
 
-from fastinfer import hardware, photos
+from fastinfer.common import hardware
+from fastinfer.measure import photos
 from load_tests import cpu
 from load_tests.checks import BATCH_IMAGES
 from load_tests.report import best_backend, write_markdown
@@ -49,8 +50,8 @@ def say(message: str) -> None:
 
 
 def runner_of(backend: str) -> str:
-    """The runner service (process role) that serves ``backend``: fastinfer.backends' table says which."""
-    from fastinfer.backends import SPECS
+    """The runner service (process role) that serves ``backend``: fastinfer.catalog.backends' table says which."""
+    from fastinfer.catalog.backends import SPECS
 
     return f"runner-{SPECS[backend].runner_name}" if backend in SPECS else f"runner-{backend}"
 
@@ -229,11 +230,11 @@ def cache_hit_share(url: str, before: dict[str, Any]) -> dict[str, Any]:
 
 
 def profile_here(out: Path, backends: list[str], repeats: int = 10, fidelity: bool = True) -> dict[str, Any]:
-    from fastinfer import fidelity as fid
-    from fastinfer import profile as prof
-    from fastinfer.backends import open_engine
-    from fastinfer.plots import plot_profile
-    from fastinfer.preprocess import PreprocessSpec
+    from fastinfer.catalog.backends import open_engine
+    from fastinfer.catalog.store import PreprocessSpec
+    from fastinfer.measure import fidelity as fid
+    from fastinfer.measure import profile as prof
+    from fastinfer.measure.plots import plot_profile
 
     engines = {name: open_engine(name) for name in backends}
     result = prof.run(engines, [1, 8], repeats, PreprocessSpec())
@@ -253,8 +254,8 @@ def measure_http(results: dict[str, Any]) -> list[dict[str, Any]]:
     users it ran), the server's front and runner CPU per request less the in-process stages."""
     from dataclasses import asdict
 
-    from fastinfer import profile as prof
-    from fastinfer.config import get_settings
+    from fastinfer.catalog.config import get_settings
+    from fastinfer.measure import profile as prof
 
     costs = [prof.StageCost(**s) for s in results["profile"]["stages"]]
     chosen: dict[str, dict[str, Any]] = {}
@@ -321,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     say("building the 60-image pool")
     photos.benchmark_pool(args.out / "images")
 
-    from fastinfer.backends import unavailable_reason
-    from fastinfer.config import BACKENDS
+    from fastinfer.catalog.backends import unavailable_reason
+    from fastinfer.catalog.config import BACKENDS
 
     here = [b for b in BACKENDS if unavailable_reason(b) is None and b != "coreml"]
     backends = args.backends.split(",") if args.backends else here
@@ -375,8 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.study and args.url is None:
         results["study"] = study(results, args)
     if results.get("profile"):
-        from fastinfer import profile as prof
-        from fastinfer.plots import plot_profile
+        from fastinfer.measure import profile as prof
+        from fastinfer.measure.plots import plot_profile
 
         results["http_cost"] = measure_http(results)
         measured = {h["backend"]: h["http_ms"] for h in results["http_cost"]}

@@ -1,7 +1,7 @@
 """Locust users for FastInfer.
 
 * ``InferenceUser`` posts photos drawn from a pool of 60 distinct JPEGs (small, 1.5 MP and ~8 MP
-  phone-size; see fastinfer.photos.benchmark_pool) to one backend, with the cache bypassed: every
+  phone-size; see fastinfer.measure.photos.benchmark_pool) to one backend, with the cache bypassed: every
   request is decoded and inferred. A response that says ``cached`` counts as a failure.
 * ``RepeatUser`` posts one photo again and again without bypass: the cache-hit path, always
   reported apart from inference (and, against ``load_tests/bare_service.py``, the bare BentoML
@@ -32,7 +32,7 @@ from typing import Any
 from locust import constant, events, task
 from locust.contrib.fasthttp import FastHttpUser
 
-from fastinfer.photos import benchmark_pool
+from fastinfer.measure.photos import benchmark_pool
 from load_tests.checks import BATCH_IMAGES, batch_failure
 from load_tests.service import auth_headers
 

@@ -20,7 +20,7 @@ import time
 
 import httpx
 
-from fastinfer import photos
+from fastinfer.measure import photos
 from load_tests.service import auth_headers
 
 HEADERS = {"Cache-Control": "no-cache"}

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fastinfer.plots import plot_latency, plot_stages, plot_throughput
-from fastinfer.profile import PHOTO, Ceiling, StageCost, best_ceiling, http_note, in_process_latency_ms
+from fastinfer.measure.plots import plot_latency, plot_stages, plot_throughput
+from fastinfer.measure.profile import PHOTO, Ceiling, StageCost, best_ceiling, http_note, in_process_latency_ms
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> str:

@@ -1,7 +1,7 @@
 """The serving side of the backend table: one runner service per runner-owning backend.
 
 What a backend *is* (engine, models, platform, batching defaults) is its row in
-fastinfer/backends.py. Here each row that owns a runner becomes a ``@bentoml.service``
+fastinfer/catalog/backends.py. Here each row that owns a runner becomes a ``@bentoml.service``
 (runners/base.py), and :func:`attach` gives the front one ``bentoml.depends`` per runner that
 can run on this machine. Several backends may share a runner: ``coreml`` is the
 ``coreml-batched`` runner called without batching.
@@ -14,9 +14,9 @@ from typing import TypeVar
 
 import bentoml
 
-from fastinfer.backends import RUNNERS, SPECS, BackendSpec, runs_here
-from fastinfer.backends import unavailable_reason as unavailable_reason
-from fastinfer.config import get_settings
+from fastinfer.catalog.backends import RUNNERS, SPECS, BackendSpec, runs_here
+from fastinfer.catalog.backends import unavailable_reason as unavailable_reason
+from fastinfer.catalog.config import get_settings
 from runners.base import make_runner
 
 

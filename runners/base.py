@@ -3,7 +3,7 @@
 A runner loads its model(s) from the store lazily (``BentoModel`` refs resolved in ``__init__``),
 warms up before it reports ready, and offers ``infer`` (one call, one model run) and
 ``infer_batched`` (adaptive micro-batching: calls from all front workers that arrive while the
-model is busy run together; see fastinfer/batching.py for why not BentoML's dispatcher).
+model is busy run together; see fastinfer/serving/batching.py for why not BentoML's dispatcher).
 """
 
 from __future__ import annotations
@@ -21,13 +21,15 @@ import numpy as np
 from bentoml.exceptions import BentoMLException, InvalidArgument, ServiceUnavailable
 from bentoml.models import BentoModel
 
-from fastinfer import deadlines, hardware, store, store_check
-from fastinfer.backends import SPECS, open_engine
-from fastinfer.batching import Expired, MicroBatcher
-from fastinfer.config import get_settings
+from fastinfer.catalog import store, store_check
+from fastinfer.catalog.backends import SPECS, open_engine
+from fastinfer.catalog.config import get_settings
+from fastinfer.common import hardware
+from fastinfer.common.errors import under_home, without_paths
 from fastinfer.engines import Engine, EngineUnavailable, check_batch, warm_up
-from fastinfer.errors import under_home, without_paths
-from fastinfer.metrics import BATCH_SIZE
+from fastinfer.serving import deadlines
+from fastinfer.serving.batching import Expired, MicroBatcher
+from fastinfer.serving.metrics import BATCH_SIZE
 from runners.drain import leave_after_front
 
 logger = logging.getLogger("fastinfer.runner")
@@ -79,7 +81,7 @@ async def _in_time(outputs: Awaitable[np.ndarray]) -> np.ndarray:
 
 
 def make_runner(backend: str) -> Any:
-    """Build the BentoML service ``runner-<backend>`` over fastinfer.backends.open_engine.
+    """Build the BentoML service ``runner-<backend>`` over fastinfer.catalog.backends.open_engine.
 
     ``infer_batched`` follows this backend's batching settings; backends served by this runner
     (its row's ``runner``) call it with or without batching according to their own.
@@ -157,7 +159,7 @@ def make_runner(backend: str) -> Any:
             return False
 
         def _load(self) -> Engine:
-            # The versions this server pinned at start-up (fastinfer.store.serving): a runner restarted
+            # The versions this server pinned at start-up (fastinfer.catalog.store.serving): a runner restarted
             # after a rebuild loads what the front names, or nothing.
             found = {size: store.serving(spec.artifact, size) for size in spec.static_batches}
             missing = [store.model_name(spec.artifact, size) for size, model in found.items() if model is None]
@@ -172,7 +174,7 @@ def make_runner(backend: str) -> Any:
 
         def _run(self, images: np.ndarray) -> np.ndarray:
             """Every model call, batched or not: counted for /backends and the batch-size histogram."""
-            if not spec.rows_independent and len(images) > 1:  # one run per image (fastinfer/backends.py)
+            if not spec.rows_independent and len(images) > 1:  # one run per image (fastinfer/catalog/backends.py)
                 return np.concatenate([self._run(images[i : i + 1]) for i in range(len(images))])
             self.batch_sizes[len(images)] += 1
             BATCH_SIZE.labels(backend=name).observe(len(images))

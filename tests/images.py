@@ -7,7 +7,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from fastinfer import photos
+from fastinfer.measure import photos
 
 
 def encode(img: Image.Image, fmt: str, **kwargs: object) -> bytes:

@@ -1,6 +1,8 @@
-"""One plain class per backend: load an artifact from the store, run a uint8 batch → logits.
+"""One plain class per runtime: load an artifact from the store, run a uint8 batch → logits; and the
+model contract they share (input shape, the batch check).
 
-No BentoML, no HTTP: runners, the profiler, fidelity and build verification all use these.
+No BentoML, no HTTP: runners, the profiler, fidelity and build verification all use these. Imports
+common/ only (the backend table above names each engine class by its import path).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ class Engine(Protocol):
     """A loaded model that honours the contract uint8 [N,224,224,3] → float32 [N,1000].
 
     Each engine class also has ``open(dirs, threads, **options)``: its stored model directories
-    (``{None: dir}``, or one per static batch size) and the options of its row in fastinfer/backends.py.
+    (``{None: dir}``, or one per static batch size) and the options of its row in fastinfer/catalog/backends.py.
     """
 
     def run(self, images: np.ndarray) -> np.ndarray: ...
@@ -32,6 +34,8 @@ class EngineUnavailable(RuntimeError):
 
 
 INPUT_SHAPE = (224, 224, 3)
+
+
 MAX_ROWS = 256
 """The most images one engine call takes: a batch beyond it is a caller's bug, not a workload."""
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from fastinfer import hardware
+from fastinfer.common import hardware
 
 MODEL_FILE = "model.onnx"
 

@@ -38,12 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from fastinfer import hardware
+from fastinfer.common import hardware
+from fastinfer.common.files import file_sha256
 from fastinfer.engines import EngineUnavailable
-from fastinfer.store import file_sha256
 
 MODEL_FILE = "model.xml"
-PRECISIONS = ("auto", "bf16", "f32")  # FASTINFER_OPENVINO_PRECISION's values (fastinfer.config)
+PRECISIONS = ("auto", "bf16", "f32")  # FASTINFER_OPENVINO_PRECISION's values (fastinfer.catalog.config)
 EXPECTS = ("float", "int8")
 REPORTED_LAYERS = ("Convolution", "FullyConnected", "MatMul", "Pooling")
 COMPUTE_LAYERS = ("Convolution", "FullyConnected", "MatMul")

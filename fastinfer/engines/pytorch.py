@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from fastinfer import hardware
+from fastinfer.common import hardware
 
 STATE_FILE = "state_dict.pt"
 
@@ -17,7 +17,7 @@ class TorchEngine:
     def __init__(self, model_dir: str | Path, device: str | None = None, threads: int = 0) -> None:
         import torch
 
-        from fastinfer.torch_model import resnet50
+        from fastinfer.engines.torch_model import resnet50
 
         self.device = device or hardware.torch_device()
         # torch's own default is the machine's cores, blind to a container's CPU quota.

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from fastinfer import photos
+from fastinfer.measure import photos
 from tests.e2e.conftest import launch
 
 # Swagger UI skips its online validator on localhost and 127.0.0.1 only: the page is opened as a user

@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
-from fastinfer import hardware, photos
-from fastinfer.dashboard_page import CONTENT_SECURITY_POLICY
+from fastinfer.common import hardware
+from fastinfer.front.dashboard_page import CONTENT_SECURITY_POLICY
+from fastinfer.measure import photos
 from tests.e2e import dashboard_picture
 from tests.e2e.conftest import CHROMIUM
 from tests.fake_groq import ANSWER

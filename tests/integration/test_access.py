@@ -11,7 +11,7 @@ import bentoml
 import httpx
 import pytest
 
-from fastinfer import photos
+from fastinfer.measure import photos
 from tests.fake_groq import ANSWER
 from tests.servers import API_KEYS, GROQ_KEY, NO_CACHE, ROOT
 

@@ -12,8 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fastinfer import __version__, hardware, photos
-from fastinfer.http import is_open
+from fastinfer import __version__
+from fastinfer.common import hardware
+from fastinfer.front.paths import is_open
+from fastinfer.measure import photos
 from tests.servers import API_KEYS
 from tests.spec_checks import spec_problems
 

@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from fastinfer import photos
-from fastinfer.backends import BACKENDS, unavailable_reason
+from fastinfer.catalog.backends import BACKENDS, unavailable_reason
+from fastinfer.measure import photos
 from tests.servers import NO_CACHE
 
 # oneDNN picks PyTorch's convolution kernels by batch size: ~3e-5 of a logit, a few millionths of a score.

@@ -16,8 +16,8 @@ import httpx
 import pytest
 import redis
 
-from fastinfer import photos
-from fastinfer.cache import BODY_KEYS, CACHE_FORMAT, cache_key, encode_entry, entry_mac
+from fastinfer.measure import photos
+from fastinfer.serving.cache import BODY_KEYS, CACHE_FORMAT, cache_key, encode_entry, entry_mac
 from load_tests.service import Server
 from tests.servers import NO_CACHE, RedisServer, start_server, stop_server
 

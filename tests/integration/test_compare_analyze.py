@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 
-from fastinfer import hardware, photos
-from fastinfer.config import BACKENDS
+from fastinfer.catalog.config import BACKENDS
+from fastinfer.common import hardware
+from fastinfer.measure import photos
 from tests.fake_groq import ANSWER
 from tests.servers import GROQ_KEY
 

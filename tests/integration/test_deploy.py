@@ -22,7 +22,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from fastinfer import __version__, photos
+from fastinfer import __version__
+from fastinfer.measure import photos
 from load_tests.service import free_port
 from tests.servers import ROOT, start_server, stop_server
 from tests.spec_checks import spec_problems
@@ -76,7 +77,12 @@ def test_bento_holds_code_dashboard_models_and_a_dockerfile(bento) -> None:
     home, tag = bento
     name, version = tag.split(":")
     root = home / "bentos" / name / version
-    for path in ("src/service.py", "src/runners/base.py", "src/fastinfer/backends.py", "src/dashboard/index.html"):
+    for path in (
+        "src/service.py",
+        "src/runners/base.py",
+        "src/fastinfer/catalog/backends.py",
+        "src/dashboard/index.html",
+    ):
         assert (root / path).is_file(), path
     assert not (root / "src" / "tests").exists()
     dockerfile = (root / "env" / "docker" / "Dockerfile").read_text()
@@ -84,7 +90,7 @@ def test_bento_holds_code_dashboard_models_and_a_dockerfile(bento) -> None:
     assert "FROM python:3.11" in dockerfile
     manifest = yaml.safe_load((root / "bento.yaml").read_text())
     models = {m["tag"].split(":")[0] for svc in manifest["services"] for m in svc["models"]}
-    from fastinfer.backends import SPECS
+    from fastinfer.catalog.backends import SPECS
 
     here = {n for s in SPECS.values() if s.platform() is None for n in s.model_names()}
     assert {"resnet50-openvino", "resnet50-openvino-int8"} <= here  # OpenVINO runs on this machine
@@ -93,8 +99,8 @@ def test_bento_holds_code_dashboard_models_and_a_dockerfile(bento) -> None:
     assert "bentoml==1.4.40" in requirements and "torch==2.14.1" in requirements
     assert "openvino==2026.4.1" in requirements  # the container runs the OpenVINO backends too
     # Its README is the API page's text (bentofile.yaml description), not BentoML's placeholder.
-    assert (root / "README.md").read_text() == (ROOT / "fastinfer" / "api_page.md").read_text()
-    assert (root / "src" / "fastinfer" / "api_page.md").is_file()  # what the served page reads
+    assert (root / "README.md").read_text() == (ROOT / "fastinfer" / "front" / "api_page.md").read_text()
+    assert (root / "src" / "fastinfer" / "front" / "api_page.md").is_file()  # what the served page reads
     built = yaml.safe_load((root / "apis" / "openapi.yaml").read_text())
     assert spec_problems(built) == []
     assert "## This server" not in built["info"]["description"]  # built here, served elsewhere
@@ -122,10 +128,11 @@ def documents() -> list[dict]:
 
 
 def config_env_names() -> set[str]:
-    """Every environment variable name fastinfer/config.py reads (per-backend names expanded)."""
-    from fastinfer.config import BACKENDS
+    """Every environment variable name the settings read (fastinfer/catalog/config.py, and backends.py for
+    the OpenVINO precision), per-backend names expanded."""
+    from fastinfer.catalog.config import BACKENDS
 
-    text = (ROOT / "fastinfer" / "config.py").read_text()
+    text = "".join((ROOT / "fastinfer" / "catalog" / name).read_text() for name in ("config.py", "backends.py"))
     names = set(re.findall(r'"((?:FASTINFER|GROQ)_[A-Z_]+|REDIS_URL)"', text))
     for prefix in ("FASTINFER_BATCHING_", "FASTINFER_MAX_BATCH_SIZE_", "FASTINFER_MAX_LATENCY_MS_"):
         names |= {prefix + b.upper().replace("-", "_") for b in BACKENDS}
@@ -166,7 +173,7 @@ def test_manifests_agree_with_the_code(client) -> None:
     assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > pre_stop_s + timeout_s
     assert int(app["stop_grace_period"].removesuffix("s")) > int(app["environment"]["FASTINFER_TIMEOUT_S"])
     # The /analyze guard counts per pod: at most replicas, the deploy stays within the default total.
-    from fastinfer.config import Settings
+    from fastinfer.catalog.config import Settings
 
     per_pod = int(next(e["value"] for e in container["env"] if e["name"] == "FASTINFER_ANALYZE_TOTAL_PER_MINUTE"))
     assert per_pod * hpa["spec"]["maxReplicas"] <= Settings.analyze_total_per_minute

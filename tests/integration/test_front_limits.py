@@ -31,7 +31,7 @@ import httpx
 import psutil
 import pytest
 
-from fastinfer import photos
+from fastinfer.measure import photos
 from tests.full_disk import fill, small_filesystem
 from tests.servers import start_server, stop_server
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from fastinfer import photos
+from fastinfer.measure import photos
 from tests.servers import NO_CACHE, start_server, stop_server
 
 TIMEOUT_S = 3

@@ -25,10 +25,11 @@ import numpy as np
 import pytest
 import redis
 
-from fastinfer import photos
-from fastinfer.backends import open_engine
-from fastinfer.postprocess import top_k
-from fastinfer.preprocess import PreprocessSpec, prepare
+from fastinfer.catalog.backends import open_engine
+from fastinfer.catalog.store import PreprocessSpec
+from fastinfer.measure import photos
+from fastinfer.serving.postprocess import top_k
+from fastinfer.serving.preprocess import prepare
 from load_tests.service import ROOT, Server
 from tests.servers import start_server, stop_server
 

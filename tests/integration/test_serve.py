@@ -10,8 +10,9 @@ from pathlib import Path
 import bentoml
 import httpx
 
-from fastinfer import hardware, photos
-from fastinfer.config import BACKENDS
+from fastinfer.catalog.config import BACKENDS
+from fastinfer.common import hardware
+from fastinfer.measure import photos
 from tests.servers import NO_CACHE
 
 HERE = [b for b in BACKENDS if hardware.is_macos() or not b.startswith("coreml")]

@@ -1,4 +1,4 @@
-"""API keys and the /analyze guard (fastinfer/access.py), alone and in the front's middleware."""
+"""API keys and the /analyze guard (fastinfer/front/access.py), alone and in the front's middleware."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from fastinfer import config
-from fastinfer.access import Access, ApiKeys, RateGuard, Refusal, analyze_guard, share, spend
-from fastinfer.http import FrontMiddleware, is_open
+from fastinfer.catalog import config
+from fastinfer.front.access import Access, ApiKeys, RateGuard, Refusal, analyze_guard, share, spend
+from fastinfer.front.http import FrontMiddleware
+from fastinfer.front.paths import is_open
 
 KEYS = ("k1-0123456789abcdef", "k2-fedcba9876543210")
 
@@ -369,7 +370,7 @@ def test_the_front_answers_401_before_reading_the_body_and_counts_it() -> None:
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    from fastinfer.metrics import REQUESTS
+    from fastinfer.serving.metrics import REQUESTS
 
     before = REQUESTS.labels(route="/classify", backend="onnx", status="401")._value.get()
     asyncio.run(front(request("/classify", content_length="5000000"), never_read, send))

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from fastinfer import analysis
-from fastinfer.config import GroqConfig
+from fastinfer.catalog.config import GroqConfig
+from fastinfer.front import analysis
 
 
 def test_no_key_means_503_with_the_fix() -> None:

@@ -1,4 +1,4 @@
-"""The API page speaks FastInfer (fastinfer/api_page.py, fastinfer/api_examples.py): info, examples,
+"""The API page speaks FastInfer (fastinfer/front/api_page.py, fastinfer/front/api_examples.py): info, examples,
 the page at ``/``. Checked on the small service of test_openapi.py; tests/integration/test_api_page.py
 checks the real server's."""
 
@@ -14,14 +14,16 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from fastinfer import __version__, api_examples, api_page, hardware
-from fastinfer.api_inputs import AnalyzeInput
-from fastinfer.api_models import CacheStatsResponse, LiveStatsResponse
-from fastinfer.backends import SPECS
-from fastinfer.config import _contact, get_settings
-from fastinfer.image_api import ROUTES
-from fastinfer.openapi import STATUS_ROUTES
-from fastinfer.schemas import AnalyzeResponse, BackendsResponse, BatchResponse, ClassifyResponse, CompareResponse
+from fastinfer import __version__
+from fastinfer.catalog.backends import SPECS
+from fastinfer.catalog.config import _contact, get_settings
+from fastinfer.common import hardware
+from fastinfer.common.schemas import AnalyzeResponse, BackendsResponse, BatchResponse, ClassifyResponse, CompareResponse
+from fastinfer.front import api_examples, api_page
+from fastinfer.front.api_inputs import AnalyzeInput
+from fastinfer.front.api_models import CacheStatsResponse, LiveStatsResponse
+from fastinfer.front.image_routes import ROUTES
+from fastinfer.front.openapi import STATUS_ROUTES
 from tests.spec_checks import spec_problems
 from tests.unit.test_openapi import SERVICE, as_json, base, spec  # noqa: F401 (fixtures)
 
@@ -227,8 +229,9 @@ def test_the_page_at_root_is_fastinfer_s_and_loads_nothing_from_elsewhere() -> N
 
 def documented_codes() -> set[str]:
     """Every error code the server answers with: its error classes, the front's, the documented ones."""
-    import fastinfer.analysis  # noqa: F401 (its errors)
-    from fastinfer import errors, http, openapi
+    import fastinfer.front.analysis  # noqa: F401 (its errors)
+    from fastinfer.common import errors
+    from fastinfer.front import http, openapi
 
     def subclasses(cls: type) -> list[type]:
         return [cls, *(s for sub in cls.__subclasses__() for s in subclasses(sub))]
@@ -238,7 +241,7 @@ def documented_codes() -> set[str]:
     tables = [openapi.ERRORS, openapi.IMAGE_ERRORS, openapi.STATUS_ERRORS, *openapi.ROUTE_ERRORS.values()]
     codes |= {code for table in tables for _, code, _ in table.values()} | {openapi.UNAUTHORIZED[1]}
     root = Path(__file__).resolve().parents[2]
-    for path in [*(root / "fastinfer").glob("*.py"), root / "service.py"]:
+    for path in [*(root / "fastinfer").rglob("*.py"), *(root / "runners").rglob("*.py"), root / "service.py"]:
         codes |= set(re.findall(r'(?:code=|error_body\()\s*"([a-z_]+)"', path.read_text()))
     return codes
 
@@ -263,5 +266,5 @@ def test_this_server_says_when_its_default_cannot_run_and_the_analyze_total_of_a
         get_settings.cache_clear()
     if not hardware.is_macos():
         assert "default backend `coreml`, which cannot run here: CoreML prediction needs macOS" in server
-    # Each worker counts alone (fastinfer/access.py share): at least 1 each, so 4 in all, not the 1 asked.
+    # Each worker counts alone (fastinfer/front/access.py share): at least 1 each, so 4 in all, not the 1 asked.
     assert "1 in all per minute per front worker (4 workers: up to 4 in all)" in server

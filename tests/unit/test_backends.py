@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from bentoml.exceptions import ServiceUnavailable
 
-from fastinfer import backends, store
-from fastinfer.backends import BACKENDS, RUNNERS, SPECS, open_engine, runs_here, unavailable_reason
-from fastinfer.config import get_settings
+from fastinfer.catalog import backends, store
+from fastinfer.catalog.backends import BACKENDS, RUNNERS, SPECS, open_engine, runs_here, unavailable_reason
+from fastinfer.catalog.config import get_settings
 from fastinfer.engines import EngineUnavailable
 
 

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from fastinfer.batching import MicroBatcher
+from fastinfer.serving.batching import MicroBatcher
 
 
 def slow_double(seconds: float = 0.03):
@@ -157,7 +157,7 @@ def test_runners_refuse_malformed_arrays(images, message: str) -> None:
 
 def test_work_whose_deadline_passed_while_it_queued_is_dropped_not_run() -> None:
     """A request answered 504 by the front is not computed by the model afterwards."""
-    from fastinfer.batching import Expired
+    from fastinfer.serving.batching import Expired
 
     run, calls = slow_double(0.2)
     batcher = MicroBatcher(run, max_batch_size=2, max_latency_ms=0)

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from build_models import ARTIFACTS, build
-from fastinfer import store
+from fastinfer.catalog import store
 from tests.unit.test_build_force import assert_loads
 
 TMPFS = Path("/dev/shm")

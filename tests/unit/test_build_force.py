@@ -13,14 +13,14 @@ import bentoml
 import numpy as np
 
 from build_models import ARTIFACTS, build
-from fastinfer import store
+from fastinfer.catalog import store
 
 STORED = [(a, b) for a in ARTIFACTS.values() for b in a.batches]
 
 
 def assert_loads(backend: str, model: bentoml.Model) -> None:
     """The stored files are there and the engine that serves them can run them (CoreML: macOS only)."""
-    from fastinfer.backends import open_engine
+    from fastinfer.catalog.backends import open_engine
     from fastinfer.engines.coreml import PACKAGE_DIR
 
     one = np.zeros((1, 224, 224, 3), dtype=np.uint8)

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from build_models import ARTIFACTS, FP32_TOLERANCE, INT8_TOLERANCE, VerificationError, build, exporters
-from fastinfer.fidelity import Fidelity
+from fastinfer.measure.fidelity import Fidelity
 
 
 def stored_tags(name: str) -> list[str]:
@@ -105,7 +105,7 @@ def test_an_export_that_does_not_load_fails_the_build_in_one_line(built_models, 
 
 def test_openvino_int8_is_the_conversion_of_the_stored_onnx_int8_model(built_models) -> None:
     from build_models.context import stored_int8_sha256
-    from fastinfer import store
+    from fastinfer.catalog import store
 
     meta = store.find("openvino-int8").info.metadata
     assert meta["int8_onnx_sha256"] == stored_int8_sha256()  # one calibration for both runtimes

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import redis
 
-from fastinfer import config
-from fastinfer.api_models import CacheStatsResponse
-from fastinfer.cache import (
+from fastinfer.catalog import config
+from fastinfer.front.api_models import CacheStatsResponse
+from fastinfer.serving.cache import (
     CACHE_FORMAT,
     INDEX_KEY,
     MAX_ENTRY_BYTES,
@@ -43,7 +43,7 @@ KEY = cache_key(b"image", "onnx", TAG, 5)
 
 
 def body(k: int = 5, backend: str = "onnx", model: str = TAG, first: int = 0) -> dict[str, Any]:
-    """A response body as fastinfer.pipeline.Pipeline._body makes it (classes first, first + 1, ...)."""
+    """A response body as fastinfer.serving.pipeline.Pipeline._body makes it (classes first, first + 1, ...)."""
     ranked = [{"label": f"class {first + i}", "index": first + i, "score": round(0.4 / 2**i, 4)} for i in range(k)]
     return {
         "class": ranked[0]["label"],

@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
-from fastinfer import backends, cli, hardware
-from fastinfer.config import BACKENDS
+from fastinfer import cli
+from fastinfer.catalog import backends
+from fastinfer.catalog.config import BACKENDS
+from fastinfer.common import hardware
 
 
 def test_doctor_reports_hardware_backends_and_a_recommendation(built_models, tmp_path, capsys) -> None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastinfer import hardware
-from fastinfer.backends import COREML_BATCHES, open_engine
+from fastinfer.catalog.backends import COREML_BATCHES, open_engine
+from fastinfer.common import hardware
 from fastinfer.engines.coreml import CoreMLEngine, choose_batch
 
 
@@ -51,8 +51,8 @@ def test_pad_choose_slice_matches_the_real_model(stand_in, onnx_engine, n: int) 
 
 @pytest.mark.skipif(not hardware.is_macos(), reason="CoreML prediction needs macOS (Apple hardware)")
 def test_real_coreml_matches_pytorch(built_models) -> None:
-    from fastinfer import fidelity as fid
-    from fastinfer.preprocess import PreprocessSpec
+    from fastinfer.catalog.store import PreprocessSpec
+    from fastinfer.measure import fidelity as fid
 
     images = fid.fidelity_images(PreprocessSpec())[:8]
     reference = open_engine("pytorch").run(images)

@@ -1,4 +1,4 @@
-"""The dashboard's Content-Security-Policy (fastinfer/dashboard_page.py) and the page's sources it
+"""The dashboard's Content-Security-Policy (fastinfer/front/dashboard_page.py) and the page's sources it
 relies on: no inline script or style for the policy to refuse, and no HTML parsed from strings in
 app.js (every value the server sends is put on the page as text). The browser's view of both is in
 tests/e2e/test_dashboard.py."""
@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from fastinfer import api_page, dashboard_page
+from fastinfer.front import api_page, dashboard_page
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "dashboard"
 POLICY = dashboard_page.CONTENT_SECURITY_POLICY

@@ -1,4 +1,4 @@
-"""A full disk under BENTOML_HOME (fastinfer/disk.py): metric files that would SIGBUS the process get
+"""A full disk under BENTOML_HOME (fastinfer/serving/disk.py): metric files that would SIGBUS the process get
 their disk blocks up front, fall back to memory when there are none, and come back; /readyz says why.
 
 The cause itself is shown on a real full filesystem (a tmpfs, mounted as root): prometheus_client as
@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from prometheus_client.mmap_dict import MmapedDict
 
-from fastinfer import disk
-from fastinfer.disk import DiskHealth, GuardedMmapedDict, remove_stale_files
-from fastinfer.http import FrontMiddleware
+from fastinfer.front.http import FrontMiddleware
+from fastinfer.serving import disk
+from fastinfer.serving.disk import DiskHealth, GuardedMmapedDict, remove_stale_files
 from tests.full_disk import small_filesystem
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,7 +143,7 @@ def test_stale_files_of_dead_processes_that_count_nothing_are_removed(tmp_path: 
     )
 
 
-# /readyz and the front's answers while the disk is full (fastinfer/http.py)
+# /readyz and the front's answers while the disk is full (fastinfer/front/http.py)
 
 
 def _call(middleware: FrontMiddleware, path: str, method: str = "GET", headers: list | None = None) -> list[dict]:
@@ -192,7 +192,7 @@ def test_readyz_answers_503_with_the_reason_while_degraded() -> None:
 
 
 def test_a_request_that_needs_the_full_disk_gets_a_clear_503(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fastinfer import http
+    from fastinfer.front import http
 
     def no_space() -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -212,7 +212,7 @@ from pathlib import Path
 directory, guarded = sys.argv[1], sys.argv[2] == "guard"
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory  # as bentoml serve sets it, before prometheus_client loads
 if guarded:
-    from fastinfer import disk
+    from fastinfer.serving import disk
     health = disk.guard_metric_files(0)
     disk.RETRY_S = 0.0
 from prometheus_client import Counter

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastinfer import fidelity as fid
-from fastinfer.backends import open_engine
-from fastinfer.preprocess import PreprocessSpec
+from fastinfer.catalog.backends import open_engine
+from fastinfer.catalog.store import PreprocessSpec
+from fastinfer.measure import fidelity as fid
 
 TOP1, TOP5, MAX_ERROR = fid.INT8_MIN_TOP1, fid.INT8_MIN_TOP5, fid.INT8_MAX_ERROR
 
@@ -91,7 +91,7 @@ def test_the_gates_catch_a_model_calibrated_on_nothing(built_models, images, ref
     from build_models.context import BuildContext
     from build_models.weights import load_weights
     from fastinfer.engines.onnx import OnnxEngine
-    from fastinfer.torch_model import resnet50
+    from fastinfer.engines.torch_model import resnet50
 
     black = tmp_path / "calibration"
     black.mkdir()

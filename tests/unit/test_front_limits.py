@@ -1,4 +1,4 @@
-"""The front's connection limits (fastinfer/connections.py), below the ASGI app: idle connections closed,
+"""The front's connection limits (fastinfer/front/connections.py), below the ASGI app: idle connections closed,
 headers bounded in time, size and count (408/431 in our JSON shape), and a cap on open connections.
 
 Driven through uvicorn's real protocol machinery (httptools parser, timers on a real event loop) over
@@ -20,9 +20,9 @@ import uvicorn.config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from fastinfer import connections
-from fastinfer.config import Settings, get_settings
-from fastinfer.connections import ConnectionLimits, FrontProtocol, install_front_protocol
+from fastinfer.catalog.config import Settings, get_settings
+from fastinfer.front import connections
+from fastinfer.front.connections import ConnectionLimits, FrontProtocol, install_front_protocol
 
 FAST = ConnectionLimits(keepalive_s=0.2, header_timeout_s=0.3, max_header_bytes=4096, max_headers=20, max_connections=3)
 GET = b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fastinfer import hardware
+from fastinfer.common import hardware
 
 ALL = ["CoreMLExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
 
@@ -291,8 +291,8 @@ def test_cpu_count_threads_and_the_probe_use_the_budget_probed_once(monkeypatch,
 
 
 def test_backends_show_where_the_core_count_came_from(monkeypatch) -> None:
-    from fastinfer import inventory
-    from fastinfer.config import Settings
+    from fastinfer.catalog.config import Settings
+    from fastinfer.front import inventory
 
     budget = hardware.CpuBudget(3, 64, 2.5, "cgroup v2 cpu.max 250000/100000 → 3 (CPU affinity 64)")
     monkeypatch.setattr(hardware, "cpu_budget", lambda: budget)

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from fastinfer.cpu import CpuPool
-from fastinfer.http import FrontMiddleware
+from fastinfer.front.http import FrontMiddleware
+from fastinfer.serving.cpu import CpuPool
 
 TIMEOUT_S = 0.2
 
@@ -270,7 +270,7 @@ def test_pending_uploads_beyond_the_memory_budget_wait_on_disk() -> None:
 
 def test_a_body_within_the_budget_never_touches_the_disk(monkeypatch) -> None:
     """BentoML's typed Path input wrote every upload to a temporary file; ours stay in memory."""
-    import fastinfer.http as http
+    import fastinfer.front.http as http
 
     def no_disk() -> None:
         raise AssertionError("a temporary file was created")

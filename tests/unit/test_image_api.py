@@ -9,8 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
-from fastinfer.errors import ApiError
-from fastinfer.image_api import ROUTES, CacheUse, FormRules, answer, cache_use, parse, top_k
+from fastinfer.common.errors import ApiError
+from fastinfer.front.image_api import FormRules, answer, cache_use, parse, top_k
+from fastinfer.front.image_routes import ROUTES, CacheUse
 
 RULES = FormRules(default_backend="onnx", max_batch_images=4)
 JPEG = b"\xff\xd8\xff\xe0 pretend this is a photo"
@@ -156,6 +157,10 @@ class RecordingPipeline:
         self.stores.append(store)
         return [{"backend": backend} for _ in images]
 
+    async def compare(self, image, k, backends):
+        self.calls.append(("compare", tuple(backends), k, None, None))
+        raise ApiError("a stand-in compares nothing")
+
 
 def answered(path: str = "/classify", query: str = "", **kwargs: Any) -> tuple[int, dict, dict, RecordingPipeline]:
     import asyncio
@@ -272,3 +277,38 @@ def test_every_image_route_passes_the_directives_on(path: str, headers: dict, re
     ((_, _, _, bypass, _),) = pipeline.calls
     (store,) = pipeline.stores
     assert (not bypass, store and not bypass) == (read, stored)
+
+
+@pytest.mark.parametrize("path", sorted(ROUTES))
+def test_the_api_and_its_http_form_run_the_same_declaration(path: str, tmp_path) -> None:
+    """Each route is declared once (fastinfer/front/image_routes.py): its BentoML API (what the spec,
+    Swagger, the Python client and in-process callers get) asks the pipeline what its HTTP form asks,
+    called by keyword or, as the methods once written by hand were, by position."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import pydantic
+
+    import service
+
+    route = ROUTES[path]
+    api = service.FastInfer.apis[route.name]
+    assert (api.route, api.input_spec) == (path, route.input_spec)
+    photo = tmp_path / "a.jpg"
+    photo.write_bytes(JPEG)
+    named = "backend" in route.text_fields
+    inputs: dict[str, Any] = {"images": [photo]} if route.kind == "batch" else {"image": photo}
+    inputs |= {"backend": "pytorch"} if named else {}
+    inputs |= {"top_k": 3}
+    by_name, by_position = RecordingPipeline(), RecordingPipeline()
+    with contextlib.suppress(pydantic.ValidationError, ApiError):  # the stand-in answers no whole response
+        asyncio.run(api.func(SimpleNamespace(pipeline=by_name), **inputs))
+    with contextlib.suppress(pydantic.ValidationError, ApiError):
+        asyncio.run(api.func(SimpleNamespace(pipeline=by_position), *inputs.values()))
+    query = "top_k=3" + ("&backend=pytorch" if named else "")
+    if route.kind == "batch":
+        sent: dict[str, Any] = {"files": [("images", ("a.jpg", JPEG, "image/jpeg"))]}
+    else:
+        sent = {"content": JPEG, "headers": {"content-type": "image/jpeg"}}
+    _, _, _, over_http = answered(path, query, **sent)
+    assert by_name.calls == by_position.calls == over_http.calls != []

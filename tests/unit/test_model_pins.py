@@ -1,4 +1,4 @@
-"""A server's pinned model versions (fastinfer.store): what every process of one server loads and
+"""A server's pinned model versions (fastinfer.catalog.store): what every process of one server loads and
 names, whatever ``:latest`` becomes meanwhile, and what a rebuild must keep while it runs."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from fastinfer import store
-from fastinfer.backends import unavailable_reason
+from fastinfer.catalog import store
+from fastinfer.catalog.backends import unavailable_reason
 
 
 @pytest.fixture()

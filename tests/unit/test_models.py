@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 
 from build_models import ARTIFACTS, build, verification_batch
-from fastinfer import photos, store
-from fastinfer.backends import open_engine
-from fastinfer.preprocess import PreprocessSpec, prepare
+from fastinfer.catalog import store
+from fastinfer.catalog.backends import open_engine
+from fastinfer.catalog.store import PreprocessSpec
+from fastinfer.measure import photos
+from fastinfer.serving.preprocess import prepare
 
 SPEC = PreprocessSpec()
 

@@ -1,4 +1,4 @@
-"""Every stored uint8 model normalises the way torchvision does (in the graph: fastinfer/torch_model.py).
+"""Every stored uint8 model normalises the way torchvision does (in the graph: fastinfer/engines/torch_model.py).
 
 The reference is torchvision's own pipeline, not ours: the mean/std of the weights' transforms
 (``ResNet50_Weights.IMAGENET1K_V2.transforms()``; no download), applied the way its
@@ -44,9 +44,11 @@ import numpy as np
 import pytest
 import torch
 
-from fastinfer import photos, store
-from fastinfer.backends import SPECS, open_engine, unavailable_reason
-from fastinfer.preprocess import PreprocessSpec, prepare
+from fastinfer.catalog import store
+from fastinfer.catalog.backends import SPECS, open_engine, unavailable_reason
+from fastinfer.catalog.store import PreprocessSpec
+from fastinfer.measure import photos
+from fastinfer.serving.preprocess import prepare
 
 PARAMETERS = ("mean R", "mean G", "mean B", "std R", "std G", "std B")
 STEP = 0.01

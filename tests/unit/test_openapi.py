@@ -1,4 +1,4 @@
-"""The OpenAPI spec tells the whole API (fastinfer/openapi.py), checked on a small service shaped
+"""The OpenAPI spec tells the whole API (fastinfer/front/openapi.py), checked on a small service shaped
 like FastInfer's: typed image and batch APIs, a Starlette app of GET routes and a static mount beside them."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.staticfiles import StaticFiles
 
-from fastinfer.config import get_settings
-from fastinfer.openapi import DocumentedService, extend_spec, first_sentence, openapi30
-from fastinfer.schemas import AnalyzeResponse, ClassifyResponse, CompareResponse, ErrorResponse
+from fastinfer.catalog.config import get_settings
+from fastinfer.common.schemas import AnalyzeResponse, ClassifyResponse, CompareResponse, ErrorResponse
+from fastinfer.front.openapi import DocumentedService, extend_spec, first_sentence, openapi30
 
 Backend = Literal["onnx", "onnx-int8"]
 TopK = Annotated[int, Field(ge=1, le=20, description="how many classes to return (1..20)")]
@@ -59,7 +59,7 @@ class Images:
         images: Annotated[list[Path], Field(min_length=1, max_length=32)],
         backend: Backend = "onnx",
         top_k: TopK = 5,
-    ) -> dict[str, Any]:  # as service.py: a BatchResponse, typed loosely for bentoml.SyncHTTPClient
+    ) -> dict[str, Any]:  # as image_routes.py: a BatchResponse, typed loosely for bentoml.SyncHTTPClient
         """Classify up to 32 images in one request."""
         raise NotImplementedError
 
@@ -336,7 +336,7 @@ def test_openapi30() -> None:
 def test_the_spec_is_built_once_not_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
     """/docs.json is open without a key: building the spec (~40 ms) on every request let an unauthenticated
     flood hold the event loop. It is built again only when what it depends on changes (the settings)."""
-    import fastinfer.openapi as openapi
+    import fastinfer.front.openapi as openapi
 
     built = []
     monkeypatch.setattr(openapi, "extend_spec", lambda doc, svc: built.append(svc) or extend_spec(doc, svc))

@@ -16,12 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastinfer import fidelity as fid
-from fastinfer import hardware, store
+from fastinfer.catalog import store
+from fastinfer.catalog.store import PreprocessSpec
+from fastinfer.common import hardware
 from fastinfer.engines import EngineUnavailable
 from fastinfer.engines import openvino as ove
 from fastinfer.engines.onnx import OnnxEngine
-from fastinfer.preprocess import PreprocessSpec
+from fastinfer.measure import fidelity as fid
 
 CONVOLUTIONS = 53  # ResNet-50
 

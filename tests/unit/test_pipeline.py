@@ -9,14 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fastinfer.cache import MemoryCache
-from fastinfer.cpu import CpuPool
-from fastinfer.errors import BackendUnavailable, RunnerNotLoaded, UnknownBackend
-from fastinfer.live import LiveStats
-from fastinfer.pipeline import Image, Pipeline
-from fastinfer.preprocess import PreprocessSpec
-from fastinfer.schemas import BatchResponse, ClassifyResponse
-from fastinfer.store import StoredModelInfo
+from fastinfer.catalog.store import PreprocessSpec, StoredModelInfo
+from fastinfer.common.errors import BackendUnavailable, RunnerNotLoaded, UnknownBackend
+from fastinfer.common.schemas import BatchResponse, ClassifyResponse
+from fastinfer.serving.cache import MemoryCache
+from fastinfer.serving.cpu import CpuPool
+from fastinfer.serving.live import LiveStats
+from fastinfer.serving.pipeline import Image, Pipeline
 from tests import images
 
 CLASSES = [f"class {i}" for i in range(1000)]
@@ -209,7 +208,7 @@ def test_a_batch_is_one_request_in_live_stats() -> None:
 
 
 def test_a_batch_observes_its_stages_once(monkeypatch) -> None:
-    from fastinfer import metrics
+    from fastinfer.serving import metrics
 
     seen: list[tuple[str, dict[str, float]]] = []
     monkeypatch.setattr(metrics, "observe_stages", lambda backend, t: seen.append((backend, dict(t))))

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from fastinfer.config import get_settings
-from fastinfer.http import normalise_error
-from fastinfer.postprocess import softmax, top_k
+from fastinfer.catalog.config import get_settings
+from fastinfer.front.http import normalise_error
+from fastinfer.serving.postprocess import softmax, top_k
 
 
 def test_top_k_is_sorted_and_labelled() -> None:

@@ -1,4 +1,4 @@
-"""fastinfer.preprocess against torchvision's own reference transforms, and every odd input mode."""
+"""fastinfer.serving.preprocess against torchvision's own reference transforms, and every odd input mode."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastinfer import photos
-from fastinfer.errors import ImageTooLarge, InvalidImage
-from fastinfer.preprocess import PreprocessSpec, decode, prepare
+from fastinfer.catalog.store import PreprocessSpec
+from fastinfer.common.errors import ImageTooLarge, InvalidImage
+from fastinfer.measure import photos
+from fastinfer.serving.preprocess import decode, prepare
 from tests import images
 
 SPEC = PreprocessSpec(resize_size=232, crop_size=224)
@@ -117,7 +118,8 @@ def prepare_in_a_fresh_interpreter(make_data: str) -> dict:
     script = f"""
 import json, resource, time
 from PIL import Image
-from fastinfer.preprocess import PreprocessSpec, prepare
+from fastinfer.catalog.store import PreprocessSpec
+from fastinfer.serving.preprocess import prepare
 from tests import images
 data = {make_data}
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -165,7 +167,7 @@ def test_memory_per_pixel_stays_low_for_every_mode(case: str) -> None:
 @pytest.mark.parametrize("size", [(2, 900), (900, 2), (3, 2000), (1, 5000)])
 def test_crop_only_resampling_matches_the_whole_resize(size: tuple[int, int]) -> None:
     """The bounded path gives torchvision's pixels to within one grey level (Pillow's box is float32)."""
-    from fastinfer.preprocess import resize_and_crop
+    from fastinfer.serving.preprocess import resize_and_crop
 
     width, height = size
     rng = np.random.default_rng(0)

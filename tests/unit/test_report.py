@@ -7,8 +7,8 @@ from dataclasses import asdict
 
 import pytest
 
-from fastinfer import profile as prof
-from fastinfer.profile import PHOTO, POOL, StageCost
+from fastinfer.measure import profile as prof
+from fastinfer.measure.profile import PHOTO, POOL, StageCost
 from load_tests.checks import batch_failure
 from load_tests.report import (
     _batch_section,

@@ -22,10 +22,11 @@ from bentoml.exceptions import ServiceUnavailable
 
 from build_models import VerificationError, build
 from build_models import __main__ as build_cli
-from fastinfer import cli, store, store_check
-from fastinfer.backends import SPECS, open_engine
+from fastinfer import cli
+from fastinfer.catalog import store, store_check
+from fastinfer.catalog.backends import SPECS, open_engine
+from fastinfer.common.errors import RunnerNotLoaded, without_paths
 from fastinfer.engines import EngineUnavailable
-from fastinfer.errors import RunnerNotLoaded, without_paths
 
 STATE_DICT = "state_dict.pt"
 
@@ -263,7 +264,7 @@ def test_a_home_with_a_space_leaves_no_path_in_a_message(monkeypatch) -> None:
 
 
 def test_backends_shows_the_openvino_cache_under_home_not_its_path(monkeypatch) -> None:
-    from fastinfer.errors import under_home as _under_home
+    from fastinfer.common.errors import under_home as _under_home
 
     monkeypatch.setenv("BENTOML_HOME", "/srv/model store/home")
     assert _under_home("/srv/model store/home/cache/openvino/x/1") == "$BENTOML_HOME/cache/openvino/x/1"

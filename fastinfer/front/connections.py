@@ -11,7 +11,7 @@ BentoML 1.4.40's worker (``_bentoml_impl/worker/service.py``) builds its own ``u
   enough to slow every other request ~7x);
 * counts connections only to answer 503 once a request's headers are in (``limit_concurrency``).
 
-FastInfer's API keys and limits (fastinfer/http.py) are read after the headers, too late for any of
+FastInfer's API keys and limits (fastinfer/front/http.py) are read after the headers, too late for any of
 it. So :func:`install_front_protocol` points uvicorn's ``"auto"`` HTTP protocol at :class:`FrontProtocol`, a
 subclass of uvicorn's httptools protocol that adds, per front worker:
 
@@ -46,10 +46,10 @@ import httptools
 from prometheus_client import Counter
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from fastinfer.errors import error_body
+from fastinfer.common.errors import error_body
 
 if TYPE_CHECKING:
-    from fastinfer.config import Settings
+    from fastinfer.catalog.config import Settings
 
 logger = logging.getLogger("fastinfer.connections")
 
@@ -92,7 +92,7 @@ _QUIET = frozenset({"silent_closed"})
 
 @dataclass(frozen=True)
 class ConnectionLimits:
-    """The front's connection limits (fastinfer.config: FASTINFER_KEEPALIVE_S and the rest)."""
+    """The front's connection limits (fastinfer.catalog.config: FASTINFER_KEEPALIVE_S and the rest)."""
 
     keepalive_s: float = 5.0
     header_timeout_s: float = 10.0

@@ -6,8 +6,8 @@ softmax/top-k → response body with per-stage timings → cache SET (fail-open)
 
 It knows nothing of HTTP or BentoML: the runner is an async callable, so the whole path runs in a
 test without a server. The HTTP forms (multipart, raw body, the original FastInfer API's routes,
-the batch route) are adapters over it (fastinfer/image_api.py); bodies are plain dicts in the
-shape of :class:`fastinfer.schemas.ClassifyResponse`, so that answering needs no model validation.
+the batch route) are adapters over it (fastinfer/front/image_api.py); bodies are plain dicts in the
+shape of :class:`fastinfer.common.schemas.ClassifyResponse`, so that answering needs no model validation.
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from fastinfer import metrics
-from fastinfer.cache import Expected, ResponseCache, digest_key
-from fastinfer.cpu import CpuPool
-from fastinfer.errors import ApiError, BackendUnavailable, RunnerNotLoaded, UnknownBackend
-from fastinfer.live import LiveStats
-from fastinfer.postprocess import top_k as rank
-from fastinfer.preprocess import Prepared, prepare
-from fastinfer.schemas import Timings
-from fastinfer.store import StoredModelInfo
+from fastinfer.catalog.store import StoredModelInfo
+from fastinfer.common.errors import ApiError, BackendUnavailable, RunnerNotLoaded, UnknownBackend
+from fastinfer.common.schemas import Timings
+from fastinfer.serving import metrics
+from fastinfer.serving.cache import Expected, ResponseCache, digest_key
+from fastinfer.serving.cpu import CpuPool
+from fastinfer.serving.live import LiveStats
+from fastinfer.serving.postprocess import top_k as rank
+from fastinfer.serving.preprocess import Prepared, prepare
 
 Infer = Callable[[str, np.ndarray, "bool | None"], Awaitable[np.ndarray]]
 """(backend, uint8 [N,224,224,3], batched: None = the backend's setting) → float32 logits [N,1000].

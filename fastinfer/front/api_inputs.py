@@ -1,7 +1,7 @@
 """Typed inputs of the APIs, as BentoML declares them: the OpenAPI spec, Swagger's forms and
 ``bentoml.SyncHTTPClient`` are built from these.
 
-Over HTTP the image APIs are parsed by fastinfer/image_api.py (same fields, plus the field name
+Over HTTP the image APIs are parsed by fastinfer/front/image_api.py (same fields, plus the field name
 ``file`` and raw ``image/*`` bodies); the limits here and there are the same.
 """
 
@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 from _bentoml_sdk.io_models import IODescriptor  # BentoML's base for typed API inputs
 from pydantic import Field
 
-from fastinfer.config import BACKENDS, get_settings
-from fastinfer.schemas import TOP_K_MAX
+from fastinfer.catalog.config import BACKENDS, get_settings
+from fastinfer.common.schemas import TOP_K_MAX
 
 BackendName = Literal[BACKENDS]  # type: ignore[valid-type]  # rendered as an enum in Swagger
 TopK = Annotated[int, Field(ge=1, le=TOP_K_MAX, description=f"how many classes to return (1..{TOP_K_MAX})")]

@@ -7,7 +7,6 @@ parameters and the class names, so that serving needs nothing but the store.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -15,8 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastinfer.home import bentoml_home
-from fastinfer.preprocess import PreprocessSpec
+from fastinfer.common.home import bentoml_home
 
 logger = logging.getLogger("fastinfer.store")
 
@@ -30,12 +28,14 @@ INPUT_SPEC = {"name": "images", "dtype": "uint8", "shape": ["N", 224, 224, 3], "
 OUTPUT_SPEC = {"name": "logits", "dtype": "float32", "shape": ["N", 1000]}
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+@dataclass(frozen=True)
+class PreprocessSpec:
+    """The preprocessing a model's weights expect before its uint8 input (torchvision's
+    ImageClassification), recorded with each stored model: the front resizes and crops this way
+    (fastinfer/serving/preprocess.py)."""
+
+    resize_size: int = 232
+    crop_size: int = 224
 
 
 def model_name(backend: str, batch: int | None = None) -> str:

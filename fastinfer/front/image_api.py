@@ -1,5 +1,5 @@
 """The image APIs over HTTP: every form a client may send, read from the body the front already
-holds in memory (fastinfer/http.py), run through the one pipeline (fastinfer/pipeline.py), and
+holds in memory (fastinfer/front/http.py), run through the one pipeline (fastinfer/serving/pipeline.py), and
 answered as JSON in a single write.
 
 The forms, on every image route:
@@ -10,11 +10,12 @@ The forms, on every image route:
   ``backend`` and ``top_k`` as query parameters — the cheapest form for programs;
 * ``POST /classify/batch``: multipart with the field ``images`` repeated (1..FASTINFER_MAX_BATCH_IMAGES).
 
-Why not BentoML's own handling of these APIs (service.py still declares them, for the OpenAPI spec,
-Swagger and the Python client): its typed ``Path`` input writes every upload to a temporary file,
-then validates and serialises through its IO models; measured, that path cost more CPU per request
-than our cache-hit path does in total (BENCHMARKS.md, "The HTTP path"). A client cannot tell the
-two apart: same routes, fields, answers and error shape.
+Why not BentoML's own handling of these APIs (fastinfer/front/image_routes.py declares them to
+BentoML too, from the same table, for the OpenAPI spec, Swagger and the Python client): its typed
+``Path`` input writes every upload to a temporary file, then validates and serialises through its
+IO models; measured, that path cost more CPU per request than our cache-hit path does in total
+(BENCHMARKS.md, "The HTTP path"). A client cannot tell the two apart: same routes, fields, answers
+and error shape.
 """
 
 from __future__ import annotations
@@ -31,56 +32,16 @@ from urllib.parse import parse_qsl
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.types import Send
 
-from fastinfer.errors import ApiError, BadRequest, UnsupportedMediaType, error_body
-from fastinfer.http import send_json
-from fastinfer.pipeline import Image, Pipeline
-from fastinfer.schemas import TOP_K_MAX, summarise
+from fastinfer.common.errors import ApiError, BadRequest, UnsupportedMediaType, error_body
+from fastinfer.common.schemas import TOP_K_MAX
+from fastinfer.front.http import send_json
+from fastinfer.front.image_routes import BATCH_FIELD, ROUTES, CacheUse, ImageRoute, run
+from fastinfer.serving.pipeline import Image, Pipeline
 
 logger = logging.getLogger("fastinfer.image_api")
 
-FILE_FIELDS = ("image", "file")  # ``file``: the original FastInfer API's field name
-BATCH_FIELD = "images"
 RAW_TYPES = ("image/", "application/octet-stream")  # a prefix where it ends in "/", else the exact type
 MAX_TEXT_FIELD = 1024  # bytes; backend names and top_k are short
-
-
-@dataclass(frozen=True)
-class ImageRoute:
-    """What one image route does: its backend (None: the request names it), and its kind."""
-
-    backend: str | None
-    kind: str = "one"  # one | batch | compare
-    batched: bool | None = None  # force adaptive batching on or off; None: the backend's setting
-    original: bool = False  # a route of the original FastInfer API (its FastAPI release)
-
-    @property
-    def metric_label(self) -> str:
-        """The request metric's backend label until the request names one."""
-        return self.backend or ("all" if self.kind == "compare" else "none")
-
-    @property
-    def text_fields(self) -> tuple[str, ...]:
-        return ("backend", "top_k") if self.backend is None else ("top_k",)
-
-    @property
-    def file_fields(self) -> tuple[str, ...]:
-        return (BATCH_FIELD,) if self.kind == "batch" else FILE_FIELDS
-
-
-ROUTES: dict[str, ImageRoute] = {
-    "/classify": ImageRoute(None),
-    "/classify/batch": ImageRoute(None, "batch"),
-    "/compare": ImageRoute("all", "compare"),
-    # The original FastInfer API's routes (its clients work unchanged), and their OpenVINO sibling:
-    # a fixed backend each.
-    "/predict": ImageRoute("pytorch", original=True),
-    "/predict/onnx": ImageRoute("onnx", original=True),
-    "/predict/quantized": ImageRoute("onnx-int8", original=True),
-    "/predict/coreml": ImageRoute("coreml", original=True),
-    "/predict/openvino": ImageRoute("openvino"),
-    "/predict/batched": ImageRoute("pytorch", batched=True, original=True),
-    "/predict/batched/coreml": ImageRoute("coreml-batched", original=True),
-}
 
 
 @dataclass
@@ -113,14 +74,6 @@ def _directives(scope: dict[str, Any], name: bytes) -> set[str] | None:
     if not values:
         return None
     return {item.split("=", 1)[0].strip().lower() for value in values for item in QUOTED.sub('""', value).split(",")}
-
-
-@dataclass(frozen=True)
-class CacheUse:
-    """What a request lets the response cache do (RFC 9111 request directives)."""
-
-    read: bool = True  # may be answered from the cache
-    store: bool = True  # its answer may be stored
 
 
 def cache_use(scope: dict[str, Any]) -> CacheUse:
@@ -303,19 +256,10 @@ async def answer(
         k = top_k(form)
         backend = route.backend or form.fields.get("backend", rules.default_backend).strip()
         if route.kind != "compare":
-            # The request metric's label (fastinfer.http): never a name the client made up, or every
+            # The request metric's label (fastinfer.front.http): never a name the client made up, or every
             # made-up name would become a time series of its own.
             state["fastinfer_backend"] = backend if backend in pipeline.backends else "unknown"
-        use = cache_use(scope)
-        if route.kind == "compare":  # never from the cache, never into it
-            results, skipped = await pipeline.compare(form.images[0], k, pipeline.backends)
-            return 200, summarise(results, skipped, started)
-        if route.kind == "batch":
-            results = await pipeline.classify_many(form.images, backend, k, bypass=not use.read, store=use.store)
-            return 200, {"results": results}
-        return 200, await pipeline.classify(
-            form.images[0], backend, k, bypass=not use.read, store=use.store, batched=route.batched
-        )
+        return 200, await run(pipeline, route, form.images, backend, k, cache_use(scope), started)
     except ApiError as exc:
         return exc.status, exc.body()
 

@@ -9,9 +9,9 @@ import json
 import logging
 from typing import Any
 
-from fastinfer.config import GroqConfig
-from fastinfer.errors import ApiError
-from fastinfer.schemas import AnalyzeResponse
+from fastinfer.catalog.config import GroqConfig
+from fastinfer.common.errors import ApiError
+from fastinfer.common.schemas import AnalyzeResponse
 
 logger = logging.getLogger("fastinfer.analysis")
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from fastinfer.backends import BACKENDS, SPECS
-from fastinfer.engines.openvino import PRECISIONS as OPENVINO_PRECISIONS  # without importing openvino
+from fastinfer.catalog import backends
+from fastinfer.catalog.backends import BACKENDS, SPECS
 
 API_KEY_SYNTAX = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 API_KEY_MIN_LENGTH = 16  # a short key is guessed: 401s are not rate limited
@@ -44,12 +44,12 @@ class Settings:
     max_pixels: int = 50_000_000
     front_workers: int = 1
     runner_workers: int = 1
-    threads: int = 0  # 0 = decide from the core count (see fastinfer.hardware)
+    threads: int = 0  # 0 = decide from the core count (see fastinfer.common.hardware)
     request_timeout_s: int = 30
     max_concurrency: int = 64
     max_uploads: int = 128  # bodies arriving at once (no handling slot while they arrive); 2 × max_concurrency
     body_idle_s: int = 10  # a body that stalls this long gets 408
-    # Per front worker, below the ASGI app (fastinfer/connections.py): before a request's headers are in.
+    # Per front worker, below the ASGI app (fastinfer/front/connections.py): before a request's headers are in.
     keepalive_s: int = 5  # a connection with no request closes after this long without a byte
     header_timeout_s: int = 10  # a request's line and headers must arrive within this of its first byte (408)
     max_header_bytes: int = 32 * 1024  # request line + headers (431)
@@ -65,7 +65,6 @@ class Settings:
     cache_max_entries: int = 10000
     cache_hmac_key: str = field(default="", repr=False)  # signs cache entries; empty: unsigned (never printed)
     groq: GroqConfig = field(default_factory=GroqConfig)
-    openvino_precision: str = "auto"  # auto = the CPU's best (bf16 where it has BF16 units), or bf16 | f32
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # empty: no key needed (never printed)
     api_keys_from: str = ""  # the variable the keys came from (FASTINFER_API_KEYS or its _FILE), for the log
     analyze_per_minute: int = 10  # /analyze calls per client per minute (each spends Groq quota)
@@ -244,9 +243,9 @@ def get_settings() -> Settings:
         raise ValueError("FASTINFER_CACHE must be one of auto, redis, memory, off")
     if default_backend not in BACKENDS:
         raise ValueError(f"FASTINFER_DEFAULT_BACKEND must be one of {', '.join(BACKENDS)}")
-    openvino_precision = os.environ.get("FASTINFER_OPENVINO_PRECISION", "auto").strip().lower() or "auto"
-    if openvino_precision not in OPENVINO_PRECISIONS:
-        raise ValueError(f"FASTINFER_OPENVINO_PRECISION must be one of {', '.join(OPENVINO_PRECISIONS)}")
+    # FASTINFER_OPENVINO_PRECISION is read where the engine opens (the backend table, below these settings);
+    # checked here too, so that a bad value stops the server at start-up like every other setting.
+    backends.openvino_precision()
     max_concurrency = _positive("FASTINFER_MAX_CONCURRENCY", Settings.max_concurrency)
     api_keys, api_keys_from = _secret("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE")
     cache_hmac = _secret("FASTINFER_CACHE_HMAC_KEY", "FASTINFER_CACHE_HMAC_KEY_FILE")
@@ -275,7 +274,6 @@ def get_settings() -> Settings:
         cache_timeout_ms=_int("FASTINFER_CACHE_TIMEOUT_MS", Settings.cache_timeout_ms),
         cache_max_entries=_int("FASTINFER_CACHE_MAX_ENTRIES", Settings.cache_max_entries),
         cache_hmac_key=_cache_hmac_key(*cache_hmac),
-        openvino_precision=openvino_precision,
         api_keys=_api_keys(api_keys, api_keys_from),
         api_keys_from=api_keys_from,
         analyze_per_minute=_positive("FASTINFER_ANALYZE_PER_MINUTE", Settings.analyze_per_minute),

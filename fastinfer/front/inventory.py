@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from fastinfer import hardware
-from fastinfer.backends import BackendSpec
-from fastinfer.config import Settings
-from fastinfer.schemas import BackendInfo, BackendsResponse, BatchingInfo
-from fastinfer.store import StoredModelInfo
+from fastinfer.catalog.backends import BackendSpec
+from fastinfer.catalog.config import Settings
+from fastinfer.catalog.store import StoredModelInfo
+from fastinfer.common import hardware
+from fastinfer.common.schemas import BackendInfo, BackendsResponse, BatchingInfo
 
 
 class Entry(Protocol):

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from fastinfer import hardware, store
+from fastinfer.catalog import store
+from fastinfer.common import hardware
+from fastinfer.common.home import bentoml_home
 from fastinfer.engines import Engine
-from fastinfer.home import bentoml_home
+from fastinfer.engines.openvino import PRECISIONS as OPENVINO_PRECISIONS  # without importing openvino
 
 
 def anywhere() -> str | None:
@@ -42,6 +45,16 @@ def openvino_cache_dir() -> str:
     return str(bentoml_home() / "cache" / "openvino")
 
 
+def openvino_precision() -> str:
+    """FASTINFER_OPENVINO_PRECISION (the FP32 model's OpenVINO precision), or ValueError naming the choices.
+
+    Read here rather than from the settings: the settings are built from this table."""
+    value = os.environ.get("FASTINFER_OPENVINO_PRECISION", "auto").strip().lower() or "auto"
+    if value not in OPENVINO_PRECISIONS:
+        raise ValueError(f"FASTINFER_OPENVINO_PRECISION must be one of {', '.join(OPENVINO_PRECISIONS)}")
+    return value
+
+
 def _cpu_only() -> dict[str, Any]:
     # INT8 kernels exist on the CPU EP; only FP32 goes to the CoreML / CUDA EPs.
     return {"cpu_only": True}
@@ -49,9 +62,7 @@ def _cpu_only() -> dict[str, Any]:
 
 def _openvino(expect: str) -> Callable[[], dict[str, Any]]:
     def options() -> dict[str, Any]:
-        from fastinfer.config import get_settings
-
-        precision = get_settings().openvino_precision if expect == "float" else "auto"
+        precision = openvino_precision() if expect == "float" else "auto"
         return {"precision": precision, "cache_dir": openvino_cache_dir(), "expect": expect, "preflight": True}
 
     return options

@@ -16,7 +16,7 @@
   are on, else the peer's address. Memory is bounded: only recorded calls are remembered, at most
   the total within a window, so the guard holds at most that many clients.
 
-Both are checked in the front (fastinfer.http.FrontMiddleware) before a byte of the body is read.
+Both are checked in the front (fastinfer.front.http.FrontMiddleware) before a byte of the body is read.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Any
 
 from starlette.types import Scope
 
-from fastinfer.config import Settings
-from fastinfer.errors import error_body
-from fastinfer.http import is_open
+from fastinfer.catalog.config import Settings
+from fastinfer.common.errors import error_body
+from fastinfer.front.paths import is_open
 
 
 @dataclass(frozen=True)

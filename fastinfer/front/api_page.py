@@ -26,9 +26,9 @@ from bentoml._internal.context import server_context
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fastinfer import __version__
-from fastinfer.access import analyze_guard
-from fastinfer.backends import unavailable_reason
-from fastinfer.config import Settings
+from fastinfer.catalog.backends import unavailable_reason
+from fastinfer.catalog.config import Settings
+from fastinfer.front.access import analyze_guard
 
 TITLE = "FastInfer"
 PAGE = Path(__file__).with_name("api_page.md")  # also the bento's README (bentofile.yaml)

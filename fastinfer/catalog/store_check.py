@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastinfer.store import file_sha256
+from fastinfer.common.files import file_sha256
 
 if TYPE_CHECKING:
     from bentoml import Model
@@ -127,8 +127,8 @@ def rebuild_command(unhealthy: Iterable[Health]) -> str:
 
 def stored_health() -> dict[str, Health]:
     """Every stored model the backend table names, checked, by store name (CoreML's too, off macOS)."""
-    from fastinfer import store
-    from fastinfer.backends import SPECS
+    from fastinfer.catalog import store
+    from fastinfer.catalog.backends import SPECS
 
     wanted = dict.fromkeys((spec.artifact, batch) for spec in SPECS.values() for batch in spec.static_batches)
     return {
@@ -151,7 +151,7 @@ def require_intact(models: Iterable[Model]) -> None:
 
 def unhealthy_reason(backend: str, health: dict[str, Health]) -> str | None:
     """Why a backend must not be served from what is stored (a model of it corrupt), or None."""
-    from fastinfer.backends import SPECS
+    from fastinfer.catalog.backends import SPECS
 
     bad = [h for name in SPECS[backend].model_names() if (h := health.get(name)) is not None and h.corrupt]
     if not bad:

@@ -19,7 +19,7 @@ from starlette.responses import PlainTextResponse
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fastinfer.api_page import content_security_policy
+from fastinfer.front.api_page import content_security_policy
 
 CONTENT_SECURITY_POLICY = content_security_policy(images=["data:", "blob:"])
 _HEADER = b"content-security-policy"

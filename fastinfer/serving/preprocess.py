@@ -16,18 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from fastinfer.errors import ImageTooLarge, InvalidImage
+from fastinfer.catalog.store import PreprocessSpec
+from fastinfer.common.errors import ImageTooLarge, InvalidImage
 
 # Our own pixel limit (checked from the header, before decoding) replaces Pillow's warning.
 Image.MAX_IMAGE_PIXELS = None
-
-
-@dataclass(frozen=True)
-class PreprocessSpec:
-    """The preprocessing a model's weights expect (torchvision's ImageClassification)."""
-
-    resize_size: int = 232
-    crop_size: int = 224
 
 
 @dataclass(frozen=True)

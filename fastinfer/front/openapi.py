@@ -33,11 +33,8 @@ from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from fastinfer import api_examples, api_page
-from fastinfer.access import ANALYZE_ROUTE, analyze_guard
-from fastinfer.api_models import CacheStatsResponse, LiveStatsResponse
-from fastinfer.config import Settings, get_settings
-from fastinfer.errors import (
+from fastinfer.catalog.config import Settings, get_settings
+from fastinfer.common.errors import (
     ApiError,
     BackendUnavailable,
     BadRequest,
@@ -47,9 +44,13 @@ from fastinfer.errors import (
     UnknownBackend,
     UnsupportedMediaType,
 )
-from fastinfer.http import is_open
-from fastinfer.image_api import BATCH_FIELD, FILE_FIELDS, RAW_TYPES, ROUTES
-from fastinfer.schemas import TOP_K_MAX, BackendsResponse, BatchResponse, ErrorResponse
+from fastinfer.common.schemas import TOP_K_MAX, BackendsResponse, BatchResponse, ErrorResponse
+from fastinfer.front import api_examples, api_page
+from fastinfer.front.access import ANALYZE_ROUTE, analyze_guard
+from fastinfer.front.api_models import CacheStatsResponse, LiveStatsResponse
+from fastinfer.front.image_api import RAW_TYPES
+from fastinfer.front.image_routes import BATCH_FIELD, FILE_FIELDS, ROUTES
+from fastinfer.front.paths import is_open
 
 T = TypeVar("T")
 REF = "#/components/schemas/{model}"
@@ -62,7 +63,7 @@ TAG_DESCRIPTIONS = {
     STATUS_TAG.name: STATUS_TAG.description,
 }
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
-# What fastinfer/image_api.py reads as a raw image body, as media types (its "image/" is a prefix).
+# What fastinfer/front/image_api.py reads as a raw image body, as media types (its "image/" is a prefix).
 RAW_MEDIA_TYPES = tuple(t + "*" if t.endswith("/") else t for t in RAW_TYPES)
 
 ORIGINAL_NOTE = (
@@ -72,7 +73,7 @@ ORIGINAL_NOTE = (
 )
 
 # status → (description, example code, example message). What every typed API can answer:
-# FrontMiddleware (fastinfer/http.py) refuses, times out and reshapes errors before any handler.
+# FrontMiddleware (fastinfer/front/http.py) refuses, times out and reshapes errors before any handler.
 ERRORS: dict[str, tuple[str, str, str]] = {
     "400": (
         f"The request could not be parsed or a field is invalid (`{BadRequest.code}`, `{ApiError.code}`).",
@@ -141,7 +142,7 @@ IMAGE_ERRORS: dict[str, tuple[str, str, str]] = {
     ),
 }
 
-# Errors of one route beyond the shared ones (its handler raises them: fastinfer/analysis.py).
+# Errors of one route beyond the shared ones (its handler raises them: fastinfer/front/analysis.py).
 ROUTE_ERRORS: dict[str, dict[str, tuple[str, str, str]]] = {
     ANALYZE_ROUTE: {
         "502": ("`analysis_failed`: Groq answered with an error.", "analysis_failed", "Groq answered 500."),
@@ -342,7 +343,7 @@ def extend_spec(doc: dict[str, Any], svc: bentoml.Service[Any]) -> dict[str, Any
 
 def add_examples(paths: dict[str, dict[str, Any]], key: bool) -> None:
     """Every operation's example: a curl command in its description, and its answer (and request body)
-    where it speaks JSON, from fastinfer/api_examples.py. ``key``: the server needs an API key."""
+    where it speaks JSON, from fastinfer/front/api_examples.py. ``key``: the server needs an API key."""
     for path, item in paths.items():
         for method in METHODS:
             if not isinstance(op := item.get(method), dict):
@@ -449,7 +450,7 @@ def text_as_text(media: dict[str, Any]) -> None:
 
 
 def add_query_parameters(op: dict[str, Any], options: dict[str, Any]) -> None:
-    """The form fields but the files, as query parameters too (fastinfer/image_api.py reads both).
+    """The form fields but the files, as query parameters too (fastinfer/front/image_api.py reads both).
 
     No ``default`` in their schemas: Swagger UI would fill it in and send it beside the form field,
     and a value given both ways is refused."""

@@ -13,7 +13,7 @@ worker's files stay behind (nothing marks a SIGBUS'd process dead): the review's
 blocks (``os.posix_fallocate``) before any page of it is mapped, so a full disk is an ``OSError``
 raised where it can be caught. That process's values then live in anonymous memory — still counted,
 not shown by ``/metrics`` — logged once, and are written back to their file once space returns.
-:meth:`DiskHealth.reason` is what ``/readyz`` answers 503 with meanwhile (fastinfer/http.py).
+:meth:`DiskHealth.reason` is what ``/readyz`` answers 503 with meanwhile (fastinfer/front/http.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 import prometheus_client.values
 from prometheus_client.mmap_dict import _INITIAL_MMAP_SIZE, MmapedDict
 
-from fastinfer.home import bentoml_home
+from fastinfer.common.home import bentoml_home
 
 logger = logging.getLogger("fastinfer.disk")
 

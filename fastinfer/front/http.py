@@ -11,13 +11,13 @@
   always fires before BentoML's own timeout (set later as a backstop) and answers in our shape.
 * Any 4xx/5xx JSON produced outside our handlers (BentoML's validation, unknown routes) is
   rewritten to ``{"error": {"code", "message"}}``.
-* Access (fastinfer/access.py): API keys (401) and the /analyze guard (429) are checked before a
+* Access (fastinfer/front/access.py): API keys (401) and the /analyze guard (429) are checked before a
   byte of the body is read.
 * Every answered API request is counted in ``fastinfer_requests_total{route,backend,status}``.
-* ``/readyz`` answers 503 with the reason while ``degraded`` has one (a full disk: fastinfer/disk.py).
+* ``/readyz`` answers 503 with the reason while ``degraded`` has one (a full disk: fastinfer/serving/disk.py).
   Idle connections, header size and count and the number of connections are bounded below this
-  middleware, in the HTTP protocol (fastinfer/connections.py): they are over before a scope exists.
-* The image routes (``lanes``) are answered here from the body in memory (fastinfer/image_api.py),
+  middleware, in the HTTP protocol (fastinfer/front/connections.py): they are over before a scope exists.
+* The image routes (``lanes``) are answered here from the body in memory (fastinfer/front/image_api.py),
   without a temporary file and without BentoML's per-request machinery; everything else goes on to
   the app with the body replayed.
 
@@ -36,31 +36,17 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from tempfile import TemporaryFile
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fastinfer import deadlines
-from fastinfer.errors import error_body
-from fastinfer.metrics import REQUESTS
-
-if TYPE_CHECKING:
-    from fastinfer.access import Access
+from fastinfer.common.errors import error_body
+from fastinfer.front.access import Access
+from fastinfer.front.paths import UNLIMITED_PATHS, is_open
+from fastinfer.serving import deadlines
+from fastinfer.serving.metrics import REQUESTS
 
 logger = logging.getLogger("fastinfer.http")
-
-# Probes and scrapes are never refused, timed out or counted as traffic.
-UNLIMITED_PATHS = frozenset({"/livez", "/readyz", "/healthz", "/metrics"})
-# Served without an API key (fastinfer/access.py): the probes and /metrics, the API page and the static
-# files, the dashboard's and the API page's (the only mounts under these prefixes). None takes a body.
-OPEN_PATHS = UNLIMITED_PATHS | {"/", "/docs.json", "/schema.json", "/dashboard"}
-OPEN_PREFIXES = ("/dashboard/", "/static_content/")
-
-
-def is_open(path: str) -> bool:
-    """Whether ``path`` is served without a key (Starlette routes on this same decoded path)."""
-    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
-
 
 # pydantic field name → our error code, so a bad backend reads as such rather than "invalid".
 _FIELD_CODES = {"backend": "unknown_backend", "top_k": "invalid_top_k", "image": "invalid_image"}
@@ -183,7 +169,7 @@ class FrontMiddleware:
                 raise
             # E.g. no space left to spool a body. Unanswered, BentoML's outer timeout would give a
             # plain-text 500 only after timeout_s + 5 s.
-            if _disk_full(exc):  # said once per episode (fastinfer/disk.py logs it too), not per request
+            if _disk_full(exc):  # said once per episode (fastinfer/serving/disk.py logs it too), not per request
                 self._log_disk_full(path, exc)
                 message = "The server's disk is full and this request needs it (logged); retry later."
             else:
@@ -285,7 +271,7 @@ class FrontMiddleware:
             await task
             return
         # Answer now; whatever the handler sends later is dropped. Its CPU work is bounded by the
-        # front's pool (fastinfer.cpu), so nothing waits for it here.
+        # front's pool (fastinfer.serving.cpu), so nothing waits for it here.
         gate.close()
         task.cancel()
         task.add_done_callback(_retrieve)

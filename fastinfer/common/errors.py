@@ -2,7 +2,7 @@
 
 Domain code raises :class:`ApiError`; the service turns it into JSON with the right status.
 Errors BentoML raises before our code runs (validation, content type) are reshaped by
-:mod:`fastinfer.http` so that a client never has to parse two formats.
+:mod:`fastinfer.front.http` so that a client never has to parse two formats.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 import re
 from typing import Any
 
-from fastinfer.home import home_roots
+from fastinfer.common.home import home_roots
 
 
 class ApiError(Exception):
@@ -61,7 +61,7 @@ class BackendUnavailable(ApiError):
 
 
 class RequestTimeout(ApiError):
-    """The request's deadline passed (the front's middleware answers the same, fastinfer/http.py)."""
+    """The request's deadline passed (the front's middleware answers the same, fastinfer/front/http.py)."""
 
     status, code = 504, "timeout"
 

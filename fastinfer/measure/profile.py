@@ -24,9 +24,11 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from fastinfer import hardware, photos
-from fastinfer.postprocess import top_k
-from fastinfer.preprocess import PreprocessSpec, decode, resize_and_crop
+from fastinfer.catalog.store import PreprocessSpec
+from fastinfer.common import hardware
+from fastinfer.measure import photos
+from fastinfer.serving.postprocess import top_k
+from fastinfer.serving.preprocess import decode, resize_and_crop
 
 # What the HTTP path costs beyond the stages (receiving and parsing the body, the front→runner hop
 # with 150 KB each way, JSON) when no server was measured. An ESTIMATE: `make bench` measured 5–13

@@ -1,9 +1,9 @@
 """The current request's deadline, for the work it starts in other processes.
 
-The front (fastinfer/http.py) answers 504 at its deadline and cancels its handler, but a runner
+The front (fastinfer/front/http.py) answers 504 at its deadline and cancels its handler, but a runner
 it already called cannot see that: it would still run the images, for nobody. So the front sets the
 deadline here for the request's task, the runner call sends the seconds left, and the runner drops
-work whose time is up before its model takes it (fastinfer/batching.py). Seconds left, not a time
+work whose time is up before its model takes it (fastinfer/serving/batching.py). Seconds left, not a time
 of day: each process measures on its own monotonic clock, which a clock step cannot move.
 """
 

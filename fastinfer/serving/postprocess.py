@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fastinfer.schemas import Prediction
+from fastinfer.common.schemas import Prediction
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

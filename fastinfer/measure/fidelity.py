@@ -11,9 +11,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from PIL import Image
 
-from fastinfer import photos
+from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.engines import Engine
-from fastinfer.preprocess import PreprocessSpec, prepare
+from fastinfer.measure import photos
+from fastinfer.serving.preprocess import prepare
 
 
 @dataclass(frozen=True)

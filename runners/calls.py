@@ -1,0 +1,117 @@
+"""The front's side of its runners: one call per batch of pixels, its one safe retry, and what a
+failed runner is remembered for.
+
+The front service holds one ``bentoml.depends`` per runner that can run here (runners.attach); a
+:class:`RunnerCalls` is given that service and turns each way a call can fail into the API's error:
+a runner that could not load its model (503 with the runner's own reason, remembered for a while),
+one that holds another model version than the answer would name (503), a deadline passed before the
+model ran (504), a runner down or crashed (503, logged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Mapping
+from http import HTTPStatus
+from typing import Any
+
+import aiohttp
+import anyio
+import numpy as np
+from bentoml.exceptions import BentoMLException, ServiceUnavailable
+
+from fastinfer.catalog.store import StoredModelInfo
+from fastinfer.common.errors import BackendUnavailable, RequestTimeout, RunnerNotLoaded
+from fastinfer.serving import deadlines
+from runners import REGISTRY
+
+logger = logging.getLogger("fastinfer.service")  # these calls run in the front's workers: logged as the front
+FAILURE_MEMORY_S = 10.0
+"""How long a runner's load failure is believed before the runner is asked again."""
+DESCRIBE_TIMEOUT_S = 5.0
+
+
+class RunnerCalls:
+    def __init__(
+        self,
+        front: Any,
+        models: Mapping[str, StoredModelInfo],
+        cannot_run: Mapping[str, str],
+        timeout_s: float,
+    ) -> None:
+        self.front = front  # the front service: its attributes named by runners.attribute are the runners
+        self.models = models  # backend → the model version its answers name (and its runner must hold)
+        self.cannot_run = cannot_run  # backend → why it cannot run on this machine
+        self.timeout_s = timeout_s  # the request timeout, for the 504's message
+        self.failures: dict[str, tuple[str, float]] = {}  # runner → (why, until when it is believed)
+
+    def unavailable(self, backend: str) -> str | None:
+        """Why a backend cannot answer now: it cannot run here, or its runner recently failed to load."""
+        if backend in self.cannot_run:
+            return self.cannot_run[backend]
+        reason, until = self.failures.get(REGISTRY[backend].runner, ("", 0.0))
+        return reason if time.monotonic() < until else None
+
+    async def infer(self, backend: str, pixels: np.ndarray, batched: bool | None) -> np.ndarray:
+        """The backend's runner on a uint8 batch (fastinfer.serving.pipeline.Infer)."""
+        entry = REGISTRY[backend]
+        call = getattr(getattr(self.front, entry.runner).to_async, entry.method(batched))
+        # The runner computes only with the model this answer will be labelled with (runners/base.py).
+        model = self.models[backend].tag
+        within_s = deadlines.remaining()  # the runner drops the images if this passes before they run
+        try:
+            try:
+                return await call(pixels, model=model, within_s=within_s)
+            except aiohttp.ClientConnectorError:
+                # Nothing was sent, so one retry is safe. At SIGTERM the runner's socket file is
+                # gone for a moment before the runner links it back (runners/drain.py).
+                await asyncio.sleep(0.1)
+                return await call(pixels, model=model, within_s=within_s)
+        except ServiceUnavailable as exc:
+            # The runner is up but could not load its model. BentoML hides a 5xx's message, so ask the
+            # runner why, and remember it for a while: requests meanwhile get the 503 without the round
+            # trip; after it the runner is asked again (it retries the load, runners/base.py).
+            reason = (await self.describe(entry.runner)).get("error") or f"The {backend} runner is unavailable"
+            self.failures[entry.runner] = (reason, time.monotonic() + FAILURE_MEMORY_S)
+            raise RunnerNotLoaded(reason) from exc
+        except BentoMLException as exc:
+            if exc.error_code == HTTPStatus.GATEWAY_TIMEOUT:  # the deadline passed before the model ran it
+                raise RequestTimeout(f"The request did not finish within {self.timeout_s:g} s") from exc
+            if exc.error_code != HTTPStatus.CONFLICT:
+                logger.exception("runner %s failed", backend)
+                raise BackendUnavailable(f"The {backend} runner failed: {type(exc).__name__}") from exc
+            # The runner holds another version than this front names (runners/base.py ModelMismatch):
+            # nothing was computed; said, and remembered like a load failure.
+            reason = _runner_message(str(exc)) or f"The {backend} runner holds another model version than {model}"
+            self.failures[entry.runner] = (reason, time.monotonic() + FAILURE_MEMORY_S)
+            raise RunnerNotLoaded(reason) from exc
+        except Exception as exc:  # runner down or crashed: the server's fault, said plainly
+            logger.exception("runner %s failed", backend)
+            raise BackendUnavailable(f"The {backend} runner failed: {type(exc).__name__}") from exc
+
+    async def describe(self, runner: str) -> dict[str, Any]:
+        """What a runner says of itself (runners/base.py describe), or why it does not answer."""
+        try:
+            with anyio.fail_after(DESCRIBE_TIMEOUT_S):
+                return dict(await getattr(self.front, runner).to_async.describe())
+        except Exception as exc:
+            return {"error": f"the runner does not answer: {type(exc).__name__}"}
+
+    async def describe_running(self) -> dict[str, dict[str, Any]]:
+        """Every runner that serves a backend able to run here, described, concurrently."""
+        runners = {REGISTRY[n].runner for n in REGISTRY if n not in self.cannot_run}
+        return dict(zip(runners, await asyncio.gather(*(self.describe(r) for r in runners)), strict=True))
+
+
+def _runner_message(text: str) -> str:
+    """The message of a runner's 4xx answer: BentoML sends ``[{"error": "..."}]``."""
+    with contextlib.suppress(ValueError):
+        body = json.loads(text)
+        body = body[0] if isinstance(body, list) and body else body
+        if isinstance(body, dict) and isinstance(body.get("error"), str):
+            return body["error"]
+    return ""

@@ -1,0 +1,206 @@
+"""The layout is the architecture: each folder is a layer, imports point down only, no circles.
+
+Every import of the project's own code counts, wherever it is written: at the top, inside a
+function, under ``if TYPE_CHECKING`` (a type-only import still couples the two modules), through
+``importlib.import_module("…")``, and a ``"module:Class"`` string naming a class to import later (the
+backend table names its engines so). Every Python file of the project but the tests is in a layer.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+NOT_LAYERED = ("tests",)  # the tests may import any layer
+IMPORT_PATH = re.compile(r"([A-Za-z_][\w.]*)(?::[A-Za-z_]\w*)?")  # "a.b" or "a.b:Class"
+
+# Bottom to top, numbered as README's Layout numbers them (checked below). A module may import its own
+# package and the layers below its own; packages that share a layer are peers and import neither each other.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("fastinfer",),  # the package's __init__ alone: its version
+    ("fastinfer.common",),
+    ("fastinfer.engines",),
+    ("fastinfer.catalog",),
+    ("fastinfer.serving",),
+    ("fastinfer.measure", "fastinfer.front"),
+    ("build_models", "runners"),
+    ("service", "fastinfer.cli", "examples"),
+    ("load_tests",),  # it serves "service:FastInfer" to measure it
+)
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules(root: Path = ROOT) -> dict[str, Path]:
+    """Every Python file git tracks or would track (ignored ones aside: the venv, caches), but the tests."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", "*.py"],
+        cwd=root, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    paths = [root / name for name in listed if name.split("/")[0] not in NOT_LAYERED and (root / name).is_file()]
+    return {module_name(path, root): path for path in sorted(paths)}
+
+
+def imports_of(name: str, path: Path, known: Iterable[str]) -> set[str]:
+    """The project modules that ``name`` (at ``path``) imports, anywhere in its source."""
+    known = set(known)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            # ``from a import b``: b is a module when it is one of ours, else a name in a.
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and IMPORT_PATH.fullmatch(node.value):
+            # importlib.import_module("a.b"), or a "a.b:Class" path imported later: only our own modules
+            # count, so that ordinary words ("fastinfer", "onnx") are not taken for imports.
+            module = IMPORT_PATH.fullmatch(node.value)[1]  # type: ignore[index]
+            targets = [module] if module in known and ("." in module or ":" in node.value) else []
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:  # ``import a.b.c`` of a name: its module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def layer_of(module: str, layers: tuple[tuple[str, ...], ...] = LAYERS) -> tuple[int, str]:
+    """(layer index, package) of a module: the longest package prefix that names it."""
+    best: tuple[int, str] | None = None
+    for index, packages in enumerate(layers):
+        for package in packages:
+            inside = module == package or (package != "fastinfer" and module.startswith(package + "."))
+            if inside and (best is None or len(package) > len(best[1])):
+                best = (index, package)
+    if best is None:
+        raise AssertionError(f"{module} is in no layer: add its package to LAYERS (and to README's Layout)")
+    return best
+
+
+def upward_imports(graph: Mapping[str, set[str]], layers: tuple[tuple[str, ...], ...] = LAYERS) -> list[str]:
+    """Every import that does not point down (or stay inside its own package)."""
+    wrong = []
+    for module, targets in sorted(graph.items()):
+        level, package = layer_of(module, layers)
+        for target in sorted(targets):
+            target_level, target_package = layer_of(target, layers)
+            if target_package != package and target_level >= level:
+                wrong.append(f"{module} imports {target} ({target_package} is not below {package})")
+    return wrong
+
+
+def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """Import circles between modules (each found once, from its smallest module)."""
+    found: list[list[str]] = []
+
+    def walk(start: str, node: str, path: list[str]) -> None:
+        for nxt in sorted(graph.get(node, ())):
+            if nxt == start:
+                found.append([*path, start])
+            elif nxt > start and nxt not in path:
+                walk(start, nxt, [*path, nxt])
+
+    for start in sorted(graph):
+        walk(start, start, [start])
+    return found
+
+
+def project_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def test_every_import_points_down() -> None:
+    assert upward_imports(project_graph()) == []
+
+
+def test_no_two_modules_import_each_other_even_through_others() -> None:
+    assert circles(project_graph()) == []
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for module in project_modules():
+        layer_of(module)  # raises naming the module that is in none
+
+
+def test_the_graph_is_read_whole() -> None:
+    """The checks see the imports that matter: a function-level one, a type-only one, a class path."""
+    graph = project_graph()
+    assert "fastinfer.front.image_routes" in graph["service"]
+    assert "fastinfer.engines.torch_model" in graph["fastinfer.engines.pytorch"]  # inside a function
+    assert "build_models.context" in graph["build_models.exporters"]  # under TYPE_CHECKING
+    assert "build_models.__main__" in graph["fastinfer.cli"]  # the CLI composes the build
+    assert "fastinfer.engines.openvino" in graph["fastinfer.catalog.backends"]  # "module:Class" in the table
+    assert len(graph) > 60
+
+
+def readme_layers() -> dict[str, int]:
+    """README's Layout table: folder or file → its layer number."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    rows = (re.match(r"(\d+)\s+(\S+)", line) for line in block.splitlines())
+    return {row[2]: int(row[1]) for row in rows if row}
+
+
+def test_readme_layout_numbers_the_same_layers() -> None:
+    def package(where: str) -> str:
+        return where.removesuffix("/").removesuffix(".py").replace("/", ".")
+
+    documented = {package(where): number for where, number in readme_layers().items()}
+    tested = {name: index for index, names in enumerate(LAYERS) for name in names if name != "fastinfer"}
+    assert documented == tested
+
+
+def write(root: Path, files: Mapping[str, str]) -> dict[str, set[str]]:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    modules = project_modules(root)
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def test_the_checks_catch_an_upward_import_a_peer_import_and_a_circle(tmp_path: Path) -> None:
+    graph = write(
+        tmp_path,
+        {
+            "fastinfer/__init__.py": "",
+            "fastinfer/common/__init__.py": "",
+            "fastinfer/common/errors.py": "from fastinfer.serving import pipeline\n",  # up
+            "fastinfer/serving/__init__.py": "",
+            "fastinfer/serving/pipeline.py": "from . import cache\n",
+            "fastinfer/serving/cache.py": "if False:\n    from fastinfer.serving.pipeline import X\n",  # circle
+            "fastinfer/front/__init__.py": "",
+            "fastinfer/front/http.py": "import fastinfer.measure.plots\n",  # a peer
+            "fastinfer/measure/__init__.py": "",
+            "fastinfer/measure/plots.py": "from fastinfer.common.errors import E\n",  # down: fine
+            "fastinfer/catalog/__init__.py": "",
+            "fastinfer/catalog/table.py": 'ENGINE = "fastinfer.front.http:Lane"\nNAME = "fastinfer"\n',  # up, later
+            "fastinfer/engines/__init__.py": "import importlib\nimportlib.import_module('runners.base')\n",  # up
+            "runners/__init__.py": "",
+            "runners/base.py": "",
+            "tests/test_x.py": "import service\n",  # tests are not layered
+        },
+    )
+    assert "tests.test_x" not in graph
+    assert upward_imports(graph) == [
+        "fastinfer.catalog.table imports fastinfer.front.http (fastinfer.front is not below fastinfer.catalog)",
+        "fastinfer.common.errors imports fastinfer.serving.pipeline (fastinfer.serving is not below fastinfer.common)",
+        "fastinfer.engines imports runners.base (runners is not below fastinfer.engines)",
+        "fastinfer.front.http imports fastinfer.measure.plots (fastinfer.measure is not below fastinfer.front)",
+    ]
+    assert circles(graph) == [["fastinfer.serving.cache", "fastinfer.serving.pipeline", "fastinfer.serving.cache"]]
