@@ -76,8 +76,7 @@ class RunnerCalls:
             # runner why, and remember it for a while: requests meanwhile get the 503 without the round
             # trip; after it the runner is asked again (it retries the load, runners/base.py).
             reason = (await self.describe(entry.runner)).get("error") or f"The {backend} runner is unavailable"
-            self.failures[entry.runner] = (reason, time.monotonic() + FAILURE_MEMORY_S)
-            raise RunnerNotLoaded(reason) from exc
+            raise self._remember(entry.runner, reason) from exc
         except BentoMLException as exc:
             if exc.error_code == HTTPStatus.GATEWAY_TIMEOUT:  # the deadline passed before the model ran it
                 raise RequestTimeout(f"The request did not finish within {self.timeout_s:g} s") from exc
@@ -87,11 +86,15 @@ class RunnerCalls:
             # The runner holds another version than this front names (runners/base.py ModelMismatch):
             # nothing was computed; said, and remembered like a load failure.
             reason = _runner_message(str(exc)) or f"The {backend} runner holds another model version than {model}"
-            self.failures[entry.runner] = (reason, time.monotonic() + FAILURE_MEMORY_S)
-            raise RunnerNotLoaded(reason) from exc
+            raise self._remember(entry.runner, reason) from exc
         except Exception as exc:  # runner down or crashed: the server's fault, said plainly
             logger.exception("runner %s failed", backend)
             raise BackendUnavailable(f"The {backend} runner failed: {type(exc).__name__}") from exc
+
+    def _remember(self, runner: str, reason: str) -> RunnerNotLoaded:
+        """The 503 for a runner that cannot answer with the right model, believed for FAILURE_MEMORY_S."""
+        self.failures[runner] = (reason, time.monotonic() + FAILURE_MEMORY_S)
+        return RunnerNotLoaded(reason)
 
     async def describe(self, runner: str) -> dict[str, Any]:
         """What a runner says of itself (runners/base.py describe), or why it does not answer."""
