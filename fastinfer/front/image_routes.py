@@ -186,8 +186,13 @@ def _api(route: ImageRoute) -> Any:
 
     async def api(*args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
-        inputs = signature.bind(*args, **kwargs).arguments
+        try:
+            inputs = signature.bind(*args, **kwargs).arguments
+        except TypeError as exc:  # say which API, as a method written by hand would
+            raise TypeError(f"{route.name}(): {exc}") from None
         paths = inputs[images.name] if route.kind == "batch" else [inputs[images.name]]
+        if isinstance(paths, str | Path):  # a path is iterable, one character (or part) at a time
+            raise TypeError(f"{route.name}(): {images.name} is a list of paths, not {type(paths).__name__}")
         sent = [Image(Path(path).read_bytes(), Path(path).name if route.kind == "batch" else "") for path in paths]
         pipeline = inputs["self"].pipeline
         body = await run(pipeline, route, sent, inputs.get("backend", ""), inputs["top_k"], started=started)

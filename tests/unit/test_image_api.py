@@ -312,3 +312,16 @@ def test_the_api_and_its_http_form_run_the_same_declaration(path: str, tmp_path)
         sent = {"content": JPEG, "headers": {"content-type": "image/jpeg"}}
     _, _, _, over_http = answered(path, query, **sent)
     assert by_name.calls == by_position.calls == over_http.calls != []
+
+
+def test_an_in_process_call_with_wrong_arguments_names_its_api(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    import service
+
+    stub = SimpleNamespace(pipeline=RecordingPipeline())
+    with pytest.raises(TypeError, match=r"^classify\(\): missing a required argument: 'top_k'"):
+        asyncio.run(service.FastInfer.apis["classify"].func(stub, tmp_path / "a.jpg", "onnx"))
+    with pytest.raises(TypeError, match=r"^classify_batch\(\): images is a list of paths, not str"):
+        asyncio.run(service.FastInfer.apis["classify_batch"].func(stub, "/tmp/a.jpg", "onnx", 3))
+    assert stub.pipeline.calls == []

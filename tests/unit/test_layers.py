@@ -2,8 +2,10 @@
 
 Every import of the project's own code counts, wherever it is written: at the top, inside a
 function, under ``if TYPE_CHECKING`` (a type-only import still couples the two modules), through
-``importlib.import_module("…")``, and a ``"module:Class"`` string naming a class to import later (the
-backend table names its engines so). Every Python file of the project but the tests is in a layer.
+``importlib.import_module`` / ``__import__`` / ``pkgutil.resolve_name`` (an f-string by its constant
+prefix), a ``"module:Class"`` string naming a class to import later (the backend table names its
+engines so), and ``import a`` then ``a.b.c.name``. Every Python file of the project but the tests is
+in a layer, and none imports the tests.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
-NOT_LAYERED = ("tests",)  # the tests may import any layer
-IMPORT_PATH = re.compile(r"([A-Za-z_][\w.]*)(?::[A-Za-z_]\w*)?")  # "a.b" or "a.b:Class"
+NOT_LAYERED = ("tests",)  # the tests may import any layer; no layer imports them
+CLASS_PATH = re.compile(r"([A-Za-z_][\w.]*):[A-Za-z_][\w.]*")  # "a.b:Class" or "a.b:Class.attr"
+LOADERS = ("import_module", "__import__", "resolve_name")  # called with a module's (or a name's) path
 
 # Bottom to top, numbered as README's Layout numbers them (checked below). A module may import its own
 # package and the layers below its own; packages that share a layer are peers and import neither each other.
@@ -38,22 +43,66 @@ def module_name(path: Path, root: Path = ROOT) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def project_modules(root: Path = ROOT) -> dict[str, Path]:
-    """Every Python file git tracks or would track (ignored ones aside: the venv, caches), but the tests."""
+def all_modules(root: Path = ROOT) -> dict[str, Path]:
+    """Every Python file git tracks or would track (ignored ones aside: the venv, caches)."""
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", "*.py"],
         cwd=root, capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip
-    paths = [root / name for name in listed if name.split("/")[0] not in NOT_LAYERED and (root / name).is_file()]
-    return {module_name(path, root): path for path in sorted(paths)}
+    return {module_name(root / name, root): root / name for name in sorted(listed) if (root / name).is_file()}
+
+
+def layered(module: str) -> bool:
+    return module.split(".")[0] not in NOT_LAYERED
+
+
+def project_modules(root: Path = ROOT) -> dict[str, Path]:
+    """The modules that are in a layer: all but the tests."""
+    return {name: path for name, path in all_modules(root).items() if layered(name)}
+
+
+def _loaded_path(call: ast.Call) -> str | None:
+    """The path a loader call is given: a string, or an f-string's constant start (up to its last dot)."""
+    func = call.func
+    called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    if called not in LOADERS or not call.args:
+        return None
+    first = call.args[0]
+    if isinstance(first, ast.Constant) and isinstance(first.value, str):
+        if not first.value.startswith("."):
+            return first.value
+        # import_module(".b", "a"): relative to the package given beside it
+        given = [*call.args[1:2], *(k.value for k in call.keywords if k.arg == "package")]
+        if not given or not isinstance(given[0], ast.Constant) or not isinstance(given[0].value, str):
+            return None
+        name = first.value.lstrip(".")
+        anchor = given[0].value.split(".")
+        anchor = anchor[: len(anchor) - (len(first.value) - len(name)) + 1]
+        return ".".join([*anchor, *([name] if name else [])])
+    if isinstance(first, ast.JoinedStr) and first.values and isinstance(first.values[0], ast.Constant):
+        return str(first.values[0].value).rpartition(".")[0]
+    return None
+
+
+def _dotted(node: ast.Attribute) -> tuple[str, str]:
+    """``a.b.c`` as (root name, "a.b.c"); ("", "") when the chain does not start at a name."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value  # type: ignore[assignment]
+    return (node.id, ".".join([node.id, *reversed(parts)])) if isinstance(node, ast.Name) else ("", "")
 
 
 def imports_of(name: str, path: Path, known: Iterable[str]) -> set[str]:
     """The project modules that ``name`` (at ``path``) imports, anywhere in its source."""
     known = set(known)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), str(path))
+    # ``import a.b`` binds the name ``a``: a chain ``a.x.y`` from it reaches module a.x too.
+    bound = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names if alias.asname is None}  # fmt: skip
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -63,11 +112,15 @@ def imports_of(name: str, path: Path, known: Iterable[str]) -> set[str]:
                 base = ".".join([*anchor, *([base] if base else [])])
             # ``from a import b``: b is a module when it is one of ours, else a name in a.
             targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and IMPORT_PATH.fullmatch(node.value):
-            # importlib.import_module("a.b"), or a "a.b:Class" path imported later: only our own modules
-            # count, so that ordinary words ("fastinfer", "onnx") are not taken for imports.
-            module = IMPORT_PATH.fullmatch(node.value)[1]  # type: ignore[index]
-            targets = [module] if module in known and ("." in module or ":" in node.value) else []
+        elif isinstance(node, ast.Call) and (loaded := _loaded_path(node)) is not None:
+            targets = [loaded.partition(":")[0]]
+        elif isinstance(node, ast.Attribute) and (chain := _dotted(node))[0] in bound:
+            targets = [chain[1]]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and CLASS_PATH.fullmatch(node.value):
+            # A "a.b:Class" path imported later; only when a.b is one of ours exactly, so that other
+            # strings with a colon are not taken for imports.
+            module = CLASS_PATH.fullmatch(node.value)[1]  # type: ignore[index]
+            targets = [module] if module in known else []
         else:
             continue
         for target in targets:
@@ -97,6 +150,9 @@ def upward_imports(graph: Mapping[str, set[str]], layers: tuple[tuple[str, ...],
     for module, targets in sorted(graph.items()):
         level, package = layer_of(module, layers)
         for target in sorted(targets):
+            if not layered(target):
+                wrong.append(f"{module} imports {target} (the tests are in no layer)")
+                continue
             target_level, target_package = layer_of(target, layers)
             if target_package != package and target_level >= level:
                 wrong.append(f"{module} imports {target} ({target_package} is not below {package})")
@@ -119,9 +175,10 @@ def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def project_graph() -> dict[str, set[str]]:
-    modules = project_modules()
-    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+def project_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Each layered module → the project modules it imports (the tests among them, if any)."""
+    known = all_modules(root)
+    return {name: imports_of(name, path, known) for name, path in project_modules(root).items()}
 
 
 def test_every_import_points_down() -> None:
@@ -170,8 +227,7 @@ def write(root: Path, files: Mapping[str, str]) -> dict[str, set[str]]:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    modules = project_modules(root)
-    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+    return project_graph(root)
 
 
 def test_the_checks_catch_an_upward_import_a_peer_import_and_a_circle(tmp_path: Path) -> None:
@@ -204,3 +260,40 @@ def test_the_checks_catch_an_upward_import_a_peer_import_and_a_circle(tmp_path: 
         "fastinfer.front.http imports fastinfer.measure.plots (fastinfer.measure is not below fastinfer.front)",
     ]
     assert circles(graph) == [["fastinfer.serving.cache", "fastinfer.serving.pipeline", "fastinfer.serving.cache"]]
+
+
+HIDDEN_IMPORTS = {
+    "in_a_function": "def f():\n    from fastinfer.front import http as h\n    return h\n",
+    "relative": "from ..front import http\n",
+    "relative_package": "from .. import front\n",
+    "dunder_import": "m = __import__('fastinfer.front.http')\n",
+    "import_module_relative": "import importlib\nm = importlib.import_module('.http', 'fastinfer.front')\n",
+    "import_module_top_level": "import importlib\ndef registry():\n    return importlib.import_module('runners')\n",
+    "import_module_f_string": "import importlib\nlane = importlib.import_module(f'fastinfer.front.{n}')\n",
+    "resolve_name": "import pkgutil\nsend = pkgutil.resolve_name('fastinfer.front.http.send_json')\n",
+    "attribute_chain": "import fastinfer.common\ndef f():\n    return fastinfer.front.http.send_json()\n",
+    "class_attribute_path": "TARGET = 'fastinfer.front.http:Lane.answer'\n",
+    "the_tests": "from tests.images import photo\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(HIDDEN_IMPORTS))
+def test_an_upward_import_is_seen_however_it_is_written(case: str, tmp_path: Path) -> None:
+    """Each way a hostile review slipped a serving/ → front/ (or runners/, or tests/) import past."""
+    graph = write(
+        tmp_path,
+        {
+            "fastinfer/__init__.py": "",
+            "fastinfer/common/__init__.py": "",
+            "fastinfer/serving/__init__.py": "",
+            "fastinfer/front/__init__.py": "",
+            "fastinfer/front/http.py": "def send_json(): ...\n",
+            "runners/__init__.py": "",
+            "tests/__init__.py": "",
+            "tests/images.py": "def photo(): ...\n",
+            "fastinfer/serving/innocent.py": 'PATH = "service.py"\nLOGGER = "fastinfer.front"\nTIME = "12:30"\n',
+            f"fastinfer/serving/{case}.py": HIDDEN_IMPORTS[case],
+        },
+    )
+    wrong = upward_imports(graph)
+    assert wrong and all(line.startswith(f"fastinfer.serving.{case} imports ") for line in wrong), wrong
