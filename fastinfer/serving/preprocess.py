@@ -1,7 +1,12 @@
 """Image bytes → uint8 HWC 224×224×3 RGB, as the weights' own transforms would produce.
 
 JPEG decoding dominates preprocessing, so JPEGs are decoded at the smallest DCT scale
-(1/2, 1/4, 1/8) that still leaves the shorter side >= the resize target (``Image.draft``).
+(1/2, 1/4, 1/8) that still leaves the shorter side >= the resize target (``Image.draft`` picks it).
+Colour and greyscale JPEGs are decoded by libjpeg-turbo through simplejpeg at that same scale:
+the same library Pillow's wheels bundle, with the same settings, so the same pixels (a test holds
+it), without Pillow's Python-side reading in chunks (-11% to -18% decode CPU here). Pillow decodes
+everything else — other formats, CMYK JPEGs — and every JPEG simplejpeg refuses, so that a bad
+image gets Pillow's verdict whichever path saw it first.
 Everything here is CPU-bound and synchronous: callers off the event loop run it in a thread.
 """
 
@@ -14,7 +19,12 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
+
+try:  # libjpeg-turbo with DCT scaling; wheels for Linux, macOS and Windows. Pillow decodes without it.
+    import simplejpeg
+except ImportError:  # pragma: no cover - a platform without simplejpeg's wheels
+    simplejpeg = None
 
 from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.common.errors import ImageTooLarge, InvalidImage
@@ -49,6 +59,8 @@ def decode(data: bytes | memoryview, max_pixels: int, target_short_side: int) ->
             if img.format == "JPEG":
                 scale = target_short_side / min(width, height)
                 img.draft(None, (math.ceil(width * scale), math.ceil(height * scale)))
+                if (fast := decode_jpeg_turbo(data, img)) is not None:
+                    return fast
             img.load()
             img = ImageOps.exif_transpose(img)
             return to_rgb(img)
@@ -58,6 +70,43 @@ def decode(data: bytes | memoryview, max_pixels: int, target_short_side: int) ->
         raise InvalidImage("The body is not an image format this service can read.") from exc
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise InvalidImage(f"The image could not be decoded: {exc}") from exc
+
+
+TURBO_MODES = ("RGB", "L")
+"""JPEG colour spaces (as Pillow opens them: YCbCr/RGB, greyscale) that libjpeg-turbo turns into RGB
+exactly as Pillow does; CMYK and YCCK are Pillow's (Adobe's inverted CMYK needs its handling)."""
+
+
+def decode_jpeg_turbo(data: bytes | memoryview, header: Image.Image) -> Image.Image | None:
+    """A JPEG decoded by libjpeg-turbo (simplejpeg) at the DCT scale Pillow's ``draft`` chose for
+    ``header`` (opened, not loaded), EXIF orientation applied; None where Pillow should decode it
+    instead: simplejpeg missing, a mode it does not take, or any complaint (a truncated or corrupt
+    file: Pillow then decides whether it can be read, and says why not)."""
+    if simplejpeg is None or header.mode not in TURBO_MODES:
+        return None
+    width, height = header.size  # the draft's scaled size: the smallest libjpeg-turbo gives at >= it
+    try:
+        pixels = simplejpeg.decode_jpeg(data, "RGB", min_height=height, min_width=width)
+        orientation = header.getexif().get(ExifTags.Base.Orientation, 1)
+    except Exception:  # any refusal or malformed metadata: Pillow's path decides, as it did before
+        return None
+    if pixels.shape != (height, width, 3):  # not the scale Pillow would decode at: keep Pillow's pixels
+        return None
+    img = Image.fromarray(pixels)
+    method = ORIENTATION_TRANSPOSE.get(orientation)
+    return img if method is None else img.transpose(method)
+
+
+ORIENTATION_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+"""EXIF orientation → the transpose that shows the picture upright (Pillow's ``exif_transpose`` table)."""
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
