@@ -37,7 +37,8 @@ from fastinfer.serving.cpu import CpuPool
 from fastinfer.serving.disk import guard_metric_files
 from fastinfer.serving.live import LiveStats
 from fastinfer.serving.pipeline import Pipeline
-from runners import REGISTRY, attach, unavailable_reason
+from runners import REGISTRY, attach, attribute, runs_here, unavailable_reason
+from runners.base import RunnerCore
 from runners.calls import RunnerCalls
 
 logger = logging.getLogger("fastinfer.service")
@@ -72,7 +73,11 @@ class FastInfer:
         self.live = LiveStats()
         # Decoding is CPU-bound; more threads than cores only adds contention (see fastinfer.serving.cpu).
         self.cpu = CpuPool(hardware.cpu_count(), "front-cpu")
-        calls = self.runner_calls = RunnerCalls(self, models, self.unavailable, settings.request_timeout_s)
+        # FASTINFER_IN_FRONT: these engines run here, in this worker's process, with no hop to a runner.
+        self.in_front = {attribute(r): RunnerCore(r) for r in sorted(settings.in_front) if runs_here(r)}
+        calls = self.runner_calls = RunnerCalls(
+            self, models, self.unavailable, settings.request_timeout_s, self.in_front
+        )
         self.pipeline = Pipeline(
             list(REGISTRY),
             models,
@@ -106,6 +111,11 @@ class FastInfer:
         except OSError as exc:  # a read-only home (a container's): nothing builds beside this server there
             logger.warning("could not record the served versions for builds to keep: %s", exc)
         logger.info("serving %s", ", ".join(sorted(set(pinned.values()))) or "no stored model")
+
+    async def __is_ready__(self) -> bool:
+        """Ready once the engines this worker holds itself are (FASTINFER_IN_FRONT); BentoML asks the
+        runners' probes beside this one."""
+        return all([await core.__is_ready__() for core in self.in_front.values()])
 
     @bentoml.on_startup
     async def _open_cache(self) -> None:

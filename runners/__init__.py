@@ -52,9 +52,10 @@ def attach(front: F) -> F:
     """Class decorator for the front, under ``@bentoml.service``: depend on every runner that runs here.
 
     A runner that cannot run here (CoreML off macOS, OpenVINO not installed) is not started at all;
-    its backends answer 503 with the reason.
+    its backends answer 503 with the reason. Nor is one whose engine the front holds (FASTINFER_IN_FRONT).
     """
+    in_front = get_settings().in_front
     for runner, service in SERVICES.items():
-        if runs_here(runner):
+        if runs_here(runner) and runner not in in_front:
             setattr(front, attribute(runner), bentoml.depends(service))
     return front

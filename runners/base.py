@@ -80,159 +80,184 @@ async def _in_time(outputs: Awaitable[np.ndarray]) -> np.ndarray:
         raise DeadlinePassed(str(exc)) from exc
 
 
+class RunnerCore:
+    """One backend's engine in this process, without BentoML: its model loaded from the versions this
+    server pinned (and retried while the cause may heal), the micro-batcher, and the refusals that
+    keep an answer honest. The runner service below wraps one; a front worker holds one itself for
+    each backend in FASTINFER_IN_FRONT (no process hop; see README's Settings)."""
+
+    def __init__(self, backend: str) -> None:
+        settings = get_settings()
+        self.name = backend
+        self.spec = spec = SPECS[backend]
+        self.batching = settings.batching_for(backend)
+        self.threads = hardware.intra_op_threads(settings.runner_workers, settings.threads)
+        self.models = [f"{store.model_name(spec.artifact, size)}:latest" for size in spec.static_batches]
+        self.batch_sizes: Counter[int] = Counter()
+        self.calls: Counter[str] = Counter()  # per API, so that a test can tell infer_batched ran
+        self.batcher = MicroBatcher(self._run, self.batching.max_batch_size, self.batching.max_latency_ms)
+        self.failure: str | None = None
+        self.failed_at = 0.0
+        self.lasting = False
+        self._reloading = asyncio.Lock()
+        self._try_load()
+
+    def _try_load(self) -> None:
+        started = time.perf_counter()
+        name = self.name
+        try:
+            self.engine = self._load()
+        except Exception as exc:
+            # A model that cannot load (missing, corrupt, a runtime that cannot compile it on this
+            # CPU) makes this backend unavailable, with the reason; it must not take the service
+            # down with it, as a runner that dies at start-up would.
+            self.failure = f"{name} could not be loaded: {public_line(exc)}"  # what clients are told
+            self.failed_at = time.monotonic()
+            self.lasting = isinstance(exc, EngineUnavailable)  # about this machine: no retry heals it
+            logger.error("runner %s: %s could not be loaded: %s", name, name, one_line(exc, limit=4000))
+            return
+        self.failure = None
+        runs_on = self.engine.describe()
+        logger.info(
+            "runner %s: %s loaded and warmed up in %.1fs on %s",
+            name,
+            ", ".join(self.models),
+            time.perf_counter() - started,
+            runs_on,
+        )
+        for fallback in runs_on.get("fallbacks", []):
+            logger.warning("runner %s: NOT fully accelerated: %s", name, fallback)
+
+    async def _loaded(self) -> None:
+        """Raise the load failure as a 503, after retrying the load at most every RELOAD_AFTER_S:
+        a transient cause (memory, a slow start) heals without a restart. Not retried: what is
+        about this machine (EngineUnavailable). While a retry runs, other callers get the 503
+        at once rather than wait for it."""
+        if self.failure is None:
+            return
+        due = not self.lasting and time.monotonic() - self.failed_at >= RELOAD_AFTER_S
+        if due and not self._reloading.locked():
+            async with self._reloading:
+                await asyncio.to_thread(self._try_load)
+        if self.failure is not None:
+            raise ServiceUnavailable(self.failure)
+
+    async def __is_ready__(self) -> bool:
+        """Ready once the model is loaded (a runner's /readyz, which the front's asks too). A failed
+        load keeps it not ready, and the probe itself starts the retry when one is due (in the
+        background: a probe must answer at once), since a server that is not ready gets no requests
+        to start it. What this machine cannot run at all (EngineUnavailable) does not hold
+        readiness, as a runner that is not started does not."""
+        if self.failure is None or self.lasting:
+            return True
+        if time.monotonic() - self.failed_at >= RELOAD_AFTER_S and not self._reloading.locked():
+            self._retry = asyncio.create_task(self._loaded())  # kept: a task nobody holds may vanish
+            # Its 503 is expected (the failure is logged by _try_load): retrieved, so asyncio stays quiet.
+            self._retry.add_done_callback(lambda task: task.cancelled() or task.exception())
+        return False
+
+    def _load(self) -> Engine:
+        # The versions this server pinned at start-up (fastinfer.catalog.store.serving): a runner restarted
+        # after a rebuild loads what the front names, or nothing.
+        spec = self.spec
+        found = {size: store.serving(spec.artifact, size) for size in spec.static_batches}
+        missing = [store.model_name(spec.artifact, size) for size, model in found.items() if model is None]
+        if missing:
+            raise LookupError(f"{', '.join(missing)} not in the model store; run `python -m build_models`")
+        stored = {size: model for size, model in found.items() if model is not None}
+        store_check.require_intact(stored.values())  # a file that is not what was built is refused
+        self.models = [str(model.tag) for model in stored.values()]
+        engine = open_engine(self.name, self.threads, {size: model.path for size, model in stored.items()})
+        warm_up(engine, (1, self.batching.max_batch_size) if self.batching.enabled else (1,))
+        return engine
+
+    def _run(self, images: np.ndarray) -> np.ndarray:
+        """Every model call, batched or not: counted for /backends and the batch-size histogram."""
+        if not self.spec.rows_independent and len(images) > 1:  # one run per image (fastinfer/catalog/backends.py)
+            return np.concatenate([self._run(images[i : i + 1]) for i in range(len(images))])
+        self.batch_sizes[len(images)] += 1
+        BATCH_SIZE.labels(backend=self.name).observe(len(images))
+        return self.engine.run(images)
+
+    def _holds(self, model: str) -> None:
+        """Compute only for the model the caller names in its answer: a front and a runner that
+        disagree on the version (one of them restarted across a rebuild) must not mislabel."""
+        if model and model not in self.models:
+            raise ModelMismatch(
+                f"the {self.name} runner holds {', '.join(self.models)}, not {model}: "
+                "restart the server so that every process serves the same version"
+            )
+
+    async def compute(self, images: np.ndarray, model: str, within_s: float, batched: bool) -> np.ndarray:
+        """uint8 [N,224,224,3] → float32 logits [N,1000] by ``model`` (a tag this runner holds; "" =
+        whichever it holds), batched with other callers' images or run as sent; dropped (504) if
+        ``within_s`` seconds (0 = no limit) pass before the model takes them: the caller has
+        answered its client already."""
+        self.calls["infer_batched" if batched else "infer"] += 1
+        await self._loaded()
+        self._holds(model)
+        deadline = deadlines.monotonic_deadline(within_s)
+        images = _checked(images)
+        run = self.batcher.submit if batched else self.batcher.run_now
+        return await _in_time(run(images, deadline))
+
+    def describe(self) -> dict[str, Any]:
+        """Where it runs (device / execution providers, threads), its models, batch sizes seen."""
+        if self.failure is not None:
+            return {"error": self.failure, "models": self.models}
+        runs_on = self.engine.describe()
+        if "cache_dir" in runs_on:  # /backends shows this to clients: no server path
+            runs_on["cache_dir"] = under_home(runs_on["cache_dir"])
+        return {
+            **runs_on,
+            "models": self.models,
+            "batch_sizes_seen": dict(sorted(self.batch_sizes.items())),
+            "calls": {"infer": self.calls["infer"], "infer_batched": self.calls["infer_batched"]},
+            "expired_images": self.batcher.expired_rows,
+        }
+
+
 def make_runner(backend: str) -> Any:
-    """Build the BentoML service ``runner-<backend>`` over fastinfer.catalog.backends.open_engine.
+    """Build the BentoML service ``runner-<backend>``: a :class:`RunnerCore` behind HTTP.
 
     ``infer_batched`` follows this backend's batching settings; backends served by this runner
     (its row's ``runner``) call it with or without batching according to their own.
     """
     settings = get_settings()
     spec = SPECS[backend]
-    batching = settings.batching_for(backend)
-    threads = hardware.intra_op_threads(settings.runner_workers, settings.threads)
     refs = {size: BentoModel(f"{store.model_name(spec.artifact, size)}:latest") for size in spec.static_batches}
-    name = backend
 
-    class Runner:
+    class Runner(RunnerCore):
         def __init__(self) -> None:
-            self.models = [str(ref.tag) for ref in refs.values()]
-            self.batch_sizes: Counter[int] = Counter()
-            self.calls: Counter[str] = Counter()  # per API, so that a test can tell infer_batched ran
-            self.batcher = MicroBatcher(self._run, batching.max_batch_size, batching.max_latency_ms)
-            self.failure: str | None = None
-            self.failed_at = 0.0
-            self.lasting = False
-            self._reloading = asyncio.Lock()
-            self._try_load()
-
-        def _try_load(self) -> None:
-            started = time.perf_counter()
-            try:
-                self.engine = self._load()
-            except Exception as exc:
-                # A model that cannot load (missing, corrupt, a runtime that cannot compile it on this
-                # CPU) makes this backend unavailable, with the reason; it must not take the service
-                # down with it, as a runner that dies at start-up would.
-                self.failure = f"{name} could not be loaded: {public_line(exc)}"  # what clients are told
-                self.failed_at = time.monotonic()
-                self.lasting = isinstance(exc, EngineUnavailable)  # about this machine: no retry heals it
-                logger.error("runner %s: %s could not be loaded: %s", name, name, one_line(exc, limit=4000))
-                return
-            self.failure = None
-            runs_on = self.engine.describe()
-            logger.info(
-                "runner %s: %s loaded and warmed up in %.1fs on %s",
-                name,
-                ", ".join(self.models),
-                time.perf_counter() - started,
-                runs_on,
-            )
-            for fallback in runs_on.get("fallbacks", []):
-                logger.warning("runner %s: NOT fully accelerated: %s", name, fallback)
-
-        async def _loaded(self) -> None:
-            """Raise the load failure as a 503, after retrying the load at most every RELOAD_AFTER_S:
-            a transient cause (memory, a slow start) heals without a restart. Not retried: what is
-            about this machine (EngineUnavailable). While a retry runs, other callers get the 503
-            at once rather than wait for it."""
-            if self.failure is None:
-                return
-            due = not self.lasting and time.monotonic() - self.failed_at >= RELOAD_AFTER_S
-            if due and not self._reloading.locked():
-                async with self._reloading:
-                    await asyncio.to_thread(self._try_load)
-            if self.failure is not None:
-                raise ServiceUnavailable(self.failure)
-
-        async def __is_ready__(self) -> bool:
-            """This runner's /readyz, which the front's /readyz asks too (BentoML's runner probe): ready
-            once its model is loaded. A failed load keeps it not ready, and the probe itself starts the
-            retry when one is due (in the background: a probe must answer at once), since a server
-            that is not ready gets no requests to start it. What this machine cannot run at all
-            (EngineUnavailable) does not hold readiness, as a runner that is not started does not."""
-            if self.failure is None or self.lasting:
-                return True
-            if time.monotonic() - self.failed_at >= RELOAD_AFTER_S and not self._reloading.locked():
-                self._retry = asyncio.create_task(self._loaded())  # kept: a task nobody holds may vanish
-                # Its 503 is expected (the failure is logged by _try_load): retrieved, so asyncio stays quiet.
-                self._retry.add_done_callback(lambda task: task.cancelled() or task.exception())
-            return False
-
-        def _load(self) -> Engine:
-            # The versions this server pinned at start-up (fastinfer.catalog.store.serving): a runner restarted
-            # after a rebuild loads what the front names, or nothing.
-            found = {size: store.serving(spec.artifact, size) for size in spec.static_batches}
-            missing = [store.model_name(spec.artifact, size) for size, model in found.items() if model is None]
-            if missing:
-                raise LookupError(f"{', '.join(missing)} not in the model store; run `python -m build_models`")
-            stored = {size: model for size, model in found.items() if model is not None}
-            store_check.require_intact(stored.values())  # a file that is not what was built is refused
-            self.models = [str(model.tag) for model in stored.values()]
-            engine = open_engine(backend, threads, {size: model.path for size, model in stored.items()})
-            warm_up(engine, (1, batching.max_batch_size) if batching.enabled else (1,))
-            return engine
-
-        def _run(self, images: np.ndarray) -> np.ndarray:
-            """Every model call, batched or not: counted for /backends and the batch-size histogram."""
-            if not spec.rows_independent and len(images) > 1:  # one run per image (fastinfer/catalog/backends.py)
-                return np.concatenate([self._run(images[i : i + 1]) for i in range(len(images))])
-            self.batch_sizes[len(images)] += 1
-            BATCH_SIZE.labels(backend=name).observe(len(images))
-            return self.engine.run(images)
+            super().__init__(backend)
 
         @bentoml.on_startup
         def _leave_after_front(self) -> None:
             # The front may hold a request for up to the request timeout before it calls us.
             leave_after_front(settings.request_timeout_s + 5)
 
-        def _holds(self, model: str) -> None:
-            """Compute only for the model the caller names in its answer: a front and a runner that
-            disagree on the version (one of them restarted across a rebuild) must not mislabel."""
-            if model and model not in self.models:
-                raise ModelMismatch(
-                    f"the {name} runner holds {', '.join(self.models)}, not {model}: "
-                    "restart the server so that every process serves the same version"
-                )
-
         @bentoml.api
         async def infer(self, images: np.ndarray, model: str = "", within_s: float = 0.0) -> np.ndarray:
             """uint8 [N,224,224,3] → float32 logits [N,1000], run as sent, by ``model`` (a tag this runner
             holds; "" = whichever it holds); dropped (504) if ``within_s`` seconds (0 = no limit) pass
             before the model takes it: the caller has answered its client already."""
-            self.calls["infer"] += 1
-            await self._loaded()
-            self._holds(model)
-            return await _in_time(self.batcher.run_now(_checked(images), deadlines.monotonic_deadline(within_s)))
+            return await self.compute(images, model, within_s, batched=False)
 
         @bentoml.api
         async def infer_batched(self, images: np.ndarray, model: str = "", within_s: float = 0.0) -> np.ndarray:
             """As ``infer``, but calls that wait for the model run together, up to max_batch_size rows."""
-            self.calls["infer_batched"] += 1
-            await self._loaded()
-            self._holds(model)
-            return await _in_time(self.batcher.submit(_checked(images), deadlines.monotonic_deadline(within_s)))
+            return await self.compute(images, model, within_s, batched=True)
 
         @bentoml.api
         def describe(self) -> dict[str, Any]:
             """Where this runner runs (device / execution providers, threads), its models, batch sizes seen."""
-            if self.failure is not None:
-                return {"error": self.failure, "models": self.models}
-            runs_on = self.engine.describe()
-            if "cache_dir" in runs_on:  # /backends shows this to clients: no server path
-                runs_on["cache_dir"] = under_home(runs_on["cache_dir"])
-            return {
-                **runs_on,
-                "models": self.models,
-                "batch_sizes_seen": dict(sorted(self.batch_sizes.items())),
-                "calls": {"infer": self.calls["infer"], "infer_batched": self.calls["infer_batched"]},
-                "expired_images": self.batcher.expired_rows,
-            }
+            return RunnerCore.describe(self)
 
     for size, ref in refs.items():  # class attributes, so that `bentoml build` packs the models
         setattr(Runner, "model" if size is None else f"model_b{size}", ref)
-    Runner.__name__ = Runner.__qualname__ = "".join(p.title() for p in name.split("-")) + "Runner"
+    Runner.__name__ = Runner.__qualname__ = "".join(p.title() for p in backend.split("-")) + "Runner"
     return bentoml.service(
-        name=f"runner-{name}",
+        name=f"runner-{backend}",
         workers=settings.runner_workers,
         traffic={"timeout": settings.request_timeout_s},
         # BentoML's client to this runner replaces its HTTP session every 100 requests / 300 s by

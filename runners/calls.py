@@ -1,8 +1,9 @@
 """The front's side of its runners: one call per batch of pixels, its one safe retry, and what a
 failed runner is remembered for.
 
-The front service holds one ``bentoml.depends`` per runner that can run here (runners.attach); a
-:class:`RunnerCalls` is given that service and turns each way a call can fail into the API's error:
+The front service holds one ``bentoml.depends`` per runner that can run here (runners.attach), or,
+for the backends in FASTINFER_IN_FRONT, the runner's core itself (no process hop). A
+:class:`RunnerCalls` is given both and turns each way a call can fail into the API's error:
 a runner that could not load its model (503 with the runner's own reason, remembered for a while),
 one that holds another model version than the answer would name (503), a deadline passed before the
 model ran (504), a runner down or crashed (503, logged).
@@ -28,6 +29,7 @@ from fastinfer.catalog.store import StoredModelInfo
 from fastinfer.common.errors import BackendUnavailable, RequestTimeout, RunnerNotLoaded
 from fastinfer.serving import deadlines
 from runners import REGISTRY
+from runners.base import RunnerCore
 
 logger = logging.getLogger("fastinfer.service")  # these calls run in the front's workers: logged as the front
 FAILURE_MEMORY_S = 10.0
@@ -42,8 +44,10 @@ class RunnerCalls:
         models: Mapping[str, StoredModelInfo],
         cannot_run: Mapping[str, str],
         timeout_s: float,
+        local: Mapping[str, RunnerCore] | None = None,
     ) -> None:
         self.front = front  # the front service: its attributes named by runners.attribute are the runners
+        self.local = dict(local or {})  # runner attribute → the core this process holds (FASTINFER_IN_FRONT)
         self.models = models  # backend → the model version its answers name (and its runner must hold)
         self.cannot_run = cannot_run  # backend → why it cannot run on this machine
         self.timeout_s = timeout_s  # the request timeout, for the 504's message
@@ -59,7 +63,12 @@ class RunnerCalls:
     async def infer(self, backend: str, pixels: np.ndarray, batched: bool | None) -> np.ndarray:
         """The backend's runner on a uint8 batch (fastinfer.serving.pipeline.Infer)."""
         entry = REGISTRY[backend]
-        call = getattr(getattr(self.front, entry.runner).to_async, entry.method(batched))
+        core = self.local.get(entry.runner)
+        call = (
+            self._in_process(core, entry.method(batched) == "infer_batched")
+            if core is not None
+            else getattr(getattr(self.front, entry.runner).to_async, entry.method(batched))
+        )
         # The runner computes only with the model this answer will be labelled with (runners/base.py).
         model = self.models[backend].tag
         within_s = deadlines.remaining()  # the runner drops the images if this passes before they run
@@ -74,8 +83,10 @@ class RunnerCalls:
         except ServiceUnavailable as exc:
             # The runner is up but could not load its model. BentoML hides a 5xx's message, so ask the
             # runner why, and remember it for a while: requests meanwhile get the 503 without the round
-            # trip; after it the runner is asked again (it retries the load, runners/base.py).
-            reason = (await self.describe(entry.runner)).get("error") or f"The {backend} runner is unavailable"
+            # trip; after it the runner is asked again (it retries the load, runners/base.py). A core in
+            # this process says why in the exception itself.
+            told = str(exc) if core is not None else (await self.describe(entry.runner)).get("error")
+            reason = told or f"The {backend} runner is unavailable"
             raise self._remember(entry.runner, reason) from exc
         except BentoMLException as exc:
             if exc.error_code == HTTPStatus.GATEWAY_TIMEOUT:  # the deadline passed before the model ran it
@@ -85,7 +96,8 @@ class RunnerCalls:
                 raise BackendUnavailable(f"The {backend} runner failed: {type(exc).__name__}") from exc
             # The runner holds another version than this front names (runners/base.py ModelMismatch):
             # nothing was computed; said, and remembered like a load failure.
-            reason = _runner_message(str(exc)) or f"The {backend} runner holds another model version than {model}"
+            told = str(exc) if core is not None else _runner_message(str(exc))
+            reason = told or f"The {backend} runner holds another model version than {model}"
             raise self._remember(entry.runner, reason) from exc
         except Exception as exc:  # runner down or crashed: the server's fault, said plainly
             logger.exception("runner %s failed", backend)
@@ -96,11 +108,23 @@ class RunnerCalls:
         self.failures[runner] = (reason, time.monotonic() + FAILURE_MEMORY_S)
         return RunnerNotLoaded(reason)
 
+    @staticmethod
+    def _in_process(core: RunnerCore, batched: bool) -> Any:
+        """A core in this process, called like its runner's API (the same refusals, raised directly)."""
+
+        async def call(pixels: np.ndarray, *, model: str, within_s: float) -> np.ndarray:
+            return await core.compute(pixels, model, within_s, batched)
+
+        return call
+
     async def describe(self, runner: str) -> dict[str, Any]:
-        """What a runner says of itself (runners/base.py describe), or why it does not answer."""
+        """What a runner says of itself (runners/base.py describe), or why it does not answer; where its
+        engine runs: in a runner process or in this front worker (FASTINFER_IN_FRONT)."""
+        if (core := self.local.get(runner)) is not None:
+            return {**core.describe(), "placement": "front worker"}
         try:
             with anyio.fail_after(DESCRIBE_TIMEOUT_S):
-                return dict(await getattr(self.front, runner).to_async.describe())
+                return {**await getattr(self.front, runner).to_async.describe(), "placement": "runner process"}
         except Exception as exc:
             return {"error": f"the runner does not answer: {type(exc).__name__}"}
 

@@ -89,6 +89,35 @@ def start_server(
     return _start(home, log, {**SERVER_ENV, **(extra_env or {})}, timeout, target, cwd, ready)
 
 
+def service_pids(server: Server, service_name: str) -> list[int]:
+    """The processes under ``server`` that run ``service_name``."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+
+    def under_server(pid: int) -> bool:
+        while pid > 1:
+            if pid == server.process.pid:
+                return True
+            pid = parents.get(pid, 0)
+        return False
+
+    found = []
+    for pid in parents:
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        named = b"--service-name" in args[:-1] and args[args.index(b"--service-name") + 1] == service_name.encode()
+        if named and under_server(pid):
+            found.append(pid)
+    return found
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory) -> RedisServer:
     srv = RedisServer(tmp_path_factory.mktemp("redis"))

@@ -70,6 +70,7 @@ class Settings:
     analyze_per_minute: int = 10  # /analyze calls per client per minute (each spends Groq quota)
     analyze_total_per_minute: int = 30  # /analyze per minute from all clients (README)
     contact: dict[str, str] = field(default_factory=dict)  # FASTINFER_CONTACT for the API page ({}: not set)
+    in_front: frozenset[str] = frozenset()  # runners whose engine the front worker holds (FASTINFER_IN_FRONT)
 
     def batching_for(self, backend: str) -> BatchingConfig:
         return self.batching[backend]  # every backend has an entry (get_settings builds them all)
@@ -83,6 +84,23 @@ def _int(name: str, default: int) -> int:
         return int(raw)
     except ValueError as exc:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from exc
+
+
+def _in_front(raw: str, front_workers: int) -> frozenset[str]:
+    """FASTINFER_IN_FRONT: backends whose engine runs inside the front worker, as the runners they name
+    (a backend served by another's runner, like ``coreml``, brings that runner in)."""
+    names = [name.strip() for name in raw.split(",") if name.strip()]
+    if unknown := [name for name in names if name not in BACKENDS]:
+        raise ValueError(
+            f"FASTINFER_IN_FRONT names no backend: {', '.join(repr(n[:40]) for n in unknown)}; "
+            f"valid: {', '.join(BACKENDS)}"
+        )
+    if names and front_workers != 1:
+        raise ValueError(
+            "FASTINFER_IN_FRONT needs FASTINFER_FRONT_WORKERS=1: each front worker would load its own engine "
+            f"and batch alone (FASTINFER_FRONT_WORKERS={front_workers}); runners batch across workers"
+        )
+    return frozenset(SPECS[name].runner_name for name in names)
 
 
 def _positive(name: str, default: int) -> int:
@@ -248,12 +266,13 @@ def get_settings() -> Settings:
     backends.openvino_precision()
     max_concurrency = _positive("FASTINFER_MAX_CONCURRENCY", Settings.max_concurrency)
     api_keys, api_keys_from = _secret("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE")
+    front_workers = _int("FASTINFER_FRONT_WORKERS", Settings.front_workers)
     cache_hmac = _secret("FASTINFER_CACHE_HMAC_KEY", "FASTINFER_CACHE_HMAC_KEY_FILE")
     return Settings(
         default_backend=default_backend,
         max_bytes=_positive("FASTINFER_MAX_BYTES", Settings.max_bytes),
         max_pixels=_positive("FASTINFER_MAX_PIXELS", Settings.max_pixels),
-        front_workers=_int("FASTINFER_FRONT_WORKERS", Settings.front_workers),
+        front_workers=front_workers,
         runner_workers=_int("FASTINFER_RUNNER_WORKERS", Settings.runner_workers),
         threads=_int("FASTINFER_THREADS", Settings.threads),
         request_timeout_s=_positive("FASTINFER_TIMEOUT_S", Settings.request_timeout_s),
@@ -279,6 +298,7 @@ def get_settings() -> Settings:
         analyze_per_minute=_positive("FASTINFER_ANALYZE_PER_MINUTE", Settings.analyze_per_minute),
         analyze_total_per_minute=_positive("FASTINFER_ANALYZE_TOTAL_PER_MINUTE", Settings.analyze_total_per_minute),
         contact=_contact(os.environ.get("FASTINFER_CONTACT", "")),
+        in_front=_in_front(os.environ.get("FASTINFER_IN_FRONT", ""), front_workers),
         groq=GroqConfig(
             api_key=_groq_key(*_secret("GROQ_API_KEY", "GROQ_API_KEY_FILE")),
             model=os.environ.get("FASTINFER_GROQ_MODEL", "").strip() or GroqConfig.model,

@@ -31,7 +31,7 @@ from fastinfer.measure import photos
 from fastinfer.serving.postprocess import top_k
 from fastinfer.serving.preprocess import prepare
 from load_tests.service import ROOT, Server
-from tests.servers import start_server, stop_server
+from tests.servers import service_pids, start_server, stop_server
 
 REBUILT = "resnet50-onnx"
 SPEC = PreprocessSpec(resize_size=232, crop_size=224)
@@ -87,43 +87,14 @@ def _same(got: list[tuple[int, float]], want: list[tuple[int, float]]) -> bool:
     )
 
 
-def _pids(server: Server, service_name: str) -> list[int]:
-    """The processes under ``server`` that run ``service_name``."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-
-    def under_server(pid: int) -> bool:
-        while pid > 1:
-            if pid == server.process.pid:
-                return True
-            pid = parents.get(pid, 0)
-        return False
-
-    found = []
-    for pid in parents:
-        try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        named = b"--service-name" in args[:-1] and args[args.index(b"--service-name") + 1] == service_name.encode()
-        if named and under_server(pid):
-            found.append(pid)
-    return found
-
-
 def _kill_and_wait(server: Server, service_name: str, client: httpx.Client) -> None:
-    before = _pids(server, service_name)
+    before = service_pids(server, service_name)
     assert before, f"no {service_name} process found"
     for pid in before:
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        now = _pids(server, service_name)
+        now = service_pids(server, service_name)
         if now and not set(now) & set(before):
             try:
                 if client.get("/readyz", timeout=5).status_code == 200:
@@ -241,7 +212,7 @@ def test_a_pinned_version_deleted_by_hand_is_a_503_naming_it(home, tmp_path) -> 
             env = {**os.environ, "BENTOML_HOME": str(home)}
             bentoml_cli = Path(sys.executable).parent / "bentoml"
             subprocess.run([str(bentoml_cli), "models", "delete", tag, "-y"], env=env, check=True, capture_output=True)
-            for pid in _pids(srv, "runner-onnx"):
+            for pid in service_pids(srv, "runner-onnx"):
                 os.kill(pid, signal.SIGKILL)
             photo = {"image": ("p.jpg", _photo("camera.png", 301), "image/jpeg")}
             deadline = time.monotonic() + 120

@@ -1,0 +1,99 @@
+"""FASTINFER_IN_FRONT: a backend's engine in the front worker's own process (runners/base.py RunnerCore,
+called by runners/calls.py without a hop). The same answers and the same refusals as through a runner:
+the model version held, the deadline, a model that could not load."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from fastinfer.catalog import config, store
+from fastinfer.catalog.backends import SPECS, open_engine
+from fastinfer.common.errors import RequestTimeout, RunnerNotLoaded
+from fastinfer.serving import deadlines
+from runners import REGISTRY, attribute
+from runners.base import RunnerCore
+from runners.calls import RunnerCalls
+
+BACKEND = "onnx-int8"
+
+
+def settings_with(monkeypatch: pytest.MonkeyPatch, **env: str) -> config.Settings:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config.get_settings.cache_clear()
+    try:
+        return config.get_settings()
+    finally:
+        config.get_settings.cache_clear()
+
+
+def test_the_setting_names_backends_and_becomes_their_runners(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert settings_with(monkeypatch, FASTINFER_IN_FRONT="").in_front == frozenset()
+    chosen = settings_with(monkeypatch, FASTINFER_IN_FRONT=" openvino-int8, coreml ,,")
+    assert chosen.in_front == {"openvino-int8", "coreml-batched"}  # coreml is served by coreml-batched's runner
+    with pytest.raises(ValueError, match=r"names no backend: 'onnx-fast'; valid: pytorch, onnx"):
+        settings_with(monkeypatch, FASTINFER_IN_FRONT="onnx,onnx-fast")
+    with pytest.raises(ValueError, match="needs FASTINFER_FRONT_WORKERS=1"):
+        settings_with(monkeypatch, FASTINFER_IN_FRONT="onnx", FASTINFER_FRONT_WORKERS="2")
+    assert settings_with(monkeypatch, FASTINFER_IN_FRONT="", FASTINFER_FRONT_WORKERS="2").in_front == frozenset()
+
+
+@pytest.fixture(scope="module")
+def core(built_models) -> RunnerCore:
+    return RunnerCore(BACKEND)
+
+
+def calls_over(core: RunnerCore, tag: str | None = None) -> RunnerCalls:
+    """RunnerCalls of a front whose only runner is ``core``, in its process (no bentoml.depends)."""
+    models = {BACKEND: SimpleNamespace(tag=tag or core.models[0])}
+    return RunnerCalls(SimpleNamespace(), models, {}, timeout_s=30, local={attribute(BACKEND): core})  # type: ignore[arg-type]
+
+
+def test_the_answer_is_the_engines_and_batches_form_in_the_front(core: RunnerCore) -> None:
+    rng = np.random.default_rng(7)
+    pixels = rng.integers(0, 256, (3, 224, 224, 3), dtype=np.uint8)
+    expected = open_engine(BACKEND, 1, {None: store.serving(SPECS[BACKEND].artifact).path}).run(pixels)
+    calls = calls_over(core)
+    before = core.calls["infer_batched"]
+
+    async def three_at_once() -> list[np.ndarray]:
+        return await asyncio.gather(*(calls.infer(BACKEND, pixels[i : i + 1], None) for i in range(3)))
+
+    answers = np.concatenate(asyncio.run(three_at_once()))
+    np.testing.assert_allclose(answers, expected, rtol=1e-4, atol=1e-4)
+    assert core.calls["infer_batched"] == before + 3  # the backend's batching setting holds in the front
+    described = asyncio.run(calls.describe(REGISTRY[BACKEND].runner))
+    assert described["placement"] == "front worker" and described["models"] == core.models
+
+
+def test_another_model_version_is_refused_not_computed(core: RunnerCore) -> None:
+    calls = calls_over(core, tag="resnet50-onnx-int8:elsewhere")
+    seen = sum(core.batch_sizes.values())
+    with pytest.raises(RunnerNotLoaded, match=r"holds resnet50-onnx-int8:.*, not resnet50-onnx-int8:elsewhere"):
+        asyncio.run(calls.infer(BACKEND, np.zeros((1, 224, 224, 3), np.uint8), False))
+    assert sum(core.batch_sizes.values()) == seen
+
+
+def test_a_request_past_its_deadline_is_dropped_as_a_504(core: RunnerCore, monkeypatch) -> None:
+    monkeypatch.setattr(deadlines, "remaining", lambda: 1e-9)  # due before the model can take it
+    with pytest.raises(RequestTimeout):
+        asyncio.run(calls_over(core).infer(BACKEND, np.zeros((1, 224, 224, 3), np.uint8), False))
+
+
+def test_a_model_that_could_not_load_is_a_503_with_its_reason(built_models, monkeypatch) -> None:
+    import runners.base
+
+    def fails(*args: object) -> object:
+        raise MemoryError("a transient failure")
+
+    monkeypatch.setattr(runners.base, "open_engine", fails)
+    broken = RunnerCore(BACKEND)
+    calls = calls_over(broken, tag="resnet50-onnx-int8:any")
+    with pytest.raises(RunnerNotLoaded, match="onnx-int8 could not be loaded: MemoryError: a transient failure"):
+        asyncio.run(calls.infer(BACKEND, np.zeros((1, 224, 224, 3), np.uint8), None))
+    assert "could not be loaded" in (calls.unavailable(BACKEND) or "")  # remembered, like a runner's
+    assert asyncio.run(broken.__is_ready__()) is False
