@@ -256,7 +256,7 @@ def make_runner(backend: str) -> Any:
     for size, ref in refs.items():  # class attributes, so that `bentoml build` packs the models
         setattr(Runner, "model" if size is None else f"model_b{size}", ref)
     Runner.__name__ = Runner.__qualname__ = "".join(p.title() for p in backend.split("-")) + "Runner"
-    return bentoml.service(
+    service = bentoml.service(
         name=f"runner-{backend}",
         workers=settings.runner_workers,
         traffic={"timeout": settings.request_timeout_s},
@@ -266,3 +266,8 @@ def make_runner(backend: str) -> Any:
         # A session over a local socket has no reason to be recycled.
         runner_connection={"max_requests": NEVER_RECYCLE_REQUESTS, "max_age": NEVER_RECYCLE_SECONDS},
     )(Runner)
+    for api in service.apis.values():
+        # BentoML derives an answer's media type from a new JSON schema of the output type on every
+        # response: 0.4-0.7 ms of the runner's event loop per call, for a value that never changes.
+        api.output_spec.media_type = api.output_spec.mime_type()
+    return service
