@@ -9,12 +9,16 @@ Steps, with progress on stderr:
  5. the cache-hit scenario (one photo repeated), reported apart;
  6. ``POST /classify/batch`` on the best backend, 8 photos per request (where the server has it);
  7. the bare BentoML baseline (load_tests/bare_service.py): the cache-hit body, same users and time;
- 8. optionally (``--study``) front workers × runner workers × batching, on the best backend;
- 9. the HTTP path's cost, measured, and the ceilings recomputed with it; results.json, plots,
+ 8. the engine's placement on the best backend, 10 users: in its runner process vs in the front
+    worker (FASTINFER_IN_FRONT), each a fresh ``bentoml serve``;
+ 9. optionally (``--study``) front workers × runner workers × batching, on the best backend;
+10. the HTTP path's cost, measured, and the ceilings recomputed with it; each run against the engine's
+    ceiling without HTTP, its CPU beyond decode and inference split by cause; results.json, plots,
     BENCHMARKS.md headed by the machine and the exact command.
 
 Around every locust run the CPU time of each process of the server's tree is read (load_tests/cpu.py):
-front, the backend's runner, the rest, and the load generator. With ``--url`` the server is not ours
+front, the backend's runner, the rest, and the load generator; and, within the front and the runner,
+of each thread (event loop, decode, engine). With ``--url`` the server is not ours
 and that accounting is skipped, unless ``--server-pid`` names its ``bentoml serve`` process.
 """
 
@@ -132,7 +136,8 @@ def run_locust(
     if server_pid is not None:
         # locust's own CPU from test start to stop, without its start-up (~1 s), where it wrote it
         client = final.get("cpu_s")
-        run["cpu"] = cpu.per_request(cpu.delta(before, after), runner_of(backend), count, wall, client)
+        threads = cpu.by_thread(before, after)
+        run["cpu"] = cpu.per_request(cpu.delta(before, after), runner_of(backend), count, wall, client, threads)
     return run
 
 
@@ -373,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
             stop_server(server)
     if not args.no_bare:
         results["runs"].append(bare_baseline(backends[0], args))
+    if args.url is None:
+        results["placement"] = placement(results, args)
     if args.study and args.url is None:
         results["study"] = study(results, args)
     if results.get("profile"):
@@ -423,6 +430,27 @@ def bare_baseline(backend: str, args: argparse.Namespace) -> dict[str, Any]:
         return run_locust(bare.url, backend, 10, args.duration, "bare", args.out, bare.process.pid)
     finally:
         stop_server(bare)
+
+
+def placement(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The best backend at 10 users with its engine in a runner process, then in the front worker
+    (FASTINFER_IN_FRONT), each a fresh server, back to back."""
+    best = best_backend(results)
+    if best is None:
+        return []
+    rows = []
+    for where, env in (("runner process", {}), ("front worker", {"FASTINFER_IN_FRONT": best})):
+        say(f"placement: {best} in the {where}, 10 users, {args.duration:g}s")
+        server = start_server(None, args.out / "serve-placement.log", {"FASTINFER_MAX_CONCURRENCY": "256", **env})
+        try:
+            seen = batching_seen(server.url, best)
+            run = run_locust(server.url, best, 10, args.duration, "inference", args.out, server.process.pid)
+            if (between := batching_between(seen, batching_seen(server.url, best))) is not None:
+                run["batching"] = between
+        finally:
+            stop_server(server)
+        rows.append({"placement": where, **run})
+    return rows
 
 
 def study(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -6,14 +6,23 @@ request cost each part of the server: the front workers (``--service-name fastin
 service that is not a runner), each runner (``--service-name runner-<backend>``) and the rest (the
 ``bentoml serve`` arbiter itself). On a CPU-bound machine that is the figure that decides
 throughput: the cores are shared by all of them and by the load generator.
+
+Within the front and the backend's runner each thread is read too (Linux: /proc/<pid>/task), and
+its CPU goes to a cause: the event loop (the main thread: HTTP, BentoML's middleware, the cache,
+the front→runner hop on both sides), decoding (threads named ``fi-decode``), or the rest, which is
+the engine where it runs (the model thread and the runtime's own threads).
 """
 
 from __future__ import annotations
 
+import os
 import resource
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
+
+from fastinfer.serving.cpu import DECODE_THREAD
 
 FRONT = "front"
 OTHER = "other"
@@ -21,6 +30,8 @@ LOAD_GENERATOR = "load_generator"
 MACHINE = "machine"
 STEAL = "steal"
 NOT_SERVER = (LOAD_GENERATOR, MACHINE, STEAL)
+LOOP, DECODE, ENGINE = "event loop", "decode", "engine and other threads"
+THREAD_KINDS = (LOOP, DECODE, ENGINE)
 
 
 def role(cmdline: list[str]) -> str:
@@ -41,6 +52,8 @@ class Snapshot:
     children_s: float = 0.0  # reaped children of *this* process (the load generator), RUSAGE_CHILDREN
     machine_s: float = 0.0  # every core's busy time, whoever used it: what else ran is visible
     steal_s: float = 0.0  # time the hypervisor gave this machine's cores to someone else
+    threads: dict[tuple[int, float, int], tuple[str, str, float]] = field(default_factory=dict)
+    """(pid, start time, tid) → (role, thread kind, CPU seconds), for the front and runner processes."""
 
 
 def _cpu_s(proc: psutil.Process) -> float:
@@ -64,10 +77,47 @@ def snapshot(root_pid: int | None) -> Snapshot:
     for proc in procs:
         try:
             with proc.oneshot():
-                snap.processes[(proc.pid, proc.create_time())] = (role(proc.cmdline()), _cpu_s(proc))
+                started, name = proc.create_time(), role(proc.cmdline())
+                snap.processes[(proc.pid, started)] = (name, _cpu_s(proc))
         except psutil.Error:  # gone between listing and reading: its CPU is lost, not misattributed
             continue
+        if name != OTHER:
+            for tid, kind, seconds in _threads(proc.pid):
+                snap.threads[(proc.pid, started, tid)] = (name, kind, seconds)
     return snap
+
+
+def _threads(pid: int) -> list[tuple[int, str, float]]:
+    """(tid, kind, CPU seconds) of each thread of ``pid``; empty where /proc is not there (macOS)."""
+    tick = _clock_tick()
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*") if tick else ():
+        try:
+            comm = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # the thread ended meanwhile
+            continue
+        tid = int(task.name)
+        kind = LOOP if tid == pid else DECODE if comm.startswith(DECODE_THREAD) else ENGINE
+        found.append((tid, kind, (int(fields[11]) + int(fields[12])) / tick))  # utime + stime
+    return found
+
+
+def _clock_tick() -> int:
+    try:
+        return os.sysconf("SC_CLK_TCK") if Path("/proc/self/task").is_dir() else 0
+    except (ValueError, OSError):
+        return 0
+
+
+def by_thread(before: Snapshot, after: Snapshot) -> dict[str, dict[str, float]]:
+    """CPU seconds between two snapshots per role and thread kind; a thread that ended meanwhile is lost
+    (the pools' threads live as long as their process)."""
+    used: dict[str, dict[str, float]] = {}
+    for key, (name, kind, seconds) in after.threads.items():
+        start = before.threads.get(key, (name, kind, 0.0))[2]
+        used.setdefault(name, dict.fromkeys(THREAD_KINDS, 0.0))[kind] += max(0.0, seconds - start)
+    return used
 
 
 def delta(before: Snapshot, after: Snapshot) -> dict[str, float]:
@@ -87,7 +137,12 @@ def delta(before: Snapshot, after: Snapshot) -> dict[str, float]:
 
 
 def per_request(
-    used: dict[str, float], runner: str, requests: int, wall_s: float, client_s: float | None = None
+    used: dict[str, float],
+    runner: str,
+    requests: int,
+    wall_s: float,
+    client_s: float | None = None,
+    threads: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, object]:
     """What one request cost each part, in CPU ms: front, the backend's ``runner``, the other runners and
     processes together, the load generator (``client_s`` when it measured itself from test start to stop,
@@ -109,9 +164,15 @@ def per_request(
     def cores(seconds: float) -> float:
         return round(seconds / wall_s, 2) if wall_s > 0 else 0.0
 
+    split = {
+        part: {kind: ms(seconds) for kind, seconds in (threads or {}).get(name, {}).items()}
+        for part, name in (("front", FRONT), ("runner", runner))
+        if name in (threads or {})
+    }
     return {
         "runner": runner,
         "ms_per_request": {"front": ms(front), "runner": ms(mine), "other": ms(rest), "load_generator": ms(client)},
+        "threads_ms_per_request": split,  # {front|runner: {event loop, decode, engine and other threads}}
         "seconds": {k: round(v, 3) for k, v in sorted(used.items())},  # raw: locust's here includes its start-up
         "wall_s": round(wall_s, 2),
         "cores_busy": {

@@ -40,6 +40,8 @@ POOL = "pool"
 PHOTO = "benchmark photo"
 """The detail of the stages measured on photos.benchmark_photo(): what the sequential step sends."""
 SIZE_CLASSES = ("small", "medium", "phone")
+POOL_PILLOW = "pool, Pillow alone"
+"""The pool's decode by Pillow alone, without the libjpeg-turbo path: what it is compared with."""
 
 
 def cpu_and_wall(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
@@ -106,7 +108,9 @@ def profile_front(pool: list[tuple[str, bytes]], spec: PreprocessSpec, repeats: 
         by_class.setdefault(_size_class(data), []).append(data)
     groups = [(cls, items[: min(len(items), 6)]) for cls, items in sorted(by_class.items())]
     groups += [(POOL, [data for _, data in pool]), (PHOTO, [photos.benchmark_photo()])]
-    costs = []
+    everything = [data for _, data in pool]
+    cpu, wall = cpu_and_wall(lambda: [decode(d, 10**9, spec.resize_size, fast_jpeg=False) for d in everything], repeats)
+    costs = [StageCost("decode", POOL_PILLOW, cpu / len(everything), wall / len(everything))]
     for detail, sample in groups:
         cpu, wall = cpu_and_wall(lambda s=sample: [decode(d, 10**9, spec.resize_size) for d in s], repeats)
         costs.append(StageCost("decode", detail, cpu / len(sample), wall / len(sample)))
@@ -163,6 +167,92 @@ def in_process_latency_ms(costs: list[StageCost], backend: str) -> float | None:
         _stage(costs, "inference", f"{backend} b1", "wall_ms"),
     ]
     return None if any(p is None for p in parts) else sum(p for p in parts if p is not None)
+
+
+def inference_at(costs: list[StageCost], backend: str, batch: float) -> float | None:
+    """In-process inference CPU per image at a (mean) batch size: the profiled size itself, else linear
+    between the profiled sizes around it (b1 and b8), clamped to them. None if none was profiled."""
+    per_image = sorted(
+        (int(c.detail.rsplit(" b", 1)[1]), c.cpu_ms)
+        for c in costs
+        if c.stage == "inference" and c.detail.rsplit(" b", 1)[0] == backend
+    )
+    if not per_image:
+        return None
+    below = [(b, ms) for b, ms in per_image if b <= batch] or per_image[:1]
+    above = [(b, ms) for b, ms in per_image if b >= batch] or per_image[-1:]
+    (b0, ms0), (b1, ms1) = below[-1], above[0]
+    return ms0 if b1 == b0 else ms0 + (ms1 - ms0) * (batch - b0) / (b1 - b0)
+
+
+@dataclass
+class ServedSplit:
+    """One served run against the engine's ceiling without HTTP, and the server's CPU beyond decode and
+    inference, by cause (CPU ms per request; the causes sum to ``beyond_ms``).
+
+    base = in-process decode + preprocess (the pool's mix) + postprocess + inference per image at the
+    batch the runner formed (:func:`inference_at`). Causes, from each server thread's CPU (load_tests/cpu.py):
+    the front's event loop (HTTP, middleware, cache, JSON, the client side of the hop) less postprocess;
+    the runner's event loop (the hop's server side: HTTP, unpickling, the batcher); decode threads beyond
+    the in-process decode (contention, copies); engine threads beyond the in-process inference (a parallel
+    region whose thread is preempted waits: contention with decode); other processes and threads."""
+
+    backend: str
+    users: int
+    placement: str  # "runner process" or "front worker"
+    req_per_s: float
+    batch: float  # rows per model call in the run (1 without batching)
+    decode_ms: float  # in-process decode + preprocess, the pool's mix
+    inference_ms: float  # in-process inference per image at ``batch``
+    ceiling_req_per_s: float  # cores / (decode + postprocess + inference): no HTTP
+    share: float  # req_per_s / ceiling
+    server_ms: float  # all server processes' CPU per request
+    beyond_ms: float  # server_ms − decode − postprocess − inference
+    causes: dict[str, float] = field(default_factory=dict)
+
+
+def served_split(
+    costs: list[StageCost], cores: int, run: Mapping[str, Any], placement: str = "runner process"
+) -> ServedSplit | None:
+    """:class:`ServedSplit` of one locust run (its ``cpu`` with per-thread figures); None where the run or
+    the profile lacks what it needs."""
+    cpu = run.get("cpu") or {}
+    threads = cpu.get("threads_ms_per_request") or {}
+    decode_ms, prep_ms = _stage(costs, "decode", POOL), _stage(costs, "preprocess", POOL)
+    post = next((c.cpu_ms for c in costs if c.stage == "postprocess"), 0.0)
+    batching = run.get("batching") or {}
+    batch = float(batching.get("mean_batch") or 1.0) if batching.get("enabled", True) else 1.0
+    inference = inference_at(costs, run["backend"], batch)
+    if not threads or decode_ms is None or prep_ms is None or inference is None or not run.get("requests"):
+        return None
+    per = cpu["ms_per_request"]
+    server = per["front"] + per["runner"] + per["other"]
+    front, runner = threads.get("front", {}), threads.get("runner", {})
+    causes = {
+        "front event loop": front.get("event loop", 0.0) - post,
+        "runner event loop": runner.get("event loop", 0.0),
+        "decode beyond in-process": front.get("decode", 0.0) - decode_ms - prep_ms,
+        "engine beyond in-process": runner.get("engine and other threads", 0.0)
+        + (front.get("engine and other threads", 0.0) if placement == "front worker" else 0.0)
+        - inference,
+    }
+    beyond = server - decode_ms - prep_ms - post - inference
+    causes["other"] = beyond - sum(causes.values())
+    ceiling = cores * 1000 / (decode_ms + prep_ms + post + inference)
+    return ServedSplit(
+        backend=run["backend"],
+        users=run["users"],
+        placement=placement,
+        req_per_s=run["req_per_s"],
+        batch=round(batch, 2),
+        decode_ms=round(decode_ms + prep_ms, 2),
+        inference_ms=round(inference, 2),
+        ceiling_req_per_s=round(ceiling, 1),
+        share=round(run["req_per_s"] / ceiling, 3),
+        server_ms=round(server, 2),
+        beyond_ms=round(beyond, 2),
+        causes={k: round(v, 2) for k, v in causes.items()},
+    )
 
 
 def subtracted_batch(costs: list[StageCost], backend: str, batching: bool, max_batch: int = 8) -> int | None:

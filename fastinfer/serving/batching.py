@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fastinfer.serving.cpu import MODEL_THREAD, name_os_thread
+
 
 class Expired(TimeoutError):
     """The caller's deadline passed before the model took its images: its request was already
@@ -49,7 +51,9 @@ class MicroBatcher:
         self._run = run
         self.max_batch_size = max_batch_size
         self.linger_s = max(0.0, max_latency_ms) / 1000
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="model", initializer=name_os_thread, initargs=(MODEL_THREAD,)
+        )
         self._queue: deque[_Job] = deque()
         self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None

@@ -40,8 +40,9 @@ class Prepared:
     preprocess_ms: float
 
 
-def decode(data: bytes | memoryview, max_pixels: int, target_short_side: int) -> Image.Image:
-    """Decode to an RGB image, at reduced JPEG scale when the target allows it."""
+def decode(data: bytes | memoryview, max_pixels: int, target_short_side: int, fast_jpeg: bool = True) -> Image.Image:
+    """Decode to an RGB image, at reduced JPEG scale when the target allows it; ``fast_jpeg=False``: Pillow
+    alone (what the benchmark compares the libjpeg-turbo path with)."""
     if not data:
         raise InvalidImage("The image is empty (0 bytes).")
     try:
@@ -59,7 +60,7 @@ def decode(data: bytes | memoryview, max_pixels: int, target_short_side: int) ->
             if img.format == "JPEG":
                 scale = target_short_side / min(width, height)
                 img.draft(None, (math.ceil(width * scale), math.ceil(height * scale)))
-                if (fast := decode_jpeg_turbo(data, img)) is not None:
+                if fast_jpeg and (fast := decode_jpeg_turbo(data, img)) is not None:
                     return fast
             img.load()
             img = ImageOps.exif_transpose(img)

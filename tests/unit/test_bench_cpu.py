@@ -71,3 +71,51 @@ def test_a_snapshot_reads_a_real_process_tree() -> None:
     # process's children, i.e. the load generator's column, not to a server role.
     assert used["load_generator"] >= 0.25
     assert cpu.snapshot(None).processes == {}  # --url: nothing to read
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="threads are read from Linux's /proc")
+def test_each_thread_is_read_with_its_kind() -> None:
+    """The main thread is the event loop; a thread named as the decode pool names its threads is decode."""
+    import threading
+    import time
+
+    from fastinfer.serving.cpu import DECODE_THREAD, name_os_thread
+
+    def decode_burn() -> None:
+        name_os_thread(DECODE_THREAD)
+        t = time.thread_time()
+        while time.thread_time() - t < 0.3:
+            pass
+        done.wait()
+
+    done = threading.Event()
+    worker = threading.Thread(target=decode_burn)
+    worker.start()
+    try:
+        time.sleep(0.05)
+        while worker.is_alive() and not any(
+            kind == cpu.DECODE and seconds >= 0.25 for _, kind, seconds in cpu._threads(os.getpid())
+        ):
+            time.sleep(0.05)
+        kinds = {tid: kind for tid, kind, _ in cpu._threads(os.getpid())}
+    finally:
+        done.set()
+        worker.join()
+    assert kinds[os.getpid()] == cpu.LOOP and kinds[worker.native_id] == cpu.DECODE
+
+
+def test_thread_deltas_by_role_and_kind() -> None:
+    before = cpu.Snapshot(threads={(10, 1.0, 10): ("front", cpu.LOOP, 1.0), (10, 1.0, 11): ("front", cpu.DECODE, 2.0)})
+    after = cpu.Snapshot(
+        threads={
+            (10, 1.0, 10): ("front", cpu.LOOP, 1.5),
+            (10, 1.0, 11): ("front", cpu.DECODE, 2.25),
+            (11, 1.0, 12): ("runner-x", cpu.ENGINE, 3.0),  # a thread (or process) started in the window: whole
+        }
+    )
+    used = cpu.by_thread(before, after)
+    assert used["front"] == {cpu.LOOP: 0.5, cpu.DECODE: 0.25, cpu.ENGINE: 0.0}
+    assert used["runner-x"][cpu.ENGINE] == 3.0
+    out = cpu.per_request({"front": 0.75, "runner-x": 3.0}, "runner-x", 100, 1.0, threads=used)
+    assert out["threads_ms_per_request"]["front"] == {cpu.LOOP: 5.0, cpu.DECODE: 2.5, cpu.ENGINE: 0.0}
+    assert out["threads_ms_per_request"]["runner"][cpu.ENGINE] == 30.0
