@@ -74,7 +74,8 @@ class FastInfer:
         # Decoding is CPU-bound; more threads than cores only adds contention (see fastinfer.serving.cpu).
         self.cpu = CpuPool(hardware.cpu_count(), "front-cpu")
         # FASTINFER_IN_FRONT: these engines run here, in this worker's process, with no hop to a runner.
-        self.in_front = {attribute(r): RunnerCore(r) for r in sorted(settings.in_front) if runs_here(r)}
+        # Loaded here, before this worker answers anything (its probes included): 1-2 s per engine measured.
+        self.in_front = {attribute(r): RunnerCore(r, workers=1) for r in sorted(settings.in_front) if runs_here(r)}
         calls = self.runner_calls = RunnerCalls(
             self, models, self.unavailable, settings.request_timeout_s, self.in_front
         )

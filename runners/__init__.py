@@ -58,4 +58,9 @@ def attach(front: F) -> F:
     for runner, service in SERVICES.items():
         if runs_here(runner) and runner not in in_front:
             setattr(front, attribute(runner), bentoml.depends(service))
+        elif runner in in_front:
+            # The front loads this engine itself, so `bentoml build` must still pack its models: BentoML
+            # packs the models of the services in the graph, and this runner is not in it.
+            for i, model in enumerate(service.models):
+                setattr(front, f"{attribute(runner)}_model_{i}", model)
     return front

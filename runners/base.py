@@ -1,9 +1,11 @@
-"""The one shape every runner has: a ``@bentoml.service`` around an engine.
+"""The one shape every runner has: a ``@bentoml.service`` around a :class:`RunnerCore`, one engine.
 
-A runner loads its model(s) from the store lazily (``BentoModel`` refs resolved in ``__init__``),
-warms up before it reports ready, and offers ``infer`` (one call, one model run) and
-``infer_batched`` (adaptive micro-batching: calls from all front workers that arrive while the
-model is busy run together; see fastinfer/serving/batching.py for why not BentoML's dispatcher).
+A core loads its model(s) in ``__init__``: the versions this server pinned (fastinfer.catalog.store;
+the ``BentoModel`` class attributes only tell ``bentoml build`` what to pack), checked against their
+recorded sha256, warmed up before it reports ready. The runner offers ``infer`` (one call, one model
+run) and ``infer_batched`` (adaptive micro-batching: calls from all front workers that arrive while
+the model is busy run together; see fastinfer/serving/batching.py for why not BentoML's dispatcher).
+A front worker holds a core itself for each backend in FASTINFER_IN_FRONT (README, "Where engines run").
 """
 
 from __future__ import annotations
@@ -84,14 +86,15 @@ class RunnerCore:
     """One backend's engine in this process, without BentoML: its model loaded from the versions this
     server pinned (and retried while the cause may heal), the micro-batcher, and the refusals that
     keep an answer honest. The runner service below wraps one; a front worker holds one itself for
-    each backend in FASTINFER_IN_FRONT (no process hop; see README's Settings)."""
+    each backend in FASTINFER_IN_FRONT (no process hop; README, "Where engines run"). ``workers``: the
+    processes that each hold this engine, sharing the cores (a runner's workers; 1 in the front)."""
 
-    def __init__(self, backend: str) -> None:
+    def __init__(self, backend: str, workers: int | None = None) -> None:
         settings = get_settings()
         self.name = backend
         self.spec = spec = SPECS[backend]
         self.batching = settings.batching_for(backend)
-        self.threads = hardware.intra_op_threads(settings.runner_workers, settings.threads)
+        self.threads = hardware.intra_op_threads(workers or settings.runner_workers, settings.threads)
         self.models = [f"{store.model_name(spec.artifact, size)}:latest" for size in spec.static_batches]
         self.batch_sizes: Counter[int] = Counter()
         self.calls: Counter[str] = Counter()  # per API, so that a test can tell infer_batched ran
@@ -268,6 +271,6 @@ def make_runner(backend: str) -> Any:
     )(Runner)
     for api in service.apis.values():
         # BentoML derives an answer's media type from a new JSON schema of the output type on every
-        # response: 0.4-0.7 ms of the runner's event loop per call, for a value that never changes.
+        # response: 0.2-0.7 ms of the runner's event loop per call here, for a value that never changes.
         api.output_spec.media_type = api.output_spec.mime_type()
     return service

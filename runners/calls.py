@@ -121,7 +121,11 @@ class RunnerCalls:
         """What a runner says of itself (runners/base.py describe), or why it does not answer; where its
         engine runs: in a runner process or in this front worker (FASTINFER_IN_FRONT)."""
         if (core := self.local.get(runner)) is not None:
-            return {**core.describe(), "placement": "front worker"}
+            try:
+                return {**core.describe(), "placement": "front worker"}
+            except Exception as exc:  # what an engine says of itself must not fail /backends
+                logger.exception("describing the %s engine failed", runner)
+                return {"error": f"the engine does not say where it runs: {type(exc).__name__}"}
         try:
             with anyio.fail_after(DESCRIBE_TIMEOUT_S):
                 return {**await getattr(self.front, runner).to_async.describe(), "placement": "runner process"}

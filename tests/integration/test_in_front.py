@@ -65,6 +65,7 @@ def test_concurrent_requests_are_batched_in_the_front_and_bad_input_stays_4xx(in
         assert [a.status_code for a in answers] == [200] * len(answers)
         seen = {b["name"]: b for b in client.get("/backends").json()["backends"]}[IN_FRONT]["runs_on"]
         assert sum(int(n) * c for n, c in seen["batch_sizes_seen"].items()) >= len(answers)
+        assert max(int(n) for n in seen["batch_sizes_seen"]) > 1  # concurrent requests ran together
         assert seen["calls"]["infer_batched"] >= len(answers)
         for bad in (images.truncated_jpeg(), b"not an image", images.bomb_png(8000)):
             refused = classify(client, bad)

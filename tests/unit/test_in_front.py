@@ -63,9 +63,12 @@ def test_the_answer_is_the_engines_and_batches_form_in_the_front(core: RunnerCor
     async def three_at_once() -> list[np.ndarray]:
         return await asyncio.gather(*(calls.infer(BACKEND, pixels[i : i + 1], None) for i in range(3)))
 
+    sizes_before = dict(core.batch_sizes)
     answers = np.concatenate(asyncio.run(three_at_once()))
     np.testing.assert_allclose(answers, expected, rtol=1e-4, atol=1e-4)
     assert core.calls["infer_batched"] == before + 3  # the backend's batching setting holds in the front
+    formed = [size for size, n in core.batch_sizes.items() if n > sizes_before.get(size, 0)]
+    assert max(formed) > 1  # the three waited for the model together: batched
     described = asyncio.run(calls.describe(REGISTRY[BACKEND].runner))
     assert described["placement"] == "front worker" and described["models"] == core.models
 
@@ -97,3 +100,29 @@ def test_a_model_that_could_not_load_is_a_503_with_its_reason(built_models, monk
         asyncio.run(calls.infer(BACKEND, np.zeros((1, 224, 224, 3), np.uint8), None))
     assert "could not be loaded" in (calls.unavailable(BACKEND) or "")  # remembered, like a runner's
     assert asyncio.run(broken.__is_ready__()) is False
+
+
+def test_a_bento_built_with_engines_in_front_still_packs_their_models() -> None:
+    """`bentoml build` packs the models of the services in the graph; the in-front runners leave it, so
+    the front carries their models: the packed set does not depend on the setting."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "import json, service; s = service.FastInfer.all_services(); "
+        "print(json.dumps([sorted(s), sorted(str(m) for v in s.values() for m in v.models)]))"
+    )
+    root = Path(__file__).resolve().parents[2]
+
+    def graph(in_front: str) -> list:
+        env = {**os.environ, "FASTINFER_IN_FRONT": in_front}
+        out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    (services, models), (fewer, same) = graph(""), graph("onnx-int8,openvino-int8")
+    assert "runner-onnx-int8" in services and "runner-onnx-int8" not in fewer and "runner-openvino-int8" not in fewer
+    assert same == models and "resnet50-onnx-int8:latest" in models

@@ -3,6 +3,9 @@ JPEG it does not take: the pixel gate of fastinfer/serving/preprocess.py's fast 
 
 from __future__ import annotations
 
+import io
+import shutil
+import subprocess
 from collections.abc import Callable
 
 import numpy as np
@@ -131,3 +134,61 @@ def test_pixel_limit_holds_before_the_fast_path_decodes(monkeypatch: pytest.Monk
     with pytest.raises(ImageTooLarge, match="not decoded"):
         prepare(VARIANTS["phone 3520"], SPEC, max_pixels=1_000_000)
     assert not calls
+
+
+# Metadata blocks found by a hostile review's fuzzing of EXIF bytes: Pillow's exif_transpose raised on the
+# first three after rotating (a 500), and the last one's TIFF header is not a TIFF header at all.
+BROKEN_EXIF = {
+    "bad offset": "4578696600004d4d002a000000080006010f0002000000060000005601100002000000060000005c011200030000000100"
+    "060000011a0005000000010000006201170002000000037377000087690004000000010f00006a000000004d616b6572004d6f64656c"
+    "00000000480000000100019003000200000014a000007c00000000323032303a30313a30312030303a30303a303000",
+    "bad count": "4578696600004d4d002a00000008e706011b0002000000060000005601100002000000060000005c011200030000000100"
+    "060000011a0005000000010000006201310002000000037377000087690004000000010000006a000000004d616b6572004d6f64656c"
+    "000000004800000001000190030002000091140000007c00000000323032303a30313a30312030303a30303a303000",
+    "bad type": "4578696600004d4d002a000000080006010f0002000000060000005601100005000000060000005c011200030000000100"
+    "060000011a0005000000010000006201310002000000037377000087690004000000010000006a000000004d616b6572194d6f64656c"
+    "000000004800000001000190030002000000140000007c00000000323032303a30313a30312030303a30303a303000",
+    "not a TIFF header": "4578696600005858002a676172626167652d6e6f742d74696666",
+}
+
+
+@pytest.mark.parametrize("name", list(BROKEN_EXIF))
+@pytest.mark.parametrize("tail", [b"", b"\x00\x01\x02"], ids=["clean", "bytes before EOI"])
+def test_a_broken_metadata_block_never_costs_the_answer(name: str, tail: bytes) -> None:
+    """Either path, whether simplejpeg or Pillow decodes (extra bytes before the end marker make simplejpeg
+    refuse): the same pixels, upright where the orientation (6) can still be read, as stored where it
+    cannot; never an exception (these were 500s: Pillow's exif_transpose raised rewriting the block)."""
+    exif = bytes.fromhex(BROKEN_EXIF[name])  # the APP1 payload, "Exif\0\0" included
+    clean = encode(photos.load("coffee.png").resize((300, 200)), quality=80, exif=exif, dpi=(72, 72))
+    data = clean[:-2] + tail + clean[-2:]
+    fast, pillow = (np.asarray(preprocess.decode(data, 10**9, SPEC.resize_size, fast_jpeg=f)) for f in (True, False))
+    assert np.array_equal(fast, pillow)
+    assert fast.shape == ((200, 300, 3) if name == "not a TIFF header" else (300, 200, 3))
+    assert prepare(data, SPEC, 10**9).pixels.shape == (224, 224, 3)
+
+
+def test_a_multi_picture_file_is_decoded_at_reduced_scale_as_its_first_picture(monkeypatch) -> None:
+    """A phone's MPO (a JPEG, then more pictures): DCT-scaled like any JPEG, the first picture's pixels."""
+    first = photos.load("coffee.png").resize((2400, 1600))
+    buf = io.BytesIO()
+    first.save(buf, "MPO", save_all=True, append_images=[photos.load("chelsea.png")], quality=90)
+    mpo = buf.getvalue()
+    assert Image.open(io.BytesIO(mpo)).format == "MPO"
+    calls = counting(monkeypatch)
+    img = preprocess.decode(mpo, 10**9, SPEC.resize_size)
+    assert calls and img.size == (600, 400)  # 1/4 scale
+    alone = encode(first, quality=90)
+    assert np.array_equal(prepare(mpo, SPEC, 10**9).pixels, prepare(alone, SPEC, 10**9).pixels)
+
+
+@pytest.mark.skipif(shutil.which("jpegtran") is None, reason="needs jpegtran (libjpeg-turbo-progs) to write one")
+def test_an_arithmetic_coded_jpeg_is_read_by_the_fast_path() -> None:
+    """Pillow's incremental reading refuses arithmetic coding past its first buffer ("broken data stream");
+    libjpeg-turbo reads the whole file at once. A valid JPEG: classified, no longer a 400."""
+    source = encode(photos.load("motorcycle_left.png").resize((1500, 1012)), quality=90)
+    data = subprocess.run(["jpegtran", "-arithmetic"], input=source, capture_output=True, check=True).stdout
+    with pytest.raises(InvalidImage):
+        preprocess.decode(data, 10**9, SPEC.resize_size, fast_jpeg=False)
+    out = prepare(data, SPEC, 10**9).pixels
+    diff = np.abs(out.astype(np.int16) - prepare(source, SPEC, 10**9).pixels.astype(np.int16))
+    assert diff.max() == 0  # arithmetic coding is lossless over the same coefficients
