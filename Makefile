@@ -38,7 +38,7 @@ lint: $(VENV)/.installed
 clean-models:
 	rm -rf $(BENTOML_HOME)/models
 
-# Regenerates BENCHMARKS.md and docs/bench/*.png from scratch on this machine (~17 min).
+# Regenerates BENCHMARKS.md and docs/bench/*.png from scratch on this machine (~25 min).
 bench: models
 	$(PY) -m load_tests --study
 

@@ -98,7 +98,7 @@ def _served_section(results: dict[str, Any], rel: str) -> list[str]:
     rows = [
         [
             f"`{s['backend']}`",
-            s["placement"] + (" (placement step)" if i >= _main_runs(splits) else ""),
+            s["placement"] + (f" (placement step, round {s['run_round']})" if i >= _main_runs(splits) else ""),
             s["users"],
             s["req_per_s"],
             f"{s['ceiling_req_per_s']} ({s['decode_ms']:g} + {s['inference_ms']:g} ms at b{s['batch']:g})",
@@ -283,38 +283,54 @@ def _targets(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def representative(splits: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per placement, the run of median req/s among its rounds (the lower middle one of an even count)."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for s in splits:
+        by.setdefault(s["placement"], []).append(s)
+    return {where: sorted(rows, key=lambda s: s["req_per_s"])[(len(rows) - 1) // 2] for where, rows in by.items()}
+
+
 def _engine_targets(results: dict[str, Any]) -> list[str]:
     """Served at the engine's speed: the best backend's share of its ceiling without HTTP and its CPU beyond
-    decode and inference (10 users, the main run and the in-front placement), and the decode path's cost."""
+    decode and inference at 10 users, per placement (the placement step's median run, else the main run),
+    and the decode path's cost against Pillow alone."""
     cpu_name = _cpu_name(results)
     lines = []
     splits = served_splits(results)
     best = best_backend(results)
     mine = [s for s in splits if s["backend"] == best and s["users"] == 10]
     if mine:
-        main = mine[0]
+        stepped = mine[1:] or mine[:1]  # the placement step's runs where it ran
+        chosen = representative(stepped)
         run = _run(results, "inference", backend=best, users=10) or {}
-        top = max(mine, key=lambda s: s["share"])
-        errors = run.get("failures", 0)
-        verdict = "met" if top["share"] >= CEILING_SHARE / 100 and errors == 0 else "NOT met"
-        others = "; ".join(
-            f"{s['placement']} (placement step): {s['req_per_s']} req/s = {s['share']:.0%}" for s in mine[1:]
+        errors = run.get("failures", 0) + sum(r.get("failures", 0) for r in results.get("placement", []))
+        # A profile that costs more than the whole server spent (beyond < 0) is noise between two moments of a
+        # shared machine, not a result: no verdict rests on it.
+        sound = {where: s for where, s in chosen.items() if s["beyond_ms"] >= 0}
+        each = "; ".join(
+            f"engine in the {where}: {s['req_per_s']} req/s = {s['share']:.0%} of {s['ceiling_req_per_s']}, "
+            f"{s['beyond_ms']:g} ms beyond ({', '.join(f'{c} {v:g}' for c, v in s['causes'].items())})"
+            + ("" if where in sound else ": the in-process figures exceed what the server spent, not judged")
+            for where, s in chosen.items()
         )
+        n = len(stepped) // max(1, len(chosen))
+        rounds = f"median of {n} alternating runs each" if mine[1:] and n > 1 else "one run each"
+        base = next(iter(chosen.values()))
+        ceiling_ok = any(s["share"] >= CEILING_SHARE / 100 for s in sound.values()) and errors == 0
+        beyond_ok = any(s["beyond_ms"] <= BEYOND_MS for s in sound.values())
+        verdict = "not judged" if not sound else ("met" if ceiling_ok else "NOT met")
         lines.append(
             f"- **Best backend at 10 clients >= {CEILING_SHARE}% of the engine's ceiling without HTTP, zero errors, "
-            f"on {cpu_name}: {verdict}.** `{best}` served {main['req_per_s']} req/s ({errors} errors) = "
-            f"{main['share']:.0%} of {main['ceiling_req_per_s']} req/s (2 cores ÷ in-process decode + preprocess "
-            f"{main['decode_ms']:g} + inference {main['inference_ms']:g} CPU ms at the b{main['batch']:g} its runner "
-            "formed)" + (f"; {others}" if others else "") + f". Best of these: {top['share']:.0%} ({top['placement']})."
+            f"on {cpu_name}: {verdict}.** `{best}`, {rounds} ({errors} errors): {each}. The ceiling: 2 cores ÷ "
+            f"in-process decode + preprocess {base['decode_ms']:g} + inference {base['inference_ms']:g} CPU ms per "
+            f"image at the b{base['batch']:g} its batcher formed."
         )
-        low = min(mine, key=lambda s: s["beyond_ms"])
-        split = ", ".join(f"{c} {v:g}" for c, v in main["causes"].items())
         lines.append(
             f"- **Server CPU beyond decode + inference <= {BEYOND_MS:g} ms per request (best backend, 10 clients) on "
-            f"{cpu_name}: {'met' if low['beyond_ms'] <= BEYOND_MS else 'NOT met'}.** {main['beyond_ms']:g} ms "
-            f"with the engine in its runner ({split})"
-            + (f"; {low['beyond_ms']:g} ms in the {low['placement']}" if low is not main else "")
-            + '. The table "Served vs the engine\'s ceiling" splits every backend.'
+            f"{cpu_name}: {'not judged' if not sound else 'met' if beyond_ok else 'NOT met'}.** "
+            + "; ".join(f"{s['beyond_ms']:g} ms with the engine in the {where}" for where, s in chosen.items())
+            + '. The table "Served vs the engine\'s ceiling" splits every backend by cause.'
         )
     costs = {(c.stage, c.detail): c.cpu_ms for c in _costs(results)}
     fast = costs.get(("decode", POOL))

@@ -109,14 +109,18 @@ def plot_served(splits: list[dict[str, Any]], path: Path) -> None:
     """Per served run: the CPU per request of decode and inference (in-process figures), then the server's
     CPU beyond them by cause; the req/s served and the share of the ceiling without HTTP at the bar's end."""
     plt = _plt()
-    names = [f"{s['backend']} ({'in front' if s['placement'] == 'front worker' else 'runner'})" for s in splits]
+    names = [
+        f"{s['backend']} ({'in front' if s['placement'] == 'front worker' else 'runner'}"
+        + (f", step {s['run_round']})" if s.get("run_round") else ")")
+        for s in splits
+    ]
     parts = {
         "decode + preprocess (in process)": [s["decode_ms"] for s in splits],
         "inference (in process, batch formed)": [s["inference_ms"] for s in splits],
     }
-    for cause in splits[0]["causes"]:
+    for cause in splits[0]["causes"]:  # a negative cause (the profile dearer than the run) draws nothing
         parts[cause] = [max(0.0, s["causes"].get(cause, 0.0)) for s in splits]
-    fig, ax = plt.subplots(figsize=(9, 0.6 * len(names) + 2.2))
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(names) + 2.8))
     left = [0.0] * len(names)
     for label, widths in parts.items():
         ax.barh(names, widths, left=left, label=label)
@@ -126,7 +130,7 @@ def plot_served(splits: list[dict[str, Any]], path: Path) -> None:
                 fontsize=8)  # fmt: skip
     ax.set_xlabel("server CPU ms per request (10 users, cache bypassed)")
     ax.set_title("Served vs the engine's ceiling: where the CPU beyond decode and inference goes")
-    ax.legend(loc="lower right", fontsize=7)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=7)
     ax.set_xlim(0, max(left) * 1.55)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -209,6 +209,7 @@ class ServedSplit:
     server_ms: float  # all server processes' CPU per request
     beyond_ms: float  # server_ms − decode − postprocess − inference
     causes: dict[str, float] = field(default_factory=dict)
+    run_round: int = 0  # which round of the bench's placement step (0: a main run)
 
 
 def served_split(
@@ -252,6 +253,7 @@ def served_split(
         server_ms=round(server, 2),
         beyond_ms=round(beyond, 2),
         causes={k: round(v, 2) for k, v in causes.items()},
+        run_round=int(run.get("round", 0)),
     )
 
 

@@ -280,38 +280,68 @@ def test_served_split_in_the_front_counts_the_front_engine_threads_as_the_engine
     assert split.causes["runner event loop"] == 0.0 and split.causes["engine beyond in-process"] == pytest.approx(4.5)
 
 
-def engine_bench(share_rps: float, front_loop: float = 1.0, failures: int = 0, front_rps: float = 3.0) -> dict:
-    """The main run (engine in its runner) and the placement step's run in the front worker."""
-    spent = threaded(5.0 + front_loop, 16.0, (front_loop + 0.5, 0.5), 4.0, 15.0)
-    main = run("inference", "onnx-int8", 10, share_rps, failures, cpu=spent)
-    main["batching"] = {"enabled": True, "max_batch_size": 8, "mean_batch": 8.0}
-    front = run("inference", "onnx-int8", 10, share_rps + front_rps, cpu=threaded(21.5, 0.0, (1.0, 0.0), 4.0, 0.0))
-    front["cpu"]["threads_ms_per_request"] = {"front": {"event loop": 1.0, "decode": 4.0, "engine and other threads":
-                                                        16.0}}  # fmt: skip
-    front |= {"placement": "front worker", "batching": main["batching"]}
-    return bench([main]) | {"placement": [front]}
+def engine_bench(runner_rps: float, front_loop: float = 1.0, failures: int = 0, front_rps: float = 96.0,
+                 front_total: float = 21.5) -> dict:  # fmt: skip
+    """The main run and the placement step: the engine in its runner, then in the front worker, two rounds
+    each (the runner's second round 2 req/s slower, the front's 1 faster)."""
+    batching = {"enabled": True, "max_batch_size": 8, "mean_batch": 8.0}
+
+    def in_runner(rps: float, round_: int = 0) -> dict:
+        spent = threaded(5.0 + front_loop, 16.0, (front_loop + 0.5, 0.5), 4.0, 15.0)
+        r = run("inference", "onnx-int8", 10, rps, failures if not round_ else 0, cpu=spent, batching=batching)
+        return r | ({"placement": "runner process", "round": round_} if round_ else {})
+
+    def in_front(rps: float, round_: int) -> dict:
+        spent = threaded(front_total, 0.0, (1.0, 0.0), 4.0, 0.0)
+        spent["threads_ms_per_request"] = {
+            "front": {"event loop": 1.0, "decode": 4.0, "engine and other threads": front_total - 5.0}
+        }
+        r = run("inference", "onnx-int8", 10, rps, cpu=spent, batching=batching)
+        return r | {"placement": "front worker", "round": round_}
+
+    steps = [in_runner(runner_rps, 1), in_front(front_rps, 1), in_runner(runner_rps - 2, 2), in_front(front_rps + 1, 2)]
+    return bench([in_runner(runner_rps)]) | {"placement": steps}
 
 
-def test_engine_targets_judge_the_ceiling_without_http_and_the_cpu_beyond() -> None:
-    lines = [x for x in _targets(engine_bench(93.0)) if "ceiling without HTTP" in x or "beyond decode" in x]
-    ceiling, beyond = lines
-    # base 19.5 ms → 102.6 req/s; 93 req/s = 91% (runner); the front placement's 96 = 94%
+def targets_of(results: dict) -> tuple[str, str]:
+    (ceiling,) = [x for x in _targets(results) if "ceiling without HTTP" in x]
+    (beyond,) = [x for x in _targets(results) if "beyond decode" in x]
+    return ceiling, beyond
+
+
+def test_engine_targets_judge_each_placement_by_its_median_run() -> None:
+    ceiling, beyond = targets_of(engine_bench(95.0))
+    # base 19.5 ms → 102.6 req/s; the runner's runs 95 and 93: the lower middle, 93 = 91%; the front's 96, 97: 96
     assert f">= 90% of the engine's ceiling without HTTP, zero errors, on {CPU}: met.**" in ceiling
-    assert "`onnx-int8` served 93.0 req/s (0 errors) = 91% of 102.6 req/s" in ceiling
-    assert "front worker (placement step): 96.0 req/s = 94%" in ceiling
-    assert "Best of these: 94% (front worker)" in ceiling
-    # runner: 22.1 − 19.5 = 2.6 ms beyond: met; the front placement's is lower still
-    assert f"<= 3 ms per request (best backend, 10 clients) on {CPU}: met.** 2.6 ms" in beyond
-    assert "front event loop 1, runner event loop 0.5" in beyond
-    # the runner's front loop 4.5 → 5.6 ms beyond: not met there, but met by the front placement's 2.1 ms
-    ceiling, beyond = [x for x in _targets(engine_bench(80.0, front_loop=4.0)) if "HTTP, zero" in x or "beyond d" in x]
-    assert ": NOT met.**" in ceiling and "83.0 req/s = 81%" in ceiling  # the placement step's 83 is below 90% too
-    assert ": met.** 5.6 ms with the engine in its runner" in beyond and "; 2.1 ms in the front worker" in beyond
-    (beyond,) = [x for x in _targets(engine_bench(80.0, front_loop=4.0, front_rps=0.0) | {"placement": []})
-                 if "beyond d" in x]  # fmt: skip
-    assert ": NOT met.** 5.6 ms" in beyond
-    (ceiling,) = [x for x in _targets(engine_bench(99.0, failures=1)) if "ceiling without HTTP" in x]
+    assert "`onnx-int8`, median of 2 alternating runs each (0 errors)" in ceiling
+    assert "engine in the runner process: 93.0 req/s = 91% of 102.6, 2.6 ms beyond (front event loop 1," in ceiling
+    assert "engine in the front worker: 96.0 req/s = 94% of 102.6, 2.1 ms beyond" in ceiling
+    assert (
+        f"<= 3 ms per request (best backend, 10 clients) on {CPU}: met.** 2.6 ms with the engine in the runner"
+        in beyond
+    )
+    ceiling, beyond = targets_of(engine_bench(85.0, front_loop=4.0, front_rps=84.0))
+    assert ": NOT met.**" in ceiling and "83.0 req/s = 81%" in ceiling and "84.0 req/s = 82%" in ceiling
+    # the runner's 5.6 ms beyond misses; the front worker's 2.1 ms meets it: a placement the operator can choose
+    assert ": met.** 5.6 ms with the engine in the runner process; 2.1 ms with the engine in the front worker" in beyond
+    ceiling, beyond = targets_of(engine_bench(85.0, front_loop=4.0, front_total=25.0))
+    assert ": NOT met.** 5.6 ms" in beyond  # the front worker's 5.6 ms too
+    (ceiling, _) = targets_of(engine_bench(99.0, failures=1))
     assert ": NOT met.**" in ceiling and "(1 errors)" in ceiling
+
+
+def test_a_profile_dearer_than_the_server_is_noise_and_judges_nothing() -> None:
+    """The in-process inference is measured minutes before; on a shared machine it can cost more than the
+    whole server spent per request in a run. Such a run shows, says so, and carries no verdict."""
+    ceiling, beyond = targets_of(engine_bench(95.0, front_total=10.0))  # front worker: 10.1 − 19.5 < 0
+    assert "engine in the front worker" in ceiling and "not judged" in ceiling
+    assert ": met.**" in ceiling  # judged on the runner's sound runs alone
+    results = engine_bench(95.0, front_total=10.0)
+    for step in results["placement"]:
+        step["cpu"]["ms_per_request"]["runner"] = 1.0  # every run now spends less than the profile
+    results["runs"][0]["cpu"]["ms_per_request"]["runner"] = 1.0
+    ceiling, beyond = targets_of(results)
+    assert ": not judged.**" in ceiling and ": not judged.**" in beyond
 
 
 def test_decode_target_compares_the_pool_with_pillow_alone_in_the_same_run() -> None:
@@ -329,14 +359,17 @@ def test_served_section_lists_every_backend_and_the_placement_runs(tmp_path) -> 
     from load_tests.report import _served_section, served_splits
 
     results = engine_bench(93.0)
-    assert [(s["backend"], s["placement"]) for s in served_splits(results)] == [
-        ("onnx-int8", "runner process"),
-        ("onnx-int8", "front worker"),
+    assert [(s["placement"], s["run_round"]) for s in served_splits(results)] == [
+        ("runner process", 0),
+        ("runner process", 1),
+        ("front worker", 1),
+        ("runner process", 2),
+        ("front worker", 2),
     ]
     text = "\n".join(_served_section(results, "docs/bench"))
     assert "## Served vs the engine's ceiling" in text and "docs/bench/served.png" in text
     assert "| `onnx-int8` | runner process | 10 | 93.0 | 102.6 (4 + 15 ms at b8) | **91%** | 22.1 | **2.6** |" in text
-    assert "| `onnx-int8` | front worker (placement step) | 10 | 96.0 |" in text
+    assert "| `onnx-int8` | front worker (placement step, round 1) | 10 | 96.0 |" in text
 
 
 def test_http_section_shows_the_split_and_the_cache_hit_front_cpu() -> None:
