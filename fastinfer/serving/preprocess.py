@@ -59,14 +59,15 @@ def decode(data: bytes | memoryview, max_pixels: int, target_short_side: int, fa
                     f"The image is {width}×{height} = {width * height:,} pixels; the limit is "
                     f"{max_pixels:,} (FASTINFER_MAX_PIXELS). It was not decoded."
                 )
-            upright = ORIENTATION_TRANSPOSE.get(orientation(img))  # from the header, before any decode
             if img.format in JPEG_FORMATS:
                 scale = target_short_side / min(width, height)
                 img.draft(None, (math.ceil(width * scale), math.ceil(height * scale)))
                 if fast_jpeg and (fast := decode_jpeg_turbo(data, img)) is not None:
-                    return fast if upright is None else fast.transpose(upright)
+                    return upright(fast, orientation(img))  # a JPEG's header holds its EXIF: nothing is decoded
             img.load()
-            return to_rgb(img if upright is None else img.transpose(upright))
+            # After loading: reading some formats' EXIF decodes them (PNG), and Pillow's TIFF loader turns
+            # the picture upright itself (and drops the tag), so that it is not turned twice.
+            return to_rgb(upright(img, orientation(img)))
     except (InvalidImage, ImageTooLarge):
         raise
     except UnidentifiedImageError as exc:
@@ -79,10 +80,16 @@ JPEG_FORMATS = ("JPEG", "MPO")
 """A phone's multi-picture file (MPO) is a JPEG followed by others: its first picture is the photo."""
 
 
+def upright(img: Image.Image, orientation: int) -> Image.Image:
+    """``img`` as the viewer should see it, given its EXIF orientation (1-8; anything else: as stored)."""
+    method = ORIENTATION_TRANSPOSE.get(orientation)
+    return img if method is None else img.transpose(method)
+
+
 def orientation(img: Image.Image) -> int:
-    """The EXIF orientation in an opened image's header (Pillow reads EXIF, else XMP's tiff:Orientation);
-    1 where there is none or it is malformed: a broken metadata block costs a picture its rotation,
-    never its answer (Pillow's ``exif_transpose`` raised on some, and rewrote the block we discard)."""
+    """An image's EXIF orientation (Pillow reads EXIF, else XMP's tiff:Orientation); 1 where there is none
+    or it is malformed: a broken metadata block costs a picture its rotation, never its answer (Pillow's
+    ``exif_transpose`` raised on some, rewriting the block we discard anyway)."""
     try:
         value = img.getexif().get(ExifTags.Base.Orientation, 1)
     except Exception:

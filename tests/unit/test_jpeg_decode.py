@@ -192,3 +192,17 @@ def test_an_arithmetic_coded_jpeg_is_read_by_the_fast_path() -> None:
     out = prepare(data, SPEC, 10**9).pixels
     diff = np.abs(out.astype(np.int16) - prepare(source, SPEC, 10**9).pixels.astype(np.int16))
     assert diff.max() == 0  # arithmetic coding is lossless over the same coefficients
+
+
+@pytest.mark.parametrize("fmt", ["TIFF", "PNG", "WEBP"])
+@pytest.mark.parametrize("value", [1, 3, 6, 8])
+def test_other_formats_are_turned_upright_once(fmt: str, value: int) -> None:
+    """The orientation is read after Pillow loads the picture: its TIFF loader turns a TIFF upright itself
+    (and drops the tag), which a read before the load would have applied a second time."""
+    stored = photos.load("coffee.png").resize((300, 200))
+    exif = Image.Exif()
+    exif[0x0112] = value
+    data = images.encode(stored, fmt, exif=exif.tobytes(), **({"lossless": True} if fmt == "WEBP" else {}))
+    got = np.asarray(preprocess.decode(data, 10**9, SPEC.resize_size))
+    expected = np.asarray(preprocess.upright(stored, value))
+    assert got.shape == expected.shape and np.abs(got.astype(int) - expected.astype(int)).max() <= 1
