@@ -42,7 +42,7 @@ from fastinfer.common import hardware
 from fastinfer.measure import photos
 from load_tests import cpu
 from load_tests.checks import BATCH_IMAGES
-from load_tests.report import best_backend, write_markdown
+from load_tests.report import best_backend, measured_runs, write_markdown
 from load_tests.service import ROOT, auth_headers, start_server, stop_server
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
@@ -263,15 +263,8 @@ def measure_http(results: dict[str, Any]) -> list[dict[str, Any]]:
     from fastinfer.measure import profile as prof
 
     costs = [prof.StageCost(**s) for s in results["profile"]["stages"]]
-    chosen: dict[str, dict[str, Any]] = {}
-    for r in results["runs"]:
-        if r["scenario"] != "inference" or "cpu" not in r or not r["requests"]:
-            continue
-        old = chosen.get(r["backend"])
-        if old is None or (old["users"] != 10 and (r["users"] == 10 or r["users"] > old["users"])):
-            chosen[r["backend"]] = r
     out = []
-    for backend, r in chosen.items():
+    for backend, r in measured_runs(results).items():
         server = r.get("batching") or {}
         local = get_settings().batching_for(backend) if backend in get_settings().batching else None
         enabled = server.get("enabled", local.enabled if local else True)
@@ -348,7 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     pid = args.server_pid if url else None
     if url is None:
         say("starting bentoml serve")
-        server = start_server(None, args.out / "serve.log", {"FASTINFER_MAX_CONCURRENCY": "256"})
+        # Engines in their runners, whatever the shell exports: the runs are labelled "runner process".
+        env = {"FASTINFER_MAX_CONCURRENCY": "256", "FASTINFER_IN_FRONT": ""}
+        server = start_server(None, args.out / "serve.log", env)
         url, pid = server.url, server.process.pid
     if pid is None:
         say("--url without --server-pid: the server's CPU is not accounted, the HTTP cost not measured")
@@ -445,8 +440,12 @@ def placement(results: dict[str, Any], args: argparse.Namespace) -> list[dict[st
     if best is None:
         return []
     rows = []
-    both = (("runner process", {}), ("front worker", {"FASTINFER_IN_FRONT": best}))
-    for round_, (where, env) in ((r, p) for r in range(1, PLACEMENT_ROUNDS + 1) for p in both):
+    # Set, not inherited from the shell: the labels must be true, and the front worker needs a single worker.
+    runner = ("runner process", {"FASTINFER_IN_FRONT": "", "FASTINFER_FRONT_WORKERS": "1"})
+    front = ("front worker", {"FASTINFER_IN_FRONT": best, "FASTINFER_FRONT_WORKERS": "1"})
+    # Alternating runner, front, front, runner: a machine that drifts in speed favours neither.
+    order = [(runner, front) if r % 2 else (front, runner) for r in range(1, PLACEMENT_ROUNDS + 1)]
+    for round_, (where, env) in ((r, p) for r, pair in enumerate(order, 1) for p in pair):
         say(f"placement: {best} in the {where} (round {round_}), 10 users, {args.duration:g}s")
         server = start_server(None, args.out / "serve-placement.log", {"FASTINFER_MAX_CONCURRENCY": "256", **env})
         try:

@@ -128,7 +128,11 @@ def plot_served(splits: list[dict[str, Any]], path: Path) -> None:
     for i, s in enumerate(splits):
         ax.text(left[i], i, f"  {s['req_per_s']} req/s = {s['share']:.0%} of {s['ceiling_req_per_s']}", va="center",
                 fontsize=8)  # fmt: skip
-    ax.set_xlabel("server CPU ms per request (10 users, cache bypassed)")
+    users = sorted({s["users"] for s in splits})
+    ax.set_xlabel(
+        f"server CPU ms per request ({', '.join(map(str, users))} users, cache bypassed; a negative cause, "
+        "the profile dearer than the run, is not drawn)"
+    )
     ax.set_title("Served vs the engine's ceiling: where the CPU beyond decode and inference goes")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=7)
     ax.set_xlim(0, max(left) * 1.55)

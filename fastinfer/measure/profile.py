@@ -169,20 +169,30 @@ def in_process_latency_ms(costs: list[StageCost], backend: str) -> float | None:
     return None if any(p is None for p in parts) else sum(p for p in parts if p is not None)
 
 
-def inference_at(costs: list[StageCost], backend: str, batch: float) -> float | None:
-    """In-process inference CPU per image at a (mean) batch size: the profiled size itself, else linear
-    between the profiled sizes around it (b1 and b8), clamped to them. None if none was profiled."""
-    per_image = sorted(
+def _per_image(costs: list[StageCost], backend: str) -> list[tuple[int, float]]:
+    """(batch size, inference CPU ms per image) of each profiled size of ``backend``, smallest first."""
+    return sorted(
         (int(c.detail.rsplit(" b", 1)[1]), c.cpu_ms)
         for c in costs
         if c.stage == "inference" and c.detail.rsplit(" b", 1)[0] == backend
     )
+
+
+def inference_at(costs: list[StageCost], backend: str, batch: float) -> float | None:
+    """In-process inference CPU per image at a mean batch size (rows ÷ model calls): the profiled size
+    itself, else ``a + o / batch`` through the profiled sizes around it (a per-image cost plus a per-call
+    one shared by the batch's images), clamped to them. With calls of sizes b_i that model's mean per image
+    is exactly a + o × calls ÷ rows, so the mean batch is all it needs. None if nothing was profiled."""
+    per_image = _per_image(costs, backend)
     if not per_image:
         return None
     below = [(b, ms) for b, ms in per_image if b <= batch] or per_image[:1]
     above = [(b, ms) for b, ms in per_image if b >= batch] or per_image[-1:]
     (b0, ms0), (b1, ms1) = below[-1], above[0]
-    return ms0 if b1 == b0 else ms0 + (ms1 - ms0) * (batch - b0) / (b1 - b0)
+    if b1 == b0:
+        return ms0
+    shared = (ms0 - ms1) / (1 / b0 - 1 / b1)  # o, from ms0 = a + o/b0 and ms1 = a + o/b1
+    return ms1 - shared / b1 + shared / batch
 
 
 @dataclass
@@ -191,7 +201,8 @@ class ServedSplit:
     inference, by cause (CPU ms per request; the causes sum to ``beyond_ms``).
 
     base = in-process decode + preprocess (the pool's mix) + postprocess + inference per image at the
-    batch the runner formed (:func:`inference_at`). Causes, from each server thread's CPU (load_tests/cpu.py):
+    batch the runner formed (:func:`inference_at`). Causes (empty where the threads were not read, as off
+    Linux), from each server thread's CPU (load_tests/cpu.py):
     the front's event loop (HTTP, middleware, cache, JSON, the client side of the hop) less postprocess;
     the runner's event loop (the hop's server side: HTTP, unpickling, the batcher); decode threads beyond
     the in-process decode (contention, copies); engine threads beyond the in-process inference (a parallel
@@ -224,21 +235,23 @@ def served_split(
     batching = run.get("batching") or {}
     batch = float(batching.get("mean_batch") or 1.0) if batching.get("enabled", True) else 1.0
     inference = inference_at(costs, run["backend"], batch)
-    if not threads or decode_ms is None or prep_ms is None or inference is None or not run.get("requests"):
+    if not cpu or decode_ms is None or prep_ms is None or inference is None or not run.get("requests"):
         return None
     per = cpu["ms_per_request"]
     server = per["front"] + per["runner"] + per["other"]
-    front, runner = threads.get("front", {}), threads.get("runner", {})
-    causes = {
-        "front event loop": front.get("event loop", 0.0) - post,
-        "runner event loop": runner.get("event loop", 0.0),
-        "decode beyond in-process": front.get("decode", 0.0) - decode_ms - prep_ms,
-        "engine beyond in-process": runner.get("engine and other threads", 0.0)
-        + (front.get("engine and other threads", 0.0) if placement == "front worker" else 0.0)
-        - inference,
-    }
     beyond = server - decode_ms - prep_ms - post - inference
-    causes["other"] = beyond - sum(causes.values())
+    causes: dict[str, float] = {}
+    if threads:
+        front, runner = threads.get("front", {}), threads.get("runner", {})
+        causes = {
+            "front event loop": front.get("event loop", 0.0) - post,
+            "runner event loop": runner.get("event loop", 0.0),
+            "decode beyond in-process": front.get("decode", 0.0) - decode_ms - prep_ms,
+            "engine beyond in-process": runner.get("engine and other threads", 0.0)
+            + (front.get("engine and other threads", 0.0) if placement == "front worker" else 0.0)
+            - inference,
+        }
+        causes["other"] = beyond - sum(causes.values())
     ceiling = cores * 1000 / (decode_ms + prep_ms + post + inference)
     return ServedSplit(
         backend=run["backend"],
@@ -264,11 +277,7 @@ def subtracted_batch(costs: list[StageCost], backend: str, batching: bool, max_b
     image than one image alone: the cheapest per-image CPU among the profiled sizes within that bound
     (b8 in practice) is the least the model can have cost, so subtracting it never hides HTTP cost in
     "inference" (the overhead is not understated). A runner without batching runs b1."""
-    per_image = {
-        int(c.detail.rsplit(" b", 1)[1]): c.cpu_ms
-        for c in costs
-        if c.stage == "inference" and c.detail.rsplit(" b", 1)[0] == backend
-    }
+    per_image = dict(_per_image(costs, backend))
     if not batching:
         return 1 if 1 in per_image else None
     within = {b: ms for b, ms in per_image.items() if b <= max_batch}
