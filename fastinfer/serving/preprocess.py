@@ -4,7 +4,7 @@ JPEG decoding dominates preprocessing, so JPEGs are decoded at the smallest DCT 
 (1/2, 1/4, 1/8) that still leaves the shorter side >= the resize target (``Image.draft`` picks it).
 Colour and greyscale JPEGs are decoded by libjpeg-turbo through simplejpeg at that same scale, with
 the same settings as Pillow's own libjpeg-turbo (simplejpeg 1.9.0 bundles 3.1.2, Pillow 13.0.0 3.2.0):
-the same pixels (tests/unit/test_jpeg_decode.py holds it), a few % less decode CPU (4.5% on the
+the same pixels (tests/unit/test_jpeg_decode.py holds it), a few % less decode CPU (about 4% on the
 benchmark pool; Pillow's chunked reading in Python is all it saves). It also reads
 arithmetic-coded JPEGs, which Pillow's incremental reading refuses beyond its first buffer. Pillow
 decodes everything else (other formats, CMYK JPEGs) and every JPEG simplejpeg refuses, so that a
