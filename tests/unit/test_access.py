@@ -15,6 +15,7 @@ from fastinfer.catalog import config
 from fastinfer.front.access import Access, ApiKeys, RateGuard, Refusal, analyze_guard, share, spend
 from fastinfer.front.http import FrontMiddleware
 from fastinfer.front.paths import is_open
+from tests.settings import settings_with as settings
 
 KEYS = ("k1-0123456789abcdef", "k2-fedcba9876543210")
 
@@ -118,16 +119,11 @@ def test_without_keys_everything_is_open() -> None:
 # ---- the settings ----
 
 
+SECRETS = ("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE", "GROQ_API_KEY", "GROQ_API_KEY_FILE")
+
+
 def settings_with(monkeypatch, **env: str) -> config.Settings:
-    for name in ("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE", "GROQ_API_KEY", "GROQ_API_KEY_FILE"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    config.get_settings.cache_clear()
-    try:
-        return config.get_settings()
-    finally:
-        config.get_settings.cache_clear()
+    return settings(monkeypatch, *SECRETS, **env)
 
 
 def test_keys_come_from_the_variable_or_a_secret_file(monkeypatch, tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ from fastinfer.serving.cache import (
     redact_url,
 )
 from tests.servers import RedisServer
+from tests.settings import settings_with as settings
 
 TAG = "resnet50-onnx:abc"
 KEY = cache_key(b"image", "onnx", TAG, 5)
@@ -810,15 +811,7 @@ CACHE_SECRETS = (
 
 
 def settings_with(monkeypatch, **env: str) -> config.Settings:
-    for name in CACHE_SECRETS:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    config.get_settings.cache_clear()
-    try:
-        return config.get_settings()
-    finally:
-        config.get_settings.cache_clear()
+    return settings(monkeypatch, *CACHE_SECRETS, **env)
 
 
 def test_the_redis_password_comes_from_a_secret_into_the_url(monkeypatch, tmp_path) -> None:

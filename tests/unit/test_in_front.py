@@ -10,25 +10,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from fastinfer.catalog import config, store
+from fastinfer.catalog import store
 from fastinfer.catalog.backends import SPECS, open_engine
 from fastinfer.common.errors import RequestTimeout, RunnerNotLoaded
 from fastinfer.serving import deadlines
 from runners import REGISTRY, attribute
 from runners.base import RunnerCore
 from runners.calls import RunnerCalls
+from tests.settings import settings_with
 
 BACKEND = "onnx-int8"
-
-
-def settings_with(monkeypatch: pytest.MonkeyPatch, **env: str) -> config.Settings:
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    config.get_settings.cache_clear()
-    try:
-        return config.get_settings()
-    finally:
-        config.get_settings.cache_clear()
 
 
 def test_the_setting_names_backends_and_becomes_their_runners(monkeypatch: pytest.MonkeyPatch) -> None:
