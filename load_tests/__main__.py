@@ -472,6 +472,7 @@ def study(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
                     "FASTINFER_RUNNER_WORKERS": str(runner),
                     f"FASTINFER_BATCHING_{key}": batching,
                     "FASTINFER_MAX_CONCURRENCY": "256",
+                    "FASTINFER_IN_FRONT": "",  # engines in their runners, whatever the shell exports
                 }
                 say(f"study: {best}, front {front}, runner {runner}, batching {batching}")
                 server = start_server(None, args.out / "serve-study.log", env)
