@@ -93,7 +93,9 @@ def served_splits(results: dict[str, Any]) -> list[dict[str, Any]]:
     if not costs or not cores:
         return []
     runs = [(r, "runner process") for r in measured_runs(results).values()]
-    runs += [(r, r["placement"]) for r in results.get("placement", []) if r.get("cpu")]
+    # A placement run is a step's round even where an older results.json did not number it.
+    steps = [r for r in results.get("placement", []) if r.get("cpu")]
+    runs += [({**r, "round": r.get("round") or 1}, r["placement"]) for r in steps]
     splits = [served_split(costs, cores, r, where) for r, where in runs]
     return [asdict(s) for s in splits if s is not None]
 
@@ -313,20 +315,21 @@ def _engine_targets(results: dict[str, Any]) -> list[str]:
     best = best_backend(results)
     mine = [s for s in splits if s["backend"] == best and s["users"] == 10]
     if mine:
-        stepped = [s for s in mine if s["run_round"]] or [s for s in mine if not s["run_round"]][:1]
-        chosen = representative(stepped)
+        stepped = [s for s in mine if s["run_round"]]
+        # Each placement by its step's median run; the runner's by the main run where the step has none.
+        chosen = {**{s["placement"]: s for s in mine if not s["run_round"]}, **representative(stepped)}
+        runs = {where: sum(s["placement"] == where for s in stepped) or 1 for where in chosen}
         run = _run(results, "inference", backend=best, users=10) or {}
-        errors = run.get("failures", 0) + sum(r.get("failures", 0) for r in results.get("placement", []))
+        steps = [r for r in results.get("placement", []) if r["backend"] == best and r["users"] == 10]
+        errors = run.get("failures", 0) + sum(r.get("failures", 0) for r in steps)
         judged = {where: s for where, s in chosen.items() if sound(s)}
         each = "; ".join(
-            f"engine in the {where}: {s['req_per_s']} req/s = {s['share']:.0%} of {s['ceiling_req_per_s']}, "
-            f"{s['beyond_ms']:g} ms beyond"
+            f"engine in the {where} ({'median of ' + str(runs[where]) + ' runs' if runs[where] > 1 else 'one run'}): "
+            f"{s['req_per_s']} req/s = {s['share']:.0%} of {s['ceiling_req_per_s']}, {s['beyond_ms']:g} ms beyond"
             + (f" ({_causes(s)})" if s["causes"] else " (causes: not read)")
             + ("" if where in judged else ": the in-process figures do not describe this run, not judged")
             for where, s in chosen.items()
         )
-        n = len(stepped) // max(1, len(chosen))
-        rounds = f"median of {n} runs each" if n > 1 else "one run each"
         cores = results.get("profile", {}).get("cores", "the")
         base = next(iter(chosen.values()))
 
@@ -336,7 +339,7 @@ def _engine_targets(results: dict[str, Any]) -> list[str]:
         lines.append(
             f"- **Best backend at 10 clients >= {CEILING_SHARE}% of the engine's ceiling without HTTP, zero errors, "
             f"on {cpu_name}: {verdict(any(s['share'] >= CEILING_SHARE / 100 for s in judged.values()))}.** "
-            f"`{best}`, {rounds} ({errors} errors): {each}. The ceiling: {cores} cores ÷ in-process decode + "
+            f"`{best}` ({errors} errors): {each}. The ceiling: {cores} cores ÷ in-process decode + "
             f"preprocess {base['decode_ms']:g} + inference {base['inference_ms']:g} CPU ms per image at the "
             f"b{base['batch']:g} the batcher formed."
         )
