@@ -8,7 +8,7 @@ WEIGHTS ?= auto
 # The model store lives in the project unless you point BENTOML_HOME elsewhere.
 export BENTOML_HOME ?= $(CURDIR)/bentoml_home
 
-.PHONY: serve test system-deps models lint clean-models bento container bench
+.PHONY: serve test system-deps models lint clean-models bento container bench tune
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ clean-models:
 # Regenerates BENCHMARKS.md and docs/bench/*.png from scratch on this machine (~25 min).
 bench: models
 	$(PY) -m load_tests --study
+
+# Serves each promising configuration for real (~7 min on 2 cores) and keeps the best as the server's
+# default ($(BENTOML_HOME)/tuned/tuned.json); TUNE_ARGS="--goal latency", "--budget 900", ...
+tune: models
+	$(PY) -m load_tests.tuning $(TUNE_ARGS)
 
 # The bento: service, code, dashboard and the models (by tag) — offline (lock_packages: false).
 bento: models

@@ -20,6 +20,7 @@ from starlette.routing import Route
 from starlette.types import Scope, Send
 
 from fastinfer.catalog import store
+from fastinfer.catalog.choice import default_choice
 from fastinfer.catalog.config import get_settings
 from fastinfer.common import hardware
 from fastinfer.common.errors import ApiError
@@ -44,7 +45,6 @@ from runners.calls import RunnerCalls
 logger = logging.getLogger("fastinfer.service")
 DASHBOARD_DIR = Path(__file__).parent / "dashboard"
 settings = get_settings()
-FORM_RULES = image_api.FormRules(settings.default_backend, settings.max_batch_images)
 
 
 # Overload (429) and timeouts (504) are answered by FrontMiddleware, in our error shape; BentoML's
@@ -70,6 +70,10 @@ class FastInfer:
             if (m := store.serving_or_none(entry.spec.artifact, entry.spec.static_batches[0])) is not None
         }
         self.hardware = hardware.probe()
+        # FASTINFER_DEFAULT_BACKEND=auto resolves here, in each worker, once the served versions are pinned.
+        self.default = default_choice()
+        self.form_rules = image_api.FormRules(self.default.backend, settings.max_batch_images)
+        logger.info("default backend: %s", self.default.describe())
         self.live = LiveStats()
         # Decoding is CPU-bound; more threads than cores only adds contention (see fastinfer.serving.cpu).
         self.cpu = CpuPool(hardware.cpu_count(), "front-cpu")
@@ -162,7 +166,7 @@ class FastInfer:
 async def _image_lane(scope: Scope, body: bytes, send: Send) -> None:
     """An image route's request, its body in hand (FrontMiddleware's lane)."""
     service: FastInfer = bentoml.get_current_service()
-    await image_api.serve(service.pipeline, scope, body, send, FORM_RULES)
+    await image_api.serve(service.pipeline, scope, body, send, service.form_rules)
 
 
 async def _backends_route(_: Request) -> JSONResponse:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from build_models import ARTIFACT_NAMES, VerificationError, build, unusable
 from build_models.weights import NotResNet50Weights
+from fastinfer.common.home import use_project_store
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
         help="static INT8 activation type (default u8); given, it rebuilds INT8 models of the other type",
     )
     args = parser.parse_args(argv)
+    home = use_project_store()  # the store `make` uses, not ~/bentoml, wherever this runs from
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    print(f"build_models: model store {home / 'models'} (BENTOML_HOME={home})", flush=True)
     if args.if_missing:
         todo = unusable()  # reads every stored file (~0.35 s for the whole store)
         if not todo:

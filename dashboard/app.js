@@ -98,7 +98,8 @@ async function loadBackends() {
   $("#machine").textContent =
     `${hw.cpu} · ${hw.cores} cores · ${hw.isa.join(", ") || "no SIMD extensions found"}` +
     `${hw.neural_engine ? " · Neural Engine" : ""}${hw.cuda ? " · CUDA" : ""}` +
-    ` — recommended here: ${info.recommended.backend}`;
+    ` — recommended here: ${info.recommended.backend}` +
+    ` · default: ${info.default} (${info.default_choice ? info.default_choice.source : "set"})`;
   const list = $("#backends");
   list.replaceChildren(...info.backends.map((b) => el(
     "label",

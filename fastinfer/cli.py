@@ -1,4 +1,4 @@
-"""The ``fastinfer`` command line: build, doctor, fidelity, bench, profile.
+"""The ``fastinfer`` command line: build, tune, doctor, fidelity, bench, profile.
 
 What each command does is said once, in :func:`parser` (its help and description); ``fastinfer --help``
 and ``fastinfer <command> --help`` print it as plain text.
@@ -9,19 +9,36 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from fastinfer.catalog.config import BACKENDS
+from fastinfer.catalog import choice
+from fastinfer.catalog.config import BACKENDS, get_settings
 from fastinfer.common import hardware
+from fastinfer.common.home import bentoml_home, use_project_store
 
 
 def _available() -> dict[str, str | None]:
     from fastinfer.catalog.backends import unavailable_reason
 
     return {name: unavailable_reason(name) for name in BACKENDS}
+
+
+def _runnable(command: str, exclude: tuple[str, ...] = ()) -> list[str] | None:
+    """The backends that can run here (but ``exclude``), or None after saying in one line that none can
+    and where the models were looked for."""
+    reasons = {name: why for name, why in _available().items() if name not in exclude}
+    if runnable := [name for name, why in reasons.items() if why is None]:
+        return runnable
+    print(
+        f"fastinfer {command}: no backend can run here (model store {bentoml_home() / 'models'}); "
+        f"for example {next(iter(reasons))}: {next(iter(reasons.values()))}",
+        file=sys.stderr,
+    )
+    return None
 
 
 # What an engine's describe() says about where its work runs (see "No silent fallbacks", README).
@@ -72,8 +89,7 @@ def doctor(args: argparse.Namespace) -> int:
 
     hw = hardware.probe(check_torch=True)
     reasons = _available()
-    profile = json.loads(args.profile.read_text()) if args.profile and args.profile.exists() else None
-    throughput = {r["backend"]: r["images_per_s"] for r in profile["engines"]} if profile else None
+    measured, measured_why = choice.measured_here(args.profile, hw)
     report: dict[str, Any] = {"hardware": hw, "backends": {}}
     print("FastInfer doctor\n")
     for key in ("os", "cpu", "cores", "isa", "apple_chip", "neural_engine", "cuda", "mps"):
@@ -82,6 +98,7 @@ def doctor(args: argparse.Namespace) -> int:
     meaning: dict[str, str] = hw.get("isa_meaning", {})  # type: ignore[assignment]
     for label, text in meaning.items():
         print(f"  {'':14} {label}: {text}")
+    print(f"\nmodel store: {bentoml_home() / 'models'}")
     started = time.perf_counter()
     health = store_check.stored_health()  # every stored file against its recorded sha256
     checked_s = time.perf_counter() - started
@@ -107,8 +124,28 @@ def doctor(args: argparse.Namespace) -> int:
     report["store"] = {name: h.as_dict() for name, h in health.items()}
     # Only from what actually loaded: a backend whose model fails here is not recommended.
     available = [n for n, e in report["backends"].items() if e["available"]]
-    rec = report["recommended"] = hardware.recommend(hw, available, throughput)
-    print(f"\nrecommended here: {rec['backend'] or 'none'} — {rec['why']}")
+    rec = report["recommended"] = choice.recommend(hw, available, measured)
+    print(f"\nrecommended here: {rec['backend'] or 'none'} — {rec['why']} ({rec['source']})")
+    if measured is None:
+        print(f"  {measured_why}: `fastinfer bench` measures each backend here")
+    try:
+        settings = get_settings()
+    except ValueError as exc:  # a setting that would stop the server: said, and doctor says so in its exit code
+        print(f"\nsettings: a server started here would refuse to start: {exc}")
+        _write_json(args.json, {**report, "settings_error": str(exc)})
+        return 1
+    named_by = settings.sources.get("FASTINFER_DEFAULT_BACKEND", "environment")
+    default = choice.choose_default(settings.default_backend, hw, available, measured, named_by=named_by)
+    report["default"] = default.as_dict()
+    report["configuration"] = choice.configuration(settings, default)
+    report["tuned"] = settings.tuned
+    tuned = settings.tuned
+    print(f"default backend of a server started here: {default.describe()}")
+    print(f"tuned configuration ({tuned.get('path') or 'off'}): {tuned.get('status')}"
+          + (f" — {tuned['why']}" if tuned.get("why") else ""))  # fmt: skip
+    print("configuration a server started here would use (value, source):")
+    for name, entry in report["configuration"].items():
+        print(f"  {name:36} {entry['value']}  ({entry['source']})")
     _write_json(args.json, report)
     return 0
 
@@ -118,6 +155,13 @@ def fidelity(args: argparse.Namespace) -> int:
     from fastinfer.catalog.store import PreprocessSpec
     from fastinfer.measure import fidelity as fid
 
+    if (why := _available()["pytorch"]) is not None:
+        print(
+            f"fastinfer fidelity: the reference, pytorch FP32, cannot run: {why} (model store "
+            f"{bentoml_home() / 'models'})",
+            file=sys.stderr,
+        )
+        return 1
     images = fid.fidelity_images(PreprocessSpec())
     print(f"reference: pytorch FP32 on {len(images)} real photos", file=sys.stderr)
     reference = fid.run_batched(open_engine("pytorch"), images)
@@ -141,11 +185,11 @@ def bench_engines(args: argparse.Namespace) -> int:
     from fastinfer.measure import bench as engine_bench
     from fastinfer.measure.fidelity import fidelity_images
 
+    if (runnable := _runnable("bench")) is None:
+        return 1
     images = fidelity_images(PreprocessSpec())[:8]
     timings = []
-    for name, reason in _available().items():
-        if reason is not None:
-            continue
+    for name in runnable:
         engine = open_engine(name, threads=args.threads)
         for batch in args.batches:
             print(f"{name} b{batch} ...", file=sys.stderr, flush=True)
@@ -160,11 +204,12 @@ def profile(args: argparse.Namespace) -> int:
     from fastinfer.catalog.store import PreprocessSpec
     from fastinfer.measure import profile as prof
 
+    if (runnable := _runnable("profile", exclude=("coreml",))) is None:  # coreml-batched covers CoreML's models
+        return 1
     engines = {}
-    for name, reason in _available().items():
-        if reason is None and name != "coreml":  # coreml-batched covers the CoreML models
-            print(f"loading {name} ...", file=sys.stderr, flush=True)
-            engines[name] = open_engine(name, threads=args.threads)
+    for name in runnable:
+        print(f"loading {name} ...", file=sys.stderr, flush=True)
+        engines[name] = open_engine(name, threads=args.threads)
     print("measuring stages ...", file=sys.stderr, flush=True)
     result = prof.run(engines, args.batches, args.repeats, PreprocessSpec())
     if args.load_test and args.load_test.exists():
@@ -177,6 +222,38 @@ def profile(args: argparse.Namespace) -> int:
         plot_profile(result, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
+
+
+TUNER = "load_tests.tuning"
+# Where the server looks for it (FASTINFER_DEFAULT_BACKEND=auto), wherever the command runs from.
+BENCH_RESULT = choice.bench_result() or choice.BENCH_RESULT
+TUNE_DESCRIPTION = (
+    "Find the configuration that serves best on this machine (backend, where its engine runs, batching, front "
+    "workers, engine threads) by serving the promising ones for real (bentoml serve, locust, the benchmark pool), "
+    "within a time budget, and make it the server's default: make serve and bentoml serve read it; environment "
+    "variables still win. Writes $BENTOML_HOME/tuned/tuned.json and, beside it, report.md and tuned.png."
+)
+
+
+def tune_arguments(p: argparse.ArgumentParser) -> None:
+    """``fastinfer tune``'s options: checked here, then the tuner (load_tests/tuning) parses them again."""
+    p.add_argument(
+        "--goal",
+        choices=["throughput", "latency"],
+        default="throughput",
+        help="throughput: most req/s at --clients; latency: lowest single-client p50 (default: %(default)s)",
+    )
+    p.add_argument("--clients", type=int, default=10, help="concurrent clients for --goal throughput (default: 10)")
+    p.add_argument("--p95-ms", type=float, help="with --goal throughput: only configurations whose p95 stays under it")
+    p.add_argument("--budget", type=float, default=420, help="seconds the whole tune may take (default: 420)")
+    p.add_argument("--seconds", type=float, default=12, help="seconds of load per trial (default: 12)")
+    p.add_argument("--backends", help="comma-separated backends to consider (default: every one that can run here)")
+
+
+def tune(args: argparse.Namespace) -> int:
+    """The tuner starts servers and the load generator, so it lives with them (load_tests/, the layer above
+    this one); it runs as its own program, as `make bench` runs `python -m load_tests`."""
+    return subprocess.call([sys.executable, "-m", TUNER, *args.argv])
 
 
 THREADS_HELP = "intra-op threads per model (default: the cores this process may use)"
@@ -203,6 +280,11 @@ def parser() -> argparse.ArgumentParser:
         "Build every model into the BentoML store: the same as python -m build_models.",
     )
     p = command(
+        "tune", "find the configuration that serves best here and make it the server's default", TUNE_DESCRIPTION
+    )
+    tune_arguments(p)
+    p.set_defaults(func=tune)
+    p = command(
         "doctor",
         "this machine, each backend's availability and placement, the recommendation",
         "Probe this machine (CPU, cores, instruction sets, accelerators), load every backend that can run "
@@ -213,7 +295,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--profile",
         type=Path,
-        default=Path("artifacts/bench.json"),
+        default=BENCH_RESULT,
         help="a fastinfer bench result to recommend from, when it exists (default: %(default)s)",
     )
     p.set_defaults(func=doctor)
@@ -242,9 +324,7 @@ def parser() -> argparse.ArgumentParser:
         "--repeats", type=int, default=20, help="timed runs per backend and batch size (default: %(default)s)"
     )
     p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
-    p.add_argument(
-        "--json", type=Path, default=Path("artifacts/bench.json"), help="write the results here (default: %(default)s)"
-    )
+    p.add_argument("--json", type=Path, default=BENCH_RESULT, help="write the results here (default: %(default)s)")
     p.set_defaults(func=bench_engines)
     p = command(
         "profile",
@@ -271,13 +351,21 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    use_project_store()  # the store `make` uses, not ~/bentoml, wherever this runs from
     if argv and argv[0] == "build":
         # The CLI is the composition root: the one place in fastinfer/ that reaches build_models.
         from build_models.__main__ import main as build_main
 
         return build_main(argv[1:])
     args = parser().parse_args(argv)
-    return int(args.func(args))
+    args.argv = argv[1:]  # for a command handed over as it was given (tune)
+    from fastinfer.catalog.backends import NotStored
+
+    try:
+        return int(args.func(args))
+    except NotStored as exc:  # a model this command needs: one line, never a traceback
+        print(f"fastinfer {args.command}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ SINGLE_CLIENT_LIMIT = 1.15
 """Single-client p50 on the best backend may be at most this multiple of in-process decode + preprocess +
 inference (b1, wall) of the same photo."""
 CACHE_HIT_VS_BARE = 1.3
+DEFAULT_VS_ONNX = 3.0
+"""The default backend at 10 clients must serve at least this multiple of `onnx`'s req/s (same run)."""
 """The cache-hit path must serve at least this multiple of a bare BentoML API's req/s (same body, same run)."""
 CEILING_SHARE = 90
 """The best backend at 10 clients must reach this % of the engine's ceiling without HTTP (in-process decode +
@@ -284,7 +286,27 @@ def _targets(results: dict[str, Any]) -> list[str]:
                 "plus the client's own CPU on the same cores."
             )
     lines += _engine_targets(results)
+    lines += _default_target(results)
     return lines
+
+
+def _default_target(results: dict[str, Any]) -> list[str]:
+    """The default backend (FASTINFER_DEFAULT_BACKEND, `auto` unless set) at 10 users against `onnx`,
+    the default before `auto`: what README's first curl gets, as a multiple of what it used to get."""
+    chosen = results.get("default") or {}
+    default, was = chosen.get("backend"), _run(results, "inference", backend="onnx", users=10)
+    mine = _run(results, "inference", backend=default, users=10) if default else None
+    if not (mine and was and was["req_per_s"] > 0):
+        return []
+    ratio = mine["req_per_s"] / was["req_per_s"]
+    return [
+        f"- **The default backend at 10 clients >= {DEFAULT_VS_ONNX:g}× `onnx` (the default before `auto`), on "
+        f"{_cpu_name(results)}: {'met' if ratio >= DEFAULT_VS_ONNX else 'NOT met'}.** This server's default: "
+        f"`{default}` (FASTINFER_DEFAULT_BACKEND={chosen.get('requested')}, {chosen.get('source')}: "
+        f"{chosen.get('why')}), {mine['req_per_s']} req/s vs `onnx` {was['req_per_s']} req/s = {ratio:.2f}×, "
+        f"same run, cache bypassed (the runs name their backend; the default only decides which one a "
+        f"request without one gets)."
+    ]
 
 
 def representative(splits: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

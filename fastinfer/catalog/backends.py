@@ -191,12 +191,18 @@ def unavailable_reason(name: str) -> str | None:
     return None
 
 
+class NotStored(LookupError):
+    """A backend's model is not in the store this process uses: said in one line, where to look included."""
+
+
 def model_dirs(name: str) -> dict[int | None, str]:
     spec = SPECS[name]
     found = {b: store.serving(spec.artifact, b) for b in spec.static_batches}
     lost = [store.model_name(spec.artifact, b) for b, m in found.items() if m is None]
     if lost:
-        raise LookupError(f"{', '.join(lost)} not in the model store; run `python -m build_models`")
+        raise NotStored(
+            f"{', '.join(lost)} not in the model store ({bentoml_home() / 'models'}); run `python -m build_models`"
+        )
     return {b: m.path for b, m in found.items() if m is not None}
 
 

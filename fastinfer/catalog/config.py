@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from fastinfer.catalog import backends
@@ -39,7 +40,7 @@ class GroqConfig:
 
 @dataclass(frozen=True)
 class Settings:
-    default_backend: str = "onnx"
+    default_backend: str = "auto"  # or a backend's name; `auto` follows this machine (fastinfer/catalog/choice.py)
     max_bytes: int = 20 * 1024 * 1024
     max_pixels: int = 50_000_000
     front_workers: int = 1
@@ -71,13 +72,24 @@ class Settings:
     analyze_total_per_minute: int = 30  # /analyze per minute from all clients (README)
     contact: dict[str, str] = field(default_factory=dict)  # FASTINFER_CONTACT for the API page ({}: not set)
     in_front: frozenset[str] = frozenset()  # runners whose engine the front worker holds (FASTINFER_IN_FRONT)
+    tuned: dict[str, Any] = field(default_factory=dict)  # the tuned file as found (fastinfer/catalog/tuned.py)
+    sources: dict[str, str] = field(default_factory=dict)  # tunable variable → environment | tuned (if set)
 
     def batching_for(self, backend: str) -> BatchingConfig:
         return self.batching[backend]  # every backend has an entry (get_settings builds them all)
 
 
+# The tuned file's values while get_settings parses (fastinfer/catalog/tuned.py): below the environment.
+_tuned_values: dict[str, str] = {}
+
+
+def _setting(name: str) -> str:
+    """A setting as given: the environment's value, else the tuned file's, else "" (the default)."""
+    return os.environ.get(name, "").strip() or _tuned_values.get(name, "")
+
+
 def _int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
+    raw = _setting(name)
     if not raw:
         return default
     try:
@@ -119,7 +131,7 @@ def _non_negative(name: str, default: int) -> int:
 
 
 def _bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name, "").strip().lower()
+    raw = _setting(name).lower()
     if not raw:
         return default
     if raw in ("1", "true", "yes", "on"):
@@ -255,12 +267,46 @@ def _batching(backend: str) -> BatchingConfig:
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The process-wide settings, read from the environment on first use."""
-    default_backend = os.environ.get("FASTINFER_DEFAULT_BACKEND", "onnx").strip() or "onnx"
+    """The process-wide settings, read on first use from the environment, then the tuned file where it
+    is in force on this machine (for what tuning sets; an environment variable wins over it). Tuned
+    values that do not parse, or clash with the environment, leave the tuned file out: never a failed start."""
+    from fastinfer.catalog import tuned as tuning
+
+    found = tuning.here()
+    if not found.in_force:
+        return _parse({}, found.as_dict())
+    try:
+        return _parse(found.settings, found.as_dict())
+    except ValueError as exc:
+        tuning.logger.warning("tuned configuration %s ignored: %s; the rule-based defaults apply", found.path, exc)
+        why = f"its values do not hold with this environment: {exc}"
+        return _parse({}, {**found.as_dict(), "status": "ignored", "why": why, "settings": {}})
+
+
+def _parse(tuned_values: dict[str, str], tuned: dict[str, Any]) -> Settings:
+    _tuned_values.clear()
+    _tuned_values.update(tuned_values)
+    try:
+        settings = _from_environment()
+    finally:
+        _tuned_values.clear()
+    sources = {name: "environment" if os.environ.get(name, "").strip() else "tuned" for name in tuned_values}
+    sources |= {name: "environment" for name in os.environ if tuning_name(name) and os.environ[name].strip()}
+    return replace(settings, tuned=tuned, sources=sources)
+
+
+def tuning_name(name: str) -> bool:
+    from fastinfer.catalog.tuned import TUNABLE
+
+    return TUNABLE.fullmatch(name) is not None
+
+
+def _from_environment() -> Settings:
+    default_backend = _setting("FASTINFER_DEFAULT_BACKEND") or Settings.default_backend
     if os.environ.get("FASTINFER_CACHE", "auto").strip().lower() not in ("", "auto", "redis", "memory", "off"):
         raise ValueError("FASTINFER_CACHE must be one of auto, redis, memory, off")
-    if default_backend not in BACKENDS:
-        raise ValueError(f"FASTINFER_DEFAULT_BACKEND must be one of {', '.join(BACKENDS)}")
+    if default_backend != "auto" and default_backend not in BACKENDS:
+        raise ValueError(f"FASTINFER_DEFAULT_BACKEND must be auto or one of {', '.join(BACKENDS)}")
     # FASTINFER_OPENVINO_PRECISION is read where the engine opens (the backend table, below these settings);
     # checked here too, so that a bad value stops the server at start-up like every other setting.
     backends.openvino_precision()
@@ -298,7 +344,7 @@ def get_settings() -> Settings:
         analyze_per_minute=_positive("FASTINFER_ANALYZE_PER_MINUTE", Settings.analyze_per_minute),
         analyze_total_per_minute=_positive("FASTINFER_ANALYZE_TOTAL_PER_MINUTE", Settings.analyze_total_per_minute),
         contact=_contact(os.environ.get("FASTINFER_CONTACT", "")),
-        in_front=_in_front(os.environ.get("FASTINFER_IN_FRONT", ""), front_workers),
+        in_front=_in_front(_setting("FASTINFER_IN_FRONT"), front_workers),
         groq=GroqConfig(
             api_key=_groq_key(*_secret("GROQ_API_KEY", "GROQ_API_KEY_FILE")),
             model=os.environ.get("FASTINFER_GROQ_MODEL", "").strip() or GroqConfig.model,

@@ -363,35 +363,3 @@ def probe(check_torch: bool = False) -> dict[str, object]:
         except ImportError:
             pass
     return info
-
-
-def recommend(hw: dict[str, object], available: list[str], profile: dict[str, float] | None = None) -> dict[str, str]:
-    """The backend to use here and why: measured throughput when a profile exists, else by rule."""
-    if profile:
-        measured = {name: rps for name, rps in profile.items() if name in available}
-        if measured:
-            best = max(measured, key=lambda n: measured[n])
-            return {"backend": best, "why": f"highest measured throughput here ({measured[best]:.1f} img/s, profile)"}
-    isa = set(hw.get("isa", []))  # type: ignore[arg-type]
-    int8_units = bool(isa & {"avx512_vnni", "avx_vnni", "amx_int8"})
-    rules = [
-        ("coreml-batched", bool(hw.get("neural_engine")), "Apple Neural Engine via CoreML FP16, batched"),
-        ("onnx", bool(hw.get("cuda")), "CUDA GPU via ONNX Runtime's CUDA EP"),
-        (
-            "openvino-int8",
-            int8_units,
-            "x86 integer dot-product units (VNNI/AMX): OpenVINO's static INT8 ran ~1.4× ONNX Runtime's in process",
-        ),
-        ("onnx-int8", int8_units, "x86 integer dot-product units (VNNI/AMX) run static INT8 ~2× faster than FP32"),
-        ("openvino", bool(isa & {"avx512_bf16", "amx_bf16"}), "BF16 units: OpenVINO runs the FP32 model in BF16"),
-        ("openvino", hw.get("machine") in ("x86_64", "AMD64"), "OpenVINO FP32 on an x86 CPU without INT8/BF16 units"),
-        ("onnx", True, "ONNX Runtime FP32 on the CPU: no integer dot-product units or accelerator found"),
-    ]
-    for name, applies, why in rules:
-        if applies and name in available:
-            return {"backend": name, "why": f"{why} (rule)"}
-    if not available:
-        return {"backend": "", "why": "no backend can run here: each says why"}
-    # No rule names one of those available (onnx is missing, say): the first, said as what it is.
-    why = "the only backend available here" if len(available) == 1 else "the first available here; no rule prefers one"
-    return {"backend": available[0], "why": why}

@@ -81,12 +81,28 @@ class BackendInfo(BaseModel):
 
 
 class BackendsResponse(BaseModel):
-    default: str
+    default: str = Field(description="the backend of requests that name none")
+    default_choice: dict[str, str] = Field(
+        description="how the default was chosen: backend; requested (FASTINFER_DEFAULT_BACKEND: auto or a "
+        "backend); source (environment, measured or rule); why"
+    )
+    configuration: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="the settings that decide served throughput: setting → its value in force and its source "
+        "(tuned, environment, rule, measured or default)",
+    )
+    tuned: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the tuned file (`fastinfer tune`): path, status (in force, ignored or none), why, created, "
+        "goal, the settings it gives",
+    )
     hardware: dict[str, Any] = Field(
         description="OS, CPU, cores (and cores_source: CPU affinity or the container's cgroup CPU quota), "
         "ISA features, Apple chip, Neural Engine, CUDA, MPS"
     )
-    recommended: dict[str, str] = Field(description="the backend to use here, and why")
+    recommended: dict[str, str] = Field(
+        description="the backend to use here among those that answer now, why, and its source (measured or rule)"
+    )
     backends: list[BackendInfo]
 
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from _bentoml_sdk.io_models import IODescriptor  # BentoML's base for typed API inputs
 from pydantic import Field
 
+from fastinfer.catalog.choice import default_choice
 from fastinfer.catalog.config import BACKENDS, get_settings
 from fastinfer.common.schemas import TOP_K_MAX
 
@@ -25,7 +26,7 @@ ImageFile = Annotated[
 
 
 def _default_backend() -> str:
-    return get_settings().default_backend
+    return default_choice().backend
 
 
 class ImageInput(IODescriptor):

@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fastinfer import __version__
 from fastinfer.catalog.backends import unavailable_reason
+from fastinfer.catalog.choice import default_choice
 from fastinfer.catalog.config import Settings
 from fastinfer.front.access import analyze_guard
 
@@ -71,15 +72,23 @@ def this_server(settings: Settings, svc: bentoml.Service[Any]) -> str:
         else "not required: anyone who reaches this port may call every API"
     )
     analysis = "configured" if settings.groq.api_key else "not configured (503 `analysis_unavailable`)"
-    default = f"default backend `{settings.default_backend}`"
-    if (why := unavailable_reason(settings.default_backend)) is not None:  # requests without `backend` get 503
+    chosen = default_choice()
+    default = f"default backend {chosen.describe()}"
+    if (why := unavailable_reason(chosen.backend)) is not None:  # requests without `backend` get 503
         default += f", which cannot run here: {why}"
     workers = settings.front_workers
     in_all = f"{guard.total} in all per minute" + (
         f" per front worker ({workers} workers: up to {guard.total * workers} in all)" if workers > 1 else ""
     )
+    tuned = settings.tuned or {}
+    tuning = {
+        "in force": f"the tuned configuration is in force (`{tuned.get('path')}`, {tuned.get('created')}, "
+        f"goal {tuned.get('goal')}); `GET /backends` says where each value came from",
+        "ignored": f"the tuned configuration `{tuned.get('path')}` is ignored: {tuned.get('why')}",
+    }.get(tuned.get("status", ""), "no tuned configuration (`fastinfer tune` measures one): defaults and rules")
     lines = [
         f"- FastInfer {version(svc)}; {default}.",
+        f"- Configuration: {tuning}.",
         f"- API keys: {keys}.",
         f"- Uploads up to {settings.max_bytes:,} bytes (`FASTINFER_MAX_BYTES`) and {settings.max_pixels:,} pixels "
         f"(`FASTINFER_MAX_PIXELS`); up to {settings.max_batch_images} images per batch "

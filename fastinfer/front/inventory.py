@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from fastinfer.catalog import choice
 from fastinfer.catalog.backends import BackendSpec
 from fastinfer.catalog.config import Settings
 from fastinfer.catalog.store import StoredModelInfo
-from fastinfer.common import hardware
 from fastinfer.common.schemas import BackendInfo, BackendsResponse, BatchingInfo
 
 
@@ -53,9 +53,13 @@ def backends(
             )
         )
     available = [i.name for i in infos if i.available]
+    default = choice.default_choice()
     return BackendsResponse(
-        default=settings.default_backend,
+        default=default.backend,
+        default_choice=default.as_dict(),
+        configuration=choice.configuration(settings, default),
+        tuned=settings.tuned,
         hardware=machine,
-        recommended=hardware.recommend(machine, available),
+        recommended=choice.recommend(machine, available, choice.measured_here(choice.bench_result(), machine)[0]),
         backends=infos,
     )

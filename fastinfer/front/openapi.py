@@ -33,6 +33,7 @@ from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from fastinfer.catalog.choice import default_choice
 from fastinfer.catalog.config import Settings, get_settings
 from fastinfer.common.errors import (
     ApiError,
@@ -446,7 +447,7 @@ def text_as_text(media: dict[str, Any]) -> None:
     if not encoding:
         media.pop("encoding", None)
     if "backend" in props:
-        props["backend"].setdefault("default", get_settings().default_backend)
+        props["backend"].setdefault("default", default_choice().backend)
 
 
 def add_query_parameters(op: dict[str, Any], options: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from fastinfer.common import hardware
@@ -85,13 +86,18 @@ def test_dashboard_end_to_end(server, fake_groq, browser, tmp_path) -> None:
         assert page.is_disabled("#backend-coreml")
         assert "needs macOS" in page.inner_text("#backends")
 
+    # The server's default (FASTINFER_DEFAULT_BACKEND=auto: this machine's choice) is preselected and named.
+    default = httpx.get(f"{server.url}/backends", timeout=30).json()["default_choice"]
+    assert page.is_checked(f"#backend-{default['backend']}")
+    assert f"default: {default['backend']} ({default['source']})" in page.inner_text("#machine")
+
     # Upload: top-5 with confidence bars and per-stage timings.
     page.set_input_files("#file-input", str(photo))
     page.wait_for_selector("#top5 li")
     assert page.locator("#top5 li").count() == 5
     for stage in ("decode", "preprocess", "inference"):
         assert stage in page.inner_text("#timings")
-    assert "onnx" in page.inner_text("#result")
+    assert default["backend"] in page.inner_text("#result")
 
     # Switch backend: the page classifies again on the new one.
     page.check("#backend-onnx-int8")

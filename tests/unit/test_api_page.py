@@ -265,6 +265,30 @@ def test_this_server_says_when_its_default_cannot_run_and_the_analyze_total_of_a
     finally:
         get_settings.cache_clear()
     if not hardware.is_macos():
-        assert "default backend `coreml`, which cannot run here: CoreML prediction needs macOS" in server
+        assert (
+            "default backend `coreml` (FASTINFER_DEFAULT_BACKEND), which cannot run here: CoreML prediction needs macOS"
+            in server
+        )
     # Each worker counts alone (fastinfer/front/access.py share): at least 1 each, so 4 in all, not the 1 asked.
     assert "1 in all per minute per front worker (4 workers: up to 4 in all)" in server
+
+
+@pytest.mark.parametrize(
+    ("tuned", "said"),
+    [
+        ({}, "no tuned configuration (`fastinfer tune` measures one): defaults and rules"),
+        (
+            {"status": "in force", "path": "/h/tuned/tuned.json", "created": "today", "goal": "throughput"},
+            "the tuned configuration is in force (`/h/tuned/tuned.json`, today, goal throughput)",
+        ),
+        (
+            {"status": "ignored", "path": "/h/tuned/tuned.json", "why": "tuned on another machine (isa)"},
+            "the tuned configuration `/h/tuned/tuned.json` is ignored: tuned on another machine (isa)",
+        ),
+    ],
+)
+def test_this_server_says_which_configuration_is_in_force(tuned, said) -> None:
+    from dataclasses import replace
+
+    server = api_page.this_server(replace(get_settings(), tuned=tuned), SERVICE)
+    assert f"- Configuration: {said}" in server

@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 from bentoml.exceptions import ServiceUnavailable
 
-from fastinfer.catalog import backends, store
+from fastinfer.catalog import backends, choice, store
 from fastinfer.catalog.backends import BACKENDS, RUNNERS, SPECS, open_engine, runs_here, unavailable_reason
 from fastinfer.catalog.config import get_settings
-from fastinfer.common import hardware
 from fastinfer.engines import EngineUnavailable
 
 
@@ -179,8 +178,8 @@ def test_doctor_recommends_only_what_loaded(built_models, monkeypatch, tmp_path,
     report = json.loads(out.read_text())
     assert report["backends"]["openvino-int8"]["available"] is False
     assert "SIGFPE" in report["backends"]["openvino-int8"]["reason"]
-    # The rule's choice among what loaded (onnx-int8 where the CPU has VNNI/AMX, onnx on a plain AVX2 CPU).
+    # The rule's choice among what loaded: onnx-int8 on any x86 CPU once OpenVINO is out.
     loaded = [name for name, entry in report["backends"].items() if entry["available"]]
     assert not any(name.startswith("openvino") for name in loaded)
-    assert report["recommended"] == hardware.recommend(report["hardware"], loaded)
-    assert report["recommended"]["backend"] in ("onnx-int8", "onnx")
+    assert report["recommended"] == choice.recommend(report["hardware"], loaded)
+    assert report["recommended"]["backend"] == "onnx-int8"

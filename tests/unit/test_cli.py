@@ -26,7 +26,8 @@ def test_doctor_reports_hardware_backends_and_a_recommendation(built_models, tmp
     int8 = report["backends"]["openvino-int8"]
     assert int8["available"] and int8["layer_precision"]["Convolution"].endswith(" 53/53") and not int8["fallbacks"]
     assert report["backends"]["openvino"]["precision"] in ("bf16", "f32")
-    assert report["recommended"]["backend"] in BACKENDS and "(rule)" in report["recommended"]["why"]
+    assert report["recommended"]["backend"] in BACKENDS and report["recommended"]["source"] == "rule"
+    assert report["default"]["backend"] == report["recommended"]["backend"]  # FASTINFER_DEFAULT_BACKEND=auto
     printed = capsys.readouterr().out
     assert "recommended here:" in printed and "Convolution layers run in u8: 53 of 53" in printed
 
@@ -48,13 +49,6 @@ def test_doctor_says_where_the_core_count_came_from(monkeypatch, tmp_path, capsy
     assert (report["cores"], report["cores_source"]) == (2, budget.source)
     # Nothing can run (no backends here): said, not an empty name called "the only backend available".
     assert "recommended here: none — no backend can run here" in printed
-
-
-def test_a_recommendation_by_default_says_what_it_is() -> None:
-    no_rule = hardware.recommend({"isa": []}, ["pytorch", "onnx-int8-dynamic"])
-    assert no_rule["backend"] == "pytorch" and "only" not in no_rule["why"]
-    assert hardware.recommend({"isa": []}, ["pytorch"])["why"] == "the only backend available here"
-    assert hardware.recommend({"isa": []}, []) == {"backend": "", "why": "no backend can run here: each says why"}
 
 
 def shown_help(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[Any, str]:
@@ -167,7 +161,9 @@ def test_bench_then_doctor_recommends_from_measurements(built_models, tmp_path, 
     doctor = tmp_path / "doctor.json"
     cli.main(["doctor", "--json", str(doctor), "--profile", str(bench)])
     rec = json.loads(doctor.read_text())["recommended"]
-    assert rec["backend"] == max(rows, key=lambda n: rows[n]["images_per_s"]) and "profile" in rec["why"]
+    assert rec["backend"] == max(rows, key=lambda n: rows[n]["images_per_s"]) and rec["source"] == "measured"
+    default = json.loads(doctor.read_text())["default"]  # FASTINFER_DEFAULT_BACKEND=auto follows the measurement
+    assert (default["backend"], default["source"]) == (rec["backend"], "measured")
 
 
 def test_fidelity_writes_a_table_and_json(built_models, tmp_path, capsys) -> None:

@@ -48,34 +48,6 @@ def test_threads_split_the_cores_between_workers(monkeypatch) -> None:
     assert hardware.intra_op_threads(2, override=5) == 5
 
 
-EVERY = ["pytorch", "onnx", "onnx-int8", "onnx-int8-dynamic", "openvino", "openvino-int8", "coreml-batched"]
-
-
-def test_the_rule_prefers_openvino_int8_on_integer_units_then_onnx_int8() -> None:
-    hw = {"isa": ["avx512", "avx512_vnni"], "cuda": False}
-    assert hardware.recommend(hw, EVERY)["backend"] == "openvino-int8"
-    assert hardware.recommend(hw, [b for b in EVERY if not b.startswith("openvino")])["backend"] == "onnx-int8"
-
-
-def test_the_rule_prefers_openvino_bf16_where_only_bf16_units_help() -> None:
-    hw = {"isa": ["avx512", "avx512_bf16"], "cuda": False}
-    assert hardware.recommend(hw, ["pytorch", "onnx", "openvino"])["backend"] == "openvino"
-    assert "BF16" in hardware.recommend(hw, ["pytorch", "onnx", "openvino"])["why"]
-
-
-def test_neural_engine_and_cuda_keep_their_backends() -> None:
-    assert hardware.recommend({"isa": ["neon"], "neural_engine": True, "apple_chip": "M3"}, EVERY)["backend"] == (
-        "coreml-batched"
-    )
-    assert hardware.recommend({"isa": ["avx512_vnni"], "cuda": True}, EVERY)["backend"] == "onnx"
-
-
-def test_measurements_beat_the_rule() -> None:
-    hw = {"isa": ["avx512_vnni"], "cuda": False}
-    rec = hardware.recommend(hw, EVERY, {"onnx-int8": 60.0, "openvino-int8": 50.0})
-    assert rec["backend"] == "onnx-int8" and "profile" in rec["why"]
-
-
 def test_the_probe_says_what_amx_and_bf16_mean_for_the_backends(monkeypatch) -> None:
     monkeypatch.setattr(hardware, "_cpu_linux", lambda: ("Xeon", {"avx512f", "avx512_vnni", "amx_int8", "amx_bf16"}))
     monkeypatch.setattr(hardware.platform, "system", lambda: "Linux")

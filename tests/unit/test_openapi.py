@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.staticfiles import StaticFiles
 
+from fastinfer.catalog.choice import default_choice
 from fastinfer.catalog.config import get_settings
 from fastinfer.common.schemas import AnalyzeResponse, ClassifyResponse, CompareResponse, ErrorResponse
 from fastinfer.front.openapi import DocumentedService, extend_spec, first_sentence, openapi30
@@ -211,7 +212,7 @@ def test_image_routes_take_file_or_a_raw_body(spec: dict[str, Any], path: str) -
         assert query["backend"]["schema"]["enum"] == ["onnx", "onnx-int8"]
         assert "default" not in query["backend"]["schema"]
         # Swagger UI preselects it (it would send an empty backend otherwise), as plain text.
-        assert form["properties"]["backend"]["default"] == get_settings().default_backend
+        assert form["properties"]["backend"]["default"] == default_choice().backend
         assert "backend" not in body["content"]["multipart/form-data"]["encoding"]
         assert body["content"]["multipart/form-data"]["encoding"]["top_k"] == {"contentType": "application/json"}
 

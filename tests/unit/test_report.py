@@ -521,3 +521,17 @@ def test_each_placement_keeps_its_own_runs_whatever_the_step_left_out() -> None:
     results["placement"] = results["placement"][:3]  # runner twice, front once
     ceiling, _ = targets_of(results)
     assert "runner process (median of 2 runs)" in ceiling and "front worker (one run)" in ceiling
+
+
+def test_the_default_backend_target_is_its_10_user_throughput_over_onnx_in_the_same_run() -> None:
+    results = bench([run("inference", "onnx", 10, 10.0), run("inference", "openvino-int8", 10, 31.0),
+                     run("inference", "openvino-int8", 1, 99.0)])  # fmt: skip
+    results["default"] = {"backend": "openvino-int8", "requested": "auto", "source": "rule", "why": "x86"}
+    (line,) = [t for t in _targets(results) if "default backend at 10 clients" in t]
+    assert ": met.**" in line and "31.0 req/s vs `onnx` 10.0 req/s = 3.10×" in line and CPU in line
+    assert "FASTINFER_DEFAULT_BACKEND=auto, rule: x86" in line
+    results["runs"][1]["req_per_s"] = 29.0
+    (line,) = [t for t in _targets(results) if "default backend at 10 clients" in t]
+    assert "NOT met" in line and "2.90×" in line
+    del results["default"]  # a run that did not learn the server's default claims nothing
+    assert not [t for t in _targets(results) if "default backend" in t]

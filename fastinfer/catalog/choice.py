@@ -1,0 +1,179 @@
+"""Which backend this machine should serve by default, and why: measured here when a measurement of
+this machine exists, else by a rule over what it has (ISA, accelerators).
+
+``FASTINFER_DEFAULT_BACKEND`` is ``auto`` unless the operator names a backend; ``auto`` resolves here,
+once per process, among the backends that can run on this machine (their models stored, their runtime
+able to run here: each passed its fidelity gate when it was built).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from fastinfer.catalog.backends import BACKENDS, unavailable_reason
+from fastinfer.catalog.config import Settings, get_settings
+from fastinfer.common import hardware
+from fastinfer.common.home import project_root
+
+AUTO = "auto"
+LAST_RESORT = "onnx"  # what `auto` names when nothing can run here: its 503 then says why
+# `fastinfer bench` writes it (in-process images/s per backend and batch, beside the machine it ran on).
+BENCH_RESULT = Path("artifacts") / "bench.json"
+# What makes two machines the same for a measurement: the CPU, how many cores this process may use,
+# the instruction sets that decide which engine is fast.
+SAME_MACHINE = ("cpu", "cores", "isa", "machine")
+
+
+def _rules(hw: dict[str, Any]) -> list[tuple[str, bool, str]]:
+    """(backend, whether it applies here, why), best first. The x86 INT8 rule stands on measurements:
+    OpenVINO's static INT8 ran ~1.4× ONNX Runtime's static INT8 in process on an AVX-512 VNNI EPYC,
+    and on an AVX2-only EPYC (no VNNI) still 1.3× ONNX Runtime's INT8 and ~1.7× either FP32 engine
+    (BENCHMARKS.md's single-client table: 54 vs 72, 92 and 96 ms)."""
+    isa = set(hw.get("isa", []))
+    x86 = hw.get("machine") in ("x86_64", "AMD64") or bool(isa & {"avx2", "avx512f", "avx512_vnni", "avx_vnni"})
+    int8_units = bool(isa & {"avx512_vnni", "avx_vnni", "amx_int8"})
+    int8_why = (
+        "x86 integer dot-product units (VNNI/AMX): OpenVINO's static INT8 ran ~1.4× ONNX Runtime's INT8 in process"
+        if int8_units
+        else "x86 without integer dot-product units: OpenVINO's static INT8 still ran ~1.7× the FP32 engines "
+        "and 1.3× ONNX Runtime's INT8 in process (AVX2 EPYC)"
+    )
+    return [
+        ("coreml-batched", bool(hw.get("neural_engine")), "Apple Neural Engine via CoreML FP16, batched"),
+        ("onnx", bool(hw.get("cuda")), "CUDA GPU via ONNX Runtime's CUDA EP"),
+        ("openvino-int8", x86, int8_why),
+        ("onnx-int8", x86, "x86: static INT8 (U8S8) runs ~1.4–2× faster than FP32 in ONNX Runtime"),
+        ("openvino", bool(isa & {"avx512_bf16", "amx_bf16"}), "BF16 units: OpenVINO runs the FP32 model in BF16"),
+        ("onnx", True, "ONNX Runtime FP32 on the CPU: no integer units, accelerator or faster engine found"),
+    ]
+
+
+def recommend(hw: dict[str, Any], available: list[str], measured: dict[str, float] | None = None) -> dict[str, str]:
+    """The backend to use here, why, and where that came from (``measured`` or ``rule``): the highest
+    measured throughput when ``measured`` (backend → images/s on this machine) names one that can run,
+    else the first rule that applies to this machine and names one that can."""
+    if measured := {name: rate for name, rate in (measured or {}).items() if name in available}:
+        best = max(measured, key=lambda n: measured[n])
+        return {"backend": best, "why": f"highest measured throughput here ({measured[best]:.1f} img/s)",
+                "source": "measured"}  # fmt: skip
+    for name, applies, why in _rules(hw):
+        if applies and name in available:
+            return {"backend": name, "why": why, "source": "rule"}
+    if not available:
+        return {"backend": "", "why": "no backend can run here: each says why", "source": "rule"}
+    # No rule names one of those available (onnx is missing, say): the first, said as what it is.
+    why = "the only backend available here" if len(available) == 1 else "the first available here; no rule prefers one"
+    return {"backend": available[0], "why": why, "source": "rule"}
+
+
+def measured_here(path: Path | None, hw: dict[str, Any]) -> tuple[dict[str, float] | None, str]:
+    """Backend → its best in-process images/s from a ``fastinfer bench`` result, if that result was
+    measured on a machine like this one; else None. Second: why it was used or not, in words (a file
+    that is missing, unreadable or from another machine is a reason, never an error)."""
+    if path is None or not path.is_file():
+        return None, f"no bench result ({path})" if path else "no bench result"
+    try:
+        result = json.loads(path.read_text())
+        ran_on = result["hardware"]
+        rates: dict[str, float] = {}
+        for row in result["engines"]:
+            name, rate = str(row["backend"]), float(row["images_per_s"])
+            if name in BACKENDS and rate > 0:
+                rates[name] = max(rate, rates.get(name, 0.0))
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        return None, f"{path} is not a bench result ({type(exc).__name__}); ignored"
+    if differs := [key for key in SAME_MACHINE if ran_on.get(key) != hw.get(key)]:
+        return None, f"{path} was measured on another machine ({', '.join(differs)} differ); ignored"
+    return (rates or None), f"measured by `fastinfer bench` ({path})"
+
+
+@dataclass(frozen=True)
+class DefaultChoice:
+    """The backend of requests that name none, and where that came from."""
+
+    backend: str
+    requested: str  # FASTINFER_DEFAULT_BACKEND as set: ``auto`` or a backend's name
+    source: str  # environment (named by the operator) | measured | rule
+    why: str
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        if self.source == "environment":
+            return f"`{self.backend}` (FASTINFER_DEFAULT_BACKEND)"
+        if self.source == "tuned":
+            return f"`{self.backend}` (tuned: {self.why})"
+        return f"`{self.backend}` (FASTINFER_DEFAULT_BACKEND=auto, {self.source}: {self.why})"
+
+
+def choose_default(
+    requested: str,
+    hw: dict[str, Any],
+    available: list[str],
+    measured: dict[str, float] | None = None,
+    named_by: str = "environment",
+) -> DefaultChoice:
+    """``requested`` as it stands unless it is ``auto``; ``auto`` → the recommendation among ``available``.
+    ``named_by``: where a named backend came from (``environment``, or ``tuned``: the tuned file)."""
+    if requested != AUTO:
+        why = "measured best by `fastinfer tune` on this machine" if named_by == "tuned" else "named by the operator"
+        return DefaultChoice(requested, requested, named_by, why)
+    rec = recommend(hw, available, measured)
+    if not rec["backend"]:
+        return DefaultChoice(LAST_RESORT, AUTO, "rule", rec["why"])
+    return DefaultChoice(rec["backend"], AUTO, rec["source"], rec["why"])
+
+
+def bench_result() -> Path | None:
+    """Where ``fastinfer bench`` leaves its result in this project (None outside a source checkout)."""
+    root = project_root()
+    return root / BENCH_RESULT if root is not None else None
+
+
+@lru_cache(maxsize=8)
+def _resolved(requested: str, named_by: str) -> DefaultChoice:
+    if requested != AUTO:
+        return choose_default(requested, {}, [], named_by=named_by)
+    hw = hardware.probe()
+    available = [name for name in BACKENDS if unavailable_reason(name) is None]
+    measured, _ = measured_here(bench_result(), hw)
+    return choose_default(requested, hw, available, measured)
+
+
+def default_choice() -> DefaultChoice:
+    """This process's default backend, resolved once per FASTINFER_DEFAULT_BACKEND value and source."""
+    settings = get_settings()
+    return _resolved(settings.default_backend, settings.sources.get("FASTINFER_DEFAULT_BACKEND", "environment"))
+
+
+def configuration(settings: Settings, default: DefaultChoice) -> dict[str, dict[str, str]]:
+    """The settings that decide served throughput, each with its value in force and where that came
+    from: ``tuned`` (the tuned file), ``environment``, ``rule`` (decided from this machine) or ``default``."""
+
+    def source(name: str, rule: bool = False) -> str:
+        return settings.sources.get(name) or ("rule" if rule else "default")
+
+    threads = settings.threads
+    shown = {
+        "FASTINFER_DEFAULT_BACKEND": (default.backend, default.source),
+        "FASTINFER_FRONT_WORKERS": (str(settings.front_workers), source("FASTINFER_FRONT_WORKERS")),
+        "FASTINFER_RUNNER_WORKERS": (str(settings.runner_workers), source("FASTINFER_RUNNER_WORKERS")),
+        "FASTINFER_THREADS": (
+            str(threads) if threads else "0 (the cores ÷ runner workers)",
+            source("FASTINFER_THREADS", rule=not threads),
+        ),
+        "FASTINFER_IN_FRONT": (",".join(sorted(settings.in_front)) or "(none)", source("FASTINFER_IN_FRONT")),
+    }
+    for backend in BACKENDS:
+        key = backend.upper().replace("-", "_")
+        names = [f"FASTINFER_{what}_{key}" for what in ("BATCHING", "MAX_BATCH_SIZE", "MAX_LATENCY_MS")]
+        if set(names) & settings.sources.keys():  # per backend only where something else than the table set it
+            batching = settings.batching_for(backend)
+            values = (str(batching.enabled).lower(), str(batching.max_batch_size), str(batching.max_latency_ms))
+            shown |= {name: (value, source(name)) for name, value in zip(names, values, strict=True)}
+    return {name: {"value": value, "source": where} for name, (value, where) in shown.items()}

@@ -1,0 +1,184 @@
+"""The tuned configuration: what ``fastinfer tune`` measured best on this machine, as settings.
+
+``fastinfer tune`` writes ``$BENTOML_HOME/tuned/tuned.json``: the ``FASTINFER_*`` values it chose, the
+measurements behind each, and a fingerprint of the machine it ran on (CPU, instruction sets, usable
+cores, runtime versions, the model versions it served). Every process of a server reads it with its
+other settings; it is in force only where the fingerprint matches this machine and this store, and
+an environment variable set by the operator still wins over any value in it. A file that is missing,
+corrupt, from another machine, for models no longer stored, or naming a backend that cannot run here
+is ignored with one line saying why: never a failed start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from fastinfer.common import hardware
+from fastinfer.common.home import bentoml_home
+
+logger = logging.getLogger("fastinfer.tuned")
+FILE_ENV = "FASTINFER_TUNED"  # its path; `off` ignores any; unset: $BENTOML_HOME/tuned/tuned.json
+FORMAT = 1
+MAX_BYTES = 1024 * 1024  # a tuned file is a few KB; a huge one is not ours
+# The settings a tuned file may set: what decides served throughput, nothing about access or limits.
+TUNABLE = re.compile(
+    r"FASTINFER_(DEFAULT_BACKEND|FRONT_WORKERS|RUNNER_WORKERS|THREADS|IN_FRONT"
+    r"|BATCHING_[A-Z0-9_]+|MAX_BATCH_SIZE_[A-Z0-9_]+|MAX_LATENCY_MS_[A-Z0-9_]+)"
+)
+RUNTIMES = ("fastinfer", "bentoml", "onnxruntime", "openvino", "torch", "coremltools")
+MACHINE_KEYS = ("machine", "cpu", "cores", "isa")
+
+
+def default_path() -> Path:
+    return bentoml_home() / "tuned" / "tuned.json"
+
+
+def path() -> Path | None:
+    """Where this process looks for the tuned file (None: FASTINFER_TUNED=off)."""
+    raw = os.environ.get(FILE_ENV, "").strip()
+    if raw.lower() == "off":
+        return None
+    return Path(raw) if raw else default_path()
+
+
+def runtime_versions() -> dict[str, str]:
+    versions = {}
+    for name in RUNTIMES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def machine_fingerprint(hw: dict[str, Any] | None = None) -> dict[str, Any]:
+    """This machine as a tuning depends on it: CPU, instruction sets, usable cores, runtime versions."""
+    hw = hw if hw is not None else hardware.probe()
+    return {**{key: hw.get(key) for key in MACHINE_KEYS}, "runtimes": runtime_versions()}
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """The tuned file as this process found it: its settings when in force, else why not."""
+
+    path: str
+    settings: dict[str, str] = field(default_factory=dict)  # empty unless in force
+    status: str = "none"  # in force | ignored | none
+    why: str = ""
+    created: str = ""
+    goal: str = ""
+
+    @property
+    def in_force(self) -> bool:
+        return self.status == "in force"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "status": self.status, "why": self.why, "created": self.created,
+                "goal": self.goal, "settings": dict(self.settings)}  # fmt: skip
+
+
+def _mismatch(recorded: dict[str, Any], here: dict[str, Any]) -> list[str]:
+    differs = [key for key in MACHINE_KEYS if recorded.get(key) != here.get(key)]
+    runtimes, now = recorded.get("runtimes") or {}, here.get("runtimes") or {}
+    differs += [
+        f"{name} {runtimes.get(name)} → {now.get(name)}" for name in RUNTIMES if runtimes.get(name) != now.get(name)
+    ]
+    return differs
+
+
+def check(
+    data: Any, here: dict[str, Any], stored: dict[str, str | None], can_run: dict[str, str | None]
+) -> tuple[dict[str, str], str]:
+    """The settings of a parsed tuned file if it holds here, else ({}, why not). ``stored``: model name →
+    the tag this store serves now (None: not stored); ``can_run``: backend → None, or why it cannot."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return {}, f"not a tuned file of format {FORMAT}"
+    settings, recorded = data.get("settings"), data.get("fingerprint")
+    if not isinstance(settings, dict) or not isinstance(recorded, dict) or not isinstance(recorded.get("models"), dict):
+        return {}, "its settings or fingerprint are missing"
+    if bad := [
+        k for k, v in settings.items() if not (isinstance(k, str) and TUNABLE.fullmatch(k) and isinstance(v, str))
+    ]:
+        return {}, f"it sets what tuning may not: {', '.join(map(str, bad))[:200]}"
+    if differs := _mismatch(recorded, here):
+        return {}, f"tuned on another machine or runtime ({', '.join(differs)})"
+    if gone := [name for name, tag in recorded["models"].items() if stored.get(name) != tag]:
+        return {}, f"tuned for models no longer served here ({', '.join(sorted(gone))}); run `fastinfer tune` again"
+    named = [settings.get("FASTINFER_DEFAULT_BACKEND", ""), *settings.get("FASTINFER_IN_FRONT", "").split(",")]
+    for backend in filter(None, (n.strip() for n in named)):
+        if backend not in can_run:
+            return {}, f"it names no backend: {backend[:40]!r}"
+        if (why := can_run[backend]) is not None:
+            return {}, f"it chose {backend}, which cannot run here: {why}"
+    return settings, "in force"
+
+
+def load(where: Path | None = None) -> Tuned:
+    """The tuned file at ``where`` (default: :func:`path`) as it holds on this machine, never raising."""
+    from fastinfer.catalog.backends import BACKENDS, unavailable_reason
+
+    where = path() if where is None else where
+    if where is None:
+        return Tuned("", status="none", why=f"{FILE_ENV}=off")
+    if not where.is_file():
+        return Tuned(str(where), status="none", why="no tuned file: `fastinfer tune` writes one")
+    try:
+        if where.stat().st_size > MAX_BYTES:
+            raise ValueError(f"larger than {MAX_BYTES} bytes")
+        data = json.loads(where.read_text())
+        recorded = ((data.get("fingerprint") or {}).get("models") or {}) if isinstance(data, dict) else {}
+        stored = model_tags(list(recorded)) if isinstance(recorded, dict) else {}
+        settings, why = check(data, machine_fingerprint(), stored, {b: unavailable_reason(b) for b in BACKENDS})
+    except (OSError, ValueError, TypeError, AttributeError) as exc:  # unreadable, truncated, not JSON, odd shapes
+        return Tuned(str(where), status="ignored", why=f"unreadable ({type(exc).__name__}: {str(exc)[:120]})")
+    if not settings:
+        return Tuned(str(where), status="ignored", why=why)
+    return Tuned(str(where), settings, "in force", "", str(data.get("created", "")), str(data.get("goal", "")))
+
+
+def model_tags(names: list[str] | None = None) -> dict[str, str | None]:
+    """Store name (e.g. ``resnet50-onnx-int8``) → the tag this process serves for it, None if none; every
+    backend's models when ``names`` is None."""
+    from fastinfer.catalog import store
+    from fastinfer.catalog.backends import SPECS
+
+    where = {
+        name: (spec.artifact, batch)
+        for spec in SPECS.values()
+        for name, batch in zip(spec.model_names(), spec.static_batches, strict=True)
+    }
+    tags: dict[str, str | None] = {}
+    for name in where if names is None else names:
+        try:
+            model = store.serving(*where[name]) if name in where else None
+        except LookupError:  # the pinned version is gone
+            model = None
+        tags[name] = str(model.tag) if model is not None else None
+    return tags
+
+
+@lru_cache(maxsize=4)
+def _loaded(where: str | None, stamp: tuple[int, int]) -> Tuned:
+    tuned = load(Path(where) if where else None)
+    if tuned.status == "ignored":  # once per process and file: the settings carry on by rule
+        logger.warning("tuned configuration %s ignored: %s; the rule-based defaults apply", tuned.path, tuned.why)
+    return tuned
+
+
+def here() -> Tuned:
+    """This process's tuned configuration, read again only when the file changes."""
+    where = path()
+    try:
+        stat = where.stat() if where is not None else None
+        stamp = (stat.st_mtime_ns, stat.st_size) if stat is not None else (0, 0)
+    except OSError:
+        stamp = (0, 0)
+    return _loaded(str(where) if where else None, stamp)

@@ -1,0 +1,152 @@
+"""What ``fastinfer tune`` leaves: the tuned file the server reads (fastinfer/catalog/tuned.py), and beside
+it a report (report.md, report.json) with a plot of every configuration tried (tuned.png)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from fastinfer.catalog import tuned as tuning
+from fastinfer.common import hardware
+from load_tests.tuning.search import Search, Trial
+
+
+def tuned_settings(best: Trial) -> dict[str, str]:
+    """The chosen configuration's settings, without those that only restate the table or the rule."""
+    plain = {"FASTINFER_IN_FRONT": "", "FASTINFER_FRONT_WORKERS": "1", "FASTINFER_THREADS": "0"}
+    return {name: value for name, value in best.config.settings().items() if plain.get(name) != value}
+
+
+def tuned_file(search: Search, best: Trial, command: str) -> dict[str, Any]:
+    from fastinfer.catalog.backends import SPECS
+
+    served = sorted({t.config.backend for t in search.trials})
+    models = [name for backend in served for name in SPECS[backend].model_names()]
+    return {
+        "format": tuning.FORMAT,
+        "created": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": command,
+        "goal": search.goal.describe(),
+        "settings": tuned_settings(best),
+        "chosen": best.as_dict(),
+        "decisions": search.decisions,
+        "fingerprint": {**tuning.machine_fingerprint(), "models": tuning.model_tags(models)},
+    }
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` in one step: a reader sees the old file or the new one, never half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def report(search: Search, best: Trial | None, command: str) -> dict[str, Any]:
+    return {
+        "command": command,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "hardware": hardware.probe(),
+        "goal": search.goal.describe(),
+        "budget_s": search.budget_s,
+        "elapsed_s": round(search.elapsed(), 1),
+        "seconds_per_run": search.seconds,
+        "in_process": search.figures,
+        "dropped": search.dropped,
+        "trials": [t.as_dict() for t in search.trials],
+        "chosen": best.as_dict() if best else None,
+        "decisions": search.decisions,
+        "skipped": search.skipped,
+    }
+
+
+def markdown(result: dict[str, Any], plot: str | None) -> str:
+    hw = result["hardware"]
+    chosen = (result.get("chosen") or {}).get("label")
+    lines = [
+        "# fastinfer tune",
+        "",
+        f"`{result['command']}` on {result['date']}: {hw.get('cpu')}, {hw.get('cores')} cores usable "
+        f"({', '.join(hw.get('isa') or []) or 'no AVX2'}); goal {result['goal']}; {result['elapsed_s']:g} s of a "
+        f"{result['budget_s']:g} s budget, {result['seconds_per_run']:g} s per load run (locust, the benchmark "
+        "pool, cache bypassed).",
+        "",
+        f"**Chosen: {chosen}.**" if chosen else "**Nothing served: no configuration to choose.**",
+        "",
+    ]
+    if plot:
+        lines += [f"![every configuration tried]({plot})", ""]
+    lines += ["| stage | configuration | req/s | p50 ms | p95 ms | errors |", "|---|---|---|---|---|---|"]
+    for t in result["trials"]:
+        mark = " ★" if t["label"] == chosen else ""
+        figures = (
+            f"{t['req_per_s']} | {t['p50_ms']:g} | {t['p95_ms']:g} | {t['failures']}"
+            if not t["error"]
+            else f"– | – | – | {t['error'][:120]}"
+        )
+        lines.append(f"| {t['stage']} | {t['label']}{mark} | {figures} |")
+    lines += ["", "## Why", ""] + [f"- {d}" for d in result["decisions"]]
+    lines += ["", "## In process (stage 1: what decided which backends were served)", ""]
+    lines += ["| backend | ceiling req/s | single photo ms | served? |", "|---|---|---|---|"]
+    for name, fig in result["in_process"].items():
+        verdict = result["dropped"].get(name, "yes")
+        lines.append(f"| {name} | {fig['ceiling_req_per_s']:.1f} | {fig['latency_ms']:.1f} | {verdict} |")
+    if result["skipped"]:
+        lines += ["", "Not tried (the budget ran out): " + "; ".join(result["skipped"]) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> bool:
+    """Throughput against p95 for every configuration served, the chosen one marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    served = [t for t in result["trials"] if not t["error"] and t["requests"]]
+    if not served:
+        return False
+    chosen = (result.get("chosen") or {}).get("label")
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for stage in dict.fromkeys(t["stage"] for t in served):
+        mine = [t for t in served if t["stage"] == stage]
+        ax.scatter([t["p95_ms"] for t in mine], [t["req_per_s"] for t in mine], label=stage, s=40)
+    for t in served:
+        ax.annotate(t["label"], (t["p95_ms"], t["req_per_s"]), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    best = [t for t in served if t["label"] == chosen]
+    if best:
+        ax.scatter([best[0]["p95_ms"]], [best[0]["req_per_s"]], marker="*", s=300, c="gold", edgecolors="black",
+                   label="chosen", zorder=3)  # fmt: skip
+    hw = result["hardware"]
+    ax.set(xlabel="p95 latency, ms", ylabel="req/s", title=f"fastinfer tune: {result['goal']} ({hw.get('cpu')})")
+    ax.margins(x=0.35, y=0.1)  # room for the labels right of the points
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write(search: Search, command: str, where: Path) -> Path | None:
+    """The report always; the tuned file only when something served. Returns the tuned file written."""
+    best = search.chosen
+    result = report(search, best, command)
+    where.mkdir(parents=True, exist_ok=True)
+    drawn = plot(result, where / "tuned.png")
+    write_atomically(where / "report.json", json.dumps(result, indent=2))
+    write_atomically(where / "report.md", markdown(result, "tuned.png" if drawn else None))
+    if best is None:
+        return None
+    path = where / "tuned.json"
+    write_atomically(path, json.dumps(tuned_file(search, best, command), indent=2))
+    return path

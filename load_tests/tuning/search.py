@@ -1,0 +1,400 @@
+"""The search of ``fastinfer tune``: find the configuration that serves best on this machine, within a
+time budget.
+
+The search, pruned by measurement rather than swept:
+ 1. in process (``fastinfer profile``, no server): every backend that can run here (its fidelity gate
+    passed when it was built), its ceiling (decode + inference per image at b8, on these cores) and its
+    single-photo latency; backends far below the best (< PRUNE of its ceiling, or latency) are dropped;
+ 2. served, one ``bentoml serve`` with the table's settings: each remaining backend under the goal's
+    load (locust, the benchmark pool, cache bypassed); the best one is kept;
+ 3. served, one fresh server per candidate: for that backend, one setting at a time from the best so
+    far (where its engine runs, max batch, max wait, front workers, engine threads); a change is kept
+    only when it beats the best by more than MIN_GAIN;
+ 4. the chosen configuration and the table's settings served once more each: the choice stands only
+    if it still wins on the mean of both rounds.
+Every trial is a real server under real load: the in-process figures only decide what is worth
+serving. When the budget runs out the search stops, says what it did not try, and keeps the best.
+
+Every server it starts is stopped, whatever happens (Ctrl-C, a failing candidate); what it found is
+written by load_tests/tuning/files.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from fastinfer.common import hardware
+from load_tests.locust_runs import run_locust
+from load_tests.service import Server, start_server, stop_server
+
+PRUNE = 0.6  # a backend below this share of the best in-process ceiling (or above 1/PRUNE its latency) is not served
+MAX_SERVED_BACKENDS = 3  # at most this many backends reach stage 2
+MIN_GAIN = 0.03  # a setting is kept when it serves this much better than the best so far (this VM's noise is larger)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One way to serve: the backend and the settings that decide its served throughput (None / 0:
+    the table's value or the rule's)."""
+
+    backend: str
+    in_front: bool = False
+    max_batch: int | None = None
+    max_latency_ms: int | None = None
+    front_workers: int = 1
+    threads: int = 0
+
+    @property
+    def key(self) -> str:
+        return self.backend.upper().replace("-", "_")
+
+    def settings(self) -> dict[str, str]:
+        """The FASTINFER_* values that make a server serve this way, the backend as its default."""
+        values = {
+            "FASTINFER_DEFAULT_BACKEND": self.backend,
+            "FASTINFER_IN_FRONT": self.backend if self.in_front else "",
+            "FASTINFER_FRONT_WORKERS": str(self.front_workers),
+            "FASTINFER_THREADS": str(self.threads),
+        }
+        if self.max_batch is not None:
+            values[f"FASTINFER_MAX_BATCH_SIZE_{self.key}"] = str(self.max_batch)
+        if self.max_latency_ms is not None:
+            values[f"FASTINFER_MAX_LATENCY_MS_{self.key}"] = str(self.max_latency_ms)
+        return values
+
+    def label(self) -> str:
+        parts = [self.backend, "in front" if self.in_front else "runner"]
+        if self.max_batch is not None:
+            parts.append(f"max batch {self.max_batch}")
+        if self.max_latency_ms is not None:
+            parts.append(f"max wait {self.max_latency_ms} ms")
+        if self.front_workers != 1:
+            parts.append(f"{self.front_workers} front workers")
+        if self.threads:
+            parts.append(f"{self.threads} engine threads")
+        return ", ".join(parts)
+
+
+@dataclass
+class Trial:
+    config: Config
+    stage: str
+    req_per_s: float = 0.0
+    p50_ms: float = 0.0
+    p95_ms: float = 0.0
+    failures: int = 0
+    requests: int = 0
+    error: str = ""  # the server did not start, or the run failed: this configuration does not serve here
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "config": asdict(self.config), "label": self.config.label()}
+
+
+@dataclass(frozen=True)
+class Goal:
+    """What "best" means: most req/s at ``clients`` (under ``p95_ms`` if given) or lowest p50 at 1 client."""
+
+    kind: str = "throughput"
+    clients: int = 10
+    p95_ms: float | None = None
+
+    def score(self, trial: Trial) -> float:
+        """Higher is better; -inf for a trial that failed, erred or broke the p95 limit."""
+        if trial.error or trial.failures or trial.requests == 0:
+            return -math.inf
+        if self.kind == "latency":
+            return -trial.p50_ms
+        if self.p95_ms is not None and trial.p95_ms > self.p95_ms:
+            return -math.inf
+        return trial.req_per_s
+
+    def describe(self) -> str:
+        if self.kind == "latency":
+            return "latency: lowest single-client p50"
+        limit = f", p95 <= {self.p95_ms:g} ms" if self.p95_ms is not None else ""
+        return f"throughput: most req/s at {self.clients} clients{limit}"
+
+
+@dataclass
+class Search:
+    """The state of one tune: the trials so far, the clock and the budget."""
+
+    goal: Goal
+    budget_s: float
+    seconds: float
+    out: Path
+    started: float = field(default_factory=time.monotonic)
+    trials: list[Trial] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # what the budget left untried
+    figures: dict[str, dict[str, float]] = field(default_factory=dict)  # stage 1, per backend
+    dropped: dict[str, str] = field(default_factory=dict)  # backend → why stage 1 dropped it
+    decisions: list[str] = field(default_factory=list)  # each choice and the measurement behind it
+    chosen: Trial | None = None  # the configuration kept: a change counts only past MIN_GAIN
+    start: Callable[..., Server] = start_server  # a real `bentoml serve` (tests: a stand-in)
+    stop: Callable[[Server], None] = stop_server
+    server_start_s: float = 30.0  # an estimate until the first server says
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def affords(self, servers: int, runs: int) -> bool:
+        """Whether ``servers`` fresh servers and ``runs`` load runs still fit in the budget."""
+        needed = servers * self.server_start_s + runs * (self.seconds + 6)  # locust's own start and stop
+        return self.elapsed() + needed <= self.budget_s
+
+    def best(self, stage: str | None = None) -> Trial | None:
+        pool = [t for t in self.trials if stage is None or t.stage == stage]
+        scored = [t for t in pool if self.goal.score(t) > -math.inf]
+        return max(scored, key=self.goal.score) if scored else None
+
+    def progress(self, message: str) -> None:
+        done = min(1.0, self.elapsed() / self.budget_s)
+        bar = "█" * int(done * 24) + "░" * (24 - int(done * 24))
+        clock = f"{_mmss(self.elapsed())}/{_mmss(self.budget_s)}"
+        print(f"[tune {clock}] {bar} {len(self.trials)} trials — {message}", file=sys.stderr, flush=True)
+
+
+def _mmss(seconds: float) -> str:
+    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
+
+
+# ---- stage 1: in process ------------------------------------------------------------------------
+
+
+def in_process(backends: list[str], repeats: int = 2) -> dict[str, dict[str, float]]:
+    """Per backend: its best ceiling (req/s these cores allow, decode + inference, no HTTP) and the
+    single-photo latency in process (decode + preprocess + b1 inference, wall ms)."""
+    from fastinfer.catalog.backends import open_engine
+    from fastinfer.catalog.store import PreprocessSpec
+    from fastinfer.measure import profile as prof
+
+    engines = {name: open_engine(name) for name in backends}
+    result = prof.run(engines, [1, 8], repeats, PreprocessSpec())
+    costs = [prof.StageCost(**s) for s in result["stages"]]
+    ceils = [prof.Ceiling(**c) for c in result["ceilings"]]
+    figures = {}
+    for name in backends:
+        best = prof.best_ceiling(ceils, name)
+        figures[name] = {
+            "ceiling_req_per_s": best.req_per_s if best else 0.0,
+            "latency_ms": prof.in_process_latency_ms(costs, name) or math.inf,
+        }
+    return figures
+
+
+def worth_serving(figures: dict[str, dict[str, float]], goal: Goal) -> tuple[list[str], dict[str, str]]:
+    """The backends worth a served trial, best first, and why each other one was dropped."""
+    if goal.kind == "latency":
+        rank = sorted(figures, key=lambda n: figures[n]["latency_ms"])
+        best = figures[rank[0]]["latency_ms"]
+        keep = [n for n in rank if figures[n]["latency_ms"] <= best / PRUNE]
+        dropped = {n: f"in-process latency {figures[n]['latency_ms']:.0f} ms > {best / PRUNE:.0f}" for n in rank}
+    else:
+        rank = sorted(figures, key=lambda n: -figures[n]["ceiling_req_per_s"])
+        best = figures[rank[0]]["ceiling_req_per_s"]
+        keep = [n for n in rank if figures[n]["ceiling_req_per_s"] >= PRUNE * best]
+        dropped = {
+            n: f"in-process ceiling {figures[n]['ceiling_req_per_s']:.1f} req/s < {PRUNE:.0%} of {best:.1f}"
+            for n in rank
+        }
+    for n in keep[MAX_SERVED_BACKENDS:]:
+        dropped[n] = f"not among the {MAX_SERVED_BACKENDS} best in process"
+    keep = keep[:MAX_SERVED_BACKENDS]
+    return keep, {n: why for n, why in dropped.items() if n not in keep}
+
+
+# ---- stages 2 and 3: served ---------------------------------------------------------------------
+
+
+Measure = Callable[[Server, Config, Search], Trial]
+
+
+def warm(url: str, backend: str, clients: int, images: Path) -> None:
+    """A few rounds of pool photos at the run's concurrency, unmeasured: a fresh engine's first calls
+    (allocations, a runtime's first compile of a shape) must not count against the backend measured first."""
+    import httpx
+
+    from fastinfer.measure import photos
+    from load_tests.service import auth_headers
+
+    pool = [data for _, data in photos.benchmark_pool(images)]
+    headers = {"Cache-Control": "no-cache", **auth_headers()}
+
+    def post(i: int) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(f"{url}/classify", files={"image": ("p.jpg", pool[i % len(pool)], "image/jpeg")},
+                       data={"backend": backend}, headers=headers, timeout=60)  # fmt: skip
+
+    with ThreadPoolExecutor(max(1, clients)) as workers:
+        list(workers.map(post, range(2 * max(clients, 4))))
+
+
+def measure_locust(server: Server, config: Config, search: Search) -> Trial:
+    """One locust run of the benchmark pool against ``server`` for ``config.backend``, cache bypassed,
+    after a warm-up."""
+    clients = 1 if search.goal.kind == "latency" else search.goal.clients
+    warm(server.url, config.backend, clients, search.out / "runs" / "images")
+    run = run_locust(server.url, config.backend, clients, search.seconds, "inference", search.out / "runs")
+    return Trial(config, "", run["req_per_s"], run["p50_ms"], run["p95_ms"], run["failures"], run["requests"])
+
+
+def untuned() -> dict[str, str]:
+    """Every setting tuning may set, empty (= the table's value or the rule's): what the shell exports
+    must not tilt one candidate (start_server passes the shell's environment on)."""
+    from fastinfer.catalog.backends import BACKENDS
+
+    names = ["FASTINFER_RUNNER_WORKERS"] + [
+        f"FASTINFER_{what}_{backend.upper().replace('-', '_')}"
+        for backend in BACKENDS
+        for what in ("BATCHING", "MAX_BATCH_SIZE", "MAX_LATENCY_MS")
+    ]
+    return dict.fromkeys(names, "")
+
+
+def serve(configs: list[Config], stage: str, search: Search, measure: Measure) -> list[Trial]:
+    """One fresh server with ``configs[0]``'s settings (every config here shares them but the backend),
+    each config measured on it in turn; a server that does not start makes every trial an error."""
+    env = {**untuned(), **configs[0].settings(), "FASTINFER_TUNED": "off", "FASTINFER_MAX_CONCURRENCY": "256"}
+    env.pop("FASTINFER_DEFAULT_BACKEND")  # each run names its backend
+    search.progress(f"starting a server: {configs[0].label() if len(configs) == 1 else 'the table settings'}")
+    t0 = time.monotonic()
+    trials = []
+    try:
+        server = search.start(None, search.out / "serve.log", env)
+    except (RuntimeError, OSError) as exc:  # TimeoutError is an OSError
+        failed = [Trial(c, stage, error=f"the server did not start: {str(exc)[:300]}") for c in configs]
+        search.trials += failed
+        search.progress(f"{configs[0].label()}: the server did not start")
+        return failed
+    try:
+        search.server_start_s = max(10.0, time.monotonic() - t0)
+        for config in configs:
+            try:
+                trial = replace(measure(server, config, search), stage=stage)
+            except (RuntimeError, OSError, ValueError) as exc:
+                trial = Trial(config, stage, error=f"the run failed: {str(exc)[:300]}")
+            trials.append(trial)
+            search.trials.append(trial)
+            search.progress(f"{config.label()}: {shown(trial)}")
+    finally:
+        search.stop(server)
+    return trials
+
+
+def alternatives(config: Config, cores: int, goal: Goal) -> list[tuple[str, list[Config]]]:
+    """The settings to try next from ``config``, one dimension at a time, most promising first."""
+    from fastinfer.catalog.backends import SPECS
+
+    spec = SPECS[config.backend]
+    batching_on, table_batch, table_wait = spec.batching
+    dims: list[tuple[str, list[Config]]] = []
+    if config.front_workers == 1:
+        dims.append(("where the engine runs", [replace(config, in_front=not config.in_front)]))
+    if batching_on and goal.kind == "throughput":  # at one client no batch forms: nothing to tune
+        largest = max(spec.static_batches) if len(spec.static_batches) > 1 else 32
+        sizes = sorted({b for b in (table_batch // 2, table_batch * 2) if 1 < b <= largest} - {table_batch})
+        dims.append(("max batch", [replace(config, max_batch=b) for b in sizes]))
+        dims.append(("max wait", [replace(config, max_latency_ms=5 if table_wait == 0 else 0)]))
+    if not config.in_front and cores >= 2:
+        dims.append(("front workers", [replace(config, front_workers=2)]))
+    if cores >= 2:
+        dims.append(("engine threads", [replace(config, threads=cores - 1)]))
+    return [(name, options) for name, options in dims if options]
+
+
+def tune(
+    goal: Goal,
+    budget_s: float,
+    seconds: float,
+    out: Path,
+    backends: list[str],
+    measure: Measure = measure_locust,
+    figures: dict[str, dict[str, float]] | None = None,
+    start: Callable[..., Server] = start_server,
+    stop: Callable[[Server], None] = stop_server,
+) -> Search:
+    """The whole search (module docstring); ``figures`` skips stage 1, ``start``/``stop`` replace the
+    real server (tests of the search's logic; the real one is tested end to end too)."""
+    search = Search(goal, budget_s, seconds, out, start=start, stop=stop)
+    search.progress(f"goal {goal.describe()}; in-process figures of {', '.join(backends)}")
+    figures = figures if figures is not None else in_process(backends)
+    keep, dropped = worth_serving(figures, goal)
+    search.figures, search.dropped = figures, dropped
+    search.progress(f"worth serving: {', '.join(keep)}" + (f"; dropped {', '.join(dropped)}" if dropped else ""))
+    served = serve([Config(name) for name in keep], "backend", search, measure)
+    current = baseline = search.chosen = search.best()
+    if current is None:
+        return search
+    search.decisions.append(
+        f"backend {current.config.backend}: served best of "
+        + ", ".join(f"{t.config.backend} {shown(t)}" for t in served)
+    )
+    for name, options in alternatives(current.config, hardware.cpu_count(), goal):
+        for option in alternatives_from(current.config, options):
+            if not search.affords(1, 1):
+                search.skipped.append(f"{name}: {option.label()} (the budget)")
+                continue
+            (trial,) = serve([option], name, search, measure)
+            if goal.score(trial) > goal.score(current) * (1 + math.copysign(MIN_GAIN, goal.score(current))):
+                search.decisions.append(f"{name}: {option.label()} {shown(trial)} beat {shown(current)}")
+                current = search.chosen = trial
+            else:
+                search.decisions.append(f"{name}: kept; {option.label()} {shown(trial)} vs {shown(current)}")
+    confirm(search, baseline, measure)
+    return search
+
+
+def confirm(search: Search, baseline: Trial, measure: Measure) -> None:
+    """Serve the chosen configuration and the backend stage's (the table's settings) once more each; the
+    chosen one stays only if it still wins on the mean of both rounds: one run on a shared VM can be off
+    by more than the settings differ, and a tuned file must not rest on one lucky run."""
+    chosen = search.chosen
+    if chosen is None or chosen.config == baseline.config:
+        return
+    if not search.affords(2, 2):
+        search.decisions.append("confirmation: not run (the budget); the chosen configuration rests on one run each")
+        return
+    (again,) = serve([baseline.config], "confirmation", search, measure)
+    (mine,) = serve([chosen.config], "confirmation", search, measure)
+    goal = search.goal
+    theirs = (goal.score(baseline) + goal.score(again)) / 2
+    ours = (goal.score(chosen) + goal.score(mine)) / 2
+    if ours > theirs * (1 + math.copysign(MIN_GAIN, theirs)):
+        search.decisions.append(f"confirmation: {chosen.config.label()} {shown(mine)} again beat {shown(again)}")
+        return
+    search.decisions.append(
+        f"confirmation: {chosen.config.label()} {shown(mine)} did not beat {baseline.config.label()} {shown(again)} "
+        "again (means of two rounds): the table's settings stay"
+    )
+    search.chosen = max((baseline, again), key=goal.score)
+
+
+def shown(trial: Trial) -> str:
+    if trial.error:
+        return f"({trial.error[:80]})"
+    errors = f", {trial.failures} errors" if trial.failures else ""
+    return f"({trial.req_per_s:.1f} req/s, p50 {trial.p50_ms:g} ms, p95 {trial.p95_ms:g} ms{errors})"
+
+
+def alternatives_from(current: Config, options: list[Config]) -> list[Config]:
+    """Each option as a change of one dimension from ``current``: what earlier dimensions chose is kept."""
+    from dataclasses import fields
+
+    base = Config(current.backend)
+    out = []
+    for option in options:
+        changed = {f.name: getattr(option, f.name) for f in fields(Config) if f.name != "backend"}
+        merged = replace(current, **{k: v for k, v in changed.items() if v != getattr(base, k)})
+        if merged.in_front and merged.front_workers != 1:
+            continue  # an engine in the front needs the one front worker
+        if merged != current:
+            out.append(merged)
+    return out

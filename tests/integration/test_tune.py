@@ -1,0 +1,94 @@
+"""`fastinfer tune` for real: real `bentoml serve`s over the test store, locust and the benchmark pool,
+within a small budget; what it writes is what a fresh server then serves with; an interrupted tune stops
+its servers and leaves the previous tuned file as it was. No speed assertions: which configuration
+wins on a shared 2-core VM is the report's business, not a test's."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from fastinfer.measure import photos
+from load_tests.service import start_server, stop_server
+from tests.servers import NO_CACHE
+
+
+def tune_env(tuned: Path) -> dict[str, str]:
+    # Its own tuned file: the test servers started over the same store must never read it.
+    return {**os.environ, "FASTINFER_TUNED": str(tuned)}
+
+
+def test_tune_serves_for_real_and_the_next_server_serves_what_it_chose(built_models, tmp_path) -> None:
+    tuned = tmp_path / "tuned" / "tuned.json"
+    argv = ["--backends", "onnx-int8,onnx", "--budget", "100", "--seconds", "3", "--clients", "4"]
+    done = subprocess.run(
+        [sys.executable, "-m", "fastinfer.cli", "tune", *argv],
+        cwd=tmp_path,  # from anywhere: it finds the store through BENTOML_HOME, like every command
+        env=tune_env(tuned),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "[tune " in done.stderr and "█" in done.stderr  # progress all along
+    data = json.loads(tuned.read_text())
+    chosen = data["settings"]["FASTINFER_DEFAULT_BACKEND"]
+    assert chosen in ("onnx-int8", "onnx") and data["chosen"]["requests"] > 0 and data["decisions"]
+    report = (tuned.parent / "report.md").read_text()
+    assert "★" in report and "| backend |" in report and (tuned.parent / "tuned.png").stat().st_size > 10_000
+    served = [t for t in json.loads((tuned.parent / "report.json").read_text())["trials"] if not t["error"]]
+    assert {t["config"]["backend"] for t in served if t["stage"] == "backend"} == {"onnx-int8", "onnx"}
+
+    server = start_server(None, tmp_path / "serve.log", {"FASTINFER_TUNED": str(tuned)})
+    try:
+        info = httpx.get(f"{server.url}/backends", timeout=30).json()
+        assert info["tuned"]["status"] == "in force", info["tuned"]
+        assert info["default"] == chosen and info["default_choice"]["source"] == "tuned"
+        for name in data["settings"]:
+            assert info["configuration"][name]["source"] == "tuned", name
+        photo = photos.benchmark_pool()[3][1]
+        answer = httpx.post(f"{server.url}/classify", files={"image": ("p.jpg", photo, "image/jpeg")},
+                            headers=NO_CACHE, timeout=60)  # fmt: skip
+        assert answer.status_code == 200 and answer.json()["backend"] == chosen  # no backend named: the tuned one
+    finally:
+        stop_server(server)
+
+
+def test_an_interrupted_tune_stops_every_server_and_keeps_the_previous_file(built_models, tmp_path) -> None:
+    tuned = tmp_path / "tuned" / "tuned.json"
+    tuned.parent.mkdir()
+    tuned.write_text('{"previous": true}')
+    tune = subprocess.Popen(
+        [sys.executable, "-m", "load_tests.tuning", "--backends", "onnx-int8", "--budget", "300", "--seconds", "20"],
+        env=tune_env(tuned),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        servers: list[psutil.Process] = []
+        deadline = time.monotonic() + 240
+        while not servers and time.monotonic() < deadline:  # wait for its `bentoml serve` to be under load
+            time.sleep(1)
+            children = psutil.Process(tune.pid).children(recursive=True)
+            if any("locust" in " ".join(c.cmdline()) for c in children):
+                servers = [c for c in children if "bentoml" in " ".join(c.cmdline()[:3]) and "serve" in c.cmdline()]
+        assert servers, "the tune never got a server under load"
+        server_tree = [p for s in servers for p in [s, *s.children(recursive=True)]]
+        tune.send_signal(signal.SIGINT)  # Ctrl-C
+        _, err = tune.communicate(timeout=120)
+    finally:
+        if tune.poll() is None:
+            tune.kill()
+    assert tune.returncode == 130, err[-2000:]
+    assert "interrupted; the previous tuned file is as it was" in err
+    assert tuned.read_text() == '{"previous": true}'
+    assert not [p.pid for p in server_tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

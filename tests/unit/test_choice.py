@@ -1,0 +1,127 @@
+"""The default backend follows the machine: measured here when a bench of this machine exists, else
+by rule; FASTINFER_DEFAULT_BACKEND names one to override it. Stand-ins for other machines' probes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fastinfer.catalog import choice
+from fastinfer.catalog.backends import BACKENDS
+from tests.settings import settings_with
+
+EVERY = ["pytorch", "onnx", "onnx-int8", "onnx-int8-dynamic", "openvino", "openvino-int8", "coreml-batched"]
+VNNI = {"machine": "x86_64", "cpu": "AMD EPYC", "cores": 2, "isa": ["avx2", "avx512f", "avx512_vnni"], "cuda": False}
+AVX2 = {"machine": "x86_64", "cpu": "AMD EPYC", "cores": 2, "isa": ["avx2"], "cuda": False}
+ARM_LINUX = {"machine": "aarch64", "cpu": "Neoverse-N1", "cores": 4, "isa": ["neon"], "cuda": False}
+
+
+def test_the_rule_prefers_openvino_int8_on_x86_with_or_without_integer_units_then_onnx_int8() -> None:
+    for hw in (VNNI, AVX2):
+        rec = choice.recommend(hw, EVERY)
+        assert (rec["backend"], rec["source"]) == ("openvino-int8", "rule")
+        without_openvino = [b for b in EVERY if not b.startswith("openvino")]
+        assert choice.recommend(hw, without_openvino)["backend"] == "onnx-int8"
+    assert "VNNI" in choice.recommend(VNNI, EVERY)["why"]
+    assert "without integer dot-product units" in choice.recommend(AVX2, EVERY)["why"]
+
+
+def test_the_rule_prefers_openvino_bf16_where_only_bf16_units_help() -> None:
+    hw = {"isa": ["avx512", "avx512_bf16"], "cuda": False}  # no machine: not known to be x86
+    assert choice.recommend(hw, ["pytorch", "onnx", "openvino"])["backend"] == "openvino"
+    assert "BF16" in choice.recommend(hw, ["pytorch", "onnx", "openvino"])["why"]
+
+
+def test_neural_engine_cuda_and_arm_keep_their_backends() -> None:
+    mac = {"isa": ["neon"], "machine": "arm64", "neural_engine": True, "apple_chip": "M3"}
+    assert choice.recommend(mac, EVERY)["backend"] == "coreml-batched"
+    assert choice.recommend({**VNNI, "cuda": True}, EVERY)["backend"] == "onnx"
+    assert choice.recommend(ARM_LINUX, EVERY)["backend"] == "onnx"  # no x86 INT8 rule on ARM
+
+
+def test_measurements_beat_the_rule_among_what_can_run() -> None:
+    rec = choice.recommend(VNNI, EVERY, {"onnx-int8": 60.0, "openvino-int8": 50.0, "coreml": 999.0})
+    assert rec == {"backend": "onnx-int8", "why": "highest measured throughput here (60.0 img/s)", "source": "measured"}
+
+
+def test_a_recommendation_by_default_says_what_it_is() -> None:
+    no_rule = choice.recommend({"isa": []}, ["pytorch", "onnx-int8-dynamic"])
+    assert no_rule["backend"] == "pytorch" and "only" not in no_rule["why"]
+    assert choice.recommend({"isa": []}, ["pytorch"])["why"] == "the only backend available here"
+    assert choice.recommend({"isa": []}, [])["backend"] == ""
+
+
+def bench_file(tmp_path: Path, hw: dict, rows: list[tuple[str, int, float]]) -> Path:
+    path = tmp_path / "bench.json"
+    engines = [{"backend": b, "batch": n, "images_per_s": r} for b, n, r in rows]
+    path.write_text(json.dumps({"hardware": hw, "engines": engines}))
+    return path
+
+
+def test_a_bench_of_this_machine_is_a_measurement_its_best_batch_counts(tmp_path) -> None:
+    path = bench_file(tmp_path, AVX2, [("onnx", 1, 10.0), ("onnx", 8, 12.0), ("openvino-int8", 8, 30.0)])
+    measured, why = choice.measured_here(path, {**AVX2, "os": "another kernel"})
+    assert measured == {"onnx": 12.0, "openvino-int8": 30.0} and "fastinfer bench" in why
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (None, "no bench result"),
+        ("{", "not a bench result (JSONDecodeError)"),
+        ('{"engines": []}', "not a bench result (KeyError)"),
+        ('{"hardware": {}, "engines": [{"backend": "onnx", "images_per_s": "fast"}]}', "not a bench result"),
+        ("[1, 2]", "not a bench result (TypeError)"),
+    ],
+)
+def test_a_missing_or_broken_bench_result_is_a_reason_not_an_error(tmp_path, content, said) -> None:
+    path = tmp_path / "bench.json"
+    if content is not None:
+        path.write_text(content)
+    measured, why = choice.measured_here(path, AVX2)
+    assert measured is None and said in why
+
+
+def test_a_bench_of_another_machine_is_ignored_and_says_what_differs(tmp_path) -> None:
+    path = bench_file(tmp_path, VNNI, [("onnx-int8", 8, 80.0)])
+    measured, why = choice.measured_here(path, AVX2)
+    assert measured is None and "another machine (isa differ)" in why
+
+
+def test_auto_follows_the_machine_and_a_named_backend_wins() -> None:
+    auto = choice.choose_default("auto", AVX2, EVERY)
+    assert (auto.backend, auto.requested, auto.source) == ("openvino-int8", "auto", "rule")
+    assert auto.describe().startswith("`openvino-int8` (FASTINFER_DEFAULT_BACKEND=auto, rule: ")
+    measured = choice.choose_default("auto", AVX2, EVERY, {"onnx-int8": 40.0, "openvino-int8": 35.0})
+    assert (measured.backend, measured.source) == ("onnx-int8", "measured")
+    named = choice.choose_default("onnx", AVX2, EVERY, {"onnx-int8": 40.0})
+    assert (named.backend, named.source) == ("onnx", "environment")
+    assert named.describe() == "`onnx` (FASTINFER_DEFAULT_BACKEND)"
+    # Nothing can run here: a backend all the same, whose 503 says why, never an empty name.
+    assert choice.choose_default("auto", AVX2, []).backend == choice.LAST_RESORT
+
+
+def test_the_setting_accepts_auto_and_backends_only(monkeypatch) -> None:
+    assert settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND").default_backend == "auto"
+    assert settings_with(monkeypatch, FASTINFER_DEFAULT_BACKEND=" onnx-int8 ").default_backend == "onnx-int8"
+    with pytest.raises(ValueError, match="must be auto or one of"):
+        settings_with(monkeypatch, FASTINFER_DEFAULT_BACKEND="fastest")
+
+
+def test_the_process_default_resolves_once_per_setting(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(choice.hardware, "probe", lambda: AVX2)
+    monkeypatch.setattr(choice, "unavailable_reason", lambda name: None if name in ("onnx", "onnx-int8") else "no")
+    monkeypatch.setattr(choice, "bench_result", lambda: tmp_path / "none.json")
+    choice._resolved.cache_clear()
+    try:
+        settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND")
+        assert choice.default_choice().backend == "onnx-int8"  # openvino-int8 cannot run: the next rule
+        monkeypatch.setenv("FASTINFER_DEFAULT_BACKEND", "pytorch")
+        choice.get_settings.cache_clear()
+        assert choice.default_choice().backend == "pytorch"
+    finally:
+        choice._resolved.cache_clear()
+        choice.get_settings.cache_clear()
+    assert set(EVERY) <= set(BACKENDS)

@@ -1,0 +1,187 @@
+"""fastinfer tune's search, with stand-ins for the server and the load (the real path is tested end to
+end in tests/integration/test_tune.py): pruning by in-process figures, one dimension at a time, a
+change kept only past MIN_GAIN, the budget, failed candidates, and what it writes."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from fastinfer.catalog import tuned
+from load_tests.service import Server
+from load_tests.tuning import files
+from load_tests.tuning.search import MIN_GAIN, Config, Goal, Search, Trial, alternatives, tune, worth_serving
+
+FIGURES = {
+    "openvino-int8": {"ceiling_req_per_s": 24.0, "latency_ms": 43.0},
+    "onnx-int8": {"ceiling_req_per_s": 22.0, "latency_ms": 52.0},
+    "onnx": {"ceiling_req_per_s": 13.0, "latency_ms": 76.0},
+    "pytorch": {"ceiling_req_per_s": 5.0, "latency_ms": 300.0},
+}
+
+
+class FakeServers:
+    """start/stop stand-ins that record which settings each server had, and fail where told."""
+
+    def __init__(self, refuse: set[str] = frozenset()) -> None:
+        self.started: list[dict[str, str]] = []
+        self.running = 0
+        self.refuse = refuse
+
+    def start(self, home: Path | None, log: Path, env: dict[str, str]) -> Server:
+        if env.get("FASTINFER_IN_FRONT") in self.refuse:
+            raise RuntimeError("bentoml serve exited with 1")
+        self.started.append(env)
+        self.running += 1
+        return Server("http://fake", None, log)  # type: ignore[arg-type]
+
+    def stop(self, server: Server) -> None:
+        self.running -= 1
+
+
+def by_rate(rates: dict[str, float]):
+    """A measure that serves each configuration at the rate its label is given (default 10 req/s)."""
+
+    def measure(server: Server, config: Config, search: Search) -> Trial:
+        rate = rates.get(config.label(), 10.0)
+        return Trial(config, "", rate, 100.0, 200.0, 0, int(rate * search.seconds))
+
+    return measure
+
+
+def test_pruning_keeps_the_backends_near_the_best_ceiling_and_says_why_the_rest_went() -> None:
+    keep, dropped = worth_serving(FIGURES, Goal())
+    assert keep == ["openvino-int8", "onnx-int8"]
+    assert "13.0 req/s < 60% of 24.0" in dropped["onnx"] and set(dropped) == {"onnx", "pytorch"}
+    keep, _ = worth_serving(FIGURES, Goal("latency"))
+    assert keep == ["openvino-int8", "onnx-int8"]  # 76 ms > 43 / 0.6
+
+
+def test_the_search_keeps_a_change_only_past_the_noise_margin(tmp_path) -> None:
+    servers = FakeServers()
+    rates = {
+        "openvino-int8, runner": 20.0,
+        "onnx-int8, runner": 18.0,
+        "openvino-int8, in front": 20.0 * (1 + MIN_GAIN / 2),  # better, but within the margin: not kept
+        "openvino-int8, runner, max batch 16": 23.0,  # kept
+        "openvino-int8, runner, max batch 16, max wait 5 ms": 22.0,
+    }
+    search = tune(Goal(), 10_000, 5, tmp_path, list(FIGURES), by_rate(rates), FIGURES, servers.start, servers.stop)
+    assert search.chosen is not None and search.chosen.config.label() == "openvino-int8, runner, max batch 16"
+    assert servers.running == 0  # every server it started was stopped
+    assert servers.started[0]["FASTINFER_TUNED"] == "off"  # a trial never serves the previous tuning
+    assert servers.started[0]["FASTINFER_MAX_BATCH_SIZE_OPENVINO_INT8"] == ""  # nor what the shell exports
+    assert servers.started[-1]["FASTINFER_MAX_BATCH_SIZE_OPENVINO_INT8"] == "16"
+    assert all("FASTINFER_DEFAULT_BACKEND" not in env for env in servers.started)
+    tried = [t.config.label() for t in search.trials]
+    assert tried[:2] == ["openvino-int8, runner", "onnx-int8, runner"]  # one server for the backend stage
+    assert "openvino-int8, runner, max batch 4" in tried  # each dimension from the best so far:
+    assert "openvino-int8, runner, max batch 16, 2 front workers" in tried
+    assert any(d.startswith("where the engine runs: kept;") for d in search.decisions)
+    assert len(servers.started) == len(tried) - 1
+
+
+def test_the_budget_stops_the_search_and_says_what_it_left(tmp_path) -> None:
+    servers = FakeServers()
+    search = tune(Goal(), 1.0, 5, tmp_path, list(FIGURES), by_rate({}), FIGURES, servers.start, servers.stop)
+    assert [t.stage for t in search.trials] == ["backend", "backend"]  # the first server always runs
+    assert search.skipped and all("(the budget)" in s for s in search.skipped)
+    assert search.chosen is not None
+
+
+def test_a_candidate_whose_server_fails_is_an_error_trial_not_a_crash(tmp_path) -> None:
+    servers = FakeServers(refuse={"openvino-int8"})
+    search = tune(Goal(), 10_000, 5, tmp_path, list(FIGURES), by_rate({}), FIGURES, servers.start, servers.stop)
+    failed = [t for t in search.trials if t.error]
+    assert [t.config.label() for t in failed] == ["openvino-int8, in front"]
+    assert Goal().score(failed[0]) == -math.inf and search.chosen and not search.chosen.error
+
+
+def test_errors_and_the_p95_limit_disqualify_and_latency_prefers_the_lowest_p50() -> None:
+    ok = Trial(Config("onnx"), "x", 20.0, 50.0, 90.0, 0, 100)
+    assert Goal().score(ok) == 20.0
+    assert Goal().score(Trial(Config("onnx"), "x", 30.0, 50.0, 90.0, 1, 100)) == -math.inf
+    assert Goal(p95_ms=80).score(ok) == -math.inf
+    assert Goal("latency").score(ok) == -50.0
+
+
+def test_dimensions_follow_the_backend_and_the_goal() -> None:
+    names = [name for name, _ in alternatives(Config("openvino-int8"), 2, Goal())]
+    assert names == ["where the engine runs", "max batch", "max wait", "front workers", "engine threads"]
+    latency = [name for name, _ in alternatives(Config("openvino-int8"), 2, Goal("latency"))]
+    assert "max batch" not in latency and "max wait" not in latency  # no batch forms at one client
+    (batches,) = [opts for name, opts in alternatives(Config("coreml-batched"), 8, Goal()) if name == "max batch"]
+    assert all(c.max_batch is not None and c.max_batch <= 8 for c in batches)  # its largest static batch
+    assert [n for n, _ in alternatives(Config("onnx"), 1, Goal())][-1] != "engine threads"
+
+
+def test_it_writes_the_tuned_file_last_and_the_report_beside_it(tmp_path, built_models, monkeypatch) -> None:
+    servers = FakeServers()
+    rates = {"openvino-int8, runner, max batch 16": 30.0}
+    search = tune(Goal(), 10_000, 5, tmp_path, list(FIGURES), by_rate(rates), FIGURES, servers.start, servers.stop)
+    written = files.write(search, "fastinfer tune --budget 1", tmp_path)
+    data = json.loads(written.read_text())
+    assert data["settings"] == {
+        "FASTINFER_DEFAULT_BACKEND": "openvino-int8",
+        "FASTINFER_MAX_BATCH_SIZE_OPENVINO_INT8": "16",
+    }
+    assert set(data["fingerprint"]["models"]) == {"resnet50-openvino-int8", "resnet50-onnx-int8"}
+    monkeypatch.setenv(tuned.FILE_ENV, str(written))
+    assert tuned.load().status == "in force"  # what it writes, the server takes
+    report = (tmp_path / "report.md").read_text()
+    assert "**Chosen: openvino-int8, runner, max batch 16.**" in report and "★" in report
+    assert (tmp_path / "tuned.png").stat().st_size > 10_000 and not list(tmp_path.glob(".tuned.json.*"))
+
+
+def test_nothing_served_writes_the_report_and_keeps_the_previous_tuned_file(tmp_path) -> None:
+    previous = tmp_path / "tuned.json"
+    previous.write_text('{"format": 1}')
+    servers = FakeServers(refuse={""})  # every server fails to start
+    search = tune(Goal(), 10_000, 5, tmp_path, list(FIGURES), by_rate({}), FIGURES, servers.start, servers.stop)
+    assert search.chosen is None and files.write(search, "fastinfer tune", tmp_path) is None
+    assert previous.read_text() == '{"format": 1}' and "Nothing served" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize("interrupt_at", [1, 3])
+def test_an_interrupted_tune_stops_its_servers_and_writes_nothing(tmp_path, interrupt_at) -> None:
+    servers = FakeServers()
+    calls = []
+
+    def measure(server: Server, config: Config, search: Search) -> Trial:
+        calls.append(config)
+        if len(calls) == interrupt_at:
+            raise KeyboardInterrupt
+        return Trial(config, "", 10.0, 100.0, 200.0, 0, 50)
+
+    with pytest.raises(KeyboardInterrupt):
+        tune(Goal(), 10_000, 5, tmp_path, list(FIGURES), measure, FIGURES, servers.start, servers.stop)
+    assert servers.running == 0 and not (tmp_path / "tuned.json").exists()
+
+
+def test_a_lucky_run_does_not_survive_the_confirmation_round(tmp_path) -> None:
+    servers = FakeServers()
+    seen: dict[str, int] = {}
+
+    def measure(server: Server, config: Config, search: Search) -> Trial:
+        label = config.label()
+        seen[label] = seen.get(label, 0) + 1
+        lucky = label == "openvino-int8, runner, max batch 16" and seen[label] == 1
+        rate = 30.0 if lucky else 20.0 if label == "openvino-int8, runner" else 10.0
+        return Trial(config, "", rate, 100.0, 200.0, 0, 100)
+
+    search = tune(Goal(), 10_000, 5, tmp_path, list(FIGURES), measure, FIGURES, servers.start, servers.stop)
+    assert search.chosen is not None and search.chosen.config.label() == "openvino-int8, runner"
+    assert search.decisions[-1].startswith("confirmation: openvino-int8, runner, max batch 16")
+    assert "the table's settings stay" in search.decisions[-1]
+    assert [t.stage for t in search.trials][-2:] == ["confirmation", "confirmation"]
+
+
+def test_a_choice_that_wins_again_is_confirmed(tmp_path) -> None:
+    servers = FakeServers()
+    rates = {"openvino-int8, runner": 20.0, "openvino-int8, runner, max batch 16": 26.0}
+    search = tune(Goal(), 10_000, 5, tmp_path, list(FIGURES), by_rate(rates), FIGURES, servers.start, servers.stop)
+    assert search.chosen is not None and search.chosen.config.label() == "openvino-int8, runner, max batch 16"
+    assert "again beat" in search.decisions[-1]

@@ -1,0 +1,144 @@
+"""The tuned file: in force only where it was measured (this machine, these runtimes, these models),
+below the environment, and never a failed start: corrupt, truncated, foreign or stale files are
+ignored with the reason."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from fastinfer.catalog import choice, config, tuned
+from tests.settings import settings_with
+
+HERE = {
+    "machine": "x86_64",
+    "cpu": "AMD EPYC",
+    "cores": 2,
+    "isa": ["avx2"],
+    "runtimes": {"openvino": "1", "torch": "2"},
+}
+STORED = {"resnet50-onnx-int8": "resnet50-onnx-int8:abc"}
+CAN_RUN: dict[str, str | None] = {"onnx-int8": None, "onnx": None, "coreml": "CoreML prediction needs macOS"}
+
+
+def tuned_data(**change) -> dict:
+    data = {
+        "format": tuned.FORMAT,
+        "created": "2026-12-04 20:00 UTC",
+        "goal": "throughput: most req/s at 10 clients",
+        "settings": {"FASTINFER_DEFAULT_BACKEND": "onnx-int8", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8": "16"},
+        "fingerprint": {**HERE, "models": dict(STORED)},
+    }
+    data.update(change)
+    return data
+
+
+def test_a_file_measured_here_is_in_force() -> None:
+    settings, why = tuned.check(tuned_data(), HERE, STORED, CAN_RUN)
+    assert why == "in force" and settings["FASTINFER_MAX_BATCH_SIZE_ONNX_INT8"] == "16"
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        ([1, 2], "not a tuned file"),
+        (tuned_data(format=99), "not a tuned file of format 1"),
+        (tuned_data(settings=None), "settings or fingerprint are missing"),
+        (tuned_data(fingerprint={**HERE}), "settings or fingerprint are missing"),
+        (tuned_data(settings={"FASTINFER_API_KEYS": "x" * 20}), "sets what tuning may not: FASTINFER_API_KEYS"),
+        (tuned_data(settings={"FASTINFER_THREADS": 2}), "sets what tuning may not: FASTINFER_THREADS"),
+        (
+            tuned_data(fingerprint={**HERE, "isa": ["avx512_vnni"], "models": STORED}),
+            "another machine or runtime (isa)",
+        ),
+        (tuned_data(fingerprint={**HERE, "cores": 64, "models": STORED}), "another machine or runtime (cores)"),
+        (
+            tuned_data(fingerprint={**HERE, "runtimes": {"openvino": "0", "torch": "2"}, "models": STORED}),
+            "another machine or runtime (openvino 0 → 1)",
+        ),
+        (tuned_data(fingerprint={**HERE, "models": {"resnet50-onnx-int8": "resnet50-onnx-int8:old"}}), "no longer"),
+        (tuned_data(settings={"FASTINFER_DEFAULT_BACKEND": "fastest"}), "names no backend: 'fastest'"),
+        (tuned_data(settings={"FASTINFER_IN_FRONT": "onnx,coreml"}), "chose coreml, which cannot run here: CoreML"),
+    ],
+)
+def test_a_file_that_does_not_hold_here_is_ignored_with_the_reason(data, said) -> None:
+    settings, why = tuned.check(data, HERE, STORED, CAN_RUN)
+    assert settings == {} and said in why
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b"", "unreadable (JSONDecodeError"),
+        (b'{"format": 1, "settings": {"FASTINFER_DEF', "unreadable (JSONDecodeError"),  # truncated
+        (b"\xff\xfe\x00garbage", "unreadable ("),
+        (b"null", "not a tuned file"),
+        (b'{"format": 1, "fingerprint": [], "settings": {}}', "settings or fingerprint are missing"),
+    ],
+)
+def test_a_corrupt_or_truncated_file_is_ignored_never_raised(tmp_path, content, said) -> None:
+    path = tmp_path / "tuned.json"
+    path.write_bytes(content)
+    found = tuned.load(path)
+    assert (found.status, found.settings) == ("ignored", {}) and said in found.why
+
+
+def test_a_missing_file_or_off_is_no_configuration(tmp_path, monkeypatch) -> None:
+    assert tuned.load(tmp_path / "none.json").status == "none"
+    monkeypatch.setenv(tuned.FILE_ENV, "off")
+    assert tuned.path() is None and tuned.load().status == "none"
+    monkeypatch.setenv(tuned.FILE_ENV, str(tmp_path / "mine.json"))
+    assert tuned.path() == tmp_path / "mine.json"
+    monkeypatch.delenv(tuned.FILE_ENV)
+    assert tuned.path() == tuned.default_path() and tuned.default_path().parent.name == "tuned"
+
+
+@pytest.fixture
+def in_force(built_models, monkeypatch, tmp_path) -> Path:
+    """A tuned file that holds here: this machine's fingerprint, the store's models as they are."""
+    path = tmp_path / "tuned.json"
+    models = tuned.model_tags(["resnet50-onnx-int8"])
+    assert models["resnet50-onnx-int8"] is not None
+    path.write_text(json.dumps(tuned_data(fingerprint={**tuned.machine_fingerprint(), "models": models})))
+    monkeypatch.setenv(tuned.FILE_ENV, str(path))
+    return path
+
+
+def test_its_values_become_the_settings_below_the_environment(in_force, monkeypatch) -> None:
+    settings = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8")
+    assert settings.tuned["status"] == "in force", settings.tuned
+    assert settings.default_backend == "onnx-int8" and settings.batching_for("onnx-int8").max_batch_size == 16
+    assert settings.sources == {"FASTINFER_DEFAULT_BACKEND": "tuned", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8": "tuned"}
+    # The operator's variable wins, and says so.
+    settings = settings_with(monkeypatch, FASTINFER_MAX_BATCH_SIZE_ONNX_INT8="4")
+    assert settings.batching_for("onnx-int8").max_batch_size == 4
+    assert settings.sources["FASTINFER_MAX_BATCH_SIZE_ONNX_INT8"] == "environment"
+    shown = choice.configuration(settings, choice.choose_default("onnx-int8", {}, [], named_by="tuned"))
+    assert shown["FASTINFER_DEFAULT_BACKEND"] == {"value": "onnx-int8", "source": "tuned"}
+    assert shown["FASTINFER_MAX_BATCH_SIZE_ONNX_INT8"] == {"value": "4", "source": "environment"}
+    assert shown["FASTINFER_FRONT_WORKERS"] == {"value": "1", "source": "default"}
+    assert shown["FASTINFER_THREADS"]["source"] == "rule"
+
+
+def test_values_that_clash_with_the_environment_leave_it_out_not_the_server_down(in_force, monkeypatch, caplog):
+    data = json.loads(in_force.read_text())
+    data["settings"] = {"FASTINFER_IN_FRONT": "onnx-int8", "FASTINFER_THREADS": "lots"}
+    in_force.write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING, logger="fastinfer.tuned"):
+        settings = settings_with(monkeypatch, FASTINFER_FRONT_WORKERS="2")  # in front needs one front worker
+    assert settings.in_front == frozenset() and settings.threads == 0 and settings.front_workers == 2
+    assert settings.tuned["status"] == "ignored" and "do not hold" in settings.tuned["why"]
+    assert "tuned configuration" in caplog.text and "ignored" in caplog.text
+
+
+def test_a_stale_file_is_ignored_and_the_rule_applies(in_force, monkeypatch) -> None:
+    data = json.loads(in_force.read_text())
+    data["fingerprint"]["models"] = {"resnet50-onnx-int8": "resnet50-onnx-int8:rebuilt-since"}
+    in_force.write_text(json.dumps(data))
+    settings = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND")
+    assert settings.default_backend == "auto" and settings.sources == {}
+    assert settings.tuned["status"] == "ignored" and "no longer served here" in settings.tuned["why"]
+    assert config.get_settings.cache_info().currsize == 0  # settings_with leaves nothing cached
