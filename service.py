@@ -19,8 +19,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Scope, Send
 
-from fastinfer.catalog import store
-from fastinfer.catalog.choice import default_choice
+from fastinfer.catalog import store, tuned
+from fastinfer.catalog.choice import DefaultChoice, default_choice, default_now
 from fastinfer.catalog.config import get_settings
 from fastinfer.common import hardware
 from fastinfer.common.errors import ApiError
@@ -72,7 +72,6 @@ class FastInfer:
         self.hardware = hardware.probe()
         # FASTINFER_DEFAULT_BACKEND=auto resolves here, in each worker, once the served versions are pinned.
         self.default = default_choice()
-        self.form_rules = image_api.FormRules(self.default.backend, settings.max_batch_images)
         logger.info("default backend: %s", self.default.describe())
         self.live = LiveStats()
         # Decoding is CPU-bound; more threads than cores only adds contention (see fastinfer.serving.cpu).
@@ -111,6 +110,9 @@ class FastInfer:
         or not), and record them so that a rebuild keeps them while this server runs."""
         pinned = store.pin([name for entry in REGISTRY.values() for name in entry.spec.model_names()])
         os.environ[store.PINS_ENV] = json.dumps(pinned)
+        # The tuned configuration this process read when it imported this module (its front workers and
+        # runners follow from it): every worker takes the same, even if the file changes meanwhile.
+        tuned.export(settings.tuned)
         try:
             atexit.register(store.record_pins(pinned).unlink, missing_ok=True)
         except OSError as exc:  # a read-only home (a container's): nothing builds beside this server there
@@ -157,16 +159,23 @@ class FastInfer:
             ctx.response.status_code = exc.status
             return JSONResponse(exc.body(), status_code=exc.status)
 
+    def default_now(self) -> DefaultChoice:
+        """The backend of requests that name none, now (fastinfer/catalog/choice.py default_now)."""
+        return default_now(self.default, self.hardware, list(REGISTRY), self.runner_calls.unavailable)
+
     async def backends(self) -> BackendsResponse:
         """Each backend: available or why not, models, weights, where it runs, batching; the machine."""
         described = await self.runner_calls.describe_running()
-        return inventory.backends(REGISTRY, self.unavailable, self.pipeline.models, described, settings, self.hardware)
+        return inventory.backends(
+            REGISTRY, self.unavailable, self.pipeline.models, described, settings, self.hardware, self.default_now()
+        )
 
 
 async def _image_lane(scope: Scope, body: bytes, send: Send) -> None:
     """An image route's request, its body in hand (FrontMiddleware's lane)."""
     service: FastInfer = bentoml.get_current_service()
-    await image_api.serve(service.pipeline, scope, body, send, service.form_rules)
+    rules = image_api.FormRules(service.default_now().backend, settings.max_batch_images)
+    await image_api.serve(service.pipeline, scope, body, send, rules)
 
 
 async def _backends_route(_: Request) -> JSONResponse:

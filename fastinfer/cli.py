@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -252,8 +252,12 @@ def tune_arguments(p: argparse.ArgumentParser) -> None:
 
 def tune(args: argparse.Namespace) -> int:
     """The tuner starts servers and the load generator, so it lives with them (load_tests/, the layer above
-    this one); it runs as its own program, as `make bench` runs `python -m load_tests`."""
-    return subprocess.call([sys.executable, "-m", TUNER, *args.argv])
+    this one); this process becomes it (as `make bench` runs `python -m load_tests`), so that Ctrl-C and
+    SIGTERM reach the tuner itself, which stops its servers before it exits."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", TUNER, *args.argv])
+    return 1  # not reached: execv returns only by raising
 
 
 THREADS_HELP = "intra-op threads per model (default: the cores this process may use)"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import statistics
 import sys
@@ -220,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true", help="rewrite BENCHMARKS.md from OUT/results.json")
     args = parser.parse_args(argv)
     use_project_store()  # the store `make` uses (servers started here inherit it), not ~/bentoml
+    # The servers it starts serve what their labels say, with zero configuration: a tuned file
+    # (`fastinfer tune`) would otherwise put its placement and batching under every run. --url measures
+    # a server as it is.
+    os.environ["FASTINFER_TUNED"] = "off"
     if args.report_only:
         write_markdown(json.loads((args.out / "results.json").read_text()), args.markdown, args.out, args.plots)
         return 0

@@ -68,18 +68,19 @@ def start_server(
     )
     server = Server(f"http://127.0.0.1:{port}", process, log)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"bentoml serve exited with {process.returncode}:\n{server.log_tail()}")
-        try:
-            if ready(server.url):
-                return server
-        except httpx.HTTPError:
-            pass
-        except BaseException:  # a broken check (or Ctrl-C) must not leave a server running unowned
-            stop_server(server)
-            raise
-        time.sleep(0.5)
+    try:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"bentoml serve exited with {process.returncode}:\n{server.log_tail()}")
+            try:
+                if ready(server.url):
+                    return server
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+    except BaseException:  # a broken check, or Ctrl-C while it starts, must not leave a server running unowned
+        stop_server(server)
+        raise
     stop_server(server)
     raise RuntimeError(f"bentoml serve not ready after {timeout}s:\n{server.log_tail()}")
 

@@ -25,7 +25,7 @@ os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
 # server (README, Access) must not lock the test servers or change what get_settings() tells the unit tests.
 for _name in ("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE", "FASTINFER_API_KEY", "GROQ_API_KEY_FILE",
               "FASTINFER_ANALYZE_PER_MINUTE", "FASTINFER_ANALYZE_TOTAL_PER_MINUTE",
-              "FASTINFER_DEFAULT_BACKEND"):  # fmt: skip
+              "FASTINFER_DEFAULT_BACKEND", "FASTINFER_TUNED", "FASTINFER_TUNED_RESOLVED"):  # fmt: skip
     os.environ.pop(_name, None)
 
 

@@ -9,7 +9,9 @@ able to run here: each passed its fidelity gate when it was built).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -79,12 +81,14 @@ def measured_here(path: Path | None, hw: dict[str, Any]) -> tuple[dict[str, floa
     try:
         result = json.loads(path.read_text())
         ran_on = result["hardware"]
+        if not isinstance(ran_on, dict):
+            raise TypeError("its hardware is not an object")
         rates: dict[str, float] = {}
         for row in result["engines"]:
             name, rate = str(row["backend"]), float(row["images_per_s"])
-            if name in BACKENDS and rate > 0:
+            if name in BACKENDS and 0 < rate < math.inf:
                 rates[name] = max(rate, rates.get(name, 0.0))
-    except (OSError, ValueError, TypeError, KeyError) as exc:
+    except Exception as exc:  # unreadable, not JSON, nested past the parser's depth, odd shapes: a reason
         return None, f"{path} is not a bench result ({type(exc).__name__}); ignored"
     if differs := [key for key in SAME_MACHINE if ran_on.get(key) != hw.get(key)]:
         return None, f"{path} was measured on another machine ({', '.join(differs)} differ); ignored"
@@ -149,6 +153,21 @@ def default_choice() -> DefaultChoice:
     """This process's default backend, resolved once per FASTINFER_DEFAULT_BACKEND value and source."""
     settings = get_settings()
     return _resolved(settings.default_backend, settings.sources.get("FASTINFER_DEFAULT_BACKEND", "environment"))
+
+
+def default_now(
+    chosen: DefaultChoice, hw: dict[str, Any], backends: list[str], cannot_answer: Callable[[str], str | None]
+) -> DefaultChoice:
+    """The default as it stands now: ``chosen`` at start-up, unless this machine chose it (not the
+    operator) and it cannot answer now (``cannot_answer``: why a backend cannot, e.g. its engine failed to
+    load on this CPU): then the next choice among the backends that can, rather than a 503 for every
+    request that names none."""
+    if chosen.source == "environment" or (why := cannot_answer(chosen.backend)) is None:
+        return chosen
+    instead = recommend(hw, [name for name in backends if cannot_answer(name) is None])["backend"]
+    if not instead:
+        return chosen
+    return replace(chosen, backend=instead, why=f"{chosen.backend} cannot answer here ({why[:120]}); next choice")
 
 
 def configuration(settings: Settings, default: DefaultChoice) -> dict[str, dict[str, str]]:

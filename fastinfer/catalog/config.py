@@ -115,6 +115,30 @@ def _in_front(raw: str, front_workers: int) -> frozenset[str]:
     return frozenset(SPECS[name].runner_name for name in names)
 
 
+# Beyond these a value is a typo or a broken tuned file, not a configuration: refused at start-up.
+MAX_WORKERS = 256
+MAX_THREADS = 1024
+MAX_BATCH_SIZE = 1024
+MAX_LATENCY_MS = 10_000
+
+
+def _bounded(name: str, default: int, low: int, high: int) -> int:
+    value = _int(name, default)
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be from {low} to {high}, got {value}")
+    return value
+
+
+def _default_backend() -> str:
+    """FASTINFER_DEFAULT_BACKEND: a backend, or ``auto`` (any case; unset is auto). ``auto`` set by the
+    operator still lets a tuned file name the backend: auto means tuned, else measured, else the rule."""
+    raw = os.environ.get("FASTINFER_DEFAULT_BACKEND", "").strip()
+    if raw.lower() == "auto":
+        raw = ""
+    value = raw or _tuned_values.get("FASTINFER_DEFAULT_BACKEND", "") or Settings.default_backend
+    return "auto" if value.lower() == "auto" else value
+
+
 def _positive(name: str, default: int) -> int:
     """An integer >= 1: a limit of 0 would refuse everything, not switch the limit off."""
     value = _int(name, default)
@@ -260,8 +284,8 @@ def _batching(backend: str) -> BatchingConfig:
     on, size, latency = SPECS[backend].batching
     return BatchingConfig(
         enabled=_bool(f"FASTINFER_BATCHING_{key}", on),
-        max_batch_size=_int(f"FASTINFER_MAX_BATCH_SIZE_{key}", size),
-        max_latency_ms=_int(f"FASTINFER_MAX_LATENCY_MS_{key}", latency),
+        max_batch_size=_bounded(f"FASTINFER_MAX_BATCH_SIZE_{key}", size, 1, MAX_BATCH_SIZE),
+        max_latency_ms=_bounded(f"FASTINFER_MAX_LATENCY_MS_{key}", latency, 0, MAX_LATENCY_MS),
     )
 
 
@@ -273,14 +297,15 @@ def get_settings() -> Settings:
     from fastinfer.catalog import tuned as tuning
 
     found = tuning.here()
+    untuned = _parse({}, found.as_dict() if not found.in_force else {})  # the environment's own errors stop start-up
     if not found.in_force:
-        return _parse({}, found.as_dict())
+        return untuned
     try:
         return _parse(found.settings, found.as_dict())
     except ValueError as exc:
-        tuning.logger.warning("tuned configuration %s ignored: %s; the rule-based defaults apply", found.path, exc)
         why = f"its values do not hold with this environment: {exc}"
-        return _parse({}, {**found.as_dict(), "status": "ignored", "why": why, "settings": {}})
+        tuning.warn_ignored(found.path, why)
+        return replace(untuned, tuned={**found.as_dict(), "status": "ignored", "why": why, "settings": {}})
 
 
 def _parse(tuned_values: dict[str, str], tuned: dict[str, Any]) -> Settings:
@@ -290,8 +315,13 @@ def _parse(tuned_values: dict[str, str], tuned: dict[str, Any]) -> Settings:
         settings = _from_environment()
     finally:
         _tuned_values.clear()
-    sources = {name: "environment" if os.environ.get(name, "").strip() else "tuned" for name in tuned_values}
-    sources |= {name: "environment" for name in os.environ if tuning_name(name) and os.environ[name].strip()}
+
+    def from_environment(name: str) -> bool:
+        value = os.environ.get(name, "").strip()
+        return bool(value) and not (name == "FASTINFER_DEFAULT_BACKEND" and value.lower() == "auto")
+
+    sources = {name: "environment" if from_environment(name) else "tuned" for name in tuned_values}
+    sources |= {name: "environment" for name in os.environ if tuning_name(name) and from_environment(name)}
     return replace(settings, tuned=tuned, sources=sources)
 
 
@@ -302,7 +332,7 @@ def tuning_name(name: str) -> bool:
 
 
 def _from_environment() -> Settings:
-    default_backend = _setting("FASTINFER_DEFAULT_BACKEND") or Settings.default_backend
+    default_backend = _default_backend()
     if os.environ.get("FASTINFER_CACHE", "auto").strip().lower() not in ("", "auto", "redis", "memory", "off"):
         raise ValueError("FASTINFER_CACHE must be one of auto, redis, memory, off")
     if default_backend != "auto" and default_backend not in BACKENDS:
@@ -312,15 +342,15 @@ def _from_environment() -> Settings:
     backends.openvino_precision()
     max_concurrency = _positive("FASTINFER_MAX_CONCURRENCY", Settings.max_concurrency)
     api_keys, api_keys_from = _secret("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE")
-    front_workers = _int("FASTINFER_FRONT_WORKERS", Settings.front_workers)
+    front_workers = _bounded("FASTINFER_FRONT_WORKERS", Settings.front_workers, 1, MAX_WORKERS)
     cache_hmac = _secret("FASTINFER_CACHE_HMAC_KEY", "FASTINFER_CACHE_HMAC_KEY_FILE")
     return Settings(
         default_backend=default_backend,
         max_bytes=_positive("FASTINFER_MAX_BYTES", Settings.max_bytes),
         max_pixels=_positive("FASTINFER_MAX_PIXELS", Settings.max_pixels),
         front_workers=front_workers,
-        runner_workers=_int("FASTINFER_RUNNER_WORKERS", Settings.runner_workers),
-        threads=_int("FASTINFER_THREADS", Settings.threads),
+        runner_workers=_bounded("FASTINFER_RUNNER_WORKERS", Settings.runner_workers, 1, MAX_WORKERS),
+        threads=_bounded("FASTINFER_THREADS", Settings.threads, 0, MAX_THREADS),
         request_timeout_s=_positive("FASTINFER_TIMEOUT_S", Settings.request_timeout_s),
         max_concurrency=max_concurrency,
         max_uploads=_positive("FASTINFER_MAX_UPLOADS", 2 * max_concurrency),

@@ -15,23 +15,26 @@ import json
 import logging
 import os
 import re
+import stat
 from dataclasses import dataclass, field
-from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from fastinfer.catalog.backends import BACKENDS
 from fastinfer.common import hardware
 from fastinfer.common.home import bentoml_home
 
 logger = logging.getLogger("fastinfer.tuned")
 FILE_ENV = "FASTINFER_TUNED"  # its path; `off` ignores any; unset: $BENTOML_HOME/tuned/tuned.json
+RESOLVED_ENV = "FASTINFER_TUNED_RESOLVED"  # set by `bentoml serve`'s parent for its workers (here())
 FORMAT = 1
 MAX_BYTES = 1024 * 1024  # a tuned file is a few KB; a huge one is not ours
 # The settings a tuned file may set: what decides served throughput, nothing about access or limits.
+_KEYS = "|".join(backend.upper().replace("-", "_") for backend in BACKENDS)
 TUNABLE = re.compile(
-    r"FASTINFER_(DEFAULT_BACKEND|FRONT_WORKERS|RUNNER_WORKERS|THREADS|IN_FRONT"
-    r"|BATCHING_[A-Z0-9_]+|MAX_BATCH_SIZE_[A-Z0-9_]+|MAX_LATENCY_MS_[A-Z0-9_]+)"
+    rf"FASTINFER_(DEFAULT_BACKEND|FRONT_WORKERS|RUNNER_WORKERS|THREADS|IN_FRONT"
+    rf"|(BATCHING|MAX_BATCH_SIZE|MAX_LATENCY_MS)_({_KEYS}))"
 )
 RUNTIMES = ("fastinfer", "bentoml", "onnxruntime", "openvino", "torch", "coremltools")
 MACHINE_KEYS = ("machine", "cpu", "cores", "isa")
@@ -104,10 +107,16 @@ def check(
     settings, recorded = data.get("settings"), data.get("fingerprint")
     if not isinstance(settings, dict) or not isinstance(recorded, dict) or not isinstance(recorded.get("models"), dict):
         return {}, "its settings or fingerprint are missing"
-    if bad := [
-        k for k, v in settings.items() if not (isinstance(k, str) and TUNABLE.fullmatch(k) and isinstance(v, str))
-    ]:
+    if not settings:
+        return {}, "it sets nothing"
+    if not recorded["models"]:
+        return {}, "it records no model versions: nothing says what it was measured with"
+    if bad := [k for k in settings if not TUNABLE.fullmatch(str(k))]:
         return {}, f"it sets what tuning may not: {', '.join(map(str, bad))[:200]}"
+    if odd := [str(k) for k, v in settings.items() if not isinstance(v, str)]:
+        return {}, f"its values must be strings, as in the environment: {', '.join(odd)[:200]}"
+    if too_many := _beyond_this_machine(settings, here):
+        return {}, too_many
     if differs := _mismatch(recorded, here):
         return {}, f"tuned on another machine or runtime ({', '.join(differs)})"
     if gone := [name for name, tag in recorded["models"].items() if stored.get(name) != tag]:
@@ -121,6 +130,16 @@ def check(
     return settings, "in force"
 
 
+def _beyond_this_machine(settings: dict[str, str], here: dict[str, Any]) -> str:
+    """Why workers or threads beyond what these cores can use are no tuning ("" if none are)."""
+    cores = here.get("cores") if isinstance(here.get("cores"), int) else 1
+    limits = {"FASTINFER_FRONT_WORKERS": 2 * cores, "FASTINFER_RUNNER_WORKERS": 2 * cores, "FASTINFER_THREADS": cores}
+    for name, most in limits.items():
+        if name in settings and not (settings[name].strip().isdigit() and int(settings[name]) <= most):
+            return f"{name}={settings[name][:20]!r} is not a count this machine's {cores} cores can use"
+    return ""
+
+
 def load(where: Path | None = None) -> Tuned:
     """The tuned file at ``where`` (default: :func:`path`) as it holds on this machine, never raising."""
     from fastinfer.catalog.backends import BACKENDS, unavailable_reason
@@ -128,20 +147,45 @@ def load(where: Path | None = None) -> Tuned:
     where = path() if where is None else where
     if where is None:
         return Tuned("", status="none", why=f"{FILE_ENV}=off")
-    if not where.is_file():
-        return Tuned(str(where), status="none", why="no tuned file: `fastinfer tune` writes one")
+    shown = shown_path(where)
+    if not where.exists():
+        return Tuned(shown, status="none", why="no tuned file: `fastinfer tune` writes one")
     try:
-        if where.stat().st_size > MAX_BYTES:
-            raise ValueError(f"larger than {MAX_BYTES} bytes")
-        data = json.loads(where.read_text())
+        data = json.loads(_read(where))
         recorded = ((data.get("fingerprint") or {}).get("models") or {}) if isinstance(data, dict) else {}
         stored = model_tags(list(recorded)) if isinstance(recorded, dict) else {}
         settings, why = check(data, machine_fingerprint(), stored, {b: unavailable_reason(b) for b in BACKENDS})
-    except (OSError, ValueError, TypeError, AttributeError) as exc:  # unreadable, truncated, not JSON, odd shapes
-        return Tuned(str(where), status="ignored", why=f"unreadable ({type(exc).__name__}: {str(exc)[:120]})")
+    except Exception as exc:  # unreadable, truncated, not JSON, nested past the parser's depth, odd shapes
+        return Tuned(shown, status="ignored", why=f"unreadable ({type(exc).__name__}: {str(exc)[:120]})")
     if not settings:
-        return Tuned(str(where), status="ignored", why=why)
-    return Tuned(str(where), settings, "in force", "", str(data.get("created", "")), str(data.get("goal", "")))
+        return Tuned(shown, status="ignored", why=why)
+    created, goal = (_plain(data.get(key)) for key in ("created", "goal"))
+    return Tuned(shown, settings, "in force", "", created, goal)
+
+
+def _read(where: Path) -> str:
+    """The file's text: a regular file of at most MAX_BYTES (a FIFO would block start-up, a device never end)."""
+    fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open itself
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise ValueError(f"larger than {MAX_BYTES} bytes")
+    return data.decode("utf-8")
+
+
+def _plain(value: Any) -> str:
+    """A free-text field of the file as the API page may show it: one short line, no Markdown or HTML."""
+    return re.sub(r"[^A-Za-z0-9 .,:;=_+/()\-]", "", str(value or ""))[:80]
+
+
+def shown_path(where: Path) -> str:
+    """The file's path as clients may see it: under BentoML's home as $BENTOML_HOME/…, else its name."""
+    try:
+        return f"$BENTOML_HOME/{where.resolve().relative_to(bentoml_home().resolve())}"
+    except (ValueError, OSError):
+        return where.name
 
 
 def model_tags(names: list[str] | None = None) -> dict[str, str | None]:
@@ -165,20 +209,26 @@ def model_tags(names: list[str] | None = None) -> dict[str, str | None]:
     return tags
 
 
-@lru_cache(maxsize=4)
-def _loaded(where: str | None, stamp: tuple[int, int]) -> Tuned:
-    tuned = load(Path(where) if where else None)
-    if tuned.status == "ignored":  # once per process and file: the settings carry on by rule
-        logger.warning("tuned configuration %s ignored: %s; the rule-based defaults apply", tuned.path, tuned.why)
-    return tuned
+def warn_ignored(where: str, why: str) -> None:
+    logger.warning("tuned configuration %s ignored: %s; the rule-based defaults apply", where, why)
 
 
 def here() -> Tuned:
-    """This process's tuned configuration, read again only when the file changes."""
-    where = path()
-    try:
-        stat = where.stat() if where is not None else None
-        stamp = (stat.st_mtime_ns, stat.st_size) if stat is not None else (0, 0)
-    except OSError:
-        stamp = (0, 0)
-    return _loaded(str(where) if where else None, stamp)
+    """This process's tuned configuration. Under ``bentoml serve`` every process takes what the server's
+    parent process read (RESOLVED_ENV, set at deployment): the front and the runners never serve with two
+    versions of a file that changed while they started. Elsewhere the file, read when asked."""
+    if resolved := os.environ.get(RESOLVED_ENV):
+        try:
+            fields = json.loads(resolved)
+            return Tuned(**{key: fields[key] for key in ("path", "settings", "status", "why", "created", "goal")})
+        except (ValueError, TypeError, KeyError):
+            return Tuned("", status="ignored", why=f"{RESOLVED_ENV} is not what the server's parent set")
+    tuned = load()
+    if tuned.status == "ignored":  # the settings carry on by rule
+        warn_ignored(tuned.path, tuned.why)
+    return tuned
+
+
+def export(tuned: dict[str, Any]) -> None:
+    """Fix, for every process the server starts from now on, the tuned configuration this one read."""
+    os.environ[RESOLVED_ENV] = json.dumps(tuned)

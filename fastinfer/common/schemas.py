@@ -84,7 +84,7 @@ class BackendsResponse(BaseModel):
     default: str = Field(description="the backend of requests that name none")
     default_choice: dict[str, str] = Field(
         description="how the default was chosen: backend; requested (FASTINFER_DEFAULT_BACKEND: auto or a "
-        "backend); source (environment, measured or rule); why"
+        "backend); source (environment, tuned, measured or rule); why"
     )
     configuration: dict[str, dict[str, str]] = Field(
         default_factory=dict,

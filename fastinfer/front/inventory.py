@@ -24,6 +24,7 @@ def backends(
     described: Mapping[str, dict[str, Any]],
     settings: Settings,
     machine: dict[str, Any],
+    default: choice.DefaultChoice | None = None,
 ) -> BackendsResponse:
     """The /backends answer from the table, what cannot run here, the stored models and what each
     runner says of itself (``described``: runner → its ``describe()``, or ``{"error": why}``)."""
@@ -53,7 +54,7 @@ def backends(
             )
         )
     available = [i.name for i in infos if i.available]
-    default = choice.default_choice()
+    default = default or choice.default_choice()
     return BackendsResponse(
         default=default.backend,
         default_choice=default.as_dict(),

@@ -9,9 +9,10 @@ tune leaves the previous one as it was; beside it: report.md, report.json and tu
 
 from __future__ import annotations
 
+import signal
 import sys
 
-from fastinfer.common.home import use_project_store
+from fastinfer.common.home import bentoml_home, use_project_store
 from load_tests.tuning import files
 from load_tests.tuning.search import Goal, shown, tune
 
@@ -31,29 +32,49 @@ def main(argv: list[str] | None = None) -> int:
     from fastinfer.catalog import tuned as tuning
     from fastinfer.catalog.backends import BACKENDS, unavailable_reason
 
-    runnable = [b for b in BACKENDS if unavailable_reason(b) is None and b != "coreml"]  # coreml-batched covers it
+    reasons = {b: unavailable_reason(b) for b in BACKENDS if b != "coreml"}  # coreml-batched covers its models
+    runnable = [b for b, why in reasons.items() if why is None]
+    if not runnable:
+        example = next(iter(reasons.items()))
+        print(f"fastinfer tune: no backend can run here (model store {bentoml_home() / 'models'}); "
+              f"for example {example[0]}: {example[1]}", file=sys.stderr)  # fmt: skip
+        return 1
     wanted = [b.strip() for b in args.backends.split(",")] if args.backends else runnable
     if unknown := [b for b in wanted if b not in runnable]:
         print(f"fastinfer tune: cannot tune {', '.join(unknown)}: not a backend that can run here "
               f"({', '.join(runnable) or 'none can'})", file=sys.stderr)  # fmt: skip
         return 1
-    where = (tuning.path() or tuning.default_path()).parent
-    out = where / "runs"
-    command = "fastinfer tune " + shlex.join(sys.argv[1:] if argv is None else argv)
+    target = tuning.path() or tuning.default_path()  # where the server reads it (FASTINFER_TUNED)
+    if target.exists() and not target.is_file():
+        print(f"fastinfer tune: {target} is not a file; FASTINFER_TUNED names the file to write", file=sys.stderr)
+        return 1
+    where = target.parent
+    command = shlex.join(["fastinfer", "tune", *(sys.argv[1:] if argv is None else argv)])
     goal = Goal(args.goal, args.clients, args.p95_ms)
+    if args.goal == "latency" and (args.p95_ms is not None or args.clients != 10):
+        print("fastinfer tune: --goal latency measures one client; --clients and --p95-ms are not used",
+              file=sys.stderr)  # fmt: skip
+    # SIGTERM and SIGHUP (a closed terminal) end it like Ctrl-C: through every server's stop.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupt)
     try:
-        search = tune(goal, args.budget, args.seconds, out, wanted)
+        search = tune(goal, args.budget, args.seconds, where / "runs", wanted)
+        written = files.write(search, command, target)
     except KeyboardInterrupt:  # every server was stopped on the way out (serve's finally)
         print("fastinfer tune: interrupted; the previous tuned file is as it was", file=sys.stderr)
         return 130
-    written = files.write(search, command, where)
     best = search.chosen
     if written is None or best is None:
-        print(f"fastinfer tune: no configuration served; see {where / 'report.md'}", file=sys.stderr)
+        print(f"fastinfer tune: no configuration served; see {files.report_path(target)}", file=sys.stderr)
         return 1
     print(f"chosen: {best.config.label()} {shown(best)}")
-    print(f"wrote {written} (the server's default from now on), {where / 'report.md'}, {where / 'tuned.png'}")
+    read = "the server's default from now on" if tuning.path() else "FASTINFER_TUNED=off: no server reads it"
+    print(f"wrote {written} ({read}), {files.report_path(target)}, {files.plot_path(target)}")
     return 0
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 if __name__ == "__main__":

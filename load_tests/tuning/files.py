@@ -43,6 +43,9 @@ def write_atomically(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would hide it from a server running as another user
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)
@@ -137,16 +140,27 @@ def plot(result: dict[str, Any], path: Path) -> bool:
     return True
 
 
-def write(search: Search, command: str, where: Path) -> Path | None:
-    """The report always; the tuned file only when something served. Returns the tuned file written."""
+def report_path(target: Path, failed: bool = False) -> Path:
+    """report.md beside the tuned file (failed-report.md for a tune that chose nothing, so that the
+    report explaining the tuned file in force stays)."""
+    return target.parent / ("failed-report.md" if failed else "report.md")
+
+
+def plot_path(target: Path) -> Path:
+    return target.parent / "tuned.png"
+
+
+def write(search: Search, command: str, target: Path) -> Path | None:
+    """The report always; the tuned file (``target``) only when a configuration was chosen, written last.
+    Returns the tuned file written, or None."""
     best = search.chosen
     result = report(search, best, command)
-    where.mkdir(parents=True, exist_ok=True)
-    drawn = plot(result, where / "tuned.png")
-    write_atomically(where / "report.json", json.dumps(result, indent=2))
-    write_atomically(where / "report.md", markdown(result, "tuned.png" if drawn else None))
+    report_md = report_path(target, failed=best is None)
+    report_md.parent.mkdir(parents=True, exist_ok=True)
+    drawn = best is not None and plot(result, plot_path(target))
+    write_atomically(report_md.with_suffix(".json"), json.dumps(result, indent=2))
+    write_atomically(report_md, markdown(result, plot_path(target).name if drawn else None))
     if best is None:
         return None
-    path = where / "tuned.json"
-    write_atomically(path, json.dumps(tuned_file(search, best, command), indent=2))
-    return path
+    write_atomically(target, json.dumps(tuned_file(search, best, command), indent=2))
+    return target

@@ -176,12 +176,21 @@ def in_process(backends: list[str], repeats: int = 2) -> dict[str, dict[str, flo
     from fastinfer.catalog.store import PreprocessSpec
     from fastinfer.measure import profile as prof
 
-    engines = {name: open_engine(name) for name in backends}
+    engines = {}
+    figures: dict[str, dict[str, float]] = {}
+    for name in backends:
+        try:
+            engines[name] = open_engine(name)
+        except Exception as exc:  # an engine that cannot load here is not a candidate; the rest are
+            print(f"fastinfer tune: {name} is left out: it could not be loaded ({type(exc).__name__}: "
+                  f"{str(exc)[:200]})", file=sys.stderr)  # fmt: skip
+            figures[name] = {"ceiling_req_per_s": 0.0, "latency_ms": math.inf}
+    if not engines:
+        return figures
     result = prof.run(engines, [1, 8], repeats, PreprocessSpec())
     costs = [prof.StageCost(**s) for s in result["stages"]]
     ceils = [prof.Ceiling(**c) for c in result["ceilings"]]
-    figures = {}
-    for name in backends:
+    for name in engines:
         best = prof.best_ceiling(ceils, name)
         figures[name] = {
             "ceiling_req_per_s": best.req_per_s if best else 0.0,
@@ -192,6 +201,10 @@ def in_process(backends: list[str], repeats: int = 2) -> dict[str, dict[str, flo
 
 def worth_serving(figures: dict[str, dict[str, float]], goal: Goal) -> tuple[list[str], dict[str, str]]:
     """The backends worth a served trial, best first, and why each other one was dropped."""
+    unloadable = {n: "could not be loaded in process" for n, f in figures.items() if f["latency_ms"] == math.inf}
+    figures = {n: f for n, f in figures.items() if n not in unloadable}
+    if not figures:
+        return [], unloadable
     if goal.kind == "latency":
         rank = sorted(figures, key=lambda n: figures[n]["latency_ms"])
         best = figures[rank[0]]["latency_ms"]
@@ -208,7 +221,7 @@ def worth_serving(figures: dict[str, dict[str, float]], goal: Goal) -> tuple[lis
     for n in keep[MAX_SERVED_BACKENDS:]:
         dropped[n] = f"not among the {MAX_SERVED_BACKENDS} best in process"
     keep = keep[:MAX_SERVED_BACKENDS]
-    return keep, {n: why for n, why in dropped.items() if n not in keep}
+    return keep, {**{n: why for n, why in dropped.items() if n not in keep}, **unloadable}
 
 
 # ---- stages 2 and 3: served ---------------------------------------------------------------------
@@ -279,8 +292,8 @@ def serve(configs: list[Config], stage: str, search: Search, measure: Measure) -
         for config in configs:
             try:
                 trial = replace(measure(server, config, search), stage=stage)
-            except (RuntimeError, OSError, ValueError) as exc:
-                trial = Trial(config, stage, error=f"the run failed: {str(exc)[:300]}")
+            except Exception as exc:  # a hung or failed load run (Ctrl-C is not an Exception): this trial only
+                trial = Trial(config, stage, error=f"the run failed: {type(exc).__name__}: {str(exc)[:300]}")
             trials.append(trial)
             search.trials.append(trial)
             search.progress(f"{config.label()}: {shown(trial)}")
@@ -328,6 +341,9 @@ def tune(
     figures = figures if figures is not None else in_process(backends)
     keep, dropped = worth_serving(figures, goal)
     search.figures, search.dropped = figures, dropped
+    if not keep:
+        search.progress("no backend loaded in process: nothing to serve")
+        return search
     search.progress(f"worth serving: {', '.join(keep)}" + (f"; dropped {', '.join(dropped)}" if dropped else ""))
     served = serve([Config(name) for name in keep], "backend", search, measure)
     current = baseline = search.chosen = search.best()

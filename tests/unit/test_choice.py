@@ -125,3 +125,27 @@ def test_the_process_default_resolves_once_per_setting(monkeypatch, tmp_path) ->
         choice._resolved.cache_clear()
         choice.get_settings.cache_clear()
     assert set(EVERY) <= set(BACKENDS)
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [("[" * 50_000, "(RecursionError)"), ('{"hardware": [], "engines": []}', "(TypeError)"),
+     ('{"hardware": {}, "engines": [{"backend": "onnx", "images_per_s": "nan"}]}', "another machine")],
+)  # fmt: skip
+def test_a_bench_result_of_any_shape_is_a_reason_never_a_crash(tmp_path, content, said) -> None:
+    path = tmp_path / "bench.json"
+    path.write_text(content)
+    measured, why = choice.measured_here(path, AVX2)
+    assert measured is None and said in why
+
+
+def test_a_chosen_default_that_cannot_answer_gives_way_to_the_next_choice_a_named_one_does_not() -> None:
+    failed = {"openvino-int8": "OpenVINO compile_model crashed with SIGFPE on this CPU"}
+    chosen = choice.choose_default("auto", AVX2, EVERY)
+    now = choice.default_now(chosen, AVX2, EVERY, failed.get)
+    assert now.backend == "onnx-int8" and "openvino-int8 cannot answer here (OpenVINO compile_model" in now.why
+    assert choice.default_now(chosen, AVX2, EVERY, {}.get) == chosen  # nothing failed: as chosen
+    named = choice.choose_default("openvino-int8", AVX2, EVERY)
+    assert choice.default_now(named, AVX2, EVERY, failed.get) == named  # the operator's choice stays (503s say why)
+    nothing = choice.default_now(chosen, AVX2, EVERY, lambda name: "down")
+    assert nothing == chosen  # no other can answer either: as chosen, its 503 says why

@@ -39,13 +39,14 @@ def run(*argv: str, home_dir: Path, cwd: Path) -> subprocess.CompletedProcess[st
     return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("command", ["fidelity", "bench", "profile"])
+@pytest.mark.parametrize("command", ["fidelity", "bench", "profile", "tune"])
 def test_a_missing_model_is_one_line_not_a_traceback(tmp_path, command) -> None:
     """Run from another folder with an empty store: each command says, in one line, that nothing can
     run and where it looked."""
     empty = tmp_path / "empty-home"
     out = tmp_path / "out.json"
-    done = run("-m", "fastinfer.cli", command, "--json", str(out), home_dir=empty, cwd=tmp_path)
+    options = ["--budget", "10"] if command == "tune" else ["--json", str(out)]
+    done = run("-m", "fastinfer.cli", command, *options, home_dir=empty, cwd=tmp_path)
     assert done.returncode == 1, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr

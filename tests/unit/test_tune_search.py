@@ -122,7 +122,7 @@ def test_it_writes_the_tuned_file_last_and_the_report_beside_it(tmp_path, built_
     servers = FakeServers()
     rates = {"openvino-int8, runner, max batch 16": 30.0}
     search = tune(Goal(), 10_000, 5, tmp_path, list(FIGURES), by_rate(rates), FIGURES, servers.start, servers.stop)
-    written = files.write(search, "fastinfer tune --budget 1", tmp_path)
+    written = files.write(search, "fastinfer tune --budget 1", tmp_path / "tuned.json")
     data = json.loads(written.read_text())
     assert data["settings"] == {
         "FASTINFER_DEFAULT_BACKEND": "openvino-int8",
@@ -134,6 +134,15 @@ def test_it_writes_the_tuned_file_last_and_the_report_beside_it(tmp_path, built_
     report = (tmp_path / "report.md").read_text()
     assert "**Chosen: openvino-int8, runner, max batch 16.**" in report and "★" in report
     assert (tmp_path / "tuned.png").stat().st_size > 10_000 and not list(tmp_path.glob(".tuned.json.*"))
+    assert written.stat().st_mode & 0o777 == 0o666 & ~_umask()  # readable by a server running as another user
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def test_nothing_served_writes_the_report_and_keeps_the_previous_tuned_file(tmp_path) -> None:
@@ -141,8 +150,8 @@ def test_nothing_served_writes_the_report_and_keeps_the_previous_tuned_file(tmp_
     previous.write_text('{"format": 1}')
     servers = FakeServers(refuse={""})  # every server fails to start
     search = tune(Goal(), 10_000, 5, tmp_path, list(FIGURES), by_rate({}), FIGURES, servers.start, servers.stop)
-    assert search.chosen is None and files.write(search, "fastinfer tune", tmp_path) is None
-    assert previous.read_text() == '{"format": 1}' and "Nothing served" in (tmp_path / "report.md").read_text()
+    assert search.chosen is None and files.write(search, "fastinfer tune", previous) is None
+    assert previous.read_text() == '{"format": 1}' and "Nothing served" in (tmp_path / "failed-report.md").read_text()
 
 
 @pytest.mark.parametrize("interrupt_at", [1, 3])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,13 @@ def test_a_file_measured_here_is_in_force() -> None:
         (tuned_data(settings=None), "settings or fingerprint are missing"),
         (tuned_data(fingerprint={**HERE}), "settings or fingerprint are missing"),
         (tuned_data(settings={"FASTINFER_API_KEYS": "x" * 20}), "sets what tuning may not: FASTINFER_API_KEYS"),
-        (tuned_data(settings={"FASTINFER_THREADS": 2}), "sets what tuning may not: FASTINFER_THREADS"),
+        (tuned_data(settings={"FASTINFER_THREADS": 2}), "values must be strings, as in the environment"),
+        (tuned_data(settings={"FASTINFER_BATCHING_NOPE": "true"}), "sets what tuning may not"),
+        (tuned_data(settings={}), "it sets nothing"),
+        (tuned_data(fingerprint={**HERE, "models": {}}), "records no model versions"),
+        (tuned_data(settings={"FASTINFER_FRONT_WORKERS": "64"}), "is not a count this machine's 2 cores can use"),
+        (tuned_data(settings={"FASTINFER_THREADS": "-1"}), "is not a count this machine's 2 cores can use"),
+        (tuned_data(settings={"FASTINFER_RUNNER_WORKERS": "0x4"}), "is not a count"),
         (
             tuned_data(fingerprint={**HERE, "isa": ["avx512_vnni"], "models": STORED}),
             "another machine or runtime (isa)",
@@ -77,6 +84,8 @@ def test_a_file_that_does_not_hold_here_is_ignored_with_the_reason(data, said) -
         (b"\xff\xfe\x00garbage", "unreadable ("),
         (b"null", "not a tuned file"),
         (b'{"format": 1, "fingerprint": [], "settings": {}}', "settings or fingerprint are missing"),
+        (b"[" * 50_000, "unreadable (RecursionError"),  # deeper than the JSON parser goes
+        (b"{" + b" " * (tuned.MAX_BYTES + 1) + b"}", "larger than"),
     ],
 )
 def test_a_corrupt_or_truncated_file_is_ignored_never_raised(tmp_path, content, said) -> None:
@@ -84,6 +93,14 @@ def test_a_corrupt_or_truncated_file_is_ignored_never_raised(tmp_path, content, 
     path.write_bytes(content)
     found = tuned.load(path)
     assert (found.status, found.settings) == ("ignored", {}) and said in found.why
+
+
+def test_a_directory_or_a_fifo_is_ignored_never_read_until_it_blocks(tmp_path) -> None:
+    assert tuned.load(tmp_path).status == "ignored"  # a directory
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    found = tuned.load(fifo)  # opening a FIFO for reading blocks until a writer comes: must not be opened
+    assert found.status == "ignored" and "not a regular file" in found.why
 
 
 def test_a_missing_file_or_off_is_no_configuration(tmp_path, monkeypatch) -> None:
@@ -116,7 +133,7 @@ def test_its_values_become_the_settings_below_the_environment(in_force, monkeypa
     settings = settings_with(monkeypatch, FASTINFER_MAX_BATCH_SIZE_ONNX_INT8="4")
     assert settings.batching_for("onnx-int8").max_batch_size == 4
     assert settings.sources["FASTINFER_MAX_BATCH_SIZE_ONNX_INT8"] == "environment"
-    shown = choice.configuration(settings, choice.choose_default("onnx-int8", {}, [], named_by="tuned"))
+    shown = choice.configuration(settings, choice.choose_default(settings.default_backend, {}, [], named_by="tuned"))
     assert shown["FASTINFER_DEFAULT_BACKEND"] == {"value": "onnx-int8", "source": "tuned"}
     assert shown["FASTINFER_MAX_BATCH_SIZE_ONNX_INT8"] == {"value": "4", "source": "environment"}
     assert shown["FASTINFER_FRONT_WORKERS"] == {"value": "1", "source": "default"}
@@ -125,11 +142,11 @@ def test_its_values_become_the_settings_below_the_environment(in_force, monkeypa
 
 def test_values_that_clash_with_the_environment_leave_it_out_not_the_server_down(in_force, monkeypatch, caplog):
     data = json.loads(in_force.read_text())
-    data["settings"] = {"FASTINFER_IN_FRONT": "onnx-int8", "FASTINFER_THREADS": "lots"}
+    data["settings"] = {"FASTINFER_IN_FRONT": "onnx-int8", "FASTINFER_THREADS": "1"}
     in_force.write_text(json.dumps(data))
     with caplog.at_level(logging.WARNING, logger="fastinfer.tuned"):
         settings = settings_with(monkeypatch, FASTINFER_FRONT_WORKERS="2")  # in front needs one front worker
-    assert settings.in_front == frozenset() and settings.threads == 0 and settings.front_workers == 2
+    assert settings.in_front == frozenset() and settings.threads == 0 and settings.front_workers == 2  # all left out
     assert settings.tuned["status"] == "ignored" and "do not hold" in settings.tuned["why"]
     assert "tuned configuration" in caplog.text and "ignored" in caplog.text
 
@@ -142,3 +159,52 @@ def test_a_stale_file_is_ignored_and_the_rule_applies(in_force, monkeypatch) -> 
     assert settings.default_backend == "auto" and settings.sources == {}
     assert settings.tuned["status"] == "ignored" and "no longer served here" in settings.tuned["why"]
     assert config.get_settings.cache_info().currsize == 0  # settings_with leaves nothing cached
+
+
+def test_auto_set_by_the_operator_still_takes_the_tuned_backend(in_force, monkeypatch) -> None:
+    for auto in ("auto", " AUTO ", "Auto"):
+        settings = settings_with(monkeypatch, FASTINFER_DEFAULT_BACKEND=auto)
+        assert settings.default_backend == "onnx-int8" and settings.sources["FASTINFER_DEFAULT_BACKEND"] == "tuned"
+    choice._resolved.cache_clear()
+    monkeypatch.setenv("FASTINFER_DEFAULT_BACKEND", "auto")
+    config.get_settings.cache_clear()
+    try:
+        chosen = choice.default_choice()  # what the server resolves, from the settings as parsed
+        assert (chosen.backend, chosen.source) == ("onnx-int8", "tuned")
+    finally:
+        config.get_settings.cache_clear()
+        choice._resolved.cache_clear()
+
+
+def test_an_error_of_the_environment_is_its_own_not_the_tuned_files(in_force, monkeypatch, caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="fastinfer.tuned"), pytest.raises(ValueError, match="MAX_BYTES"):
+        settings_with(monkeypatch, FASTINFER_MAX_BYTES="abc")
+    assert "ignored" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("FASTINFER_MAX_BATCH_SIZE_ONNX_INT8", "0"), ("FASTINFER_MAX_BATCH_SIZE_ONNX_INT8", "100000"),
+     ("FASTINFER_MAX_LATENCY_MS_ONNX_INT8", "600000"), ("FASTINFER_MAX_LATENCY_MS_ONNX_INT8", "-1")],
+)  # fmt: skip
+def test_values_out_of_range_leave_the_file_out_and_refuse_from_the_environment(in_force, monkeypatch, name, value):
+    data = json.loads(in_force.read_text())
+    data["settings"] = {name: value}
+    in_force.write_text(json.dumps(data))
+    settings = settings_with(monkeypatch, name)
+    assert settings.tuned["status"] == "ignored" and "must be from" in settings.tuned["why"]
+    with pytest.raises(ValueError, match="must be from"):
+        settings_with(monkeypatch, **{name: value})
+
+
+def test_every_process_of_a_server_takes_what_its_parent_read(in_force, monkeypatch) -> None:
+    parent = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND")
+    tuned.export(parent.tuned)  # what `bentoml serve`'s parent does at deployment
+    try:
+        in_force.write_text("{changed meanwhile")
+        worker = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND")
+        assert worker.tuned == parent.tuned and worker.default_backend == "onnx-int8"
+    finally:
+        os.environ.pop(tuned.RESOLVED_ENV, None)  # set directly, as the server's parent does: removed directly
+    assert tuned.here().status == "ignored"  # the file itself, read again without the parent's word
+    assert tuned.here().path == in_force.name  # shown by name: not under BentoML's home
