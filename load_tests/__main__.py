@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from fastinfer.catalog.backends import env_key
 from fastinfer.common import hardware
 from fastinfer.common.home import use_project_store
 from fastinfer.measure import photos
@@ -376,7 +377,7 @@ def placement(results: dict[str, Any], args: argparse.Namespace) -> list[dict[st
 def study(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
     """Front workers × runner workers × batching on/off, on the fastest backend at 10 users."""
     best = best_backend(results) or "onnx"
-    key = best.upper().replace("-", "_")
+    key = env_key(best)
     rows = []
     for front in (1, 2):
         for runner in (1, 2):

@@ -191,6 +191,11 @@ def unavailable_reason(name: str) -> str | None:
     return None
 
 
+def env_key(backend: str) -> str:
+    """A backend's name as its per-backend variables end: onnx-int8 → ONNX_INT8 (…_MAX_BATCH_SIZE_ONNX_INT8)."""
+    return backend.upper().replace("-", "_")
+
+
 class NotStored(LookupError):
     """A backend's model is not in the store this process uses: said in one line, where to look included."""
 

@@ -16,8 +16,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from fastinfer.catalog.backends import BACKENDS, unavailable_reason
+from fastinfer.catalog.backends import BACKENDS, env_key, unavailable_reason
 from fastinfer.catalog.config import Settings, get_settings
+from fastinfer.catalog.tuned import MACHINE_KEYS
 from fastinfer.common import hardware
 from fastinfer.common.home import project_root
 
@@ -25,9 +26,6 @@ AUTO = "auto"
 LAST_RESORT = "onnx"  # what `auto` names when nothing can run here: its 503 then says why
 # `fastinfer bench` writes it (in-process images/s per backend and batch, beside the machine it ran on).
 BENCH_RESULT = Path("artifacts") / "bench.json"
-# What makes two machines the same for a measurement: the CPU, how many cores this process may use,
-# the instruction sets that decide which engine is fast.
-SAME_MACHINE = ("cpu", "cores", "isa", "machine")
 
 
 def _rules(hw: dict[str, Any]) -> list[tuple[str, bool, str]]:
@@ -90,7 +88,7 @@ def measured_here(path: Path | None, hw: dict[str, Any]) -> tuple[dict[str, floa
                 rates[name] = max(rate, rates.get(name, 0.0))
     except Exception as exc:  # unreadable, not JSON, nested past the parser's depth, odd shapes: a reason
         return None, f"{path} is not a bench result ({type(exc).__name__}); ignored"
-    if differs := [key for key in SAME_MACHINE if ran_on.get(key) != hw.get(key)]:
+    if differs := [key for key in MACHINE_KEYS if ran_on.get(key) != hw.get(key)]:
         return None, f"{path} was measured on another machine ({', '.join(differs)} differ); ignored"
     return (rates or None), f"measured by `fastinfer bench` ({path})"
 
@@ -189,7 +187,7 @@ def configuration(settings: Settings, default: DefaultChoice) -> dict[str, dict[
         "FASTINFER_IN_FRONT": (",".join(sorted(settings.in_front)) or "(none)", source("FASTINFER_IN_FRONT")),
     }
     for backend in BACKENDS:
-        key = backend.upper().replace("-", "_")
+        key = env_key(backend)
         names = [f"FASTINFER_{what}_{key}" for what in ("BATCHING", "MAX_BATCH_SIZE", "MAX_LATENCY_MS")]
         if set(names) & settings.sources.keys():  # per backend only where something else than the table set it
             batching = settings.batching_for(backend)

@@ -280,7 +280,7 @@ def _contact(raw: str) -> dict[str, str]:
 
 
 def _batching(backend: str) -> BatchingConfig:
-    key = backend.upper().replace("-", "_")
+    key = backends.env_key(backend)
     on, size, latency = SPECS[backend].batching
     return BatchingConfig(
         enabled=_bool(f"FASTINFER_BATCHING_{key}", on),

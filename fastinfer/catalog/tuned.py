@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from fastinfer.catalog.backends import BACKENDS
+from fastinfer.catalog.backends import BACKENDS, env_key
 from fastinfer.common import hardware
 from fastinfer.common.home import bentoml_home
 
@@ -31,12 +31,14 @@ RESOLVED_ENV = "FASTINFER_TUNED_RESOLVED"  # set by `bentoml serve`'s parent for
 FORMAT = 1
 MAX_BYTES = 1024 * 1024  # a tuned file is a few KB; a huge one is not ours
 # The settings a tuned file may set: what decides served throughput, nothing about access or limits.
-_KEYS = "|".join(backend.upper().replace("-", "_") for backend in BACKENDS)
+_KEYS = "|".join(env_key(backend) for backend in BACKENDS)
 TUNABLE = re.compile(
     rf"FASTINFER_(DEFAULT_BACKEND|FRONT_WORKERS|RUNNER_WORKERS|THREADS|IN_FRONT"
     rf"|(BATCHING|MAX_BATCH_SIZE|MAX_LATENCY_MS)_({_KEYS}))"
 )
 RUNTIMES = ("fastinfer", "bentoml", "onnxruntime", "openvino", "torch", "coremltools")
+# What makes two machines the same for a measurement (a tuned file, a bench result): the architecture,
+# the CPU, how many cores this process may use, the instruction sets that decide which engine is fast.
 MACHINE_KEYS = ("machine", "cpu", "cores", "isa")
 
 

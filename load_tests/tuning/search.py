@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from fastinfer.catalog.backends import env_key
 from fastinfer.common import hardware
 from load_tests.locust_runs import run_locust
 from load_tests.service import Server, start_server, stop_server
@@ -54,7 +55,7 @@ class Config:
 
     @property
     def key(self) -> str:
-        return self.backend.upper().replace("-", "_")
+        return env_key(self.backend)
 
     def settings(self) -> dict[str, str]:
         """The FASTINFER_* values that make a server serve this way, the backend as its default."""
@@ -150,9 +151,8 @@ class Search:
         needed = servers * self.server_start_s + runs * (self.seconds + 6)  # locust's own start and stop
         return self.elapsed() + needed <= self.budget_s
 
-    def best(self, stage: str | None = None) -> Trial | None:
-        pool = [t for t in self.trials if stage is None or t.stage == stage]
-        scored = [t for t in pool if self.goal.score(t) > -math.inf]
+    def best(self) -> Trial | None:
+        scored = [t for t in self.trials if self.goal.score(t) > -math.inf]
         return max(scored, key=self.goal.score) if scored else None
 
     def progress(self, message: str) -> None:
@@ -265,7 +265,7 @@ def untuned() -> dict[str, str]:
     from fastinfer.catalog.backends import BACKENDS
 
     names = ["FASTINFER_RUNNER_WORKERS"] + [
-        f"FASTINFER_{what}_{backend.upper().replace('-', '_')}"
+        f"FASTINFER_{what}_{env_key(backend)}"
         for backend in BACKENDS
         for what in ("BATCHING", "MAX_BATCH_SIZE", "MAX_LATENCY_MS")
     ]
