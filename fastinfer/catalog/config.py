@@ -85,17 +85,17 @@ _tuned_values: dict[str, str] = {}
 
 def _setting(name: str) -> str:
     """A setting as given: the environment's value, else the tuned file's, else "" (the default)."""
-    return os.environ.get(name, "").strip() or _tuned_values.get(name, "")
+    return os.environ.get(name, "").strip() or _tuned_values.get(name, "").strip()
 
 
 def _int(name: str, default: int) -> int:
     raw = _setting(name)
     if not raw:
         return default
-    try:
-        return int(raw)
-    except ValueError as exc:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from exc
+    # Plain ASCII digits only: int() would also take "1_000", "٨" or "８" for a count.
+    if not re.fullmatch(r"[+-]?[0-9]{1,15}", raw):
+        raise ValueError(f"{name} must be an integer, got {raw[:40]!r}")
+    return int(raw)
 
 
 def _in_front(raw: str, front_workers: int) -> frozenset[str]:

@@ -125,6 +125,8 @@ def check(
         return {}, f"tuned for models no longer served here ({', '.join(sorted(gone))}); run `fastinfer tune` again"
     named = [settings.get("FASTINFER_DEFAULT_BACKEND", ""), *settings.get("FASTINFER_IN_FRONT", "").split(",")]
     for backend in filter(None, (n.strip() for n in named)):
+        if backend.lower() == "auto":  # the default as if unset: nothing to check
+            continue
         if backend not in can_run:
             return {}, f"it names no backend: {backend[:40]!r}"
         if (why := can_run[backend]) is not None:
@@ -137,7 +139,8 @@ def _beyond_this_machine(settings: dict[str, str], here: dict[str, Any]) -> str:
     cores = here.get("cores") if isinstance(here.get("cores"), int) else 1
     limits = {"FASTINFER_FRONT_WORKERS": 2 * cores, "FASTINFER_RUNNER_WORKERS": 2 * cores, "FASTINFER_THREADS": cores}
     for name, most in limits.items():
-        if name in settings and not (settings[name].strip().isdigit() and int(settings[name]) <= most):
+        value = settings.get(name, "0").strip()
+        if name in settings and not (re.fullmatch(r"[0-9]{1,9}", value) and int(value) <= most):
             return f"{name}={settings[name][:20]!r} is not a count this machine's {cores} cores can use"
     return ""
 

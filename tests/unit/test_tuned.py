@@ -208,3 +208,24 @@ def test_every_process_of_a_server_takes_what_its_parent_read(in_force, monkeypa
         os.environ.pop(tuned.RESOLVED_ENV, None)  # set directly, as the server's parent does: removed directly
     assert tuned.here().status == "ignored"  # the file itself, read again without the parent's word
     assert tuned.here().path == in_force.name  # shown by name: not under BentoML's home
+
+
+@pytest.mark.parametrize("value", ["²", "9" * 5000, "４", "٨"])
+def test_counts_in_other_digits_are_refused_with_the_reason_not_as_unreadable(value) -> None:
+    settings, why = tuned.check(tuned_data(settings={"FASTINFER_THREADS": value}), HERE, STORED, CAN_RUN)
+    assert settings == {} and "is not a count" in why and len(why) < 200
+
+
+def test_auto_and_spaces_in_a_tuned_file_read_as_in_the_environment(in_force, monkeypatch) -> None:
+    data = json.loads(in_force.read_text())
+    data["settings"] = {"FASTINFER_DEFAULT_BACKEND": "AUTO", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8": " 16\n"}
+    in_force.write_text(json.dumps(data))
+    settings = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8")
+    assert settings.tuned["status"] == "in force", settings.tuned
+    assert settings.default_backend == "auto" and settings.batching_for("onnx-int8").max_batch_size == 16
+
+
+@pytest.mark.parametrize("value", ["1_000", "٨", "８", "0x8", "1e3", "9" * 16])
+def test_a_count_is_plain_ascii_digits(monkeypatch, value) -> None:
+    with pytest.raises(ValueError, match="must be an integer"):
+        settings_with(monkeypatch, FASTINFER_TUNED="off", FASTINFER_MAX_BATCH_SIZE_ONNX=value)
