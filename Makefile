@@ -47,6 +47,12 @@ bench: models
 tune: models
 	$(PY) -m load_tests.tuning $(TUNE_ARGS)
 
+# The benchmark of the tuner: `fastinfer tune`, then every configuration of its space served (the
+# exhaustive sweep, ~45 min on 2 cores for 3 backends), then the two best head to head; writes
+# BENCHMARKS.md's tuning section. TUNE_ARGS="--backends openvino-int8,onnx-int8 --seconds 10", ...
+tune-check: models
+	$(PY) -m load_tests.tuning.check $(TUNE_ARGS)
+
 # The bento: service, code, dashboard and the models (by tag) — offline (lock_packages: false).
 bento: models
 	$(VENV)/bin/bentoml build .

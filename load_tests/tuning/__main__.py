@@ -30,19 +30,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--clients, --budget and --seconds must be positive")
     use_project_store()
     from fastinfer.catalog import tuned as tuning
-    from fastinfer.catalog.backends import BACKENDS, unavailable_reason
 
-    reasons = {b: unavailable_reason(b) for b in BACKENDS if b != "coreml"}  # coreml-batched covers its models
-    runnable = [b for b, why in reasons.items() if why is None]
-    if not runnable:
-        example = next(iter(reasons.items()))
-        print(f"fastinfer tune: no backend can run here (model store {bentoml_home() / 'models'}); "
-              f"for example {example[0]}: {example[1]}", file=sys.stderr)  # fmt: skip
-        return 1
-    wanted = [b.strip() for b in args.backends.split(",")] if args.backends else runnable
-    if unknown := [b for b in wanted if b not in runnable]:
-        print(f"fastinfer tune: cannot tune {', '.join(unknown)}: not a backend that can run here "
-              f"({', '.join(runnable) or 'none can'})", file=sys.stderr)  # fmt: skip
+    wanted = backends_to_tune(args.backends)
+    if isinstance(wanted, str):
+        print(f"fastinfer tune: {wanted}", file=sys.stderr)
         return 1
     target = tuning.path() or tuning.default_path()  # where the server reads it (FASTINFER_TUNED)
     if target.exists() and not target.is_file():
@@ -54,9 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.goal == "latency" and (args.p95_ms is not None or args.clients != 10):
         print("fastinfer tune: --goal latency measures one client; --clients and --p95-ms are not used",
               file=sys.stderr)  # fmt: skip
-    # SIGTERM and SIGHUP (a closed terminal) end it like Ctrl-C: through every server's stop.
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _interrupt)
+    interrupt_on_signals()
     try:
         search = tune(goal, args.budget, args.seconds, where / "runs", wanted)
         written = files.write(search, command, target)
@@ -71,6 +60,28 @@ def main(argv: list[str] | None = None) -> int:
     read = "the server's default from now on" if tuning.path() else "FASTINFER_TUNED=off: no server reads it"
     print(f"wrote {written} ({read}), {files.report_path(target)}, {files.plot_path(target)}")
     return 0
+
+
+def backends_to_tune(requested: str | None) -> list[str] | str:
+    """The backends named (comma-separated), else every one that can run here; or why not."""
+    from fastinfer.catalog.backends import BACKENDS, unavailable_reason
+
+    reasons = {b: unavailable_reason(b) for b in BACKENDS if b != "coreml"}  # coreml-batched covers its models
+    runnable = [b for b, why in reasons.items() if why is None]
+    if not runnable:
+        example = next(iter(reasons.items()))
+        store = bentoml_home() / "models"
+        return f"no backend can run here (model store {store}); for example {example[0]}: {example[1]}"
+    wanted = [b.strip() for b in requested.split(",")] if requested else runnable
+    if unknown := [b for b in wanted if b not in runnable]:
+        return f"cannot tune {', '.join(unknown)}: not a backend that can run here ({', '.join(runnable)})"
+    return wanted
+
+
+def interrupt_on_signals() -> None:
+    """SIGTERM and SIGHUP (a closed terminal) end it like Ctrl-C: through every server's stop."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupt)
 
 
 def _interrupt(signum: int, _frame: object) -> None:

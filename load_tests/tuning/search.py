@@ -15,6 +15,9 @@ The search, pruned by measurement rather than swept:
 Every trial is a real server under real load: the in-process figures only decide what is worth
 serving. When the budget runs out the search stops, says what it did not try, and keeps the best.
 
+``sweep`` serves every configuration of the same space (``space``), unpruned: the yardstick the
+benchmark holds the search against (load_tests/tuning/check.py, ``make tune-check``).
+
 Every server it starts is stopped, whatever happens (Ctrl-C, a failing candidate); what it found is
 written by load_tests/tuning/files.py.
 """
@@ -139,6 +142,7 @@ class Search:
     dropped: dict[str, str] = field(default_factory=dict)  # backend → why stage 1 dropped it
     decisions: list[str] = field(default_factory=list)  # each choice and the measurement behind it
     chosen: Trial | None = None  # the configuration kept: a change counts only past MIN_GAIN
+    servers: int = 0  # servers started
     start: Callable[..., Server] = start_server  # a real `bentoml serve` (tests: a stand-in)
     stop: Callable[[Server], None] = stop_server
     server_start_s: float = 30.0  # an estimate until the first server says
@@ -272,14 +276,39 @@ def untuned() -> dict[str, str]:
     return dict.fromkeys(names, "")
 
 
-def serve(configs: list[Config], stage: str, search: Search, measure: Measure) -> list[Trial]:
-    """One fresh server with ``configs[0]``'s settings (every config here shares them but the backend),
-    each config measured on it in turn; a server that does not start makes every trial an error."""
-    env = {**untuned(), **configs[0].settings(), "FASTINFER_TUNED": "off", "FASTINFER_MAX_CONCURRENCY": "256"}
+def server_env(configs: list[Config]) -> dict[str, str]:
+    """The environment of one server that serves every config in ``configs`` at once: one config per
+    backend (their batching settings are per backend, and so is where each engine runs), all sharing the
+    server-wide settings (front workers, engine threads)."""
+    if len({c.backend for c in configs}) != len(configs) or len({(c.front_workers, c.threads) for c in configs}) != 1:
+        raise ValueError("one server serves one configuration per backend, with one set of server-wide settings")
+    env = {**untuned(), "FASTINFER_TUNED": "off", "FASTINFER_MAX_CONCURRENCY": "256"}
+    for config in configs:
+        env.update(config.settings())
+    env["FASTINFER_IN_FRONT"] = ",".join(c.backend for c in configs if c.in_front)
     env.pop("FASTINFER_DEFAULT_BACKEND")  # each run names its backend
-    search.progress(f"starting a server: {configs[0].label() if len(configs) == 1 else 'the table settings'}")
+    return env
+
+
+def shared_label(configs: list[Config]) -> str:
+    """What a server of several backends shares, said once (its backends' own settings are in each trial)."""
+    labels = [c.label().split(", ", 1)[1] if ", " in c.label() else "" for c in configs]
+    return (
+        "the table settings"
+        if len(set(labels)) == 1 and labels[0] == "runner"
+        else "; ".join(c.label() for c in configs)
+    )
+
+
+def serve(configs: list[Config], stage: str, search: Search, measure: Measure) -> list[Trial]:
+    """One fresh server serving every config at once (``server_env``), each measured on it in turn; a
+    server that does not start makes every trial an error."""
+    env = server_env(configs)
+    what = configs[0].label() if len(configs) == 1 else shared_label(configs)
+    search.progress(f"starting a server: {what}")
     t0 = time.monotonic()
     trials = []
+    search.servers += 1
     try:
         server = search.start(None, search.out / "serve.log", env)
     except (RuntimeError, OSError) as exc:  # TimeoutError is an OSError
@@ -302,25 +331,37 @@ def serve(configs: list[Config], stage: str, search: Search, measure: Measure) -
     return trials
 
 
-def alternatives(config: Config, cores: int, goal: Goal) -> list[tuple[str, list[Config]]]:
-    """The settings to try next from ``config``, one dimension at a time, most promising first."""
+def dimensions(backend: str, cores: int, goal: Goal) -> dict[str, list[Any]]:
+    """The values the search may give each setting of ``backend`` on ``cores``, the table's (or the
+    rule's) first: the space both the search and the exhaustive sweep (``sweep``) walk."""
     from fastinfer.catalog.backends import SPECS
 
-    spec = SPECS[config.backend]
+    spec = SPECS[backend]
     batching_on, table_batch, table_wait = spec.batching
-    dims: list[tuple[str, list[Config]]] = []
-    if config.front_workers == 1:
-        dims.append(("where the engine runs", [replace(config, in_front=not config.in_front)]))
+    dims: dict[str, list[Any]] = {"in_front": [False, True]}
     if batching_on and goal.kind == "throughput":  # at one client no batch forms: nothing to tune
         largest = max(spec.static_batches) if len(spec.static_batches) > 1 else 32
         sizes = sorted({b for b in (table_batch // 2, table_batch * 2) if 1 < b <= largest} - {table_batch})
-        dims.append(("max batch", [replace(config, max_batch=b) for b in sizes]))
-        dims.append(("max wait", [replace(config, max_latency_ms=5 if table_wait == 0 else 0)]))
-    if not config.in_front and cores >= 2:
-        dims.append(("front workers", [replace(config, front_workers=2)]))
-    if cores >= 2:
-        dims.append(("engine threads", [replace(config, threads=cores - 1)]))
-    return [(name, options) for name, options in dims if options]
+        dims["max_batch"] = [None, *sizes]
+        dims["max_latency_ms"] = [None, 5 if table_wait == 0 else 0]
+    dims["front_workers"] = [1, 2] if cores >= 2 else [1]
+    dims["threads"] = [0, cores - 1] if cores >= 2 else [0]
+    return dims
+
+
+def alternatives(config: Config, cores: int, goal: Goal) -> list[tuple[str, list[Config]]]:
+    """The settings to try next from ``config``, one dimension at a time, most promising first."""
+    dims = dimensions(config.backend, cores, goal)
+    steps: list[tuple[str, list[Config]]] = []
+    if config.front_workers == 1:
+        steps.append(("where the engine runs", [replace(config, in_front=not config.in_front)]))
+    if "max_batch" in dims:
+        steps.append(("max batch", [replace(config, max_batch=b) for b in dims["max_batch"][1:]]))
+        steps.append(("max wait", [replace(config, max_latency_ms=w) for w in dims["max_latency_ms"][1:]]))
+    if not config.in_front:
+        steps.append(("front workers", [replace(config, front_workers=w) for w in dims["front_workers"][1:]]))
+    steps.append(("engine threads", [replace(config, threads=t) for t in dims["threads"][1:]]))
+    return [(name, options) for name, options in steps if options]
 
 
 def tune(
@@ -414,3 +455,59 @@ def alternatives_from(current: Config, options: list[Config]) -> list[Config]:
         if merged != current:
             out.append(merged)
     return out
+
+
+# ---- the exhaustive sweep (the benchmark's yardstick for the search) -----------------------------
+
+
+def space(backends: list[str], cores: int, goal: Goal) -> list[Config]:
+    """Every configuration the search could reach: each backend × every value of every dimension
+    (``dimensions``), an engine in the front only with the one front worker."""
+    import itertools
+
+    configs = []
+    for backend in backends:
+        dims = dimensions(backend, cores, goal)
+        for values in itertools.product(*dims.values()):
+            config = Config(backend, **dict(zip(dims, values, strict=True)))
+            if not (config.in_front and config.front_workers != 1):
+                configs.append(config)
+    return configs
+
+
+def server_groups(configs: list[Config], cores: int, goal: Goal) -> list[list[Config]]:
+    """``configs`` packed onto as few servers as they allow: one server per combination of settings
+    (each backend's max batch and max wait as their position among its values: its half, its double),
+    serving every backend that has that combination."""
+    groups: dict[tuple[Any, ...], list[Config]] = {}
+    for config in configs:
+        dims = dimensions(config.backend, cores, goal)
+        position = tuple(
+            dims[name].index(getattr(config, name)) if name in dims else 0 for name in ("max_batch", "max_latency_ms")
+        )
+        groups.setdefault((config.in_front, config.front_workers, config.threads, *position), []).append(config)
+    return list(groups.values())
+
+
+def sweep(
+    goal: Goal,
+    seconds: float,
+    out: Path,
+    backends: list[str],
+    measure: Measure = measure_locust,
+    start: Callable[..., Server] = start_server,
+    stop: Callable[[Server], None] = stop_server,
+) -> Search:
+    """Serve every configuration of the search's space, no pruning: what the search is judged against
+    (load_tests/tuning/check.py). Its clock is its cost."""
+    cores = hardware.cpu_count()
+    configs = space(backends, cores, goal)
+    groups = server_groups(configs, cores, goal)
+    estimate = len(groups) * 25.0 + len(configs) * (seconds + 9)  # measured: ~25 s a server, ~9 s a run's overhead
+    search = Search(goal, estimate, seconds, out, start=start, stop=stop)
+    search.progress(f"sweep: {len(configs)} configurations of {', '.join(backends)} on {len(groups)} servers "
+                    f"(~{_mmss(estimate)} estimated)")  # fmt: skip
+    for group in groups:
+        serve(group, "sweep", search, measure)
+    search.chosen = search.best()
+    return search
