@@ -8,7 +8,7 @@ WEIGHTS ?= auto
 # The model store lives in the project unless you point BENTOML_HOME elsewhere.
 export BENTOML_HOME ?= $(CURDIR)/bentoml_home
 
-.PHONY: serve test system-deps models lint clean-models bento container bench tune
+.PHONY: serve test system-deps models lint clean-models bento container bench tune tune-check
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
