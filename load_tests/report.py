@@ -861,4 +861,18 @@ def write_markdown(results: dict[str, Any], path: Path, out: Path, plots: Path |
             ),
             "",
         ]
+    md += _tuning_section(out / "tuning.json", plots, rel, hw)
     path.write_text("\n".join(md) + "\n")
+
+
+def _tuning_section(saved: Path, plots: Path, rel: str, hw: dict[str, Any]) -> list[str]:
+    """The last `make tune-check` (it runs for most of an hour, so not in every `make bench`), said to be
+    from another machine when it is."""
+    from load_tests.tuning import check
+
+    result = check.load(saved)
+    plot = f"{rel}/tuning.png" if result and (plots / "tuning.png").exists() else None
+    lines = check.section(result, plot)
+    if result and result["hardware"].get("cpu") != hw.get("cpu"):
+        lines[1:1] = ["", f"**Measured on {result['hardware'].get('cpu')}, not on this run's CPU.**"]
+    return lines

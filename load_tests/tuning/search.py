@@ -41,6 +41,7 @@ from load_tests.service import Server, start_server, stop_server
 
 PRUNE = 0.6  # a backend below this share of the best in-process ceiling (or above 1/PRUNE its latency) is not served
 MAX_SERVED_BACKENDS = 3  # at most this many backends reach stage 2
+SERVER_S, RUN_OVERHEAD_S = 25.0, 9.0  # measured on 2 cores: a server's start and stop, a run's warm-up and locust
 MIN_GAIN = 0.03  # a setting is kept when it serves this much better than the best so far (this VM's noise is larger)
 
 
@@ -97,6 +98,7 @@ class Trial:
     failures: int = 0
     requests: int = 0
     error: str = ""  # the server did not start, or the run failed: this configuration does not serve here
+    position: int = 0  # its place among the runs on its server (the first runs on a fresh one)
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "config": asdict(self.config), "label": self.config.label()}
@@ -286,7 +288,7 @@ def server_env(configs: list[Config]) -> dict[str, str]:
     for config in configs:
         env.update(config.settings())
     env["FASTINFER_IN_FRONT"] = ",".join(c.backend for c in configs if c.in_front)
-    env.pop("FASTINFER_DEFAULT_BACKEND")  # each run names its backend
+    env["FASTINFER_DEFAULT_BACKEND"] = configs[0].backend  # each run names its backend; not the shell's
     return env
 
 
@@ -316,19 +318,24 @@ def serve(configs: list[Config], stage: str, search: Search, measure: Measure) -
         search.trials += failed
         search.progress(f"{configs[0].label()}: the server did not start")
         return failed
+    rest: list[Config] = []
     try:
         search.server_start_s = max(10.0, time.monotonic() - t0)
-        for config in configs:
+        for position, config in enumerate(configs):
             try:
-                trial = replace(measure(server, config, search), stage=stage)
+                trial = replace(measure(server, config, search), stage=stage, position=position)
             except Exception as exc:  # a hung or failed load run (Ctrl-C is not an Exception): this trial only
-                trial = Trial(config, stage, error=f"the run failed: {type(exc).__name__}: {str(exc)[:300]}")
+                error = f"the run failed: {type(exc).__name__}: {str(exc)[:300]}"
+                trial = Trial(config, stage, error=error, position=position)
             trials.append(trial)
             search.trials.append(trial)
             search.progress(f"{config.label()}: {shown(trial)}")
+            if trial.error or trial.failures:  # the server may be wedged: the others must not pay for it
+                rest = configs[position + 1 :]
+                break
     finally:
         search.stop(server)
-    return trials
+    return trials + (serve(rest, stage, search, measure) if rest else [])
 
 
 def dimensions(backend: str, cores: int, goal: Goal) -> dict[str, list[Any]]:
@@ -497,17 +504,28 @@ def sweep(
     measure: Measure = measure_locust,
     start: Callable[..., Server] = start_server,
     stop: Callable[[Server], None] = stop_server,
+    after_each: Callable[[Search], None] = lambda search: None,
 ) -> Search:
     """Serve every configuration of the search's space, no pruning: what the search is judged against
-    (load_tests/tuning/check.py). Its clock is its cost."""
+    (load_tests/tuning/check.py). Its clock is its cost. Each server takes its backends in a rotated
+    order, so that no backend always runs first on a fresh server; ``after_each`` is called after each
+    server (the check saves what was measured so far)."""
     cores = hardware.cpu_count()
     configs = space(backends, cores, goal)
     groups = server_groups(configs, cores, goal)
-    estimate = len(groups) * 25.0 + len(configs) * (seconds + 9)  # measured: ~25 s a server, ~9 s a run's overhead
+    estimate = sweep_estimate_s(backends, cores, goal, seconds)
     search = Search(goal, estimate, seconds, out, start=start, stop=stop)
     search.progress(f"sweep: {len(configs)} configurations of {', '.join(backends)} on {len(groups)} servers "
                     f"(~{_mmss(estimate)} estimated)")  # fmt: skip
-    for group in groups:
-        serve(group, "sweep", search, measure)
+    for i, group in enumerate(groups):
+        turn = i % len(group)
+        serve(group[turn:] + group[:turn], "sweep", search, measure)
+        after_each(search)
     search.chosen = search.best()
     return search
+
+
+def sweep_estimate_s(backends: list[str], cores: int, goal: Goal, seconds: float) -> float:
+    """How long ``sweep`` should take here (its servers' start and each run's load and overhead)."""
+    configs = space(backends, cores, goal)
+    return len(server_groups(configs, cores, goal)) * SERVER_S + len(configs) * (seconds + RUN_OVERHEAD_S)

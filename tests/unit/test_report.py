@@ -21,6 +21,7 @@ from load_tests.report import (
     cache_vs_bare,
     write_markdown,
 )
+from load_tests.tuning import check
 
 CPU = "Test CPU 9000"
 
@@ -450,6 +451,7 @@ def test_the_whole_report_renders_the_new_sections(tmp_path) -> None:
     text = md.read_text()
     for heading in ("## Targets", "## The HTTP path, measured", "## Batch API", "## Where the time goes"):
         assert heading in text
+    assert f"{check.SECTION}\n\nNot run on this machine: `make tune-check`" in text
     # the pool's ceiling, then each size class alone (small: 50 + 50 + 0.5 + 11.5 + 15 = 127 ms → 15.7 req/s)
     assert "| onnx-int8 | 8 | 31.0 | 64.5 | inference (48%) | 11.5 (measured) | 15.7 | 8.8 |" in text
     assert (

@@ -6,6 +6,7 @@ come from what was measured."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -17,6 +18,7 @@ from load_tests.tuning.search import (
     Trial,
     alternatives,
     alternatives_from,
+    serve,
     server_env,
     server_groups,
     space,
@@ -59,7 +61,7 @@ def test_two_cores_give_36_configurations_a_batching_backend_and_6_one_without()
     assert len(groups) == 36 and sum(map(len, groups)) == len(configs)
     for group in groups:
         env = server_env(group)  # raises if a group mixes server-wide settings or serves a backend twice
-        assert env["FASTINFER_TUNED"] == "off" and "FASTINFER_DEFAULT_BACKEND" not in env
+        assert env["FASTINFER_TUNED"] == "off" and env["FASTINFER_DEFAULT_BACKEND"] == group[0].backend
         assert env["FASTINFER_IN_FRONT"] in ("", ",".join(c.backend for c in group))
 
 
@@ -90,33 +92,97 @@ def _searches(tmp_path, rates: dict[str, float]) -> tuple[Search, Search, FakeSe
     return tuner, swept, servers
 
 
-def test_the_check_judges_the_choice_head_to_head_when_the_sweep_found_better(tmp_path, monkeypatch) -> None:
+ABOUT = {"command": "x", "date": "d", "hardware": {"cpu": "CPU", "cores": 2}, "goal": "throughput: …",
+         "backends": ["openvino-int8", "onnx-int8"], "seconds": 5}  # fmt: skip
+
+
+def test_the_check_judges_the_choice_head_to_head_against_the_sweeps_best_few(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr("fastinfer.common.hardware.cpu_count", lambda: 2)
-    rates = {"openvino-int8, runner, max batch 16": 30.0, "onnx-int8, in front, max batch 4": 40.0}
+    rates = {
+        "openvino-int8, runner, max batch 16": 30.0,
+        "onnx-int8, in front, max batch 4": 40.0,
+        "onnx-int8, in front, max batch 16": 39.0,
+    }
     tuner, swept, servers = _searches(tmp_path, rates)
-    result = check.compare(tuner, swept, 2, by_rate(rates))
+    result = check.compare(tuner, 60.0, swept, 2, by_rate(rates)) | ABOUT
     assert result["tune"]["chosen"]["label"] == "openvino-int8, runner, max batch 16"
     assert result["sweep"]["best"]["label"] == "onnx-int8, in front, max batch 4"
     assert result["share_in_sweep"] == pytest.approx(0.75) and result["share_head_to_head"] == pytest.approx(0.75)
-    assert [t.stage for t in swept.trials[-4:]] == ["head to head"] * 4 and servers.running == 0
-    result |= {"command": "x", "date": "d", "hardware": {"cpu": "CPU", "cores": 2}, "goal": "throughput: …",
-               "backends": ["openvino-int8", "onnx-int8"], "seconds": 5}  # fmt: skip
+    rows = result["head_to_head"]
+    assert [r["tuned"] for r in rows] == [False, False, True]  # the 3 best, the tuned one among them
+    assert check.contenders(Goal(), swept, Config("onnx")) == [*(Config(**r["runs"][0]["config"]) for r in rows),
+                                                               Config("onnx")]  # fmt: skip
+    assert all(len(r["runs"]) == 2 for r in rows) and servers.running == 0
+    assert result["sweep"]["configurations"] == 72 and result["tune"]["elapsed_s"] == 60.0  # not the sweep's time
     lines = check.verdict(result)
-    assert "NOT met**, 75%" in lines[0] and "— CPU, 2 cores" in lines[0]
+    assert "**NOT met**, 75% head to head" in lines[0] and lines[0].endswith("— CPU, 2 cores")
     text = "\n".join(check.section(result, "docs/bench/tuning.png"))
-    assert "**onnx-int8, in front, max batch 4**" in text and "★ tuned" in text and "tuning.png" in text
+    assert "| **onnx-int8, in front, max batch 4** |" in text and "★ tuned" in text and "tuning.png" in text
 
 
-def test_the_check_needs_no_head_to_head_when_the_search_found_the_sweeps_best(tmp_path, monkeypatch) -> None:
+def test_a_tuned_choice_that_fails_head_to_head_is_not_met_not_judged_on_its_sweep_run(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr("fastinfer.common.hardware.cpu_count", lambda: 2)
     rates = {"openvino-int8, runner, max batch 16": 30.0}
     tuner, swept, _ = _searches(tmp_path, rates)
-    result = check.compare(tuner, swept, 2, by_rate(rates))
-    assert result["share_in_sweep"] == 1.0 and result["head_to_head"] is None
-    result |= {"command": "x", "date": "d", "hardware": {"cpu": "CPU", "cores": 2}, "goal": "throughput: …",
-               "backends": [], "seconds": 5}  # fmt: skip
-    assert "**met**, 100% (the sweep's own runs" in check.verdict(result)[0]
-    assert "chose the sweep's best itself" in "\n".join(check.section(result, None))
+
+    def failing(server, config: Config, search: Search) -> Trial:
+        trial = by_rate(rates)(server, config, search)
+        return replace(trial, failures=3) if config == tuner.chosen.config else trial
+
+    result = check.compare(tuner, 60.0, swept, 2, failing) | ABOUT
+    assert result["share_in_sweep"] == 1.0 and result["share_head_to_head"] is None
+    assert "**NOT met**: the tuned configuration failed" in check.verdict(result)[0]
+
+
+def test_nothing_chosen_nothing_swept_and_interrupted_checks_say_so(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr("fastinfer.common.hardware.cpu_count", lambda: 2)
+    tuner, swept, _ = _searches(tmp_path, {})
+    partial = check.sweep_result(tuner, 60.0, None) | ABOUT
+    assert "Not judged: the check was interrupted (after the tune" in check.verdict(partial)[0]
+    assert "Not judged" in "\n".join(check.section(partial, None))
+    tuner.chosen = None
+    result = check.compare(tuner, 60.0, swept, 2, by_rate({})) | ABOUT
+    share_line, time_line = check.verdict(result)
+    assert "**NOT met**: the tune chose nothing" in share_line and "**NOT met**" in time_line
+    swept.trials = [replace(t, failures=1) for t in swept.trials]
+    result = check.compare(tuner, 60.0, swept, 0, by_rate({})) | ABOUT
+    assert check.verdict(result) == [
+        "- Not judged: no configuration of the sweep served within the goal — CPU, 2 cores"
+    ]
+
+
+def test_the_sweep_starts_a_fresh_server_after_a_failed_run_and_rotates_its_order(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr("fastinfer.common.hardware.cpu_count", lambda: 2)
+    servers = FakeServers()
+    saved = []
+
+    def measure(server, config: Config, search: Search) -> Trial:
+        trial = by_rate({})(server, config, search)
+        return replace(trial, failures=1) if config == Config("onnx-int8") else trial
+
+    swept = sweep(Goal(), 5, tmp_path, ["openvino-int8", "onnx-int8"], measure, servers.start, servers.stop,
+                  after_each=lambda s: saved.append(len(s.trials)))  # fmt: skip
+    first = [t for t in swept.trials if t.config in (Config("openvino-int8"), Config("onnx-int8"))]
+    assert [t.config.backend for t in first] == ["openvino-int8", "onnx-int8"]
+    assert swept.servers == 36 and len(saved) == 36 and saved[-1] == 72
+    second = [t.config.backend for t in swept.trials[2:4]]
+    assert second == ["onnx-int8", "openvino-int8"]  # the next server takes them the other way round
+    assert [t.position for t in swept.trials[:4]] == [0, 1, 0, 1]
+
+
+def test_a_failed_run_puts_the_rest_of_its_server_on_a_fresh_one(tmp_path) -> None:
+    servers = FakeServers()
+    configs = [Config("openvino-int8"), Config("onnx-int8"), Config("onnx")]
+
+    def measure(server, config: Config, search: Search) -> Trial:
+        if config.backend == "openvino-int8":
+            raise TimeoutError("locust hung")
+        return by_rate({})(server, config, search)
+
+    search = Search(Goal(), 100, 5, tmp_path, start=servers.start, stop=servers.stop)
+    trials = serve(configs, "sweep", search, measure)
+    assert [bool(t.error) for t in trials] == [True, False, False] and search.servers == 2
+    assert [t.position for t in trials] == [0, 0, 1] and servers.running == 0
 
 
 def test_shares_read_the_goal_and_refuse_nothing_measured() -> None:
@@ -131,3 +197,28 @@ def test_the_section_replaces_its_old_self_and_nothing_else() -> None:
     new = check.replace_section(old, [check.SECTION, "", "new", ""])
     assert "old" not in new and "new" in new and new.endswith("## Fidelity\n\nkept\n") and "- a" in new
     assert check.replace_section("# B\n", ["x"]) == "# B\n\nx\n"
+    twice = f"# B\n\n{check.SECTION}  \n\nold\n\n# Appendix\n\nkept\n\n{check.SECTION}\n\nolder\n"
+    new = check.replace_section(twice, [check.SECTION, "", "new"])
+    assert new.count(check.SECTION) == 1 and "old" not in new and "# Appendix\n\nkept" in new
+    fenced = f"# B\n\n{check.SECTION}\n\n```\n## not a heading\n```\n\n## Next\n"
+    assert check.replace_section(fenced, [check.SECTION, "", "new"]).endswith("new\n## Next\n")
+
+
+def test_the_bench_keeps_a_saved_check_and_survives_a_broken_one(tmp_path) -> None:
+    assert check.load(tmp_path / "missing.json") is None
+    (tmp_path / "t.json").write_text('{"tune": {"elapsed_s"')  # truncated by an interrupt
+    assert check.load(tmp_path / "t.json") is None
+    (tmp_path / "t.json").write_text("[1]")
+    assert check.load(tmp_path / "t.json") is None
+
+
+def test_the_plot_and_the_link_follow_the_markdown_and_no_stale_plot_stays(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr("fastinfer.common.hardware.cpu_count", lambda: 2)
+    rates = {"openvino-int8, runner, max batch 16": 30.0}
+    tuner, swept, _ = _searches(tmp_path, rates)
+    result = check.compare(tuner, 60.0, swept, 0, by_rate(rates)) | ABOUT
+    markdown, plots = tmp_path / "docs" / "B.md", tmp_path / "plots"
+    check.write_markdown(result, markdown, plots)
+    assert "](../plots/tuning.png)" in markdown.read_text() and (plots / "tuning.png").stat().st_size > 10_000
+    check.write_markdown(check.sweep_result(tuner, 60.0, None) | ABOUT, markdown, plots)
+    assert not (plots / "tuning.png").exists() and "tuning.png" not in markdown.read_text()
