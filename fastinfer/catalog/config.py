@@ -100,7 +100,10 @@ def _int(name: str, default: int) -> int:
 
 def _in_front(raw: str, front_workers: int) -> frozenset[str]:
     """FASTINFER_IN_FRONT: backends whose engine runs inside the front worker, as the runners they name
-    (a backend served by another's runner, like ``coreml``, brings that runner in)."""
+    (a backend served by another's runner, like ``coreml``, brings that runner in). ``none``: every
+    engine in its runner, whatever a tuned file says (an empty value is unset, so it cannot)."""
+    if raw.strip().lower() == "none":
+        return frozenset()
     names = [name.strip() for name in raw.split(",") if name.strip()]
     if unknown := [name for name in names if name not in BACKENDS]:
         raise ValueError(
@@ -135,7 +138,7 @@ def _default_backend() -> str:
     raw = os.environ.get("FASTINFER_DEFAULT_BACKEND", "").strip()
     if raw.lower() == "auto":
         raw = ""
-    value = raw or _tuned_values.get("FASTINFER_DEFAULT_BACKEND", "") or Settings.default_backend
+    value = raw or _tuned_values.get("FASTINFER_DEFAULT_BACKEND", "").strip() or Settings.default_backend
     return "auto" if value.lower() == "auto" else value
 
 

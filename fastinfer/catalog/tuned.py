@@ -153,10 +153,15 @@ def load(where: Path | None = None) -> Tuned:
     if where is None:
         return Tuned("", status="none", why=f"{FILE_ENV}=off")
     shown = shown_path(where)
-    if not where.exists():
-        return Tuned(shown, status="none", why="no tuned file: `fastinfer tune` writes one")
     try:
         data = json.loads(_read(where))
+    except FileNotFoundError:
+        return Tuned(shown, status="none", why="no tuned file: `fastinfer tune` writes one")
+    except OSError as exc:  # a folder it may not read: its errno, not the path (clients see this)
+        return Tuned(shown, status="ignored", why=f"unreadable ({type(exc).__name__}: {exc.strerror})")
+    except Exception as exc:
+        return Tuned(shown, status="ignored", why=f"unreadable ({type(exc).__name__}: {str(exc)[:120]})")
+    try:
         recorded = ((data.get("fingerprint") or {}).get("models") or {}) if isinstance(data, dict) else {}
         stored = model_tags(list(recorded)) if isinstance(recorded, dict) else {}
         settings, why = check(data, machine_fingerprint(), stored, {b: unavailable_reason(b) for b in BACKENDS})
@@ -225,6 +230,11 @@ def here() -> Tuned:
     if resolved := os.environ.get(RESOLVED_ENV):
         try:
             fields = json.loads(resolved)
+            settings = fields["settings"]
+            if not isinstance(settings, dict) or not all(
+                isinstance(k, str) and TUNABLE.fullmatch(k) and isinstance(v, str) for k, v in settings.items()
+            ):
+                raise TypeError("settings a tuned file cannot hold")  # a value copied from elsewhere, not the parent's
             return Tuned(**{key: fields[key] for key in ("path", "settings", "status", "why", "created", "goal")})
         except (ValueError, TypeError, KeyError):
             return Tuned("", status="ignored", why=f"{RESOLVED_ENV} is not what the server's parent set")

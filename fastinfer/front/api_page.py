@@ -84,7 +84,9 @@ def this_server(settings: Settings, svc: bentoml.Service[Any]) -> str:
     tuning = {
         "in force": f"the tuned configuration is in force (`{tuned.get('path')}`, {tuned.get('created')}, "
         f"goal {tuned.get('goal')}); `GET /backends` says where each value came from",
-        "ignored": f"the tuned configuration `{tuned.get('path')}` is ignored: {tuned.get('why')}",
+        # its reason quotes the file's own keys and values: shown as written, never as Markdown
+        "ignored": f"the tuned configuration {literal(str(tuned.get('path')))} is ignored: "
+        f"{literal(str(tuned.get('why')))}",
     }.get(tuned.get("status", ""), "no tuned configuration (`fastinfer tune` measures one): defaults and rules")
     lines = [
         f"- FastInfer {version(svc)}; {default}.",
@@ -99,9 +101,14 @@ def this_server(settings: Settings, svc: bentoml.Service[Any]) -> str:
     return "## This server\n\n" + "\n".join(lines)
 
 
+def literal(text: str) -> str:
+    """``text`` shown as written, not as Markdown or HTML."""
+    return re.sub(r"([\\`*_\[\]<>])", r"\\\1", text)
+
+
 def contact_line(contact: dict[str, str]) -> str:
     """FASTINFER_CONTACT as a line of the page (Swagger UI shows ``info.contact`` only with a link)."""
-    name = re.sub(r"([\\`*_\[\]<>])", r"\\\1", contact.get("name", ""))  # shown as written, not as Markdown
+    name = literal(contact.get("name", ""))
     if "url" in contact:
         return f"[{name}](<{contact['url']}>)"
     if "email" in contact:

@@ -229,3 +229,51 @@ def test_auto_and_spaces_in_a_tuned_file_read_as_in_the_environment(in_force, mo
 def test_a_count_is_plain_ascii_digits(monkeypatch, value) -> None:
     with pytest.raises(ValueError, match="must be an integer"):
         settings_with(monkeypatch, FASTINFER_TUNED="off", FASTINFER_MAX_BATCH_SIZE_ONNX=value)
+
+
+def test_a_backend_with_spaces_in_a_tuned_file_is_the_backend(in_force, monkeypatch) -> None:
+    data = json.loads(in_force.read_text())
+    data["settings"] = {"FASTINFER_DEFAULT_BACKEND": " onnx-int8 "}
+    in_force.write_text(json.dumps(data))
+    settings = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND")
+    assert settings.tuned["status"] == "in force" and settings.default_backend == "onnx-int8"
+
+
+def test_none_in_the_environment_keeps_every_engine_in_its_runner_over_the_tuned_file(in_force, monkeypatch) -> None:
+    data = json.loads(in_force.read_text())
+    data["settings"] = {"FASTINFER_IN_FRONT": "onnx-int8"}
+    in_force.write_text(json.dumps(data))
+    assert settings_with(monkeypatch, "FASTINFER_IN_FRONT").in_front == {"onnx-int8"}
+    settings = settings_with(monkeypatch, FASTINFER_IN_FRONT="None")
+    assert settings.in_front == frozenset() and settings.sources["FASTINFER_IN_FRONT"] == "environment"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file: the refusal needs an ordinary user")
+def test_a_folder_it_may_not_read_is_a_reason_not_a_failed_start(tmp_path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0)
+    try:
+        found = tuned.load(locked / "tuned.json")
+        assert found.status == "ignored" and "PermissionError" in found.why and str(tmp_path) not in found.why
+    finally:
+        locked.chmod(0o755)
+
+
+def test_an_unreadable_file_says_why_without_its_path(tmp_path, monkeypatch) -> None:
+    def refused(where: Path) -> str:
+        raise PermissionError(13, "Permission denied", str(where))
+
+    monkeypatch.setattr(tuned, "_read", refused)
+    found = tuned.load(tmp_path / "tuned.json")
+    assert found.status == "ignored" and found.why == "unreadable (PermissionError: Permission denied)"
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"FASTINFER_API_KEYS": "k"}, {"FASTINFER_CACHE": "off"}, {"FASTINFER_THREADS": 2}, ["x"]],
+)
+def test_a_resolved_value_not_from_a_tuned_file_is_refused(monkeypatch, settings) -> None:
+    resolved = {"path": "t", "settings": settings, "status": "in force", "why": "", "created": "", "goal": ""}
+    monkeypatch.setenv(tuned.RESOLVED_ENV, json.dumps(resolved))
+    assert tuned.here().status == "ignored" and tuned.here().settings == {}
