@@ -48,7 +48,7 @@ tune: models
 	$(PY) -m load_tests.tuning $(TUNE_ARGS)
 
 # The benchmark of the tuner: `fastinfer tune`, then every configuration of its space served (the
-# exhaustive sweep; on 2 cores ~50 min for 3 backends, ~80 min for all six), then the sweep's best three
+# exhaustive sweep; on 2 cores 32 min for 3 backends, about an hour for all six), then the sweep's best three
 # and the tuned choice head to head; writes BENCHMARKS.md's tuning section. It prints its estimate first.
 # TUNE_ARGS="--backends openvino-int8,onnx-int8,openvino --seconds 10", ...
 tune-check: models

@@ -866,13 +866,18 @@ def write_markdown(results: dict[str, Any], path: Path, out: Path, plots: Path |
 
 
 def _tuning_section(saved: Path, plots: Path, rel: str, hw: dict[str, Any]) -> list[str]:
-    """The last `make tune-check` (it runs for most of an hour, so not in every `make bench`), said to be
-    from another machine when it is."""
+    """The last `make tune-check` (it runs for most of an hour, so not in every `make bench`), its plot
+    drawn again from it (never an earlier check's), said to be from another machine when it is."""
     from load_tests.tuning import check
 
     result = check.load(saved)
-    plot = f"{rel}/tuning.png" if result and (plots / "tuning.png").exists() else None
-    lines = check.section(result, plot)
-    if result and result["hardware"].get("cpu") != hw.get("cpu"):
+    try:
+        drawn = result is not None and check.plot_sweep(result, plots / "tuning.png")
+        lines = check.section(result, f"{rel}/tuning.png" if drawn else None)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:  # a hand-edited file
+        drawn, lines = False, [*check.section(None, None), f"({saved} could not be read: {type(exc).__name__})", ""]
+    if not drawn:
+        (plots / "tuning.png").unlink(missing_ok=True)
+    if result and drawn and result["hardware"].get("cpu") != hw.get("cpu"):
         lines[1:1] = ["", f"**Measured on {result['hardware'].get('cpu')}, not on this run's CPU.**"]
     return lines

@@ -123,9 +123,14 @@ def check(
         return {}, f"tuned on another machine or runtime ({', '.join(differs)})"
     if gone := [name for name, tag in recorded["models"].items() if stored.get(name) != tag]:
         return {}, f"tuned for models no longer served here ({', '.join(sorted(gone))}); run `fastinfer tune` again"
-    named = [settings.get("FASTINFER_DEFAULT_BACKEND", ""), *settings.get("FASTINFER_IN_FRONT", "").split(",")]
+    # Each names backends, but for its word for "none of them": the default's auto, in front's none.
+    in_front = settings.get("FASTINFER_IN_FRONT", "")
+    named = [
+        settings.get("FASTINFER_DEFAULT_BACKEND", ""),
+        *([] if in_front.strip().lower() == "none" else in_front.split(",")),
+    ]
     for backend in filter(None, (n.strip() for n in named)):
-        if backend.lower() == "auto":  # the default as if unset: nothing to check
+        if backend == named[0].strip() and backend.lower() == "auto":  # the default as if unset: nothing to check
             continue
         if backend not in can_run:
             return {}, f"it names no backend: {backend[:40]!r}"
@@ -235,8 +240,17 @@ def here() -> Tuned:
                 isinstance(k, str) and TUNABLE.fullmatch(k) and isinstance(v, str) for k, v in settings.items()
             ):
                 raise TypeError("settings a tuned file cannot hold")  # a value copied from elsewhere, not the parent's
-            return Tuned(**{key: fields[key] for key in ("path", "settings", "status", "why", "created", "goal")})
-        except (ValueError, TypeError, KeyError):
+            text = {key: fields[key] for key in ("path", "status", "why", "created", "goal")}
+            if not all(isinstance(v, str) for v in text.values()) or text["status"] not in (
+                "in force",
+                "ignored",
+                "none",
+            ):
+                raise TypeError("fields a tuned file's reading cannot have")
+            return Tuned(
+                text["path"], settings, text["status"], text["why"], _plain(text["created"]), _plain(text["goal"])
+            )
+        except Exception:  # not JSON, nested past the parser's depth, odd shapes: not what the parent set
             return Tuned("", status="ignored", why=f"{RESOLVED_ENV} is not what the server's parent set")
     tuned = load()
     if tuned.status == "ignored":  # the settings carry on by rule

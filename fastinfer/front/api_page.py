@@ -82,8 +82,9 @@ def this_server(settings: Settings, svc: bentoml.Service[Any]) -> str:
     )
     tuned = settings.tuned or {}
     tuning = {
-        "in force": f"the tuned configuration is in force (`{tuned.get('path')}`, {tuned.get('created')}, "
-        f"goal {tuned.get('goal')}); `GET /backends` says where each value came from",
+        "in force": f"the tuned configuration is in force ({literal(str(tuned.get('path')))}, "
+        f"{literal(str(tuned.get('created')))}, goal {literal(str(tuned.get('goal')))}); `GET /backends` says "
+        "where each value came from",
         # its reason quotes the file's own keys and values: shown as written, never as Markdown
         "ignored": f"the tuned configuration {literal(str(tuned.get('path')))} is ignored: "
         f"{literal(str(tuned.get('why')))}",

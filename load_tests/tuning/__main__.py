@@ -72,7 +72,7 @@ def backends_to_tune(requested: str | None) -> list[str] | str:
         example = next(iter(reasons.items()))
         store = bentoml_home() / "models"
         return f"no backend can run here (model store {store}); for example {example[0]}: {example[1]}"
-    wanted = [b.strip() for b in requested.split(",")] if requested else runnable
+    wanted = list(dict.fromkeys(b.strip() for b in requested.split(","))) if requested else runnable
     if unknown := [b for b in wanted if b not in runnable]:
         return f"cannot tune {', '.join(unknown)}: not a backend that can run here ({', '.join(runnable)})"
     return wanted

@@ -21,6 +21,7 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from load_tests.tuning.search import (
 TARGET_SHARE = 0.95  # the search's choice against the best
 TARGET_TIME = 0.25  # the search's time against the sweep's
 CONTENDERS = 3  # the sweep's best configurations served again head to head
+FORMAT = 2  # of OUT/tuning.json: `make bench` reads only this one
 SECTION = "## Tuning: `fastinfer tune` against an exhaustive sweep"
 
 
@@ -54,16 +56,6 @@ def contenders(goal: Goal, swept: Search, chosen: Config | None) -> list[Config]
     ranked = sorted((t for t in swept.trials if goal.score(t) > -math.inf), key=goal.score, reverse=True)
     best = list(dict.fromkeys(t.config for t in ranked))[:CONTENDERS]
     return best + ([chosen] if chosen and chosen not in best else [])
-
-
-def head_to_head(search: Search, configs: list[Config], rounds: int, measure: Measure) -> dict[Config, list[Trial]]:
-    """``rounds`` fresh servers for each config, in alternating order (forwards, then backwards), so
-    that a drift of the machine falls on all of them."""
-    runs: dict[Config, list[Trial]] = {c: [] for c in configs}
-    for i in range(rounds):
-        for config in configs if i % 2 == 0 else configs[::-1]:
-            runs[config] += serve([config], "head to head", search, measure)
-    return runs
 
 
 def mean_score(goal: Goal, trials: list[Trial]) -> float:
@@ -84,35 +76,60 @@ def trial_dict(goal: Goal, trial: Trial) -> dict[str, Any]:
 
 
 def compare(
-    tuner: Search, tune_s: float, swept: Search, rounds: int, measure: Measure = measure_locust
+    tuner: Search,
+    tune_s: float,
+    swept: Search,
+    rounds: int,
+    measure: Measure = measure_locust,
+    save: Callable[[dict[str, Any]], None] = lambda result: None,
 ) -> dict[str, Any]:
     """What the check found: the search's choice and the sweep's best, as the sweep measured them and
-    head to head (``rounds`` each; 0: judged on the sweep's own runs)."""
+    head to head (``rounds`` each; 0: judged on the sweep's own runs); ``save``d once the sweep is
+    complete and after each head-to-head round."""
     goal = swept.goal
     chosen = tuner.chosen.config if tuner.chosen else None
-    result = sweep_result(tuner, tune_s, swept) | {"complete": True}
+    result = sweep_result(tuner, tune_s, swept) | {"stage": "head to head"}
     best = swept.chosen
     in_sweep = next((t for t in swept.trials if t.config == chosen), None)
     result["share_in_sweep"] = share(goal, goal.score(in_sweep), goal.score(best)) if in_sweep and best else None
-    if chosen is None or best is None or rounds == 0:
-        return result
-    runs = head_to_head(swept, contenders(goal, swept, chosen), rounds, measure)
+    save(result)
+    if chosen is not None and best is not None and rounds > 0:
+        configs = contenders(goal, swept, chosen)
+        runs: dict[Config, list[Trial]] = {c: [] for c in configs}
+        for i in range(rounds):  # alternating order, so that a drift of the machine falls on all of them
+            for config in configs if i % 2 == 0 else configs[::-1]:
+                runs[config] += serve([config], "head to head", swept, measure)
+            result |= head_to_head_result(goal, runs, chosen)
+            save(result)
+    return result | {"stage": "done"}
+
+
+def head_to_head_result(goal: Goal, runs: dict[Config, list[Trial]], chosen: Config) -> dict[str, Any]:
+    """The head to head so far: each contender's runs and mean, the best mean, the tuned one's share of it."""
     means = {config: mean_score(goal, trials) for config, trials in runs.items()}
-    winner = max(means, key=lambda c: means[c])
-    result["head_to_head"] = [
-        {"label": c.label(), "tuned": c == chosen, "mean": means[c], "runs": [trial_dict(goal, t) for t in trials]}
-        for c, trials in runs.items()
-    ]
-    result["head_to_head_best"] = winner.label() if math.isfinite(means[winner]) else None
-    result["share_head_to_head"] = share(goal, means[chosen], means[winner])
-    return result
+    finite = {c: m for c, m in means.items() if math.isfinite(m)}
+    winner = max(finite, key=lambda c: finite[c]) if finite else None
+    return {
+        "head_to_head": [
+            {
+                "label": c.label(),
+                "tuned": c == chosen,
+                "qualified": c in finite,  # every run served within the goal
+                "runs": [trial_dict(goal, t) for t in trials],
+            }
+            for c, trials in runs.items()
+        ],
+        "head_to_head_best": winner.label() if winner else None,
+        "share_head_to_head": share(goal, means[chosen], finite[winner]) if winner else None,
+    }
 
 
 def sweep_result(tuner: Search, tune_s: float, swept: Search | None) -> dict[str, Any]:
     """The measurements so far (saved after the tune and after each sweep server)."""
     goal = tuner.goal
     result: dict[str, Any] = {
-        "complete": False,
+        "format": FORMAT,
+        "stage": "sweep" if swept is not None else "tune",  # what was under way when it was saved
         "tune": {
             "elapsed_s": round(tune_s, 1),
             "budget_s": tuner.budget_s,
@@ -147,26 +164,39 @@ def sweep_result(tuner: Search, tune_s: float, swept: Search | None) -> dict[str
 def verdict(result: dict[str, Any]) -> list[str]:
     """The two target lines, each met / NOT met with its numbers (or why it is not judged)."""
     cpu = f"{result['hardware'].get('cpu')}, {result['hardware'].get('cores')} cores"
-    tuned, swept = result["tune"]["chosen"], result["sweep"]
-    if not result.get("complete") or swept is None:
+    tuned, swept, stage = result["tune"]["chosen"], result["sweep"], result["stage"]
+    if swept is None or stage == "sweep":
         return [f"- Not judged: the check was interrupted ({_done(result)}) — {cpu}"]
     if swept["best"] is None:
         return [f"- Not judged: no configuration of the sweep served within the goal — {cpu}"]
     share_line = f"- The tuned configuration >= {TARGET_SHARE:.0%} of the best:"
+    rows = result["head_to_head"] or []
     if tuned is None:
         share_line += " **NOT met**: the tune chose nothing"
-    elif result.get("head_to_head") is not None:
-        ratio = result["share_head_to_head"]
-        if ratio is None:
+    elif rows:
+        ratio, mine = result["share_head_to_head"], next(r for r in rows if r["tuned"])
+        others = [r for r in rows if not r["tuned"]]
+        if not mine["qualified"]:
             share_line += " **NOT met**: the tuned configuration failed or broke the goal's limit head to head"
-        else:
+        elif ratio is not None:
             share_line += (
                 f" **{'met' if ratio >= TARGET_SHARE else 'NOT met'}**, {ratio:.0%} head to head (means of "
-                f"{len(result['head_to_head'][0]['runs'])} fresh servers each; in the sweep's own runs "
-                f"{_pct(result.get('share_in_sweep'))})"
+                f"{len(mine['runs'])} fresh servers each; in the sweep's own runs {_pct(result['share_in_sweep'])})"
             )
+        if failed := [r["label"] for r in others if not r["qualified"]]:
+            share_line += (
+                f"; judged against {len(others) - len(failed)} of the sweep's {len(others)} best: "
+                f"{'; '.join(failed)} failed or broke the goal's limit head to head"
+            )
+        if stage != "done":
+            share_line += "; the head to head was interrupted after this round"
+    elif stage != "done":
+        share_line += (
+            " not judged: the head to head was interrupted before its first round (in the sweep's own runs "
+            f"{_pct(result['share_in_sweep'])})"
+        )
     else:
-        ratio = result.get("share_in_sweep")
+        ratio = result["share_in_sweep"]
         met = "NOT met" if ratio is None or ratio < TARGET_SHARE else "met"
         share_line += f" **{met}**, {_pct(ratio)} in the sweep's own runs (no head to head)"
     t, s = result["tune"]["elapsed_s"], swept["elapsed_s"]
@@ -192,7 +222,12 @@ def _pct(value: float | None) -> str:
 def section(result: dict[str, Any] | None, plot: str | None) -> list[str]:
     """BENCHMARKS.md's section: the verdicts, the head to head, the sweep's best configurations, the plot."""
     if result is None:
-        return [SECTION, "", "Not run on this machine: `make tune-check` (on 2 cores ~50 min for 3 backends).", ""]
+        return [
+            SECTION,
+            "",
+            "Not run on this machine: `make tune-check` (an hour or more; it says how long first).",
+            "",
+        ]
     tune_part, swept = result["tune"], result["sweep"]
     tuned = tune_part["chosen"]
     lines = [
@@ -219,13 +254,19 @@ def section(result: dict[str, Any] | None, plot: str | None) -> list[str]:
         )
     if result.get("head_to_head"):
         lines += ["", "Head to head (each on fresh servers, alternating order):", ""]
-        lines += ["| configuration | runs, req/s (p50 ms) | mean score |", "|---|---|---|"]
+        latency = result["goal"].startswith("latency")
+        lines += [
+            f"| configuration | runs, req/s (p50 ms) | mean {'p50 ms' if latency else 'req/s'} |",
+            "|---|---|---|",
+        ]
         for row in result["head_to_head"]:
             name = row["label"] + (" ★ tuned" if row["tuned"] else "")
             if row["label"] == result.get("head_to_head_best"):
                 name = f"**{name}**"
             runs = ", ".join(_fig(t) for t in row["runs"])
-            lines.append(f"| {name} | {runs} | {row['mean']:.1f} |")
+            figures = [t["p50_ms" if latency else "req_per_s"] for t in row["runs"]]
+            mean = f"{sum(figures) / len(figures):.1f}" if row["qualified"] and figures else "– (a run failed)"
+            lines.append(f"| {name} | {runs} | {mean} |")
     if plot:
         lines += ["", f"![every configuration of the sweep]({plot})"]
     if swept:
@@ -253,7 +294,7 @@ def replace_section(markdown: str, new: list[str]) -> str:
     lines = markdown.rstrip("\n").split("\n")
     kept, inside, fenced, placed = [], False, False, False
     for line in lines:
-        if line.lstrip().startswith("```"):
+        if line.lstrip().startswith(("```", "~~~")):
             fenced = not fenced
         heading = not fenced and (line.startswith("# ") or line.startswith("## "))
         if heading and line.strip() == SECTION:
@@ -302,16 +343,16 @@ def plot_sweep(result: dict[str, Any], path: Path) -> bool:
 
 
 def load(path: Path) -> dict[str, Any] | None:
-    """A saved check, or None if there is none or it cannot be read (never an error in `make bench`)."""
+    """A saved check of this FORMAT, or None if there is none or it cannot be read (`make bench` goes on)."""
     try:
         result = json.loads(path.read_text())
-        return result if isinstance(result, dict) and {"tune", "sweep", "hardware"} <= result.keys() else None
-    except (OSError, ValueError):
+        return result if isinstance(result, dict) and result.get("format") == FORMAT else None
+    except (OSError, ValueError, RecursionError):
         return None
 
 
-def write_markdown(result: dict[str, Any], markdown: Path, plots: Path) -> None:
-    """The plot (or no stale one) and the section of ``markdown``."""
+def write_markdown(result: dict[str, Any], markdown: Path, plots: Path) -> Path | None:
+    """The plot (or no stale one) and the section of ``markdown``; returns the plot drawn, if any."""
     plots.mkdir(parents=True, exist_ok=True)
     png = plots / "tuning.png"
     drawn = plot_sweep(result, png)
@@ -321,6 +362,7 @@ def write_markdown(result: dict[str, Any], markdown: Path, plots: Path) -> None:
     old = markdown.read_text() if markdown.exists() else "# FastInfer benchmarks\n"
     markdown.parent.mkdir(parents=True, exist_ok=True)
     markdown.write_text(replace_section(old, section(result, rel)))
+    return png if drawn else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -366,19 +408,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tuner = tune(goal, args.budget, args.seconds, where / "tune-runs", wanted)
         tune_s = tuner.elapsed()
-        files.write(tuner, command, where / "tuned.json")  # its report beside it; no server reads this file
         save(sweep_result(tuner, tune_s, None))
+        files.write(tuner, command, where / "tuned.json")  # its report beside it; no server reads this file
         swept = sweep(goal, args.seconds, where / "sweep-runs", wanted,
                       after_each=lambda s: save(sweep_result(tuner, tune_s, s)))  # fmt: skip
-        result = compare(tuner, tune_s, swept, args.rounds) | about
+        result = compare(tuner, tune_s, swept, args.rounds, save=save) | about
         save(result)
     except KeyboardInterrupt:
         print(f"tune-check: interrupted; every server it started was stopped; what was measured is in {saved}",
               file=sys.stderr)  # fmt: skip
         return 130
-    write_markdown(result, args.markdown, args.plots)
+    drawn = write_markdown(result, args.markdown, args.plots)
     print("\n".join(verdict(result)))
-    print(f"wrote {saved}, {args.plots / 'tuning.png'} and the section of {args.markdown}")
+    print(f"wrote {saved}{f', {drawn}' if drawn else ''} and the section of {args.markdown}")
     return 0
 
 

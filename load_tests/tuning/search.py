@@ -41,7 +41,7 @@ from load_tests.service import Server, start_server, stop_server
 
 PRUNE = 0.6  # a backend below this share of the best in-process ceiling (or above 1/PRUNE its latency) is not served
 MAX_SERVED_BACKENDS = 3  # at most this many backends reach stage 2
-SERVER_S, RUN_OVERHEAD_S = 25.0, 9.0  # measured on 2 cores: a server's start and stop, a run's warm-up and locust
+SERVER_S, RUN_OVERHEAD_S = 16.0, 3.0  # measured on 2 cores: a server's start and stop, a run's warm-up and locust
 MIN_GAIN = 0.03  # a setting is kept when it serves this much better than the best so far (this VM's noise is larger)
 
 
@@ -330,7 +330,7 @@ def serve(configs: list[Config], stage: str, search: Search, measure: Measure) -
             trials.append(trial)
             search.trials.append(trial)
             search.progress(f"{config.label()}: {shown(trial)}")
-            if trial.error or trial.failures:  # the server may be wedged: the others must not pay for it
+            if trial.error or trial.failures * 10 > trial.requests:  # it may be wedged: the rest get a fresh one
                 rest = configs[position + 1 :]
                 break
     finally:

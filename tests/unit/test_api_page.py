@@ -279,7 +279,7 @@ def test_this_server_says_when_its_default_cannot_run_and_the_analyze_total_of_a
         ({}, "no tuned configuration (`fastinfer tune` measures one): defaults and rules"),
         (
             {"status": "in force", "path": "/h/tuned/tuned.json", "created": "today", "goal": "throughput"},
-            "the tuned configuration is in force (`/h/tuned/tuned.json`, today, goal throughput)",
+            "the tuned configuration is in force (/h/tuned/tuned.json, today, goal throughput)",
         ),
         (
             {"status": "ignored", "path": "/h/tuned/tuned.json", "why": "tuned on another machine (isa)"},

@@ -3,6 +3,7 @@ and the HTTP cost and the ceilings are the arithmetic the report says they are."
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 
 import pytest
@@ -452,12 +453,39 @@ def test_the_whole_report_renders_the_new_sections(tmp_path) -> None:
     for heading in ("## Targets", "## The HTTP path, measured", "## Batch API", "## Where the time goes"):
         assert heading in text
     assert f"{check.SECTION}\n\nNot run on this machine: `make tune-check`" in text
+    assert not (tmp_path / "plots" / "tuning.png").exists()
     # the pool's ceiling, then each size class alone (small: 50 + 50 + 0.5 + 11.5 + 15 = 127 ms → 15.7 req/s)
     assert "| onnx-int8 | 8 | 31.0 | 64.5 | inference (48%) | 11.5 (measured) | 15.7 | 8.8 |" in text
     assert (
         "| inference | onnx-int8 | 10 | 58.0 | 40.0 | 60.0 | 80.0 | 0 (0.0%) | 0% (bypassed) | 90% | 12, 19, 2 |"
         in text
     )
+
+
+def test_the_bench_shows_the_last_tune_check_with_its_own_plot(tmp_path) -> None:
+    trial = {"label": "onnx-int8, runner", "config": {"backend": "onnx-int8"}, "req_per_s": 20.0, "p50_ms": 400,
+             "p95_ms": 500, "failures": 0, "requests": 200, "error": "", "position": 0, "qualified": True}  # fmt: skip
+    saved = {
+        "format": check.FORMAT, "stage": "done", "command": "make tune-check", "date": "today",
+        "hardware": {"cpu": "Other CPU", "cores": 2}, "goal": "throughput: most req/s at 10 clients",
+        "backends": ["onnx-int8"], "seconds": 10, "share_in_sweep": 1.0, "share_head_to_head": None,
+        "head_to_head": None, "head_to_head_best": None,
+        "tune": {"elapsed_s": 240, "budget_s": 420, "trials": 3, "chosen": trial, "decisions": [], "skipped": []},
+        "sweep": {"elapsed_s": 3000, "estimate_s": 2900, "configurations": 1, "servers": 1, "best": trial,
+                  "trials": [trial]},
+    }  # fmt: skip
+    (tmp_path / "tuning.json").write_text(json.dumps(saved))
+    results = bench([run("inference", "onnx-int8", 10, 58.0)])
+    md = tmp_path / "BENCHMARKS.md"
+    write_markdown(results, md, tmp_path, tmp_path / "plots")
+    text = md.read_text()
+    assert "**Measured on Other CPU, not on this run's CPU.**" in text and "](plots/tuning.png)" in text
+    assert "In <= 1/4 of the sweep's time: **met**, 4.0 min" in text
+    assert (tmp_path / "plots" / "tuning.png").stat().st_size > 10_000
+    del saved["tune"]["skipped"]  # a hand-edited file: the bench still writes its report
+    (tmp_path / "tuning.json").write_text(json.dumps(saved))
+    write_markdown(results, md, tmp_path, tmp_path / "plots")
+    assert "could not be read: KeyError" in md.read_text() and not (tmp_path / "plots" / "tuning.png").exists()
 
 
 # ---- the earlier targets, kept ----------------------------------------------------------------------

@@ -5,6 +5,7 @@ come from what was measured."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -151,15 +152,11 @@ def test_nothing_chosen_nothing_swept_and_interrupted_checks_say_so(tmp_path, mo
     ]
 
 
-def test_the_sweep_starts_a_fresh_server_after_a_failed_run_and_rotates_its_order(tmp_path, monkeypatch) -> None:
+def test_the_sweep_rotates_its_order_and_saves_after_each_server(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr("fastinfer.common.hardware.cpu_count", lambda: 2)
     servers = FakeServers()
     saved = []
-
-    def measure(server, config: Config, search: Search) -> Trial:
-        trial = by_rate({})(server, config, search)
-        return replace(trial, failures=1) if config == Config("onnx-int8") else trial
-
+    measure = by_rate({})
     swept = sweep(Goal(), 5, tmp_path, ["openvino-int8", "onnx-int8"], measure, servers.start, servers.stop,
                   after_each=lambda s: saved.append(len(s.trials)))  # fmt: skip
     first = [t for t in swept.trials if t.config in (Config("openvino-int8"), Config("onnx-int8"))]
@@ -183,6 +180,13 @@ def test_a_failed_run_puts_the_rest_of_its_server_on_a_fresh_one(tmp_path) -> No
     trials = serve(configs, "sweep", search, measure)
     assert [bool(t.error) for t in trials] == [True, False, False] and search.servers == 2
     assert [t.position for t in trials] == [0, 0, 1] and servers.running == 0
+
+    def failing(server, config: Config, search: Search) -> Trial:  # one failed request in ten is not a wedge
+        trial = by_rate({})(server, config, search)
+        return replace(trial, failures=trial.requests // 10 + (config.backend == "onnx-int8"))
+
+    search = Search(Goal(), 100, 5, tmp_path, start=servers.start, stop=servers.stop)
+    assert [t.position for t in serve(configs, "sweep", search, failing)] == [0, 1, 0] and search.servers == 2
 
 
 def test_shares_read_the_goal_and_refuse_nothing_measured() -> None:
@@ -210,6 +214,33 @@ def test_the_bench_keeps_a_saved_check_and_survives_a_broken_one(tmp_path) -> No
     assert check.load(tmp_path / "t.json") is None
     (tmp_path / "t.json").write_text("[1]")
     assert check.load(tmp_path / "t.json") is None
+    (tmp_path / "t.json").write_text('{"tune": {}, "sweep": null, "hardware": {}}')  # an earlier format
+    assert check.load(tmp_path / "t.json") is None
+    (tmp_path / "t.json").write_text("[" * 100_000)
+    assert check.load(tmp_path / "t.json") is None
+
+
+def test_a_head_to_head_interrupted_or_with_a_failed_contender_says_so(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr("fastinfer.common.hardware.cpu_count", lambda: 2)
+    rates = {"onnx-int8, in front, max batch 4": 40.0, "onnx-int8, in front, max batch 16": 39.0}
+    tuner, swept, _ = _searches(tmp_path, rates)
+    saved = []
+    strongest = Config("onnx-int8", True, 4)
+
+    def measure(server, config: Config, search: Search) -> Trial:  # head to head only: the sweep ran already
+        trial = by_rate(rates)(server, config, search)
+        return replace(trial, failures=1) if config == strongest else trial
+
+    result = check.compare(tuner, 60.0, swept, 2, measure, save=lambda r: saved.append(r | ABOUT)) | ABOUT
+    assert [r["stage"] for r in saved] == ["head to head"] * 3 and result["stage"] == "done"
+    assert saved[0]["head_to_head"] is None and len(saved[1]["head_to_head"][0]["runs"]) == 1
+    line = check.verdict(result)[0]
+    assert "judged against 1 of the sweep's 2 best: onnx-int8, in front, max batch 4 failed" in line
+    assert result["head_to_head_best"] == "onnx-int8, in front, max batch 16"
+    json.dumps(result, allow_nan=False)  # no -inf for a failed contender: valid JSON for any reader
+    first, interrupted = check.verdict(saved[0])  # the sweep done, the head to head not begun
+    assert "not judged: the head to head was interrupted before its first round" in first and "**" in interrupted
+    assert "interrupted after this round" in check.verdict(saved[1])[0]
 
 
 def test_the_plot_and_the_link_follow_the_markdown_and_no_stale_plot_stays(tmp_path, monkeypatch) -> None:

@@ -277,3 +277,29 @@ def test_a_resolved_value_not_from_a_tuned_file_is_refused(monkeypatch, settings
     resolved = {"path": "t", "settings": settings, "status": "in force", "why": "", "created": "", "goal": ""}
     monkeypatch.setenv(tuned.RESOLVED_ENV, json.dumps(resolved))
     assert tuned.here().status == "ignored" and tuned.here().settings == {}
+
+
+@pytest.mark.parametrize(("in_front", "holds"), [("none", True), ("NONE", True), ("onnx,none", False), ("auto", False)])
+def test_none_in_a_tuned_file_is_no_engine_in_front_and_auto_is_not_a_backend(in_front, holds) -> None:
+    data = tuned_data(settings={"FASTINFER_DEFAULT_BACKEND": "onnx", "FASTINFER_IN_FRONT": in_front})
+    settings, why = tuned.check(data, HERE, STORED, CAN_RUN)
+    assert bool(settings) is holds, why
+
+
+@pytest.mark.parametrize(
+    "resolved",
+    [
+        "[" * 100_000,  # past the parser's depth
+        json.dumps({"path": "t", "settings": {}, "status": "bogus", "why": "", "created": "", "goal": ""}),
+        json.dumps({"path": ["t"], "settings": {}, "status": "in force", "why": "", "created": "", "goal": ""}),
+    ],
+)
+def test_a_resolved_value_of_odd_shape_is_refused_not_a_failed_start(monkeypatch, resolved) -> None:
+    monkeypatch.setenv(tuned.RESOLVED_ENV, resolved)
+    assert tuned.here().status == "ignored"
+
+
+def test_a_resolved_values_free_text_is_plain(monkeypatch) -> None:
+    fields = {"path": "t", "settings": {}, "status": "in force", "why": "", "created": "<b>x</b>", "goal": "[a](b)"}
+    monkeypatch.setenv(tuned.RESOLVED_ENV, json.dumps(fields))
+    assert (tuned.here().created, tuned.here().goal) == ("bx/b", "a(b)")
