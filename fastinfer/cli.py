@@ -89,7 +89,11 @@ def doctor(args: argparse.Namespace) -> int:
 
     hw = hardware.probe(check_torch=True)
     reasons = _available()
-    measured, measured_why = choice.measured_here(args.profile, hw)
+    if args.profile == BENCH_RESULT:  # this project's measurements: served by `make bench` first
+        measured, measured_why = choice.measurements(hw)
+    else:
+        measured, measured_why = choice.measured_here(args.profile, hw)
+    unit = measured_why if measured else "img/s"
     report: dict[str, Any] = {"hardware": hw, "backends": {}}
     print("FastInfer doctor\n")
     for key in ("os", "cpu", "cores", "isa", "apple_chip", "neural_engine", "cuda", "mps"):
@@ -124,10 +128,10 @@ def doctor(args: argparse.Namespace) -> int:
     report["store"] = {name: h.as_dict() for name, h in health.items()}
     # Only from what actually loaded: a backend whose model fails here is not recommended.
     available = [n for n, e in report["backends"].items() if e["available"]]
-    rec = report["recommended"] = choice.recommend(hw, available, measured)
+    rec = report["recommended"] = choice.recommend(hw, available, measured, unit)
     print(f"\nrecommended here: {rec['backend'] or 'none'} — {rec['why']} ({rec['source']})")
     if measured is None:
-        print(f"  {measured_why}: `fastinfer bench` measures each backend here")
+        print(f"  {measured_why}: `make bench` (served) or `fastinfer bench` (in process) measures each backend here")
     try:
         settings = get_settings()
     except ValueError as exc:  # a setting that would stop the server: said, and doctor says so in its exit code
@@ -135,7 +139,7 @@ def doctor(args: argparse.Namespace) -> int:
         _write_json(args.json, {**report, "settings_error": str(exc)})
         return 1
     named_by = settings.sources.get("FASTINFER_DEFAULT_BACKEND", "environment")
-    default = choice.choose_default(settings.default_backend, hw, available, measured, named_by=named_by)
+    default = choice.choose_default(settings.default_backend, hw, available, measured, named_by=named_by, unit=unit)
     report["default"] = default.as_dict()
     report["configuration"] = choice.configuration(settings, default)
     report["tuned"] = settings.tuned
@@ -230,8 +234,9 @@ BENCH_RESULT = choice.bench_result() or choice.BENCH_RESULT
 TUNE_DESCRIPTION = (
     "Find the configuration that serves best on this machine (backend, where its engine runs, batching, front "
     "workers, engine threads) by serving the promising ones for real (bentoml serve, locust, the benchmark pool), "
-    "within a time budget, and make it the server's default: make serve and bentoml serve read it; environment "
-    "variables still win. Writes $BENTOML_HOME/tuned/tuned.json and, beside it, report.md and tuned.png."
+    "within a time budget, and make it the server's default: make serve (or bentoml serve with the same "
+    "BENTOML_HOME) reads it; environment variables still win. Writes $BENTOML_HOME/tuned/tuned.json (or "
+    "FASTINFER_TUNED) and, beside it, report.md and tuned.png."
 )
 
 
@@ -245,7 +250,12 @@ def tune_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--clients", type=int, default=10, help="concurrent clients for --goal throughput (default: 10)")
     p.add_argument("--p95-ms", type=float, help="with --goal throughput: only configurations whose p95 stays under it")
-    p.add_argument("--budget", type=float, default=420, help="seconds the whole tune may take (default: 420)")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=420,
+        help="seconds for the served trials; the in-process and backend stages always run (default: 420)",
+    )
     p.add_argument("--seconds", type=float, default=12, help="seconds of load per trial (default: 12)")
     p.add_argument("--backends", help="comma-separated backends to consider (default: every one that can run here)")
 
@@ -293,7 +303,9 @@ def parser() -> argparse.ArgumentParser:
         "this machine, each backend's availability and placement, the recommendation",
         "Probe this machine (CPU, cores, instruction sets, accelerators), load every backend that can run "
         "here and say where its work runs (execution provider nodes, OpenVINO's precision per layer), "
-        "and recommend a backend: from measurements when a bench result exists, else by rule.",
+        "and recommend a backend: from measurements of this machine when a bench result exists (served by make "
+        "bench, else in process by fastinfer bench), else by rule. Then what a server started here would use: its "
+        "default backend, the tuned file's status, and each setting with its source.",
     )
     p.add_argument("--json", type=Path, help="also write the report as JSON to this file")
     p.add_argument(

@@ -1,5 +1,6 @@
 """Which backend this machine should serve by default, and why: measured here when a measurement of
-this machine exists, else by a rule over what it has (ISA, accelerators).
+this machine exists (served by `make bench`, else in process by `fastinfer bench`), else by a rule over
+what it has (ISA, accelerators).
 
 ``FASTINFER_DEFAULT_BACKEND`` is ``auto`` unless the operator names a backend; ``auto`` resolves here,
 once per process, among the backends that can run on this machine (their models stored, their runtime
@@ -26,6 +27,9 @@ AUTO = "auto"
 LAST_RESORT = "onnx"  # what `auto` names when nothing can run here: its 503 then says why
 # `fastinfer bench` writes it (in-process images/s per backend and batch, beside the machine it ran on).
 BENCH_RESULT = Path("artifacts") / "bench.json"
+# `make bench` writes it (each backend served under locust, beside the machine it ran on).
+SERVED_RESULT = Path("artifacts") / "bench" / "results.json"
+SERVED_USERS = 10  # the clients README's first example is judged at (issue "Hardware-aware by default")
 
 
 def _rules(hw: dict[str, Any]) -> list[tuple[str, bool, str]]:
@@ -52,13 +56,15 @@ def _rules(hw: dict[str, Any]) -> list[tuple[str, bool, str]]:
     ]
 
 
-def recommend(hw: dict[str, Any], available: list[str], measured: dict[str, float] | None = None) -> dict[str, str]:
+def recommend(
+    hw: dict[str, Any], available: list[str], measured: dict[str, float] | None = None, unit: str = "img/s"
+) -> dict[str, str]:
     """The backend to use here, why, and where that came from (``measured`` or ``rule``): the highest
-    measured throughput when ``measured`` (backend → images/s on this machine) names one that can run,
+    measured throughput when ``measured`` (backend → ``unit`` on this machine) names one that can run,
     else the first rule that applies to this machine and names one that can."""
     if measured := {name: rate for name, rate in (measured or {}).items() if name in available}:
         best = max(measured, key=lambda n: measured[n])
-        return {"backend": best, "why": f"highest measured throughput here ({measured[best]:.1f} img/s)",
+        return {"backend": best, "why": f"highest measured throughput here ({measured[best]:.1f} {unit})",
                 "source": "measured"}  # fmt: skip
     for name, applies, why in _rules(hw):
         if applies and name in available:
@@ -93,6 +99,41 @@ def measured_here(path: Path | None, hw: dict[str, Any]) -> tuple[dict[str, floa
     return (rates or None), f"measured by `fastinfer bench` ({path})"
 
 
+def served_here(path: Path | None, hw: dict[str, Any]) -> tuple[dict[str, float] | None, str]:
+    """Backend → req/s it served at SERVED_USERS clients without an error in a ``make bench`` of a machine
+    like this one; else None, and why (a reason, never an error)."""
+    if path is None or not path.is_file():
+        return None, f"no served bench ({path})" if path else "no served bench"
+    try:
+        result = json.loads(path.read_text())
+        ran_on = result["hardware"]
+        if not isinstance(ran_on, dict):
+            raise TypeError("its hardware is not an object")
+        rates: dict[str, float] = {}
+        for run in result["runs"]:
+            if run.get("scenario") != "inference" or run.get("users") != SERVED_USERS or run.get("failures"):
+                continue
+            name, rate = str(run["backend"]), float(run["req_per_s"])
+            if name in BACKENDS and 0 < rate < math.inf:
+                rates[name] = max(rate, rates.get(name, 0.0))
+    except Exception as exc:  # unreadable, not JSON, odd shapes: a reason
+        return None, f"{path} is not a served bench ({type(exc).__name__}); ignored"
+    if differs := [key for key in MACHINE_KEYS if ran_on.get(key) != hw.get(key)]:
+        return None, f"{path} was measured on another machine ({', '.join(differs)} differ); ignored"
+    return (rates or None), f"served by `make bench` ({path})"
+
+
+def measurements(hw: dict[str, Any]) -> tuple[dict[str, float] | None, str]:
+    """This machine's measured throughput per backend and its unit: served (``make bench``, the product's
+    own question) where one exists, else in process (``fastinfer bench``), else (None, why not). In
+    process the fastest engine need not serve fastest: its share of the HTTP path differs."""
+    served, _ = served_here(served_result(), hw)
+    if served:
+        return served, f"req/s served at {SERVED_USERS} clients by `make bench`"
+    measured, why = measured_here(bench_result(), hw)
+    return measured, "img/s in process by `fastinfer bench`" if measured else why
+
+
 @dataclass(frozen=True)
 class DefaultChoice:
     """The backend of requests that name none, and where that came from."""
@@ -119,13 +160,14 @@ def choose_default(
     available: list[str],
     measured: dict[str, float] | None = None,
     named_by: str = "environment",
+    unit: str = "img/s",
 ) -> DefaultChoice:
     """``requested`` as it stands unless it is ``auto``; ``auto`` → the recommendation among ``available``.
     ``named_by``: where a named backend came from (``environment``, or ``tuned``: the tuned file)."""
     if requested != AUTO:
         why = "measured best by `fastinfer tune` on this machine" if named_by == "tuned" else "named by the operator"
         return DefaultChoice(requested, requested, named_by, why)
-    rec = recommend(hw, available, measured)
+    rec = recommend(hw, available, measured, unit)
     if not rec["backend"]:
         return DefaultChoice(LAST_RESORT, AUTO, "rule", rec["why"])
     return DefaultChoice(rec["backend"], AUTO, rec["source"], rec["why"])
@@ -137,14 +179,20 @@ def bench_result() -> Path | None:
     return root / BENCH_RESULT if root is not None else None
 
 
+def served_result() -> Path | None:
+    """Where ``make bench`` leaves its result in this project (None outside a source checkout)."""
+    root = project_root()
+    return root / SERVED_RESULT if root is not None else None
+
+
 @lru_cache(maxsize=8)
 def _resolved(requested: str, named_by: str) -> DefaultChoice:
     if requested != AUTO:
         return choose_default(requested, {}, [], named_by=named_by)
     hw = hardware.probe()
     available = [name for name in BACKENDS if unavailable_reason(name) is None]
-    measured, _ = measured_here(bench_result(), hw)
-    return choose_default(requested, hw, available, measured)
+    measured, unit = measurements(hw)
+    return choose_default(requested, hw, available, measured, unit=unit)
 
 
 def default_choice() -> DefaultChoice:

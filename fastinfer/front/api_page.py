@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fastinfer import __version__
 from fastinfer.catalog.backends import unavailable_reason
-from fastinfer.catalog.choice import default_choice
+from fastinfer.catalog.choice import configuration, default_choice
 from fastinfer.catalog.config import Settings
 from fastinfer.front.access import analyze_guard
 
@@ -89,9 +89,14 @@ def this_server(settings: Settings, svc: bentoml.Service[Any]) -> str:
         "ignored": f"the tuned configuration {literal(str(tuned.get('path')))} is ignored: "
         f"{literal(str(tuned.get('why')))}",
     }.get(tuned.get("status", ""), "no tuned configuration (`fastinfer tune` measures one): defaults and rules")
+    values = ", ".join(
+        f"`{name}` {literal(entry['value'])} ({entry['source']})"
+        for name, entry in configuration(settings, chosen).items()
+    )
     lines = [
         f"- FastInfer {version(svc)}; {default}.",
         f"- Configuration: {tuning}.",
+        f"- Its values and where each came from: {values}.",
         f"- API keys: {keys}.",
         f"- Uploads up to {settings.max_bytes:,} bytes (`FASTINFER_MAX_BYTES`) and {settings.max_pixels:,} pixels "
         f"(`FASTINFER_MAX_PIXELS`); up to {settings.max_batch_images} images per batch "

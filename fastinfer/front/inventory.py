@@ -61,6 +61,11 @@ def backends(
         configuration=choice.configuration(settings, default),
         tuned=settings.tuned,
         hardware=machine,
-        recommended=choice.recommend(machine, available, choice.measured_here(choice.bench_result(), machine)[0]),
+        recommended=choice.recommend(machine, available, *_measured(machine)),
         backends=infos,
     )
+
+
+def _measured(machine: dict[str, Any]) -> tuple[dict[str, float] | None, str]:
+    measured, unit = choice.measurements(machine)
+    return measured, unit if measured else "img/s"

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     best = search.chosen
     if written is None or best is None:
-        print(f"fastinfer tune: no configuration served; see {files.report_path(target)}", file=sys.stderr)
+        print(f"fastinfer tune: no configuration served; see {files.report_path(target, failed=True)}", file=sys.stderr)
         return 1
     print(f"chosen: {best.config.label()} {shown(best)}")
     read = "the server's default from now on" if tuning.path() else "FASTINFER_TUNED=off: no server reads it"

@@ -225,7 +225,7 @@ def section(result: dict[str, Any] | None, plot: str | None) -> list[str]:
         return [
             SECTION,
             "",
-            "Not run on this machine: `make tune-check` (an hour or more; it says how long first).",
+            "Not run on this machine: `make tune-check` (half an hour to an hour; it says how long first).",
             "",
         ]
     tune_part, swept = result["tune"], result["sweep"]

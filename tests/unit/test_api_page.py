@@ -296,3 +296,13 @@ def test_this_server_says_which_configuration_is_in_force(tuned, said) -> None:
 
     server = api_page.this_server(replace(get_settings(), tuned=tuned), SERVICE)
     assert f"- Configuration: {said}" in server
+
+
+def test_this_server_says_where_each_value_came_from(monkeypatch) -> None:
+    from dataclasses import replace
+
+    settings = replace(get_settings(), front_workers=2, sources={"FASTINFER_FRONT_WORKERS": "environment"})
+    server = api_page.this_server(settings, SERVICE)
+    line = next(x for x in server.splitlines() if x.startswith("- Its values and where each came from:"))
+    assert "`FASTINFER_FRONT_WORKERS` 2 (environment)" in line and "`FASTINFER_DEFAULT_BACKEND` " in line
+    assert "`FASTINFER_RUNNER_WORKERS` 1 (default)" in line

@@ -114,6 +114,7 @@ def test_the_process_default_resolves_once_per_setting(monkeypatch, tmp_path) ->
     monkeypatch.setattr(choice.hardware, "probe", lambda: AVX2)
     monkeypatch.setattr(choice, "unavailable_reason", lambda name: None if name in ("onnx", "onnx-int8") else "no")
     monkeypatch.setattr(choice, "bench_result", lambda: tmp_path / "none.json")
+    monkeypatch.setattr(choice, "served_result", lambda: tmp_path / "none.json")
     choice._resolved.cache_clear()
     try:
         settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND")
@@ -149,3 +150,37 @@ def test_a_chosen_default_that_cannot_answer_gives_way_to_the_next_choice_a_name
     assert choice.default_now(named, AVX2, EVERY, failed.get) == named  # the operator's choice stays (503s say why)
     nothing = choice.default_now(chosen, AVX2, EVERY, lambda name: "down")
     assert nothing == chosen  # no other can answer either: as chosen, its 503 says why
+
+
+def served(runs: list[dict], hw: dict | None = None) -> str:
+    return json.dumps({"hardware": hw or AVX2, "runs": runs})
+
+
+def test_what_make_bench_served_here_beats_the_in_process_figures(tmp_path, monkeypatch) -> None:
+    runs = [
+        {"scenario": "inference", "backend": "onnx-int8", "users": 10, "req_per_s": 25.7, "failures": 0},
+        {"scenario": "inference", "backend": "openvino-int8", "users": 10, "req_per_s": 31.1, "failures": 0},
+        {"scenario": "inference", "backend": "onnx", "users": 10, "req_per_s": 40.0, "failures": 3},  # erred
+        {"scenario": "inference", "backend": "openvino", "users": 32, "req_per_s": 50.0, "failures": 0},  # not 10
+        {"scenario": "repeat", "backend": "pytorch", "users": 10, "req_per_s": 90.0, "failures": 0},  # the cache
+    ]
+    (tmp_path / "results.json").write_text(served(runs))
+    engines = [{"backend": "onnx-int8", "images_per_s": 29.9}, {"backend": "openvino-int8", "images_per_s": 28.3}]
+    (tmp_path / "bench.json").write_text(json.dumps({"hardware": AVX2, "engines": engines}))
+    monkeypatch.setattr(choice, "served_result", lambda: tmp_path / "results.json")
+    monkeypatch.setattr(choice, "bench_result", lambda: tmp_path / "bench.json")
+    measured, unit = choice.measurements(AVX2)
+    assert measured == {"onnx-int8": 25.7, "openvino-int8": 31.1} and unit.startswith("req/s served at 10 clients")
+    rec = choice.recommend(AVX2, EVERY, measured, unit)
+    assert rec["backend"] == "openvino-int8" and "31.1 req/s served" in rec["why"]
+    (tmp_path / "results.json").write_text(served(runs, {**AVX2, "cores": 64}))  # another machine: in process
+    measured, unit = choice.measurements(AVX2)
+    assert max(measured, key=measured.get) == "onnx-int8" and unit.startswith("img/s in process")
+    (tmp_path / "bench.json").unlink()
+    assert choice.measurements(AVX2)[0] is None
+
+
+@pytest.mark.parametrize("content", ["[" * 50_000, '{"hardware": {}, "runs": 3}', '{"runs": []}', "not json"])
+def test_a_served_result_of_any_shape_is_a_reason_never_a_crash(tmp_path, content) -> None:
+    (tmp_path / "results.json").write_text(content)
+    assert choice.served_here(tmp_path / "results.json", AVX2)[0] is None
