@@ -80,47 +80,53 @@ def measured_here(path: Path | None, hw: dict[str, Any]) -> tuple[dict[str, floa
     """Backend → its best in-process images/s from a ``fastinfer bench`` result, if that result was
     measured on a machine like this one; else None. Second: why it was used or not, in words (a file
     that is missing, unreadable or from another machine is a reason, never an error)."""
-    if path is None or not path.is_file():
-        return None, f"no bench result ({path})" if path else "no bench result"
-    try:
-        result = json.loads(path.read_text())
-        ran_on = result["hardware"]
-        if not isinstance(ran_on, dict):
-            raise TypeError("its hardware is not an object")
-        rates: dict[str, float] = {}
-        for row in result["engines"]:
-            name, rate = str(row["backend"]), float(row["images_per_s"])
-            if name in BACKENDS and 0 < rate < math.inf:
-                rates[name] = max(rate, rates.get(name, 0.0))
-    except Exception as exc:  # unreadable, not JSON, nested past the parser's depth, odd shapes: a reason
-        return None, f"{path} is not a bench result ({type(exc).__name__}); ignored"
-    if differs := [key for key in MACHINE_KEYS if ran_on.get(key) != hw.get(key)]:
-        return None, f"{path} was measured on another machine ({', '.join(differs)} differ); ignored"
-    return (rates or None), f"measured by `fastinfer bench` ({path})"
+
+    def rows(result: dict[str, Any]) -> list[tuple[Any, Any]]:
+        return [(row["backend"], row["images_per_s"]) for row in result["engines"]]
+
+    return _rates_here(path, hw, rows, "bench result", "measured by `fastinfer bench`")
 
 
 def served_here(path: Path | None, hw: dict[str, Any]) -> tuple[dict[str, float] | None, str]:
     """Backend → req/s it served at SERVED_USERS clients without an error in a ``make bench`` of a machine
     like this one; else None, and why (a reason, never an error)."""
+
+    def rows(result: dict[str, Any]) -> list[tuple[Any, Any]]:
+        return [
+            (run["backend"], run["req_per_s"])
+            for run in result["runs"]
+            if run.get("scenario") == "inference" and run.get("users") == SERVED_USERS and not run.get("failures")
+        ]
+
+    return _rates_here(path, hw, rows, "served bench", "served by `make bench`")
+
+
+def _rates_here(
+    path: Path | None,
+    hw: dict[str, Any],
+    rows: Callable[[dict[str, Any]], list[tuple[Any, Any]]],
+    what: str,
+    used: str,
+) -> tuple[dict[str, float] | None, str]:
+    """Each backend's best rate among ``rows`` of the JSON result at ``path``, if it was measured on a
+    machine like ``hw``; else None, and why."""
     if path is None or not path.is_file():
-        return None, f"no served bench ({path})" if path else "no served bench"
+        return None, f"no {what} ({path})" if path else f"no {what}"
     try:
         result = json.loads(path.read_text())
         ran_on = result["hardware"]
         if not isinstance(ran_on, dict):
             raise TypeError("its hardware is not an object")
         rates: dict[str, float] = {}
-        for run in result["runs"]:
-            if run.get("scenario") != "inference" or run.get("users") != SERVED_USERS or run.get("failures"):
-                continue
-            name, rate = str(run["backend"]), float(run["req_per_s"])
+        for backend, value in rows(result):
+            name, rate = str(backend), float(value)
             if name in BACKENDS and 0 < rate < math.inf:
                 rates[name] = max(rate, rates.get(name, 0.0))
-    except Exception as exc:  # unreadable, not JSON, odd shapes: a reason
-        return None, f"{path} is not a served bench ({type(exc).__name__}); ignored"
+    except Exception as exc:  # unreadable, not JSON, nested past the parser's depth, odd shapes: a reason
+        return None, f"{path} is not a {what} ({type(exc).__name__}); ignored"
     if differs := [key for key in MACHINE_KEYS if ran_on.get(key) != hw.get(key)]:
         return None, f"{path} was measured on another machine ({', '.join(differs)} differ); ignored"
-    return (rates or None), f"served by `make bench` ({path})"
+    return (rates or None), f"{used} ({path})"
 
 
 def measurements(hw: dict[str, Any]) -> tuple[dict[str, float] | None, str]:
