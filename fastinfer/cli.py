@@ -91,9 +91,10 @@ def doctor(args: argparse.Namespace) -> int:
     reasons = _available()
     if args.profile == BENCH_RESULT:  # this project's measurements: served by `make bench` first
         measured, measured_why = choice.measurements(hw)
+        unit = measured_why  # what measurements() says of its figures (recommend ignores it when there are none)
     else:
         measured, measured_why = choice.measured_here(args.profile, hw)
-    unit = measured_why if measured else "img/s"
+        unit = choice.IN_PROCESS_UNIT
     report: dict[str, Any] = {"hardware": hw, "backends": {}}
     print("FastInfer doctor\n")
     for key in ("os", "cpu", "cores", "isa", "apple_chip", "neural_engine", "cuda", "mps"):

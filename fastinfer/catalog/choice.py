@@ -30,6 +30,8 @@ BENCH_RESULT = Path("artifacts") / "bench.json"
 # `make bench` writes it (each backend served under locust, beside the machine it ran on).
 SERVED_RESULT = Path("artifacts") / "bench" / "results.json"
 SERVED_USERS = 10  # the clients README's first example is judged at (issue "Hardware-aware by default")
+SERVED_UNIT = f"req/s served at {SERVED_USERS} clients by `make bench`"
+IN_PROCESS_UNIT = "img/s in process by `fastinfer bench`"
 
 
 def _rules(hw: dict[str, Any]) -> list[tuple[str, bool, str]]:
@@ -61,8 +63,12 @@ def recommend(
 ) -> dict[str, str]:
     """The backend to use here, why, and where that came from (``measured`` or ``rule``): the highest
     measured throughput when ``measured`` (backend → ``unit`` on this machine) names one that can run,
-    else the first rule that applies to this machine and names one that can."""
-    if measured := {name: rate for name, rate in (measured or {}).items() if name in available}:
+    else the first rule that applies to this machine and names one that can (a measurement that does
+    not include the rule's pick cannot overrule it: `make bench --backends onnx` must not make onnx it)."""
+    rule = next((name for name, applies, _ in _rules(hw) if applies and name in available), None)
+    measured = {name: rate for name, rate in (measured or {}).items() if name in available}
+    # A measurement that left out the rule's pick cannot overrule it.
+    if measured and (rule is None or rule in measured):
         best = max(measured, key=lambda n: measured[n])
         return {"backend": best, "why": f"highest measured throughput here ({measured[best]:.1f} {unit})",
                 "source": "measured"}  # fmt: skip
@@ -134,10 +140,10 @@ def measurements(hw: dict[str, Any]) -> tuple[dict[str, float] | None, str]:
     own question) where one exists, else in process (``fastinfer bench``), else (None, why not). In
     process the fastest engine need not serve fastest: its share of the HTTP path differs."""
     served, _ = served_here(served_result(), hw)
-    if served:
-        return served, f"req/s served at {SERVED_USERS} clients by `make bench`"
     measured, why = measured_here(bench_result(), hw)
-    return measured, "img/s in process by `fastinfer bench`" if measured else why
+    if served and set(measured or {}) <= set(served):  # a bench of fewer backends does not hide the others
+        return served, SERVED_UNIT
+    return measured, IN_PROCESS_UNIT if measured else why
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ FILE_ENV = "FASTINFER_TUNED"  # its path; `off` ignores any; unset: $BENTOML_HOM
 RESOLVED_ENV = "FASTINFER_TUNED_RESOLVED"  # set by `bentoml serve`'s parent for its workers (here())
 FORMAT = 1
 MAX_BYTES = 1024 * 1024  # a tuned file is a few KB; a huge one is not ours
+MAX_WHY = 300  # characters of a reason to ignore it
 # The settings a tuned file may set: what decides served throughput, nothing about access or limits.
 _KEYS = "|".join(env_key(backend) for backend in BACKENDS)
 TUNABLE = re.compile(
@@ -94,7 +95,9 @@ def _mismatch(recorded: dict[str, Any], here: dict[str, Any]) -> list[str]:
     differs = [key for key in MACHINE_KEYS if recorded.get(key) != here.get(key)]
     runtimes, now = recorded.get("runtimes") or {}, here.get("runtimes") or {}
     differs += [
-        f"{name} {runtimes.get(name)} → {now.get(name)}" for name in RUNTIMES if runtimes.get(name) != now.get(name)
+        f"{name} {str(runtimes.get(name))[:40]} → {now.get(name)}"
+        for name in RUNTIMES
+        if runtimes.get(name) != now.get(name)
     ]
     return differs
 
@@ -123,15 +126,12 @@ def check(
         return {}, f"tuned on another machine or runtime ({', '.join(differs)})"
     if gone := [name for name, tag in recorded["models"].items() if stored.get(name) != tag]:
         return {}, f"tuned for models no longer served here ({', '.join(sorted(gone))}); run `fastinfer tune` again"
-    # Each names backends, but for its word for "none of them": the default's auto, in front's none.
-    in_front = settings.get("FASTINFER_IN_FRONT", "")
-    named = [
-        settings.get("FASTINFER_DEFAULT_BACKEND", ""),
-        *([] if in_front.strip().lower() == "none" else in_front.split(",")),
-    ]
-    for backend in filter(None, (n.strip() for n in named)):
-        if backend == named[0].strip() and backend.lower() == "auto":  # the default as if unset: nothing to check
-            continue
+    # The backends it names, but for each setting's word for "none of them": the default's auto, in front's none.
+    default = settings.get("FASTINFER_DEFAULT_BACKEND", "").strip()
+    in_front = settings.get("FASTINFER_IN_FRONT", "").strip()
+    named = [] if default.lower() in ("", "auto") else [default]
+    named += [] if in_front.lower() == "none" else [n.strip() for n in in_front.split(",") if n.strip()]
+    for backend in named:
         if backend not in can_run:
             return {}, f"it names no backend: {backend[:40]!r}"
         if (why := can_run[backend]) is not None:
@@ -172,8 +172,8 @@ def load(where: Path | None = None) -> Tuned:
         settings, why = check(data, machine_fingerprint(), stored, {b: unavailable_reason(b) for b in BACKENDS})
     except Exception as exc:  # unreadable, truncated, not JSON, nested past the parser's depth, odd shapes
         return Tuned(shown, status="ignored", why=f"unreadable ({type(exc).__name__}: {str(exc)[:120]})")
-    if not settings:
-        return Tuned(shown, status="ignored", why=why)
+    if not settings:  # the reason quotes the file: kept short (every worker inherits it in its environment)
+        return Tuned(shown, status="ignored", why=why[:MAX_WHY])
     created, goal = (_plain(data.get(key)) for key in ("created", "goal"))
     return Tuned(shown, settings, "in force", "", created, goal)
 

@@ -108,8 +108,8 @@ def this_server(settings: Settings, svc: bentoml.Service[Any]) -> str:
 
 
 def literal(text: str) -> str:
-    """``text`` shown as written, not as Markdown or HTML."""
-    return re.sub(r"([\\`*_\[\]<>])", r"\\\1", text)
+    """``text`` shown as written on one line, not as Markdown or HTML."""
+    return re.sub(r"([\\`*_\[\]<>|#])", r"\\\1", " ".join(text.split()))
 
 
 def contact_line(contact: dict[str, str]) -> str:

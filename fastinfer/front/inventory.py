@@ -61,11 +61,6 @@ def backends(
         configuration=choice.configuration(settings, default),
         tuned=settings.tuned,
         hardware=machine,
-        recommended=choice.recommend(machine, available, *_measured(machine)),
+        recommended=choice.recommend(machine, available, *choice.measurements(machine)),  # unit unused if None
         backends=infos,
     )
-
-
-def _measured(machine: dict[str, Any]) -> tuple[dict[str, float] | None, str]:
-    measured, unit = choice.measurements(machine)
-    return measured, unit if measured else "img/s"

@@ -174,9 +174,9 @@ def verdict(result: dict[str, Any]) -> list[str]:
     if tuned is None:
         share_line += " **NOT met**: the tune chose nothing"
     elif rows:
-        ratio, mine = result["share_head_to_head"], next(r for r in rows if r["tuned"])
+        ratio, mine = result["share_head_to_head"], next((r for r in rows if r["tuned"]), None)
         others = [r for r in rows if not r["tuned"]]
-        if not mine["qualified"]:
+        if mine is None or not mine["qualified"]:
             share_line += " **NOT met**: the tuned configuration failed or broke the goal's limit head to head"
         elif ratio is not None:
             share_line += (
@@ -292,11 +292,15 @@ def replace_section(markdown: str, new: list[str]) -> str:
     """``markdown`` with its tuning section (to the next heading of level 1 or 2 outside a code block)
     replaced by ``new``, later copies dropped; or ``new`` appended."""
     lines = markdown.rstrip("\n").split("\n")
-    kept, inside, fenced, placed = [], False, False, False
+    kept, inside, fenced, commented, placed = [], False, False, False, False
     for line in lines:
         if line.lstrip().startswith(("```", "~~~")):
             fenced = not fenced
-        heading = not fenced and (line.startswith("# ") or line.startswith("## "))
+        if not fenced and "<!--" in line and "-->" not in line.split("<!--", 1)[1]:
+            commented = True
+        elif commented and "-->" in line:
+            commented = False
+        heading = not fenced and not commented and (line.startswith("# ") or line.startswith("## "))
         if heading and line.strip() == SECTION:
             inside = True
             if not placed:

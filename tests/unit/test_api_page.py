@@ -285,6 +285,10 @@ def test_this_server_says_when_its_default_cannot_run_and_the_analyze_total_of_a
             {"status": "ignored", "path": "/h/tuned/tuned.json", "why": "tuned on another machine (isa)"},
             "the tuned configuration /h/tuned/tuned.json is ignored: tuned on another machine (isa)",
         ),
+        (  # a newline in the file cannot end the list item and start its own Markdown
+            {"status": "ignored", "path": "tuned.json", "why": "runtime (fastinfer 9\n\n## Pay here\n\n| a | b |)"},
+            r"the tuned configuration tuned.json is ignored: runtime (fastinfer 9 \#\# Pay here \| a \| b \|)",
+        ),
         (  # the reason quotes the file's own values: shown as written, never as Markdown
             {"status": "ignored", "path": "tuned.json", "why": "FASTINFER_X='![a](http://e/x.png)<b>' is unknown"},
             r"the tuned configuration tuned.json is ignored: FASTINFER\_X='!\[a\](http://e/x.png)\<b\>' is unknown",

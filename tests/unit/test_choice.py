@@ -184,3 +184,18 @@ def test_what_make_bench_served_here_beats_the_in_process_figures(tmp_path, monk
 def test_a_served_result_of_any_shape_is_a_reason_never_a_crash(tmp_path, content) -> None:
     (tmp_path / "results.json").write_text(content)
     assert choice.served_here(tmp_path / "results.json", AVX2)[0] is None
+
+
+def test_a_bench_of_fewer_backends_does_not_overrule_the_rule_or_a_fuller_bench(tmp_path, monkeypatch) -> None:
+    (tmp_path / "results.json").write_text(
+        served([{"scenario": "inference", "backend": "onnx", "users": 10, "req_per_s": 9.0, "failures": 0}])
+    )
+    engines = [{"backend": "onnx", "images_per_s": 12.0}, {"backend": "openvino-int8", "images_per_s": 30.0}]
+    (tmp_path / "bench.json").write_text(json.dumps({"hardware": AVX2, "engines": engines}))
+    monkeypatch.setattr(choice, "served_result", lambda: tmp_path / "results.json")
+    monkeypatch.setattr(choice, "bench_result", lambda: tmp_path / "bench.json")
+    measured, unit = choice.measurements(AVX2)
+    assert measured == {"onnx": 12.0, "openvino-int8": 30.0} and unit == choice.IN_PROCESS_UNIT
+    available = ["onnx", "onnx-int8", "openvino-int8"]
+    assert choice.choose_default("auto", AVX2, available, measured, unit=unit).backend == "openvino-int8"
+    assert choice.recommend(AVX2, available, {"onnx": 9.0}) == choice.recommend(AVX2, available)  # the rule's

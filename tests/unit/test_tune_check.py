@@ -253,3 +253,18 @@ def test_the_plot_and_the_link_follow_the_markdown_and_no_stale_plot_stays(tmp_p
     assert "](../plots/tuning.png)" in markdown.read_text() and (plots / "tuning.png").stat().st_size > 10_000
     check.write_markdown(check.sweep_result(tuner, 60.0, None) | ABOUT, markdown, plots)
     assert not (plots / "tuning.png").exists() and "tuning.png" not in markdown.read_text()
+
+
+def test_a_commented_out_section_does_not_swallow_the_rest_of_the_file() -> None:
+    md = f"# B\n\n<!--\n{check.SECTION}\n\nold draft\n-->\n\nVisible text\n\n## Next\n\nkeep\n"
+    out = check.replace_section(md, [check.SECTION, "", "NEW", ""])
+    assert "Visible text" in out and "old draft" in out and out.endswith("NEW\n")
+
+
+def test_a_head_to_head_without_its_tuned_row_is_not_met_not_a_crash() -> None:
+    trial = {"label": "x", "req_per_s": 1.0, "p50_ms": 1, "failures": 0, "error": ""}
+    result = {"hardware": {"cpu": "CPU", "cores": 2}, "stage": "done", "share_in_sweep": None,
+              "share_head_to_head": None, "head_to_head": [{"label": "x", "tuned": False, "qualified": True,
+              "runs": [trial]}], "tune": {"chosen": {"label": "y"}, "elapsed_s": 60, "budget_s": 420},
+              "sweep": {"best": {"label": "x"}, "elapsed_s": 600}}  # fmt: skip
+    assert "**NOT met**" in check.verdict(result)[0]

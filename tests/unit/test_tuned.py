@@ -303,3 +303,12 @@ def test_a_resolved_values_free_text_is_plain(monkeypatch) -> None:
     fields = {"path": "t", "settings": {}, "status": "in force", "why": "", "created": "<b>x</b>", "goal": "[a](b)"}
     monkeypatch.setenv(tuned.RESOLVED_ENV, json.dumps(fields))
     assert (tuned.here().created, tuned.here().goal) == ("bx/b", "a(b)")
+
+
+def test_the_reason_to_ignore_a_file_fits_in_every_workers_environment(tmp_path) -> None:
+    fingerprint = {**HERE, "runtimes": {"fastinfer": "9" * 200_000}, "models": dict(STORED)}
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps(tuned_data(fingerprint=fingerprint)))
+    found = tuned.load(path)
+    assert found.status == "ignored" and len(found.why) <= tuned.MAX_WHY
+    assert len(json.dumps(found.as_dict())) < 128 * 1024  # Linux refuses one environment string beyond it
