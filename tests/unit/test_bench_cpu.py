@@ -73,6 +73,20 @@ def test_a_snapshot_reads_a_real_process_tree() -> None:
     assert cpu.snapshot(None).processes == {}  # --url: nothing to read
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="start ticks are read from Linux's /proc")
+def test_a_stepped_wall_clock_does_not_make_old_processes_new(monkeypatch: pytest.MonkeyPatch) -> None:
+    """psutil's create_time is boot time + start ticks, and the boot time moves when the wall clock is
+    stepped: every process of the tree then looked new, and its whole lifetime's CPU landed in one run."""
+    import psutil._pslinux as pslinux
+
+    before = cpu.snapshot(os.getpid())
+    real_boot = pslinux.boot_time
+    monkeypatch.setattr(pslinux, "boot_time", lambda: real_boot() + 1.0)  # a clock stepped by one second
+    after = cpu.snapshot(os.getpid())
+    assert before.processes.keys() == after.processes.keys()
+    assert cpu.delta(before, after)[cpu.OTHER] < 0.5  # this process's CPU between the two, not all of it
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="threads are read from Linux's /proc")
 def test_each_thread_is_read_with_its_kind() -> None:
     """The main thread is the event loop; a thread named as the decode pool names its threads is decode."""
