@@ -9,7 +9,7 @@ Steps, with progress on stderr:
  5. the cache-hit scenario (one photo repeated), reported apart;
  6. ``POST /classify/batch`` on the best backend, 8 photos per request (where the server has it);
  7. the bare BentoML baseline (load_tests/bare_service.py): the cache-hit body, same users and time;
- 8. the engine's placement on the best backend, 10 users: in its runner process vs in the front
+ 8. the engine's placement on the best backend, one client then 10 users: in its runner process vs in the front
     worker (FASTINFER_IN_FRONT), each a fresh ``bentoml serve``;
  9. optionally (``--study``) front workers × runner workers × batching, on the best backend;
 10. the HTTP path's cost, measured, and the ceilings recomputed with it; each run against the engine's
@@ -364,13 +364,16 @@ def placement(results: dict[str, Any], args: argparse.Namespace) -> list[dict[st
         say(f"placement: {best} in the {where} (round {round_}), 10 users, {args.duration:g}s")
         server = start_server(None, args.out / "serve-placement.log", {"FASTINFER_MAX_CONCURRENCY": "256", **env})
         try:
+            # One client first, on the idle server, as the sequential step does: the hop a placement saves
+            # is most of what a single request pays beyond decode and inference.
+            alone = sequential(server.url, best, args.sequential, photos.benchmark_photo())
             seen = batching_seen(server.url, best)
             run = run_locust(server.url, best, 10, args.duration, "inference", args.out, server.process.pid)
             if (between := batching_between(seen, batching_seen(server.url, best))) is not None:
                 run["batching"] = between
         finally:
             stop_server(server)
-        rows.append({"placement": where, "round": round_, **run})
+        rows.append({"placement": where, "round": round_, **run, "sequential": alone})
     return rows
 
 
