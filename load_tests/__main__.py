@@ -361,12 +361,16 @@ def placement(results: dict[str, Any], args: argparse.Namespace) -> list[dict[st
     # Alternating runner, front, front, runner: a machine that drifts in speed favours neither.
     order = [(runner, front) if r % 2 else (front, runner) for r in range(1, PLACEMENT_ROUNDS + 1)]
     for round_, (where, env) in ((r, p) for r, pair in enumerate(order, 1) for p in pair):
-        say(f"placement: {best} in the {where} (round {round_}), 10 users, {args.duration:g}s")
+        say(f"placement: {best} in the {where} (round {round_}), one client, then 10 users for {args.duration:g}s")
         server = start_server(None, args.out / "serve-placement.log", {"FASTINFER_MAX_CONCURRENCY": "256", **env})
         try:
             # One client first, on the idle server, as the sequential step does: the hop a placement saves
             # is most of what a single request pays beyond decode and inference.
-            alone = sequential(server.url, best, args.sequential, photos.benchmark_photo())
+            try:
+                alone = sequential(server.url, best, args.sequential, photos.benchmark_photo())
+            except httpx.HTTPError as exc:  # recorded, as locust records its failures: the bench goes on
+                alone = {"backend": best, "error": f"{type(exc).__name__}: {exc}"[:300]}
+                say(f"placement: one client on {best} failed: {alone['error']}")
             seen = batching_seen(server.url, best)
             run = run_locust(server.url, best, 10, args.duration, "inference", args.out, server.process.pid)
             if (between := batching_between(seen, batching_seen(server.url, best))) is not None:

@@ -92,11 +92,16 @@ def _started(proc: psutil.Process) -> float:
     since boot (/proc/<pid>/stat). psutil's ``create_time`` adds the boot time, which moves whenever the
     wall clock is stepped (NTP, or a VM resumed after a pause): every process then looked new in the
     second snapshot, its whole lifetime's CPU counted into one run (seen in make bench: idle runners
-    "using" 6 CPU s in 20 s, the server 3 cores busy on a 2-core machine)."""
-    try:
-        return float(Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):  # no /proc (macOS, where the kernel records the epoch time)
+    "using" 6 CPU s in 20 s, the server 3 cores busy on a 2-core machine). Elsewhere (macOS) the kernel
+    records the epoch time itself. Raises psutil.NoSuchProcess where the file cannot be read: a
+    fallback to ``create_time`` would bring the moving key back."""
+    if not psutil.LINUX:
         return proc.create_time()
+    try:
+        stat = Path(psutil.PROCFS_PATH, str(proc.pid), "stat").read_text()
+        return float(stat.rsplit(")", 1)[1].split()[19])  # field 22; the name before ")" may hold anything
+    except (OSError, IndexError, ValueError) as exc:
+        raise psutil.NoSuchProcess(proc.pid) from exc
 
 
 def _threads(pid: int) -> list[tuple[int, str, float]]:

@@ -115,8 +115,8 @@ def plot_served(splits: list[dict[str, Any]], path: Path) -> None:
         for s in splits
     ]
     parts = {
-        "decode + preprocess (in process)": [s["decode_ms"] for s in splits],
-        "inference (in process, batch formed)": [s["inference_ms"] for s in splits],
+        "decode + preprocess (in process, or the run's if less)": [s["decode_ms"] for s in splits],
+        "inference at the batch formed (likewise)": [s["inference_ms"] for s in splits],
     }
     for cause in splits[0]["causes"]:  # a negative cause (the profile dearer than the run) draws nothing
         parts[cause] = [max(0.0, s["causes"].get(cause, 0.0)) for s in splits]

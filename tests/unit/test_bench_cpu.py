@@ -87,6 +87,27 @@ def test_a_stepped_wall_clock_does_not_make_old_processes_new(monkeypatch: pytes
     assert cpu.delta(before, after)[cpu.OTHER] < 0.5  # this process's CPU between the two, not all of it
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="start ticks are read from Linux's /proc")
+def test_start_ticks_survive_a_process_name_with_parentheses_and_a_gone_process_is_gone() -> None:
+    import psutil
+
+    name = "x) 1 2 (3) R"  # /proc/<pid>/stat shows the name in parentheses: parsing must skip past it
+    code = f"open('/proc/self/comm', 'w').write({name!r}); print('ok', flush=True); input()"
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline().strip() == b"ok"  # type: ignore[union-attr]
+        proc = psutil.Process(child.pid)
+        assert proc.name() == name
+        ticks = cpu._started(proc)
+        # psutil's own start, before it adds the boot time (seconds since boot)
+        assert ticks / os.sysconf("SC_CLK_TCK") == pytest.approx(proc._proc.create_time(monotonic=True))
+    finally:
+        child.kill()
+        child.wait()
+    with pytest.raises(psutil.NoSuchProcess):  # no fallback to the epoch-based time, which moves
+        cpu._started(proc)
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="threads are read from Linux's /proc")
 def test_each_thread_is_read_with_its_kind() -> None:
     """The main thread is the event loop; a thread named as the decode pool names its threads is decode."""
