@@ -118,7 +118,7 @@ def plot_served(splits: list[dict[str, Any]], path: Path) -> None:
         "decode + preprocess (in process, or the run's if less)": [s["decode_ms"] for s in splits],
         "inference at the batch formed (likewise)": [s["inference_ms"] for s in splits],
     }
-    for cause in splits[0]["causes"]:  # a negative cause (the profile dearer than the run) draws nothing
+    for cause in splits[0]["causes"]:  # a negative cause (CPU the threads did not tell apart) draws nothing
         parts[cause] = [max(0.0, s["causes"].get(cause, 0.0)) for s in splits]
     fig, ax = plt.subplots(figsize=(9, 0.6 * len(names) + 2.8))
     left = [0.0] * len(names)
@@ -130,8 +130,8 @@ def plot_served(splits: list[dict[str, Any]], path: Path) -> None:
                 fontsize=8)  # fmt: skip
     users = sorted({s["users"] for s in splits})
     ax.set_xlabel(
-        f"server CPU ms per request ({', '.join(map(str, users))} users, cache bypassed; a negative cause, "
-        "the profile dearer than the run, is not drawn)"
+        f"server CPU ms per request ({', '.join(map(str, users))} users, cache bypassed;\n"
+        "a cause below zero (CPU the threads did not tell apart) is not drawn)"
     )
     ax.set_title("Served vs the engine's ceiling: where the CPU beyond decode and inference goes")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=7)
