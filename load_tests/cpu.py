@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import resource
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +30,8 @@ OTHER = "other"
 LOAD_GENERATOR = "load_generator"
 MACHINE = "machine"
 STEAL = "steal"
-NOT_SERVER = (LOAD_GENERATOR, MACHINE, STEAL)
+MISSED = "missed processes"
+NOT_SERVER = (LOAD_GENERATOR, MACHINE, STEAL, MISSED)
 LOOP, DECODE, ENGINE = "event loop", "decode", "engine and other threads"
 THREAD_KINDS = (LOOP, DECODE, ENGINE)
 
@@ -54,6 +56,8 @@ class Snapshot:
     steal_s: float = 0.0  # time the hypervisor gave this machine's cores to someone else
     threads: dict[tuple[int, float, int], tuple[str, str, float]] = field(default_factory=dict)
     """(pid, start time, tid) → (role, thread kind, CPU seconds), for the front and runner processes."""
+    taken: float = 0.0
+    """When it was read, on the start times' clock (:func:`_now`); 0: unknown."""
 
 
 def _cpu_s(proc: psutil.Process) -> float:
@@ -66,7 +70,9 @@ def snapshot(root_pid: int | None) -> Snapshot:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     total = psutil.cpu_times()
     busy = sum(getattr(total, k, 0.0) for k in ("user", "nice", "system", "irq", "softirq"))
-    snap = Snapshot(children_s=usage.ru_utime + usage.ru_stime, machine_s=busy, steal_s=getattr(total, "steal", 0.0))
+    snap = Snapshot(
+        children_s=usage.ru_utime + usage.ru_stime, machine_s=busy, steal_s=getattr(total, "steal", 0.0), taken=_now()
+    )
     if root_pid is None:
         return snap
     try:
@@ -88,20 +94,32 @@ def snapshot(root_pid: int | None) -> Snapshot:
 
 
 def _started(proc: psutil.Process) -> float:
-    """When ``proc`` started, as a key that only a new process changes: on Linux its start in clock ticks
-    since boot (/proc/<pid>/stat). psutil's ``create_time`` adds the boot time, which moves whenever the
-    wall clock is stepped (NTP, or a VM resumed after a pause): every process then looked new in the
-    second snapshot, its whole lifetime's CPU counted into one run (seen in make bench: idle runners
-    "using" 6 CPU s in 20 s, the server 3 cores busy on a 2-core machine). Elsewhere (macOS) the kernel
-    records the epoch time itself. Raises psutil.NoSuchProcess where the file cannot be read: a
-    fallback to ``create_time`` would bring the moving key back."""
+    """When ``proc`` started, as a key that only a new process changes: on Linux seconds since boot, from
+    its start in clock ticks (/proc/<pid>/stat). psutil's ``create_time`` adds the boot time, which moves
+    whenever the wall clock is stepped (NTP, or a VM resumed after a pause): every process then looks new
+    in the second snapshot, its whole lifetime's CPU counted into one run. Elsewhere (macOS) the kernel
+    records the epoch time itself. Raises psutil.NoSuchProcess where the file cannot be read: a fallback
+    to ``create_time`` would bring the moving key back."""
     if not psutil.LINUX:
         return proc.create_time()
     try:
         stat = Path(psutil.PROCFS_PATH, str(proc.pid), "stat").read_text()
-        return float(stat.rsplit(")", 1)[1].split()[19])  # field 22; the name before ")" may hold anything
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22; the name before ")" may hold anything
     except (OSError, IndexError, ValueError) as exc:
         raise psutil.NoSuchProcess(proc.pid) from exc
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _now() -> float:
+    """Now, on :func:`_started`'s clock: seconds since boot on Linux (the clock of /proc's start ticks),
+    the epoch elsewhere."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME) if psutil.LINUX else time.time()
+
+
+MISSED_MARGIN_S = 1.0
+"""A process absent from the first snapshot that had started this long before it was missed by it,
+not started in the run (a start tick's rounding and a process starting while the tree is listed stay
+within it)."""
 
 
 def _threads(pid: int) -> list[tuple[int, str, float]]:
@@ -141,10 +159,14 @@ def delta(before: Snapshot, after: Snapshot) -> dict[str, float]:
     """CPU seconds used between two snapshots, by role; ``load_generator`` from the reaped children.
 
     A process started in between counts whole; one that ended in between is lost (a worker that
-    dies during a run is an error the run reports anyway).
+    dies during a run is an error the run reports anyway); one that had started before the first
+    snapshot but is not in it was missed by it: left out, and counted in ``MISSED`` (processes).
     """
-    used: dict[str, float] = {}
+    used: dict[str, float] = {MISSED: 0.0}
     for key, (name, cpu) in after.processes.items():
+        if key not in before.processes and before.taken and key[1] < before.taken - MISSED_MARGIN_S:
+            used[MISSED] += 1  # read after the run only: its CPU in the window is unknown, not all of it
+            continue
         start = before.processes.get(key, (name, 0.0))[1]
         used[name] = used.get(name, 0.0) + max(0.0, cpu - start)
     used["load_generator"] = max(0.0, after.children_s - before.children_s)

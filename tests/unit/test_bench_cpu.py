@@ -35,7 +35,19 @@ def test_delta_counts_new_processes_whole_and_a_reused_pid_as_new() -> None:
     used = cpu.delta(before, after)
     assert used == pytest.approx(
         {"front": 1.0, "runner-x": 2.0, "other": 0.25, "load_generator": 1.5, "machine": 0.0, "steal": 0.0}
+        | {cpu.MISSED: 0}
     )
+
+
+def test_a_process_the_first_snapshot_missed_is_left_out_not_counted_whole() -> None:
+    """A process that had started well before the first snapshot but is not in it was missed (a failed
+    read): all of its lifetime's CPU is not the run's. One started during the run counts whole."""
+    before = cpu.Snapshot({(10, 1.0): ("front", 2.0)}, taken=100.0)
+    after = cpu.Snapshot({(10, 1.0): ("front", 2.5), (11, 50.0): ("runner-x", 30.0), (12, 100.5): ("front", 0.5)})
+    used = cpu.delta(before, after)
+    assert used["front"] == pytest.approx(1.0) and "runner-x" not in used and used[cpu.MISSED] == 1
+    shares = cpu.per_request(used, "runner-x", 10, 1.0)
+    assert shares["ms_per_request"]["runner"] == 0.0 and shares["cores_busy"]["server"] == 1.0  # type: ignore[index]
 
 
 def test_per_request_splits_front_runner_rest_and_client() -> None:
@@ -98,9 +110,9 @@ def test_start_ticks_survive_a_process_name_with_parentheses_and_a_gone_process_
         assert child.stdout.readline().strip() == b"ok"  # type: ignore[union-attr]
         proc = psutil.Process(child.pid)
         assert proc.name() == name
-        ticks = cpu._started(proc)
         # psutil's own start, before it adds the boot time (seconds since boot)
-        assert ticks / os.sysconf("SC_CLK_TCK") == pytest.approx(proc._proc.create_time(monotonic=True))
+        assert cpu._started(proc) == pytest.approx(proc._proc.create_time(monotonic=True))
+        assert cpu._started(proc) < cpu._now()  # one clock: a snapshot's time compares with starts
     finally:
         child.kill()
         child.wait()
