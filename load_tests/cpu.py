@@ -145,11 +145,18 @@ def _clock_tick() -> int:
         return 0
 
 
+def _missed(before: Snapshot, key: tuple[int, float]) -> bool:
+    """Whether the process ``key`` (pid, start) had started well before ``before`` but is not in it."""
+    return key not in before.processes and bool(before.taken) and key[1] < before.taken - MISSED_MARGIN_S
+
+
 def by_thread(before: Snapshot, after: Snapshot) -> dict[str, dict[str, float]]:
     """CPU seconds between two snapshots per role and thread kind; a thread that ended meanwhile is lost
     (the pools' threads live as long as their process)."""
     used: dict[str, dict[str, float]] = {}
     for key, (name, kind, seconds) in after.threads.items():
+        if _missed(before, (key[0], key[1])):  # as in delta: its threads' CPU in the window is unknown
+            continue
         start = before.threads.get(key, (name, kind, 0.0))[2]
         used.setdefault(name, dict.fromkeys(THREAD_KINDS, 0.0))[kind] += max(0.0, seconds - start)
     return used
@@ -164,7 +171,7 @@ def delta(before: Snapshot, after: Snapshot) -> dict[str, float]:
     """
     used: dict[str, float] = {MISSED: 0.0}
     for key, (name, cpu) in after.processes.items():
-        if key not in before.processes and before.taken and key[1] < before.taken - MISSED_MARGIN_S:
+        if _missed(before, key):
             used[MISSED] += 1  # read after the run only: its CPU in the window is unknown, not all of it
             continue
         start = before.processes.get(key, (name, 0.0))[1]
@@ -212,7 +219,8 @@ def per_request(
         "runner": runner,
         "ms_per_request": {"front": ms(front), "runner": ms(mine), "other": ms(rest), "load_generator": ms(client)},
         "threads_ms_per_request": split,  # {front|runner: {event loop, decode, engine and other threads}}
-        "seconds": {k: round(v, 3) for k, v in sorted(used.items())},  # raw: locust's here includes its start-up
+        "seconds": {k: round(v, 3) for k, v in sorted(used.items()) if k != MISSED},  # raw: locust's incl. start-up
+        "missed_processes": int(used.get(MISSED, 0)),  # read after the run only: left out of every figure
         "wall_s": round(wall_s, 2),
         "cores_busy": {
             "server": cores(sum(server.values())),

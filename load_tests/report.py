@@ -118,7 +118,7 @@ def _served_section(results: dict[str, Any], rel: str) -> list[str]:
             f"{s['ceiling_req_per_s']} ({s['decode_ms']:g} + {s['inference_ms']:g} ms at b{s['batch']:g}"
             + "".join(f", {part} from the run" for part in s.get("base_from_run", ()))
             + ")",
-            f"**{s['share']:.0%}**",
+            f"**{_share(s['share'])}**",
             s["server_ms"],
             f"**{s['beyond_ms']:g}**",
             *(f"{s['causes'][c]:g}" if c in s["causes"] else "—" for c in causes),
@@ -369,6 +369,11 @@ def single_client_by_placement(results: dict[str, Any], backend: str) -> dict[st
     return placed
 
 
+def _share(share: float) -> str:
+    """A share of the ceiling; to a tenth of a percent near the target, so that 89.6% never reads 90%."""
+    return f"{share:.1%}" if abs(100 * share - CEILING_SHARE) < 0.5 else f"{share:.0%}"
+
+
 def _base(split: dict[str, Any]) -> str:
     """A split's base per image, and which parts the run itself gave (it spent less than the profile)."""
     text = f"decode + preprocess {split['decode_ms']:g} + inference {split['inference_ms']:g} ms at b{split['batch']:g}"
@@ -407,7 +412,7 @@ def _engine_targets(results: dict[str, Any]) -> list[str]:
         judged = {where: s for where, s in chosen.items() if sound(s)}
         each = "; ".join(
             f"engine in the {where} ({'median of ' + str(runs[where]) + ' runs' if runs[where] > 1 else 'one run'}): "
-            f"{s['req_per_s']} req/s = {s['share']:.0%} of {s['ceiling_req_per_s']} ({_base(s)}), "
+            f"{s['req_per_s']} req/s = {_share(s['share'])} of {s['ceiling_req_per_s']} ({_base(s)}), "
             f"{s['beyond_ms']:g} ms beyond"
             + (f" ({_causes(s)})" if s["causes"] else " (causes: not read)")
             + ("" if where in judged else ": its figures fall below its base (CPU not told apart), not judged")
@@ -678,6 +683,17 @@ def _http_section(results: dict[str, Any]) -> list[str]:
         if (busy := (r.get("cpu") or {}).get("cores_busy", {}))
         and (busy.get("rest_of_machine", 0) >= NOISE_CORES or busy.get("steal", 0) >= NOISE_CORES)
     ]
+    missed = [
+        f"{r['scenario']} `{r['backend']}` {r['users']} users: {n} process(es)"
+        for r in [*results.get("runs", []), *results.get("placement", [])]
+        if (n := (r.get("cpu") or {}).get("missed_processes"))
+    ]
+    if missed:
+        md += [
+            "The CPU reading before some runs missed a server process (its figures in that run leave it out, so "
+            "they understate the server's CPU): " + "; ".join(missed) + ".",
+            "",
+        ]
     if noisy:
         md += [
             "Other work shared these cores during some runs (their figures are noisier, their req/s lower): "

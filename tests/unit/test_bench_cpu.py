@@ -48,6 +48,11 @@ def test_a_process_the_first_snapshot_missed_is_left_out_not_counted_whole() -> 
     assert used["front"] == pytest.approx(1.0) and "runner-x" not in used and used[cpu.MISSED] == 1
     shares = cpu.per_request(used, "runner-x", 10, 1.0)
     assert shares["ms_per_request"]["runner"] == 0.0 and shares["cores_busy"]["server"] == 1.0  # type: ignore[index]
+    assert shares["missed_processes"] == 1 and cpu.MISSED not in shares["seconds"]  # type: ignore[operator]
+    # its threads likewise: none of their lifetime's CPU lands in the causes
+    before.threads = {(10, 1.0, 10): ("front", cpu.LOOP, 1.0)}
+    after.threads = {(10, 1.0, 10): ("front", cpu.LOOP, 1.5), (11, 50.0, 11): ("runner-x", cpu.LOOP, 20.0)}
+    assert cpu.by_thread(before, after) == {"front": {cpu.LOOP: 0.5, cpu.DECODE: 0.0, cpu.ENGINE: 0.0}}
 
 
 def test_per_request_splits_front_runner_rest_and_client() -> None:

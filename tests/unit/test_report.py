@@ -414,6 +414,22 @@ def test_decode_from_the_run_within_drift() -> None:
     assert split is not None and split.decode_ms == 4.0 and split.causes["decode beyond in-process"] == -2.0
 
 
+def test_a_share_just_below_the_target_never_reads_as_the_target() -> None:
+    ceiling, _ = targets_of(engine_bench(92.0, front_rps=91.9))  # 91.9 / 102.6 = 89.6%
+    assert "NOT met" in ceiling and "91.9 req/s = 89.6% of 102.6" in ceiling and "90.0 req/s = 87.7%" not in ceiling
+    assert "90.0 req/s = 88% of 102.6" in ceiling  # far from the target: whole percents
+
+
+def test_a_run_whose_first_reading_missed_a_process_says_so() -> None:
+    from load_tests.report import _http_section
+
+    results = bench([run("inference", "onnx-int8", 10, 50.0, cpu=cpu(8.0, 20.0))], [], http={"onnx-int8": 11.5})
+    assert "missed a server process" not in "\n".join(_http_section(results))
+    results["runs"][0]["cpu"]["missed_processes"] = 2
+    text = "\n".join(_http_section(results))
+    assert "missed a server process" in text and "inference `onnx-int8` 10 users: 2 process(es)" in text
+
+
 def test_decode_target_compares_the_pool_with_pillow_alone_in_the_same_run() -> None:
     results = bench([])
     results["profile"]["stages"] = [*STAGES, stage("decode", prof.POOL_PILLOW, 6.0)]
