@@ -79,9 +79,11 @@ def backends_to_tune(requested: str | None) -> list[str] | str:
 
 
 def interrupt_on_signals() -> None:
-    """SIGTERM and SIGHUP (a closed terminal) end it like Ctrl-C: through every server's stop."""
+    """SIGTERM and SIGHUP (a closed terminal) end it like Ctrl-C: through every server's stop. A signal
+    this process was started ignoring stays ignored: ``nohup fastinfer tune &`` must outlive the terminal."""
     for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _interrupt)
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, _interrupt)
 
 
 def _interrupt(signum: int, _frame: object) -> None:

@@ -21,6 +21,12 @@ from load_tests.service import start_server, stop_server
 from tests.servers import NO_CACHE
 
 
+def as_in_a_terminal() -> None:
+    """Ctrl-C as a terminal's foreground job gets it: a suite started in the background (``make test &``,
+    nohup) hands every child SIGINT ignored, and the interrupt would never arrive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def tune_env(tuned: Path) -> dict[str, str]:
     # Its own tuned file: the test servers started over the same store must never read it.
     return {**os.environ, "FASTINFER_TUNED": str(tuned)}
@@ -106,6 +112,7 @@ def test_an_interrupted_tune_stops_every_server_and_keeps_the_previous_file(buil
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=as_in_a_terminal,
     )
     try:
         servers: list[psutil.Process] = []
