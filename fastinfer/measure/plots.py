@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 
-def _plt() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (no display needed), imported when first drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -15,9 +16,17 @@ def _plt() -> Any:
     return plt
 
 
+def save(fig: Any, path: Path) -> None:
+    """Lay out, write as PNG (its folder made if need be) and free a finished figure."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+
+
 def plot_profile(result: dict[str, Any], path: Path) -> None:
     """Stacked CPU ms per request, by stage, for each backend at its best batch size."""
-    plt = _plt()
+    plt = pyplot()
     best: dict[str, dict[str, Any]] = {}
     for c in result["ceilings"]:
         if c["backend"] not in best or c["req_per_s"] > best[c["backend"]]["req_per_s"]:
@@ -41,14 +50,11 @@ def plot_profile(result: dict[str, Any], path: Path) -> None:
     ax.set_title(f"Where a request's CPU goes, and the ceiling on {result['cores']} cores")
     ax.legend(loc="lower right", fontsize=8)
     ax.set_xlim(0, max(left) * 1.6)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot_throughput(runs: list[dict[str, Any]], path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for backend in sorted({r["backend"] for r in runs if r["scenario"] == "inference"}):
         mine = sorted(
@@ -61,13 +67,11 @@ def plot_throughput(runs: list[dict[str, Any]], path: Path) -> None:
     ax.set_title("Throughput vs concurrency")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot_latency(runs: list[dict[str, Any]], path: Path, users: int) -> None:
-    plt = _plt()
+    plt = pyplot()
     mine = [r for r in runs if r["scenario"] == "inference" and r["users"] == users]
     if not mine:
         return
@@ -80,14 +84,12 @@ def plot_latency(runs: list[dict[str, Any]], path: Path, users: int) -> None:
     ax.set_ylabel("ms")
     ax.set_title(f"Latency percentiles at {users} users")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot_stages(sequential: list[dict[str, Any]], path: Path) -> None:
     """Per-stage stacked bars of the server-side timings of sequential requests."""
-    plt = _plt()
+    plt = pyplot()
     stages = ["read", "cache", "decode", "preprocess", "inference"]
     names = [s["backend"] for s in sequential]
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -100,15 +102,13 @@ def plot_stages(sequential: list[dict[str, Any]], path: Path) -> None:
     ax.set_title("Where a single request's time goes")
     ax.legend(fontsize=8)
     plt.setp(ax.get_xticklabels(), rotation=15)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot_served(splits: list[dict[str, Any]], path: Path) -> None:
     """Per served run: the CPU per request of decode and inference (in-process figures), then the server's
     CPU beyond them by cause; the req/s served and the share of the ceiling without HTTP at the bar's end."""
-    plt = _plt()
+    plt = pyplot()
     names = [
         f"{s['backend']} ({'in front' if s['placement'] == 'front worker' else 'runner'}"
         + (f", step {s['run_round']})" if s.get("run_round") else ")")
@@ -136,7 +136,4 @@ def plot_served(splits: list[dict[str, Any]], path: Path) -> None:
     ax.set_title("Served vs the engine's ceiling: where the CPU beyond decode and inference goes")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=7)
     ax.set_xlim(0, max(left) * 1.55)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)

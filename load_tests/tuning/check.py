@@ -27,6 +27,7 @@ from typing import Any
 
 from fastinfer.common import hardware
 from fastinfer.common.home import use_project_store
+from fastinfer.measure.plots import pyplot, save
 from load_tests.tuning import files
 from load_tests.tuning.search import (
     Config,
@@ -318,11 +319,7 @@ def replace_section(markdown: str, new: list[str]) -> str:
 
 def plot_sweep(result: dict[str, Any], path: Path) -> bool:
     """req/s against p95 for every configuration of the sweep within the goal, the tuned one marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     served = [t for t in (result["sweep"] or {}).get("trials", []) if t["qualified"]]
     if not served:
         return False
@@ -340,9 +337,7 @@ def plot_sweep(result: dict[str, Any], path: Path) -> bool:
            title=f"Sweep of the tuner's space ({result['hardware'].get('cpu')}, {result['goal']})")  # fmt: skip
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
     return True
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from fastinfer.catalog import tuned as tuning
 from fastinfer.common import hardware
+from fastinfer.measure.plots import pyplot, save
 from load_tests.tuning.search import Search, Trial
 
 
@@ -110,11 +111,7 @@ def markdown(result: dict[str, Any], plot: str | None) -> str:
 
 def plot(result: dict[str, Any], path: Path) -> bool:
     """Throughput against p95 for every configuration served, the chosen one marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     served = [t for t in result["trials"] if not t["error"] and t["requests"]]
     if not served:
         return False
@@ -134,9 +131,7 @@ def plot(result: dict[str, Any], path: Path) -> bool:
     ax.margins(x=0.35, y=0.1)  # room for the labels right of the points
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
     return True
 
 
