@@ -263,6 +263,9 @@ def make_runner(backend: str) -> Any:
         name=f"runner-{backend}",
         workers=settings.runner_workers,
         traffic={"timeout": settings.request_timeout_s},
+        # The front's access log has a line for every request; a runner's repeats it for the hop and
+        # cost its event loop ~0.3 CPU ms per call, ~5% of the served rate on 2 cores (BENCHMARKS.md).
+        logging={"access": {"enabled": settings.runner_access_log}},
         # BentoML's client to this runner replaces its HTTP session every 100 requests / 300 s by
         # default and closes the old one at once, killing what is in flight on it: the "Server
         # disconnected" errors seen between front and runner at ~1 in 100 requests under concurrency.

@@ -183,3 +183,30 @@ def test_doctor_recommends_only_what_loaded(built_models, monkeypatch, tmp_path,
     assert not any(name.startswith("openvino") for name in loaded)
     assert report["recommended"] == choice.recommend(report["hardware"], loaded)
     assert report["recommended"]["backend"] == "onnx-int8"
+
+
+@pytest.mark.parametrize(("value", "logged"), [(None, False), ("on", True), ("false", False)])
+def test_a_runner_logs_each_hop_only_when_asked(monkeypatch, value: str | None, logged: bool) -> None:
+    """The front's access log has a line per request; a runner's line per hop repeats it at a CPU cost."""
+    import runners.base
+
+    if value is None:
+        monkeypatch.delenv("FASTINFER_RUNNER_ACCESS_LOG", raising=False)
+    else:
+        monkeypatch.setenv("FASTINFER_RUNNER_ACCESS_LOG", value)
+    get_settings.cache_clear()
+    try:
+        service = runners.base.make_runner("onnx-int8")
+    finally:
+        get_settings.cache_clear()
+    assert service.config["logging"]["access"]["enabled"] is logged
+
+
+def test_a_runner_access_log_setting_must_be_true_or_false(monkeypatch) -> None:
+    monkeypatch.setenv("FASTINFER_RUNNER_ACCESS_LOG", "maybe")
+    get_settings.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="FASTINFER_RUNNER_ACCESS_LOG must be true or false"):
+            get_settings()
+    finally:
+        get_settings.cache_clear()
