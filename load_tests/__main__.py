@@ -40,6 +40,7 @@ from fastinfer.catalog.backends import env_key
 from fastinfer.common import hardware
 from fastinfer.common.home import use_project_store
 from fastinfer.measure import photos
+from load_tests.bodies import multipart
 from load_tests.checks import BATCH_IMAGES
 from load_tests.locust_runs import run_locust
 from load_tests.report import best_backend, measured_runs, write_markdown
@@ -108,16 +109,15 @@ def default_of(url: str) -> dict[str, str] | None:
 
 
 def sequential(url: str, backend: str, n: int, data: bytes) -> dict[str, Any]:
+    """One client, one request at a time, ``n`` after 3 warm-ups: the latency's p50/p95 and the server's
+    own stages. The body is encoded once, as locust's are (load_tests/bodies.py)."""
     latencies, stages = [], []
+    body, content_type = multipart(data, {"backend": backend})
+    headers = {"Content-Type": content_type, "Cache-Control": "no-cache"}
     with httpx.Client(timeout=60, headers=auth_headers()) as client:
         for i in range(n + 3):
             t0 = time.perf_counter()
-            r = client.post(
-                f"{url}/classify",
-                files={"image": ("photo.jpg", data, "image/jpeg")},
-                data={"backend": backend},
-                headers={"Cache-Control": "no-cache"},
-            )
+            r = client.post(f"{url}/classify", content=body, headers=headers)
             r.raise_for_status()
             if i >= 3:  # warm-up excluded
                 latencies.append((time.perf_counter() - t0) * 1000)

@@ -24,7 +24,6 @@ import json
 import os
 import random
 import time
-import uuid
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from locust import constant, events, task
 from locust.contrib.fasthttp import FastHttpUser
 
 from fastinfer.measure.photos import benchmark_pool
+from load_tests.bodies import multipart
 from load_tests.checks import BATCH_IMAGES, batch_failure
 from load_tests.service import auth_headers
 
@@ -66,23 +66,6 @@ def _write_summary(environment: Any, **_: object) -> None:
         **{k: _window[k] for k in ("cpu_s", "wall_s") if k in _window},
     }
     Path(SUMMARY).write_text(json.dumps(summary))
-
-
-def multipart(data: bytes | list[bytes], fields: dict[str, str], name: str = "image") -> tuple[bytes, str]:
-    """A multipart body: the form ``fields``, then one file part named ``name`` per image."""
-    boundary = uuid.uuid4().hex
-    parts = [
-        f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode() for k, v in fields.items()
-    ]
-    for i, image in enumerate([data] if isinstance(data, bytes) else data):
-        parts.append(
-            f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="photo{i}.jpg"\r\n'
-            f"Content-Type: image/jpeg\r\n\r\n".encode()
-            + image
-            + b"\r\n"
-        )
-    parts.append(f"--{boundary}--\r\n".encode())
-    return b"".join(parts), f"multipart/form-data; boundary={boundary}"
 
 
 AUTH = auth_headers()  # a server with API keys: FASTINFER_API_KEY

@@ -21,32 +21,33 @@ import time
 import httpx
 
 from fastinfer.measure import photos
+from load_tests.bodies import multipart
 from load_tests.service import auth_headers
 
 HEADERS = {"Cache-Control": "no-cache"}
 
 
-def _post(client: httpx.Client, url: str, data: bytes, backend: str) -> dict:
+def _post(client: httpx.Client, url: str, body: tuple[bytes, str]) -> dict:
+    """POST a multipart body encoded once (load_tests/bodies.py): the client's encoding is not the server's time."""
+    content, content_type = body
     r = client.post(
-        f"{url}/classify",
-        files={"image": ("photo.jpg", data, "image/jpeg")},
-        data={"backend": backend},
-        headers={**HEADERS, **auth_headers()},
+        f"{url}/classify", content=content, headers={**HEADERS, **auth_headers(), "Content-Type": content_type}
     )
     r.raise_for_status()
     return r.json()
 
 
 def sequential(url: str, data: bytes, backend: str, n: int) -> dict:
+    body = multipart(data, {"backend": backend})
     with httpx.Client(timeout=60) as client:
         for _ in range(5):  # warm-up
-            _post(client, url, data, backend)
+            _post(client, url, body)
         latencies, stages = [], []
         for _ in range(n):
             t0 = time.perf_counter()
-            body = _post(client, url, data, backend)
+            answer = _post(client, url, body)
             latencies.append((time.perf_counter() - t0) * 1000)
-            stages.append(body["timings_ms"])
+            stages.append(answer["timings_ms"])
     return {
         "p50_ms": round(statistics.median(latencies), 1),
         "p95_ms": round(sorted(latencies)[int(0.95 * (n - 1))], 1),
@@ -55,6 +56,7 @@ def sequential(url: str, data: bytes, backend: str, n: int) -> dict:
 
 
 def concurrent(url: str, data: bytes, backend: str, clients: int, seconds: float) -> dict:
+    body = multipart(data, {"backend": backend})
     done, errors = [0] * clients, [0] * clients
     stop = time.perf_counter() + seconds
 
@@ -62,7 +64,7 @@ def concurrent(url: str, data: bytes, backend: str, clients: int, seconds: float
         with httpx.Client(timeout=60) as client:
             while time.perf_counter() < stop:
                 try:
-                    _post(client, url, data, backend)
+                    _post(client, url, body)
                     done[i] += 1
                 except httpx.HTTPError:
                     errors[i] += 1
