@@ -46,7 +46,7 @@ class Settings:
     front_workers: int = 1
     runner_workers: int = 1
     threads: int = 0  # 0 = decide from the core count (see fastinfer.common.hardware)
-    runner_access_log: bool = False  # the front logs every request; each runner would log its hop again
+    runner_telemetry: bool = False  # BentoML's access log, request metrics and spans for each call to a runner
     request_timeout_s: int = 30
     max_concurrency: int = 64
     max_uploads: int = 128  # bodies arriving at once (no handling slot while they arrive); 2 × max_concurrency
@@ -355,7 +355,7 @@ def _from_environment() -> Settings:
         front_workers=front_workers,
         runner_workers=_bounded("FASTINFER_RUNNER_WORKERS", Settings.runner_workers, 1, MAX_WORKERS),
         threads=_bounded("FASTINFER_THREADS", Settings.threads, 0, MAX_THREADS),
-        runner_access_log=_bool("FASTINFER_RUNNER_ACCESS_LOG", Settings.runner_access_log),
+        runner_telemetry=_bool("FASTINFER_RUNNER_TELEMETRY", Settings.runner_telemetry),
         request_timeout_s=_positive("FASTINFER_TIMEOUT_S", Settings.request_timeout_s),
         max_concurrency=max_concurrency,
         max_uploads=_positive("FASTINFER_MAX_UPLOADS", 2 * max_concurrency),

@@ -38,5 +38,5 @@ def test_ten_clients_lose_nothing(server) -> None:
     assert statuses.count(200) == CLIENTS * PER_CLIENT, {s: statuses.count(s) for s in set(statuses)}
     log = server.log.read_text(errors="replace")
     assert "Server disconnected" not in log
-    # The front logs each request; the runners' hop is not logged again (FASTINFER_RUNNER_ACCESS_LOG).
+    # The front logs each request; the runners' hop is not logged again (FASTINFER_RUNNER_TELEMETRY).
     assert "path=/classify," in log and "path=/infer" not in log

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from fastinfer.catalog import backends, choice, store
 from fastinfer.catalog.backends import BACKENDS, RUNNERS, SPECS, open_engine, runs_here, unavailable_reason
 from fastinfer.catalog.config import get_settings
 from fastinfer.engines import EngineUnavailable
+from tests.conftest import ROOT
 
 
 def test_every_name_setting_and_runner_derives_from_the_table() -> None:
@@ -185,28 +188,42 @@ def test_doctor_recommends_only_what_loaded(built_models, monkeypatch, tmp_path,
     assert report["recommended"]["backend"] == "onnx-int8"
 
 
-@pytest.mark.parametrize(("value", "logged"), [(None, False), ("on", True), ("false", False)])
-def test_a_runner_logs_each_hop_only_when_asked(monkeypatch, value: str | None, logged: bool) -> None:
-    """The front's access log has a line per request; a runner's line per hop repeats it at a CPU cost."""
+@pytest.mark.parametrize(("value", "instrumented"), [(None, False), ("on", True), ("false", False)])
+def test_a_runner_logs_counts_and_traces_each_call_only_when_asked(monkeypatch, value, instrumented) -> None:
+    """The front logs, counts and traces every request; BentoML doing it again per call costs the runner."""
     import runners.base
 
     if value is None:
-        monkeypatch.delenv("FASTINFER_RUNNER_ACCESS_LOG", raising=False)
+        monkeypatch.delenv("FASTINFER_RUNNER_TELEMETRY", raising=False)
     else:
-        monkeypatch.setenv("FASTINFER_RUNNER_ACCESS_LOG", value)
+        monkeypatch.setenv("FASTINFER_RUNNER_TELEMETRY", value)
     get_settings.cache_clear()
     try:
-        service = runners.base.make_runner("onnx-int8")
+        config = runners.base.make_runner("onnx-int8").config
     finally:
         get_settings.cache_clear()
-    assert service.config["logging"]["access"]["enabled"] is logged
+    if instrumented:
+        assert not {"logging", "metrics", "tracing"} & set(config)  # BentoML's defaults
+    else:
+        assert config["logging"]["access"]["enabled"] is False and config["metrics"]["enabled"] is False
+        assert set(config["tracing"]["excluded_urls"]) == {"/infer", "/infer_batched", "/describe"}
 
 
-def test_a_runner_access_log_setting_must_be_true_or_false(monkeypatch) -> None:
-    monkeypatch.setenv("FASTINFER_RUNNER_ACCESS_LOG", "maybe")
+@pytest.mark.parametrize(("options", "dropped"), [("", True), ("tracing.sample_rate=0.5", False)])
+def test_a_runner_keeps_its_spans_while_tracing_records_them(options: str, dropped: bool) -> None:
+    """As an operator configures BentoML: its config options in the environment of a fresh process."""
+    env = {**os.environ, "BENTOML_CONFIG_OPTIONS": options}
+    code = "import runners.base; print('tracing' in runners.base.hop_uninstrumented())"
+    ran = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.strip() == str(dropped)
+
+
+def test_the_runner_telemetry_setting_must_be_true_or_false(monkeypatch) -> None:
+    monkeypatch.setenv("FASTINFER_RUNNER_TELEMETRY", "maybe")
     get_settings.cache_clear()
     try:
-        with pytest.raises(ValueError, match="FASTINFER_RUNNER_ACCESS_LOG must be true or false"):
+        with pytest.raises(ValueError, match="FASTINFER_RUNNER_TELEMETRY must be true or false"):
             get_settings()
     finally:
         get_settings.cache_clear()
