@@ -21,11 +21,13 @@ sys.path.insert(0, str(ROOT))
 _HOME = Path(tempfile.mkdtemp(prefix="fastinfer-bentoml-home-"))
 os.environ["BENTOML_HOME"] = str(_HOME)
 os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
-# The suite sets its own access settings and default backend: keys exported in the shell for a real
-# server (README, Access) must not lock the test servers or change what get_settings() tells the unit tests.
+# The suite sets its own access settings, default backend and BentoML configuration: keys exported in the
+# shell for a real server (README, Access) must not lock the test servers or change what get_settings()
+# tells the unit tests.
 for _name in ("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE", "FASTINFER_API_KEY", "GROQ_API_KEY_FILE",
               "FASTINFER_ANALYZE_PER_MINUTE", "FASTINFER_ANALYZE_TOTAL_PER_MINUTE",
-              "FASTINFER_DEFAULT_BACKEND", "FASTINFER_TUNED", "FASTINFER_TUNED_RESOLVED"):  # fmt: skip
+              "FASTINFER_DEFAULT_BACKEND", "FASTINFER_TUNED", "FASTINFER_TUNED_RESOLVED",
+              "FASTINFER_RUNNER_TELEMETRY", "BENTOML_CONFIG", "BENTOML_CONFIG_OPTIONS"):  # fmt: skip
     os.environ.pop(_name, None)
 
 

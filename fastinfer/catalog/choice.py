@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
@@ -245,6 +246,11 @@ def configuration(settings: Settings, default: DefaultChoice) -> dict[str, dict[
             source("FASTINFER_THREADS", rule=not threads),
         ),
         "FASTINFER_IN_FRONT": (",".join(sorted(settings.in_front)) or "(none)", source("FASTINFER_IN_FRONT")),
+        # Not tuned, but a runner's per-call instrumentation costs it ~0.8 CPU ms (README, Configuration).
+        "FASTINFER_RUNNER_TELEMETRY": (
+            str(settings.runner_telemetry).lower(),
+            "environment" if os.environ.get("FASTINFER_RUNNER_TELEMETRY", "").strip() else "default",
+        ),
     }
     for backend in BACKENDS:
         key = env_key(backend)

@@ -209,14 +209,36 @@ def test_a_runner_logs_counts_and_traces_each_call_only_when_asked(monkeypatch, 
         assert set(config["tracing"]["excluded_urls"]) == {"/infer", "/infer_batched", "/describe"}
 
 
-@pytest.mark.parametrize(("options", "dropped"), [("", True), ("tracing.sample_rate=0.5", False)])
-def test_a_runner_keeps_its_spans_while_tracing_records_them(options: str, dropped: bool) -> None:
+@pytest.mark.parametrize(
+    ("options", "dropped"),
+    [
+        ("", True),
+        ("tracing.sample_rate=0.0", True),
+        ("tracing.sample_rate=0.5", False),
+        ("services.tracing.sample_rate=0.5", False),  # BentoML 1.4 layers services.* over each service
+        ("services.fastinfer.tracing.sample_rate=0.1", False),  # the front samples: its runners' spans follow
+        ("tracing.exporter_type=otlp", False),
+    ],
+)
+def test_a_runner_keeps_its_spans_wherever_tracing_is_configured(options: str, dropped: bool) -> None:
     """As an operator configures BentoML: its config options in the environment of a fresh process."""
-    env = {**os.environ, "BENTOML_CONFIG_OPTIONS": options}
+    env = {k: v for k, v in os.environ.items() if k not in ("BENTOML_CONFIG", "FASTINFER_RUNNER_TELEMETRY")}
+    env["BENTOML_CONFIG_OPTIONS"] = options
     code = "import runners.base; print('tracing' in runners.base.hop_uninstrumented())"
     ran = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr[-2000:]
-    assert ran.stdout.strip() == str(dropped)
+    assert ran.stdout.strip().splitlines()[-1] == str(dropped)
+
+
+def test_a_runner_keeps_its_spans_when_a_config_file_turns_tracing_on(tmp_path: Path) -> None:
+    config = tmp_path / "bentoml.yaml"
+    config.write_text("services:\n  tracing:\n    sample_rate: 1.0\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("BENTOML_CONFIG_OPTIONS", "FASTINFER_RUNNER_TELEMETRY")}
+    env["BENTOML_CONFIG"] = str(config)
+    code = "import runners.base; print('tracing' in runners.base.hop_uninstrumented())"
+    ran = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.strip().splitlines()[-1] == "False"
 
 
 def test_the_runner_telemetry_setting_must_be_true_or_false(monkeypatch) -> None:

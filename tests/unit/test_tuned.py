@@ -138,6 +138,7 @@ def test_its_values_become_the_settings_below_the_environment(in_force, monkeypa
     assert shown["FASTINFER_MAX_BATCH_SIZE_ONNX_INT8"] == {"value": "4", "source": "environment"}
     assert shown["FASTINFER_FRONT_WORKERS"] == {"value": "1", "source": "default"}
     assert shown["FASTINFER_THREADS"]["source"] == "rule"
+    assert shown["FASTINFER_RUNNER_TELEMETRY"] == {"value": "false", "source": "default"}
 
 
 def test_values_that_clash_with_the_environment_leave_it_out_not_the_server_down(in_force, monkeypatch, caplog):
