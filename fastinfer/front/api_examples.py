@@ -114,6 +114,22 @@ BACKENDS: dict[str, Any] = {
         "why": "x86 integer dot-product units (VNNI/AMX): OpenVINO's static INT8 ran ~1.4× ONNX Runtime's INT8 in "
         "process",
     },
+    "configuration": {
+        "FASTINFER_DEFAULT_BACKEND": {"value": "openvino-int8", "source": "rule"},
+        "FASTINFER_FRONT_WORKERS": {"value": "1", "source": "default"},
+        "FASTINFER_RUNNER_WORKERS": {"value": "1", "source": "default"},
+        "FASTINFER_THREADS": {"value": "0 (the cores ÷ runner workers)", "source": "rule"},
+        "FASTINFER_IN_FRONT": {"value": "(none)", "source": "default"},
+        "FASTINFER_RUNNER_TELEMETRY": {"value": "false", "source": "default"},
+    },
+    "tuned": {
+        "path": "$BENTOML_HOME/tuned/tuned.json",
+        "status": "none",
+        "why": "no tuned file: `fastinfer tune` writes one",
+        "created": "",
+        "goal": "",
+        "settings": {},
+    },
     "hardware": {
         "os": "Linux 6.18.44",
         "machine": "x86_64",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,21 @@ def test_every_example_is_a_valid_answer(name: str, example: Any, model: type[Ba
     model.model_validate(example)
     fields = {f.alias or n for n, f in model.model_fields.items()}
     assert set(example) <= fields, f"{name} has keys {set(example) - fields} that {model.__name__} does not"
+
+
+def test_the_backends_example_shows_every_field_and_setting_a_server_answers(monkeypatch) -> None:
+    """GET /backends' example is hand-written: it must not fall behind what a real answer carries."""
+    from fastinfer.catalog import choice
+
+    assert set(api_examples.BACKENDS) == set(BackendsResponse.model_fields)
+    for name in [n for n in os.environ if n.startswith("FASTINFER_")]:
+        monkeypatch.delenv(name)
+    get_settings.cache_clear()
+    try:
+        shown = choice.configuration(get_settings(), choice.default_choice())
+    finally:
+        get_settings.cache_clear()
+    assert list(api_examples.BACKENDS["configuration"]) == list(shown)
 
 
 def test_examples_sit_where_swagger_shows_them(spec: dict[str, Any]) -> None:  # noqa: F811
