@@ -223,9 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     use_project_store()  # the store `make` uses (servers started here inherit it), not ~/bentoml
     # The servers it starts serve what their labels say, with zero configuration: a tuned file
-    # (`fastinfer tune`) would otherwise put its placement and batching under every run. --url measures
-    # a server as it is.
+    # (`fastinfer tune`) would otherwise put its placement and batching under every run, and runner
+    # telemetry from the shell would add its cost to every runner's event loop. --url measures a server
+    # as it is.
     os.environ["FASTINFER_TUNED"] = "off"
+    os.environ["FASTINFER_RUNNER_TELEMETRY"] = "false"
     if args.report_only:
         write_markdown(json.loads((args.out / "results.json").read_text()), args.markdown, args.out, args.plots)
         return 0

@@ -40,3 +40,4 @@ def test_ten_clients_lose_nothing(server) -> None:
     assert "Server disconnected" not in log
     # The front logs each request; the runners' hop is not logged again (FASTINFER_RUNNER_TELEMETRY).
     assert "path=/classify," in log and "path=/infer" not in log
+    assert "FASTINFER_RUNNER_TELEMETRY=true adds them" in log  # and the operator is told

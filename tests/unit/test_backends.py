@@ -209,6 +209,13 @@ def test_a_runner_logs_counts_and_traces_each_call_only_when_asked(monkeypatch, 
         assert set(config["tracing"]["excluded_urls"]) == {"/infer", "/infer_batched", "/describe"}
 
 
+def operator_env(**given: str) -> dict[str, str]:
+    """This environment without BentoML's configuration or the setting (a developer's shell may set them),
+    then ``given``."""
+    unset = ("BENTOML_CONFIG", "BENTOML_CONFIG_OPTIONS", "BENTOML_CONFIG_OVERRIDES", "FASTINFER_RUNNER_TELEMETRY")
+    return {**{k: v for k, v in os.environ.items() if k not in unset}, **given}
+
+
 @pytest.mark.parametrize(
     ("options", "dropped"),
     [
@@ -222,8 +229,7 @@ def test_a_runner_logs_counts_and_traces_each_call_only_when_asked(monkeypatch, 
 )
 def test_a_runner_keeps_its_spans_wherever_tracing_is_configured(options: str, dropped: bool) -> None:
     """As an operator configures BentoML: its config options in the environment of a fresh process."""
-    env = {k: v for k, v in os.environ.items() if k not in ("BENTOML_CONFIG", "FASTINFER_RUNNER_TELEMETRY")}
-    env["BENTOML_CONFIG_OPTIONS"] = options
+    env = operator_env(BENTOML_CONFIG_OPTIONS=options)
     code = "import runners.base; print('tracing' in runners.base.hop_uninstrumented())"
     ran = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr[-2000:]
@@ -233,8 +239,7 @@ def test_a_runner_keeps_its_spans_wherever_tracing_is_configured(options: str, d
 def test_a_runner_keeps_its_spans_when_a_config_file_turns_tracing_on(tmp_path: Path) -> None:
     config = tmp_path / "bentoml.yaml"
     config.write_text("services:\n  tracing:\n    sample_rate: 1.0\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("BENTOML_CONFIG_OPTIONS", "FASTINFER_RUNNER_TELEMETRY")}
-    env["BENTOML_CONFIG"] = str(config)
+    env = operator_env(BENTOML_CONFIG=str(config))
     code = "import runners.base; print('tracing' in runners.base.hop_uninstrumented())"
     ran = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr[-2000:]
