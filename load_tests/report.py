@@ -116,7 +116,7 @@ def _served_section(results: dict[str, Any], rel: str) -> list[str]:
             s["users"],
             s["req_per_s"],
             f"{s['ceiling_req_per_s']} ({s['decode_ms']:g} + {s['inference_ms']:g} ms at b{s['batch']:g}"
-            + "".join(f", {part} from the run" for part in s.get("base_from_run", ()))
+            + _from_run(s)
             + ")",
             f"**{_share(s['share'])}**",
             s["server_ms"],
@@ -377,7 +377,12 @@ def _share(share: float) -> str:
 def _base(split: dict[str, Any]) -> str:
     """A split's base per image, and which parts the run itself gave (it spent less than the profile)."""
     text = f"decode + preprocess {split['decode_ms']:g} + inference {split['inference_ms']:g} ms at b{split['batch']:g}"
-    return text + "".join(f", {part} from the run" for part in split.get("base_from_run", ()))
+    return text + _from_run(split)
+
+
+def _from_run(split: dict[str, Any]) -> str:
+    """The ", inference from the run" for each part of the base the run itself gave (:func:`served_split`)."""
+    return "".join(f", {part} from the run" for part in split.get("base_from_run", ()))
 
 
 def _causes(split: dict[str, Any]) -> str:
