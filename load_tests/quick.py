@@ -28,7 +28,7 @@ HEADERS = {"Cache-Control": "no-cache"}
 
 
 def _post(client: httpx.Client, url: str, body: tuple[bytes, str]) -> dict:
-    """POST a multipart body encoded once (load_tests/bodies.py): the client's encoding is not the server's time."""
+    """POST a multipart body encoded once (load_tests/bodies.py), the bytes the bench's clients send."""
     content, content_type = body
     r = client.post(
         f"{url}/classify", content=content, headers={**HEADERS, **auth_headers(), "Content-Type": content_type}
