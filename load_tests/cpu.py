@@ -103,8 +103,8 @@ def _started(proc: psutil.Process) -> float:
     if not psutil.LINUX:
         return proc.create_time()
     try:
-        stat = Path(psutil.PROCFS_PATH, str(proc.pid), "stat").read_text()
-        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22; the name before ")" may hold anything
+        stat = Path(psutil.PROCFS_PATH, str(proc.pid), "stat").read_bytes()  # a name need not be UTF-8
+        ticks = int(stat.rsplit(b")", 1)[1].split()[19])  # field 22; the name before ")" may hold anything
     except (OSError, IndexError, ValueError) as exc:
         raise psutil.NoSuchProcess(proc.pid) from exc
     return ticks / os.sysconf("SC_CLK_TCK")
@@ -128,8 +128,8 @@ def _threads(pid: int) -> list[tuple[int, str, float]]:
     found = []
     for task in Path(f"/proc/{pid}/task").glob("*") if tick else ():
         try:
-            comm = (task / "comm").read_text().strip()
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            comm = (task / "comm").read_bytes().decode(errors="replace").strip()  # a name need not be UTF-8
+            fields = (task / "stat").read_bytes().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):  # the thread ended meanwhile
             continue
         tid = int(task.name)

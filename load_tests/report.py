@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from dataclasses import asdict
@@ -278,7 +279,8 @@ def _targets(results: dict[str, Any]) -> list[str]:
             p50 = seq[best]["median_ms"]
             limit = SINGLE_CLIENT_LIMIT * mine
             placed = single_client_by_placement(results, best)
-            meeting = [where for where, (ms, _) in placed.items() if ms <= limit]
+            failed = single_client_failures(results, best)
+            meeting = [where for where, (ms, _) in placed.items() if ms <= limit and where not in failed]
             parts = {stage: _wall(costs, stage, best) for stage in ("decode", "preprocess", "inference")}
             others = [
                 f"`{b}` {s['median_ms'] / in_process[b]:.2f}×"
@@ -303,6 +305,10 @@ def _targets(results: dict[str, Any]) -> list[str]:
                 )
                 + f" (decode {parts['decode']:.1f} + preprocess {parts['preprocess']:.1f} + inference "
                 f"{parts['inference']:.1f} ms, wall; limit {limit:.1f} ms)."
+                + "".join(
+                    f" With the engine in the {where} the one client failed in {len(why)} round(s): {'; '.join(why)}."
+                    for where, why in failed.items()
+                )
                 + (
                     f" The sequential step (every backend, one server): p50 {p50} ms = {p50 / mine:.2f}×."
                     if stepped
@@ -360,8 +366,8 @@ def single_client_by_placement(results: dict[str, Any], backend: str) -> dict[st
     for row in results.get("placement", []):
         alone = row.get("sequential")
         ms = alone.get("median_ms") if isinstance(alone, dict) else None
-        if row.get("backend") == backend and isinstance(ms, int | float) and not isinstance(ms, bool):
-            p50s.setdefault(row["placement"], []).append(float(ms))
+        if row.get("backend") == backend and _positive_number(ms):
+            p50s.setdefault(row.get("placement", "?"), []).append(float(ms))
     placed = {where: (statistics.median_high(ms), len(ms)) for where, ms in p50s.items()}
     main = next((row["median_ms"] for row in results.get("sequential", []) if row["backend"] == backend), None)
     if "runner process" not in placed and main is not None:
@@ -369,9 +375,27 @@ def single_client_by_placement(results: dict[str, Any], backend: str) -> dict[st
     return placed
 
 
+def single_client_failures(results: dict[str, Any], backend: str) -> dict[str, list[str]]:
+    """Per placement of ``backend``'s engine: why its one client failed in a round of the placement step (no
+    p50 that is a positive number). Such a placement cannot meet the single-client target, as a run with
+    errors cannot meet the engine targets."""
+    failed: dict[str, list[str]] = {}
+    for row in results.get("placement", []):
+        alone = row.get("sequential")
+        ms = alone.get("median_ms") if isinstance(alone, dict) else None
+        if row.get("backend") == backend and alone is not None and not _positive_number(ms):
+            why = alone.get("error") if isinstance(alone, dict) else None
+            failed.setdefault(row.get("placement", "?"), []).append(str(why or f"p50 {ms!r}")[:200])
+    return failed
+
+
+def _positive_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
 def _share(share: float) -> str:
     """A share of the ceiling; to a tenth of a percent near the target, so that 89.6% never reads 90%."""
-    return f"{share:.1%}" if abs(100 * share - CEILING_SHARE) < 0.5 else f"{share:.0%}"
+    return f"{share:.1%}" if abs(100 * share - CEILING_SHARE) <= 0.5 else f"{share:.0%}"
 
 
 def _base(split: dict[str, Any]) -> str:
@@ -394,7 +418,16 @@ def sound(split: dict[str, Any]) -> bool:
     own threads within drift (:func:`served_split`); what still falls below it is CPU the threads did not
     tell apart (an empty or partial bucket) or, without per-thread figures, a machine that ran the profile
     and the run at different speeds: a verdict would rest on that."""
+    if split.get("missed_processes"):  # a server process's CPU is not in the figures: they understate it
+        return False
     return split["beyond_ms"] >= -NOISE_MS and all(v >= -NOISE_MS for v in split["causes"].values())
+
+
+def _unjudged(split: dict[str, Any]) -> str:
+    """Why :func:`sound` holds a run's verdict back."""
+    if split.get("missed_processes"):
+        return f"the CPU reading missed {split['missed_processes']} server process(es), so its figures understate"
+    return "its figures fall below its base (CPU not told apart)"
 
 
 def _engine_targets(results: dict[str, Any]) -> list[str]:
@@ -420,7 +453,7 @@ def _engine_targets(results: dict[str, Any]) -> list[str]:
             f"{s['req_per_s']} req/s = {_share(s['share'])} of {s['ceiling_req_per_s']} ({_base(s)}), "
             f"{s['beyond_ms']:g} ms beyond"
             + (f" ({_causes(s)})" if s["causes"] else " (causes: not read)")
-            + ("" if where in judged else ": its figures fall below its base (CPU not told apart), not judged")
+            + ("" if where in judged else f": {_unjudged(s)}, not judged")
             for where, s in chosen.items()
         )
         cores = results.get("profile", {}).get("cores", "the")

@@ -15,6 +15,7 @@ has no server and uses :data:`HTTP_OVERHEAD_MS`, an estimate, and says so.
 from __future__ import annotations
 
 import io
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -225,6 +226,7 @@ class ServedSplit:
     causes: dict[str, float] = field(default_factory=dict)
     run_round: int = 0  # which round of the bench's placement step (0: a main run)
     base_from_run: tuple[str, ...] = ()  # "decode", "inference": where the run spent less than the profile
+    missed_processes: int = 0  # server processes the run's first CPU reading missed: its figures understate
 
 
 DRIFT = 0.75
@@ -285,11 +287,12 @@ def served_split(
         decode_ms=round(decode_ms, 2),
         inference_ms=round(inference, 2),
         ceiling_req_per_s=round(ceiling, 1),
-        share=round(run["req_per_s"] / ceiling, 3),
+        share=math.floor(run["req_per_s"] / ceiling * 1000 + 1e-9) / 1000,  # down, never up to a target
         server_ms=round(server, 2),
         beyond_ms=round(beyond, 2),
         causes={k: round(v, 2) for k, v in causes.items()},
         base_from_run=tuple(from_run),
+        missed_processes=int(cpu.get("missed_processes") or 0),
         run_round=int(run.get("round", 0)),
     )
 

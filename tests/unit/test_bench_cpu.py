@@ -125,6 +125,21 @@ def test_start_ticks_survive_a_process_name_with_parentheses_and_a_gone_process_
         cpu._started(proc)
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="start ticks are read from Linux's /proc")
+def test_a_process_and_a_thread_named_in_bytes_that_are_not_utf8_are_still_read() -> None:
+    """A name is bytes (prctl, /proc/<pid>/comm): a reading must not drop the process or crash on it."""
+    code = "open('/proc/self/comm', 'wb').write(b'\\xff worker'); print('ok', flush=True); input()"
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline().strip() == b"ok"  # type: ignore[union-attr]
+        snap = cpu.snapshot(child.pid)
+        assert [pid for pid, _ in snap.processes] == [child.pid]
+        assert child.pid in [tid for tid, _, _ in cpu._threads(child.pid)]  # its main thread, named so
+    finally:
+        child.kill()
+        child.wait()
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="threads are read from Linux's /proc")
 def test_each_thread_is_read_with_its_kind() -> None:
     """The main thread is the event loop; a thread named as the decode pool names its threads is decode."""

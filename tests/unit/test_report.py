@@ -647,3 +647,34 @@ def test_the_default_backend_target_is_its_10_user_throughput_over_onnx_in_the_s
     assert "NOT met" in line and "2.90×" in line
     del results["default"]  # a run that did not learn the server's default claims nothing
     assert not [t for t in _targets(results) if "default backend" in t]
+
+
+def test_a_run_whose_reading_missed_a_server_process_carries_no_engine_verdict() -> None:
+    """Its figures leave that process's CPU out: they understate the server and could read "met"."""
+    results = engine_bench(95.0)
+    for row in results["placement"]:
+        row["cpu"]["missed_processes"] = 1
+    ceiling, beyond = targets_of(results)
+    assert ": not judged.**" in ceiling and ": not judged.**" in beyond
+    assert "the CPU reading missed 1 server process(es), so its figures understate, not judged" in ceiling
+
+
+def test_a_share_is_never_rounded_up_to_the_target() -> None:
+    from load_tests.report import _share
+
+    assert _share(0.895) == "89.5%" and _share(0.905) == "90.5%" and _share(0.88) == "88%"
+    ceiling, _ = targets_of(engine_bench(80.0, front_rps=92.26))  # 92.26 / (2000 / 19.5) = 0.89954
+    assert ": NOT met.**" in ceiling and "92.26 req/s = 89.9% of 102.6" in ceiling
+
+
+def test_a_placement_whose_one_client_failed_cannot_meet_the_single_client_target() -> None:
+    results = bench([run("inference", "onnx-int8", 10, 50.0)], [{"backend": "onnx-int8", "median_ms": 25.5}])
+    results["placement"] = [
+        {"placement": "front worker", "round": 1, "backend": "onnx-int8", "users": 10, "sequential": alone}
+        for alone in ({"median_ms": 23.0}, {"backend": "onnx-int8", "error": "ReadTimeout: timed out"},
+                      {"median_ms": float("nan")}, {"median_ms": -1.0})
+    ]  # fmt: skip
+    line = next(x for x in _targets(results) if "Single-client" in x)
+    assert ": NOT met.**" in line and "engine in the front worker: p50 23 ms = 1.05× (placement step, one run)" in line
+    assert "With the engine in the front worker the one client failed in 3 round(s): ReadTimeout: timed out; " \
+        "p50 nan; p50 -1.0." in line  # fmt: skip
