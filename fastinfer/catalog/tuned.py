@@ -5,8 +5,10 @@ measurements behind each, and a fingerprint of the machine it ran on (CPU, instr
 cores, runtime versions, the model versions it served). Every process of a server reads it with its
 other settings; it is in force only where the fingerprint matches this machine and this store, and
 an environment variable set by the operator still wins over any value in it. A file that is missing,
-corrupt, from another machine, for models no longer stored, or naming a backend that cannot run here
-is ignored with one line saying why: never a failed start.
+corrupt, unreachable (a symlink loop, a name too long, a folder it may not read), from another machine,
+for models no longer stored, naming a backend that cannot run here, or holding anything but one of the
+configurations the tuner chooses from (tune_space.py) is ignored with one line saying why: never a
+failed start.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from fastinfer.catalog import tune_space
 from fastinfer.catalog.backends import BACKENDS, env_key
 from fastinfer.common import hardware
 from fastinfer.common.home import bentoml_home
@@ -31,7 +34,8 @@ RESOLVED_ENV = "FASTINFER_TUNED_RESOLVED"  # set by `bentoml serve`'s parent for
 FORMAT = 1
 MAX_BYTES = 1024 * 1024  # a tuned file is a few KB; a huge one is not ours
 MAX_WHY = 300  # characters of a reason to ignore it
-# The settings a tuned file may set: what decides served throughput, nothing about access or limits.
+# The settings tuning is about: what decides served throughput, nothing about access or limits. A tuned
+# file holds fewer: only those the tuner varies, at the values it chooses from (tune_space.why_not).
 _KEYS = "|".join(env_key(backend) for backend in BACKENDS)
 TUNABLE = re.compile(
     rf"FASTINFER_(DEFAULT_BACKEND|FRONT_WORKERS|RUNNER_WORKERS|THREADS|IN_FRONT"
@@ -120,34 +124,21 @@ def check(
         return {}, f"it sets what tuning may not: {', '.join(map(str, bad))[:200]}"
     if odd := [str(k) for k, v in settings.items() if not isinstance(v, str)]:
         return {}, f"its values must be strings, as in the environment: {', '.join(odd)[:200]}"
-    if too_many := _beyond_this_machine(settings, here):
-        return {}, too_many
     if differs := _mismatch(recorded, here):
         return {}, f"tuned on another machine or runtime ({', '.join(differs)})"
     if gone := [name for name, tag in recorded["models"].items() if stored.get(name) != tag]:
         return {}, f"tuned for models no longer served here ({', '.join(sorted(gone))}); run `fastinfer tune` again"
-    # The backends it names, but for each setting's word for "none of them": the default's auto, in front's none.
-    default = settings.get("FASTINFER_DEFAULT_BACKEND", "").strip()
-    in_front = settings.get("FASTINFER_IN_FRONT", "").strip()
-    named = [] if default.lower() in ("", "auto") else [default]
-    named += [] if in_front.lower() == "none" else [n.strip() for n in in_front.split(",") if n.strip()]
-    for backend in named:
-        if backend not in can_run:
-            return {}, f"it names no backend: {backend[:40]!r}"
-        if (why := can_run[backend]) is not None:
-            return {}, f"it chose {backend}, which cannot run here: {why}"
-    return settings, "in force"
-
-
-def _beyond_this_machine(settings: dict[str, str], here: dict[str, Any]) -> str:
-    """Why workers or threads beyond what these cores can use are no tuning ("" if none are)."""
+    # One value the tuner never chose leaves the whole file out, not that setting alone: a tuned file is one
+    # measured combination, and its other values without that one were never measured ("tuned" would lie).
     cores = here.get("cores") if isinstance(here.get("cores"), int) else 1
-    limits = {"FASTINFER_FRONT_WORKERS": 2 * cores, "FASTINFER_RUNNER_WORKERS": 2 * cores, "FASTINFER_THREADS": cores}
-    for name, most in limits.items():
-        value = settings.get(name, "0").strip()
-        if name in settings and not (re.fullmatch(r"[0-9]{1,9}", value) and int(value) <= most):
-            return f"{name}={settings[name][:20]!r} is not a count this machine's {cores} cores can use"
-    return ""
+    if why := tune_space.why_not(settings, cores):
+        return {}, why
+    backend = settings["FASTINFER_DEFAULT_BACKEND"].strip()  # the engine in front, if any, is this one
+    if backend not in can_run:
+        return {}, f"it names no backend: {backend[:40]!r}"
+    if (why := can_run[backend]) is not None:
+        return {}, f"it chose {backend}, which cannot run here: {why}"
+    return settings, "in force"
 
 
 def load(where: Path | None = None) -> Tuned:
@@ -161,21 +152,27 @@ def load(where: Path | None = None) -> Tuned:
     try:
         data = json.loads(_read(where))
     except FileNotFoundError:
+        if os.path.lexists(where):  # the name is there: a link to a file that is not
+            return Tuned(shown, status="ignored", why="a symlink to nothing")
         return Tuned(shown, status="none", why="no tuned file: `fastinfer tune` writes one")
-    except OSError as exc:  # a folder it may not read: its errno, not the path (clients see this)
-        return Tuned(shown, status="ignored", why=f"unreadable ({type(exc).__name__}: {exc.strerror})")
-    except Exception as exc:
-        return Tuned(shown, status="ignored", why=f"unreadable ({type(exc).__name__}: {str(exc)[:120]})")
+    except Exception as exc:  # a loop, a name too long, a NUL, a folder it may not read, not a file, not JSON
+        return Tuned(shown, status="ignored", why=_unreadable(exc))
     try:
         recorded = ((data.get("fingerprint") or {}).get("models") or {}) if isinstance(data, dict) else {}
         stored = model_tags(list(recorded)) if isinstance(recorded, dict) else {}
         settings, why = check(data, machine_fingerprint(), stored, {b: unavailable_reason(b) for b in BACKENDS})
     except Exception as exc:  # unreadable, truncated, not JSON, nested past the parser's depth, odd shapes
-        return Tuned(shown, status="ignored", why=f"unreadable ({type(exc).__name__}: {str(exc)[:120]})")
+        return Tuned(shown, status="ignored", why=_unreadable(exc))
     if not settings:  # the reason quotes the file: kept short (every worker inherits it in its environment)
         return Tuned(shown, status="ignored", why=why[:MAX_WHY])
     created, goal = (_plain(data.get(key)) for key in ("created", "goal"))
     return Tuned(shown, settings, "in force", "", created, goal)
+
+
+def _unreadable(exc: Exception) -> str:
+    """Why a file could not be read, in one line; an OSError by its errno's words, not the path (clients see this)."""
+    said = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return f"unreadable ({type(exc).__name__}: {' '.join(said.split())[:120]})"
 
 
 def _read(where: Path) -> str:
@@ -199,7 +196,7 @@ def shown_path(where: Path) -> str:
     """The file's path as clients may see it: under BentoML's home as $BENTOML_HOME/…, else its name."""
     try:
         return f"$BENTOML_HOME/{where.resolve().relative_to(bentoml_home().resolve())}"
-    except (ValueError, OSError):
+    except Exception:  # not under it; or either path cannot resolve (3.11 raises RuntimeError for a symlink loop)
         return where.name
 
 

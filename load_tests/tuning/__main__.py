@@ -64,9 +64,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def backends_to_tune(requested: str | None) -> list[str] | str:
     """The backends named (comma-separated), else every one that can run here; or why not."""
-    from fastinfer.catalog.backends import BACKENDS, unavailable_reason
+    from fastinfer.catalog.backends import unavailable_reason
+    from fastinfer.catalog.tune_space import BACKENDS_TUNED
 
-    reasons = {b: unavailable_reason(b) for b in BACKENDS if b != "coreml"}  # coreml-batched covers its models
+    reasons = {b: unavailable_reason(b) for b in BACKENDS_TUNED}
     runnable = [b for b, why in reasons.items() if why is None]
     if not runnable:
         example = next(iter(reasons.items()))

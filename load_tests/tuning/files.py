@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fastinfer.catalog import tune_space
 from fastinfer.catalog import tuned as tuning
 from fastinfer.common import hardware
 from fastinfer.measure.plots import pyplot, save
@@ -18,8 +19,7 @@ from load_tests.tuning.search import Search, Trial
 
 def tuned_settings(best: Trial) -> dict[str, str]:
     """The chosen configuration's settings, without those that only restate the table or the rule."""
-    plain = {"FASTINFER_IN_FRONT": "", "FASTINFER_FRONT_WORKERS": "1", "FASTINFER_THREADS": "0"}
-    return {name: value for name, value in best.config.settings().items() if plain.get(name) != value}
+    return tune_space.written(best.config.settings())
 
 
 def tuned_file(search: Search, best: Trial, command: str) -> dict[str, Any]:

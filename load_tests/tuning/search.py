@@ -15,8 +15,9 @@ The search, pruned by measurement rather than swept:
 Every trial is a real server under real load: the in-process figures only decide what is worth
 serving. When the budget runs out the search stops, says what it did not try, and keeps the best.
 
-``sweep`` serves every configuration of the same space (``space``), unpruned: the yardstick the
-benchmark holds the search against (load_tests/tuning/check.py, ``make tune-check``).
+The space itself (backends, settings, values) is fastinfer/catalog/tune_space.py's: the server holds a
+tuned file to it. ``sweep`` serves every configuration of that space (``space``), unpruned: the
+yardstick the benchmark holds the search against (load_tests/tuning/check.py, ``make tune-check``).
 
 Every server it starts is stopped, whatever happens (Ctrl-C, a failing candidate); what it found is
 written by load_tests/tuning/files.py.
@@ -34,6 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from fastinfer.catalog import tune_space
 from fastinfer.catalog.backends import env_key
 from fastinfer.common import hardware
 from load_tests.locust_runs import run_locust
@@ -46,34 +48,9 @@ MIN_GAIN = 0.03  # a setting is kept when it serves this much better than the be
 
 
 @dataclass(frozen=True)
-class Config:
-    """One way to serve: the backend and the settings that decide its served throughput (None / 0:
-    the table's value or the rule's)."""
-
-    backend: str
-    in_front: bool = False
-    max_batch: int | None = None
-    max_latency_ms: int | None = None
-    front_workers: int = 1
-    threads: int = 0
-
-    @property
-    def key(self) -> str:
-        return env_key(self.backend)
-
-    def settings(self) -> dict[str, str]:
-        """The FASTINFER_* values that make a server serve this way, the backend as its default."""
-        values = {
-            "FASTINFER_DEFAULT_BACKEND": self.backend,
-            "FASTINFER_IN_FRONT": self.backend if self.in_front else "",
-            "FASTINFER_FRONT_WORKERS": str(self.front_workers),
-            "FASTINFER_THREADS": str(self.threads),
-        }
-        if self.max_batch is not None:
-            values[f"FASTINFER_MAX_BATCH_SIZE_{self.key}"] = str(self.max_batch)
-        if self.max_latency_ms is not None:
-            values[f"FASTINFER_MAX_LATENCY_MS_{self.key}"] = str(self.max_latency_ms)
-        return values
+class Config(tune_space.Point):
+    """One way to serve: a configuration of the tuner's space (its fields and its settings are
+    tune_space.Point's), as the search names it."""
 
     def label(self) -> str:
         parts = [self.backend, "in front" if self.in_front else "runner"]
@@ -341,19 +318,7 @@ def serve(configs: list[Config], stage: str, search: Search, measure: Measure) -
 def dimensions(backend: str, cores: int, goal: Goal) -> dict[str, list[Any]]:
     """The values the search may give each setting of ``backend`` on ``cores``, the table's (or the
     rule's) first: the space both the search and the exhaustive sweep (``sweep``) walk."""
-    from fastinfer.catalog.backends import SPECS
-
-    spec = SPECS[backend]
-    batching_on, table_batch, table_wait = spec.batching
-    dims: dict[str, list[Any]] = {"in_front": [False, True]}
-    if batching_on and goal.kind == "throughput":  # at one client no batch forms: nothing to tune
-        largest = max(spec.static_batches) if len(spec.static_batches) > 1 else 32
-        sizes = sorted({b for b in (table_batch // 2, table_batch * 2) if 1 < b <= largest} - {table_batch})
-        dims["max_batch"] = [None, *sizes]
-        dims["max_latency_ms"] = [None, 5 if table_wait == 0 else 0]
-    dims["front_workers"] = [1, 2] if cores >= 2 else [1]
-    dims["threads"] = [0, cores - 1] if cores >= 2 else [0]
-    return dims
+    return tune_space.dimensions(backend, cores, goal.kind)
 
 
 def alternatives(config: Config, cores: int, goal: Goal) -> list[tuple[str, list[Config]]]:
@@ -470,16 +435,7 @@ def alternatives_from(current: Config, options: list[Config]) -> list[Config]:
 def space(backends: list[str], cores: int, goal: Goal) -> list[Config]:
     """Every configuration the search could reach: each backend × every value of every dimension
     (``dimensions``), an engine in the front only with the one front worker."""
-    import itertools
-
-    configs = []
-    for backend in backends:
-        dims = dimensions(backend, cores, goal)
-        for values in itertools.product(*dims.values()):
-            config = Config(backend, **dict(zip(dims, values, strict=True)))
-            if not (config.in_front and config.front_workers != 1):
-                configs.append(config)
-    return configs
+    return [Config(**asdict(point)) for backend in backends for point in tune_space.points(backend, cores, goal.kind)]
 
 
 def server_groups(configs: list[Config], cores: int, goal: Goal) -> list[list[Config]]:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from fastinfer import cli
-from fastinfer.catalog import backends
+from fastinfer.catalog import backends, config
 from fastinfer.catalog.config import BACKENDS
 from fastinfer.common import hardware
 
@@ -49,6 +49,24 @@ def test_doctor_says_where_the_core_count_came_from(monkeypatch, tmp_path, capsy
     assert (report["cores"], report["cores_source"]) == (2, budget.source)
     # Nothing can run (no backends here): said, not an empty name called "the only backend available".
     assert "recommended here: none — no backend can run here" in printed
+
+
+def test_doctor_says_a_tuned_file_that_is_a_symlink_loop_is_ignored(monkeypatch, tmp_path, capsys) -> None:
+    loop = tmp_path / "tuned.json"
+    loop.symlink_to(loop)
+    monkeypatch.setenv("FASTINFER_TUNED", str(loop))
+    monkeypatch.delenv("FASTINFER_TUNED_RESOLVED", raising=False)
+    monkeypatch.setattr(cli, "_available", dict)  # no backends: only the tuned file is under test
+    config.get_settings.cache_clear()  # read with this environment, and left for no other test
+    try:
+        out = tmp_path / "doctor.json"
+        assert cli.main(["doctor", "--json", str(out), "--profile", str(tmp_path / "none.json")]) == 0
+    finally:
+        config.get_settings.cache_clear()
+    printed = capsys.readouterr().out
+    said = "tuned configuration (tuned.json): ignored — unreadable (OSError: Too many levels of symbolic links)\n"
+    assert said in printed
+    assert json.loads(out.read_text())["tuned"]["status"] == "ignored"
 
 
 def shown_help(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[Any, str]:

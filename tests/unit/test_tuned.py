@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fastinfer.catalog import choice, config, tuned
+from fastinfer.catalog import backends, choice, config, tune_space, tuned
 from tests.settings import settings_with
 
 HERE = {
@@ -22,7 +22,8 @@ HERE = {
     "runtimes": {"openvino": "1", "torch": "2"},
 }
 STORED = {"resnet50-onnx-int8": "resnet50-onnx-int8:abc"}
-CAN_RUN: dict[str, str | None] = {"onnx-int8": None, "onnx": None, "coreml": "CoreML prediction needs macOS"}
+CAN_RUN: dict[str, str | None] = {"onnx-int8": None, "onnx": None, "coreml-batched": "CoreML prediction needs macOS"}
+EVERY_BACKEND_RUNS: dict[str, str | None] = dict.fromkeys(backends.BACKENDS)
 
 
 def tuned_data(**change) -> dict:
@@ -35,6 +36,11 @@ def tuned_data(**change) -> dict:
     }
     data.update(change)
     return data
+
+
+def chose(backend: str, **more: str) -> dict[str, str]:
+    """Settings as the tuner writes them: the backend it chose, and what it changed for it."""
+    return {"FASTINFER_DEFAULT_BACKEND": backend, **more}
 
 
 def test_a_file_measured_here_is_in_force() -> None:
@@ -54,9 +60,12 @@ def test_a_file_measured_here_is_in_force() -> None:
         (tuned_data(settings={"FASTINFER_BATCHING_NOPE": "true"}), "sets what tuning may not"),
         (tuned_data(settings={}), "it sets nothing"),
         (tuned_data(fingerprint={**HERE, "models": {}}), "records no model versions"),
-        (tuned_data(settings={"FASTINFER_FRONT_WORKERS": "64"}), "is not a count this machine's 2 cores can use"),
-        (tuned_data(settings={"FASTINFER_THREADS": "-1"}), "is not a count this machine's 2 cores can use"),
-        (tuned_data(settings={"FASTINFER_RUNNER_WORKERS": "0x4"}), "is not a count"),
+        (
+            tuned_data(settings=chose("onnx-int8", FASTINFER_FRONT_WORKERS="64")),
+            "FASTINFER_FRONT_WORKERS='64' is not a value `fastinfer tune` chooses for onnx-int8 on 2 cores ('1', '2')",
+        ),
+        (tuned_data(settings=chose("onnx-int8", FASTINFER_THREADS="-1")), "THREADS='-1' is not a value"),
+        (tuned_data(settings=chose("onnx-int8", FASTINFER_RUNNER_WORKERS="0x4")), "never sets"),
         (
             tuned_data(fingerprint={**HERE, "isa": ["avx512_vnni"], "models": STORED}),
             "another machine or runtime (isa)",
@@ -67,8 +76,8 @@ def test_a_file_measured_here_is_in_force() -> None:
             "another machine or runtime (openvino 0 → 1)",
         ),
         (tuned_data(fingerprint={**HERE, "models": {"resnet50-onnx-int8": "resnet50-onnx-int8:old"}}), "no longer"),
-        (tuned_data(settings={"FASTINFER_DEFAULT_BACKEND": "fastest"}), "names no backend: 'fastest'"),
-        (tuned_data(settings={"FASTINFER_IN_FRONT": "onnx,coreml"}), "chose coreml, which cannot run here: CoreML"),
+        (tuned_data(settings=chose("fastest")), "names no backend `fastinfer tune` chooses: 'fastest'"),
+        (tuned_data(settings=chose("coreml-batched")), "chose coreml-batched, which cannot run here: CoreML"),
     ],
 )
 def test_a_file_that_does_not_hold_here_is_ignored_with_the_reason(data, said) -> None:
@@ -143,11 +152,12 @@ def test_its_values_become_the_settings_below_the_environment(in_force, monkeypa
 
 def test_values_that_clash_with_the_environment_leave_it_out_not_the_server_down(in_force, monkeypatch, caplog):
     data = json.loads(in_force.read_text())
-    data["settings"] = {"FASTINFER_IN_FRONT": "onnx-int8", "FASTINFER_THREADS": "1"}
+    data["settings"] = chose("onnx-int8", FASTINFER_IN_FRONT="onnx-int8", FASTINFER_MAX_BATCH_SIZE_ONNX_INT8="16")
     in_force.write_text(json.dumps(data))
     with caplog.at_level(logging.WARNING, logger="fastinfer.tuned"):
-        settings = settings_with(monkeypatch, FASTINFER_FRONT_WORKERS="2")  # in front needs one front worker
-    assert settings.in_front == frozenset() and settings.threads == 0 and settings.front_workers == 2  # all left out
+        settings = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND", FASTINFER_FRONT_WORKERS="2")  # in front: 1
+    assert settings.in_front == frozenset() and settings.front_workers == 2  # all left out:
+    assert settings.default_backend == "auto" and settings.batching_for("onnx-int8").max_batch_size == 8
     assert settings.tuned["status"] == "ignored" and "do not hold" in settings.tuned["why"]
     assert "tuned configuration" in caplog.text and "ignored" in caplog.text
 
@@ -190,10 +200,10 @@ def test_an_error_of_the_environment_is_its_own_not_the_tuned_files(in_force, mo
 )  # fmt: skip
 def test_values_out_of_range_leave_the_file_out_and_refuse_from_the_environment(in_force, monkeypatch, name, value):
     data = json.loads(in_force.read_text())
-    data["settings"] = {name: value}
+    data["settings"] = chose("onnx-int8", **{name: value})
     in_force.write_text(json.dumps(data))
     settings = settings_with(monkeypatch, name)
-    assert settings.tuned["status"] == "ignored" and "must be from" in settings.tuned["why"]
+    assert settings.tuned["status"] == "ignored" and "is not a value `fastinfer tune` chooses" in settings.tuned["why"]
     with pytest.raises(ValueError, match="must be from"):
         settings_with(monkeypatch, **{name: value})
 
@@ -213,17 +223,21 @@ def test_every_process_of_a_server_takes_what_its_parent_read(in_force, monkeypa
 
 @pytest.mark.parametrize("value", ["²", "9" * 5000, "４", "٨"])
 def test_counts_in_other_digits_are_refused_with_the_reason_not_as_unreadable(value) -> None:
-    settings, why = tuned.check(tuned_data(settings={"FASTINFER_THREADS": value}), HERE, STORED, CAN_RUN)
-    assert settings == {} and "is not a count" in why and len(why) < 200
+    settings, why = tuned.check(tuned_data(settings=chose("onnx", FASTINFER_THREADS=value)), HERE, STORED, CAN_RUN)
+    assert settings == {} and "is not a value `fastinfer tune` chooses" in why and len(why) < 200
 
 
-def test_auto_and_spaces_in_a_tuned_file_read_as_in_the_environment(in_force, monkeypatch) -> None:
+def test_spaces_in_a_tuned_file_read_as_in_the_environment_and_auto_is_no_tuning(in_force, monkeypatch) -> None:
     data = json.loads(in_force.read_text())
-    data["settings"] = {"FASTINFER_DEFAULT_BACKEND": "AUTO", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8": " 16\n"}
+    data["settings"] = {"FASTINFER_DEFAULT_BACKEND": "onnx-int8\n", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8": " 16\n"}
     in_force.write_text(json.dumps(data))
     settings = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8")
     assert settings.tuned["status"] == "in force", settings.tuned
-    assert settings.default_backend == "auto" and settings.batching_for("onnx-int8").max_batch_size == 16
+    assert settings.default_backend == "onnx-int8" and settings.batching_for("onnx-int8").max_batch_size == 16
+    data["settings"]["FASTINFER_DEFAULT_BACKEND"] = "AUTO"  # the tuner always chooses a backend
+    in_force.write_text(json.dumps(data))
+    settings = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8")
+    assert settings.tuned["status"] == "ignored" and "chooses: 'AUTO'" in settings.tuned["why"]
 
 
 @pytest.mark.parametrize("value", ["1_000", "٨", "８", "0x8", "1e3", "9" * 16])
@@ -242,7 +256,7 @@ def test_a_backend_with_spaces_in_a_tuned_file_is_the_backend(in_force, monkeypa
 
 def test_none_in_the_environment_keeps_every_engine_in_its_runner_over_the_tuned_file(in_force, monkeypatch) -> None:
     data = json.loads(in_force.read_text())
-    data["settings"] = {"FASTINFER_IN_FRONT": "onnx-int8"}
+    data["settings"] = chose("onnx-int8", FASTINFER_IN_FRONT="onnx-int8")
     in_force.write_text(json.dumps(data))
     assert settings_with(monkeypatch, "FASTINFER_IN_FRONT").in_front == {"onnx-int8"}
     settings = settings_with(monkeypatch, FASTINFER_IN_FRONT="None")
@@ -280,8 +294,12 @@ def test_a_resolved_value_not_from_a_tuned_file_is_refused(monkeypatch, settings
     assert tuned.here().status == "ignored" and tuned.here().settings == {}
 
 
-@pytest.mark.parametrize(("in_front", "holds"), [("none", True), ("NONE", True), ("onnx,none", False), ("auto", False)])
-def test_none_in_a_tuned_file_is_no_engine_in_front_and_auto_is_not_a_backend(in_front, holds) -> None:
+@pytest.mark.parametrize(
+    ("in_front", "holds"),
+    [("", True), ("onnx", True), (" onnx ", True), ("none", False), ("NONE", False), ("onnx,none", False),
+     ("auto", False), ("onnx-int8", False), ("onnx,onnx-int8", False)],
+)  # fmt: skip
+def test_in_front_in_a_tuned_file_is_the_chosen_backend_or_nothing_as_the_tuner_writes_it(in_front, holds) -> None:
     data = tuned_data(settings={"FASTINFER_DEFAULT_BACKEND": "onnx", "FASTINFER_IN_FRONT": in_front})
     settings, why = tuned.check(data, HERE, STORED, CAN_RUN)
     assert bool(settings) is holds, why
@@ -313,3 +331,121 @@ def test_the_reason_to_ignore_a_file_fits_in_every_workers_environment(tmp_path)
     found = tuned.load(path)
     assert found.status == "ignored" and len(found.why) <= tuned.MAX_WHY
     assert len(json.dumps(found.as_dict())) < 128 * 1024  # Linux refuses one environment string beyond it
+
+
+# ---- a path that cannot be opened: a reason, never a failed start --------------------------------
+
+
+def _loop(tmp_path: Path) -> Path:
+    loop = tmp_path / "loop.json"
+    loop.symlink_to(loop)
+    return loop
+
+
+def _loop_above(tmp_path: Path) -> Path:
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    return tmp_path / "a" / "tuned.json"
+
+
+def _dangling(tmp_path: Path) -> Path:
+    link = tmp_path / "tuned.json"
+    link.symlink_to(tmp_path / "gone.json")
+    return link
+
+
+def _under_a_file(tmp_path: Path) -> Path:
+    (tmp_path / "file").write_text("")
+    return tmp_path / "file" / "tuned.json"
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (_loop, "unreadable (OSError: Too many levels of symbolic links)"),
+        (_loop_above, "unreadable (OSError: Too many levels of symbolic links)"),
+        (_dangling, "a symlink to nothing"),
+        (_under_a_file, "unreadable (NotADirectoryError: Not a directory)"),
+        (lambda tmp: tmp / ("x" * 300), "unreadable (OSError: File name too long)"),
+        (lambda tmp: tmp.joinpath(*["y" * 200] * 30), "unreadable (OSError: File name too long)"),
+        (lambda tmp: tmp / "nul\0.json", "unreadable (ValueError: embedded null byte)"),
+    ],
+)
+def test_a_path_that_cannot_be_opened_is_a_reason_not_a_failed_start(tmp_path, make, said) -> None:
+    found = tuned.load(make(tmp_path))
+    assert (found.status, found.settings, found.why) == ("ignored", {}, said)
+    assert "\n" not in found.why and str(tmp_path) not in found.why
+
+
+def test_a_symlink_loop_named_by_the_environment_is_ignored_with_one_warning(tmp_path, monkeypatch, caplog) -> None:
+    loop = _loop(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="fastinfer.tuned"):
+        settings = settings_with(monkeypatch, tuned.RESOLVED_ENV, FASTINFER_TUNED=str(loop))
+    assert settings.tuned["status"] == "ignored" and settings.tuned["path"] == "loop.json"
+    assert "Too many levels of symbolic links" in settings.tuned["why"] and settings.sources == {}
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "fastinfer.tuned"]
+    assert "\n" not in warning and "Too many levels of symbolic links" in warning
+
+
+def test_a_home_that_is_a_symlink_loop_shows_the_files_name_not_a_failed_start(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("BENTOML_HOME", str(_loop(tmp_path)))
+    found = tuned.load(tmp_path / "tuned.json")
+    assert (found.status, found.path) == ("none", "tuned.json")
+
+
+# ---- only what the tuner chooses from ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        (chose("openvino-int8", FASTINFER_MAX_LATENCY_MS_OPENVINO_INT8="10000"), "LATENCY_MS_OPENVINO_INT8='10000'"),
+        (chose("pytorch", FASTINFER_MAX_BATCH_SIZE_PYTORCH="1024"), "FASTINFER_MAX_BATCH_SIZE_PYTORCH='1024'"),
+        (chose("onnx-int8", FASTINFER_MAX_BATCH_SIZE_ONNX_INT8="8"), "BATCH_SIZE_ONNX_INT8='8'"),  # the table's
+        (chose("onnx-int8", FASTINFER_MAX_BATCH_SIZE_ONNX_INT8="016"), "BATCH_SIZE_ONNX_INT8='016'"),
+        (chose("onnx-int8", FASTINFER_MAX_LATENCY_MS_ONNX_INT8="3"), "FASTINFER_MAX_LATENCY_MS_ONNX_INT8='3'"),
+        (chose("onnx-int8", FASTINFER_MAX_BATCH_SIZE_ONNX="16"), "never sets FASTINFER_MAX_BATCH_SIZE_ONNX "),
+        (chose("onnx-int8", FASTINFER_BATCHING_ONNX_INT8="false"), "never sets FASTINFER_BATCHING_ONNX_INT8"),
+        (chose("onnx-int8", FASTINFER_RUNNER_WORKERS="2"), "never sets FASTINFER_RUNNER_WORKERS"),
+        (chose("onnx-int8-dynamic", FASTINFER_MAX_BATCH_SIZE_ONNX_INT8_DYNAMIC="4"), "never sets"),  # no batching
+        (chose("onnx-int8", FASTINFER_FRONT_WORKERS="3"), "FASTINFER_FRONT_WORKERS='3'"),
+        (chose("onnx-int8", FASTINFER_THREADS="2"), "FASTINFER_THREADS='2'"),  # 2 cores: 0 or 1
+        (chose("onnx-int8", FASTINFER_IN_FRONT="onnx"), "FASTINFER_IN_FRONT='onnx'"),  # another backend's engine
+        (chose("onnx-int8", FASTINFER_IN_FRONT="none"), "FASTINFER_IN_FRONT='none'"),
+        (chose("onnx-int8", FASTINFER_IN_FRONT="onnx-int8,onnx"), "FASTINFER_IN_FRONT='onnx-int8,onnx'"),
+        (chose("onnx-int8", FASTINFER_IN_FRONT="onnx-int8", FASTINFER_FRONT_WORKERS="2"), "together"),
+        (chose("auto"), "names no backend `fastinfer tune` chooses: 'auto'"),
+        (chose("coreml"), "names no backend `fastinfer tune` chooses: 'coreml'"),  # coreml-batched is measured
+        ({"FASTINFER_MAX_BATCH_SIZE_ONNX_INT8": "16"}, "names no backend: it sets no FASTINFER_DEFAULT_BACKEND"),
+    ],
+)
+def test_a_file_holds_only_the_settings_and_values_the_tuner_chooses_from(settings, said) -> None:
+    found, why = tuned.check(tuned_data(settings=settings), HERE, STORED, EVERY_BACKEND_RUNS)
+    assert found == {} and said in why and len(why) <= tuned.MAX_WHY, why
+
+
+def test_one_value_the_tuner_never_chose_leaves_the_whole_file_out(in_force, monkeypatch) -> None:
+    data = json.loads(in_force.read_text())  # the hostile example: every request would wait 10 s for a batch
+    data["settings"] = chose(
+        "onnx-int8", FASTINFER_MAX_BATCH_SIZE_ONNX_INT8="16", FASTINFER_MAX_LATENCY_MS_ONNX_INT8="10000"
+    )
+    in_force.write_text(json.dumps(data))
+    settings = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8",
+                             "FASTINFER_MAX_LATENCY_MS_ONNX_INT8")  # fmt: skip
+    assert settings.tuned["status"] == "ignored" and "'10000'" in settings.tuned["why"]
+    assert settings.sources == {} and settings.default_backend == "auto"  # its good values are left out too
+    batching = settings.batching_for("onnx-int8")
+    assert (batching.max_batch_size, batching.max_latency_ms) == (8, 0)  # the table's
+
+
+@pytest.mark.parametrize("cores", [1, 2, 8])
+def test_every_configuration_the_tuner_can_write_is_in_force(cores) -> None:
+    from load_tests.tuning.files import tuned_settings
+    from load_tests.tuning.search import Goal, Trial, space
+
+    here = {**HERE, "cores": cores}
+    for goal in (Goal(), Goal("latency")):
+        for chosen in space(list(tune_space.BACKENDS_TUNED), cores, goal):
+            data = tuned_data(settings=tuned_settings(Trial(chosen, "")), fingerprint={**here, "models": STORED})
+            _, why = tuned.check(data, here, STORED, EVERY_BACKEND_RUNS)
+            assert why == "in force", (chosen, why)
