@@ -35,7 +35,7 @@ from fastinfer.front.image_routes import ROUTES, image_apis
 from fastinfer.front.openapi import DocumentedService
 from fastinfer.serving.cache import ResponseCache, open_cache
 from fastinfer.serving.cpu import CpuPool
-from fastinfer.serving.disk import guard_metric_files
+from fastinfer.serving.disk import claim_metrics_dir, guard_metric_files, own_metrics_dir
 from fastinfer.serving.live import LiveStats
 from fastinfer.serving.pipeline import Pipeline
 from runners import REGISTRY, attach, attribute, runs_here, unavailable_reason
@@ -45,6 +45,10 @@ from runners.calls import RunnerCalls
 logger = logging.getLogger("fastinfer.service")
 DASHBOARD_DIR = Path(__file__).parent / "dashboard"
 settings = get_settings()
+# In `bentoml serve`'s supervisor (it imports this module first): metric files of this server's own, which
+# another server on this home leaves alone. In a worker: keep this server's pins and metrics in use.
+own_metrics_dir()
+store.hold_pins()
 
 
 # Overload (429) and timeouts (504) are answered by FrontMiddleware, in our error shape; BentoML's
@@ -116,6 +120,7 @@ class FastInfer:
         # The tuned configuration this process read when it imported this module (its front workers and
         # runners follow from it): every worker takes the same, even if the file changes meanwhile.
         tuned.export(settings.tuned)
+        claim_metrics_dir()
         try:
             atexit.register(store.record_pins(pinned).unlink, missing_ok=True)
         except OSError as exc:  # a read-only home (a container's): nothing builds beside this server there

@@ -170,8 +170,7 @@ def locked_server(built_models, bentoml_home: Path, tmp_path_factory, fake_groq:
     """A server as a public deploy runs it: API keys on, /analyze limited to 2 per client and 3 in all
     per minute (against the fake Groq), the keys given as a secret file like Compose's. Memory cache."""
     work = tmp_path_factory.mktemp("locked")
-    # Its own BENTOML_HOME over the same models: `bentoml serve` empties its home's Prometheus
-    # directory at start, which would blank the shared server's metrics.
+    # Its own BENTOML_HOME over the same models: its files (metrics, tuned file) apart from the shared server's.
     home = work / "home"
     home.mkdir()
     (home / "models").symlink_to(bentoml_home / "models")

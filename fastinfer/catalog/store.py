@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fastinfer.common import leases
 from fastinfer.common.home import bentoml_home
 
 logger = logging.getLogger("fastinfer.store")
@@ -166,36 +167,49 @@ def serving(backend: str, batch: int | None = None) -> Model | None:
     )
 
 
-PINS_DIR = "pinned"
-"""Under BentoML's home: one ``<pid>.json`` per running server, listing the tags it pinned, so that a
-rebuild keeps the versions a running server uses instead of deleting them under it."""
+PIN_PREFIX = ".fastinfer-pinned-"
+"""In the models folder itself (the store a build prunes, wherever a symlink puts it; BentoML lists only
+its folders): one ``.fastinfer-pinned-<supervisor pid>.json`` per running server, listing the tags it
+pinned, so that a rebuild keeps them instead of deleting them under it. A lease (fastinfer.common.leases):
+in use while any process of that server lives, its supervisor or, after a ``kill -9`` of it, a worker."""
+PIN_FILE_ENV = "FASTINFER_PIN_FILE"
+"""Set by the server at start-up beside PINS_ENV: the pin file its workers hold (:func:`hold_pins`)."""
+
+
+def models_folder() -> Path:
+    """The model store's folder as a build prunes it: symlinks resolved, so that every home sharing one
+    store (by a symlink of ``models``, or of the home) names the same folder."""
+    return (bentoml_home() / "models").resolve()
 
 
 def record_pins(pinned: dict[str, str]) -> Path:
-    """Say, for builds to see, which versions the server running as this process uses."""
-    folder = bentoml_home() / PINS_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{os.getpid()}.json"
-    path.write_text(json.dumps(sorted(pinned.values())))
+    """Say, for builds to see, which versions the server supervised by this process uses; the file is
+    this process's lease, which its workers join (:func:`hold_pins`)."""
+    path = models_folder() / f"{PIN_PREFIX}{os.getpid()}.json"
+    leases.create(path, json.dumps(sorted(pinned.values())))
+    os.environ[PIN_FILE_ENV] = str(path)
     return path
 
 
+def hold_pins() -> None:
+    """In a server's worker: hold its pin file, so that it stays in use while this worker lives, even if
+    its supervisor is killed. Outside a server, nothing."""
+    if (path := os.environ.get(PIN_FILE_ENV)) and not leases.hold(Path(path)):
+        logger.warning("%s is gone: a build may remove the model versions this server serves", path)
+
+
 def in_use() -> dict[str, int]:
-    """Tags pinned by servers that are still running → the process id of one. A file left by a
-    server that died (kill -9) names a process that is gone: it is removed here."""
+    """Tags pinned by servers that still run → the process id their supervisor had. A pin file that no
+    live process holds was left by a server that is gone (even by a ``kill -9``): it is removed here."""
     used: dict[str, int] = {}
-    folder = bentoml_home() / PINS_DIR
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        try:
-            pid = int(path.stem)
-            os.kill(pid, 0)
-        except (ValueError, ProcessLookupError):
+    folder = models_folder()
+    for path in sorted(folder.glob(f"{PIN_PREFIX}*.json")) if folder.is_dir() else []:
+        if not leases.held(path):
             path.unlink(missing_ok=True)
             continue
-        except PermissionError:
-            pass  # alive, another user's
         try:
             tags = json.loads(path.read_text())
+            pid = int(path.stem.removeprefix(PIN_PREFIX))
         except (OSError, ValueError):
             continue
         used.update(dict.fromkeys(map(str, tags), pid))

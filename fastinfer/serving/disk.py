@@ -18,11 +18,13 @@ not shown by ``/metrics`` — logged once, and are written back to their file on
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import mmap
 import os
 import re
+import shutil
 import struct
 import threading
 import time
@@ -33,6 +35,7 @@ from pathlib import Path
 import prometheus_client.values
 from prometheus_client.mmap_dict import _INITIAL_MMAP_SIZE, MmapedDict
 
+from fastinfer.common import leases
 from fastinfer.common.home import bentoml_home
 
 logger = logging.getLogger("fastinfer.disk")
@@ -268,6 +271,46 @@ def _holds_nothing(path: str) -> bool:
     return len(head) < 4 or struct.unpack("i", head)[0] <= _HEADER
 
 
+METRICS_ROOT = "fastinfer-metrics"
+"""Under BENTOML_HOME: one metric directory per running server, ``<supervisor pid>/``. BentoML's default is
+one directory per home that every ``bentoml serve`` empties at start: a second server on the home (or
+``fastinfer tune``'s servers) blanked the first one's /metrics."""
+LEASE = ".server"  # in a server's metric directory: held by each of its processes (fastinfer.common.leases)
+
+
+_own_dir: Path | None = None  # the metric directory own_metrics_dir gave this supervisor
+
+
+def own_metrics_dir() -> None:
+    """In ``bentoml serve``'s supervisor, before it prepares the metric directory: make it this server's
+    own (its workers are given it as PROMETHEUS_MULTIPROC_DIR). In a worker, nothing: it has its server's."""
+    global _own_dir
+    root = bentoml_home() / METRICS_ROOT
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if given and Path(given).parent == root:
+        return
+    # No public setting: BentoML's serve reads this provider (bentoml/serving.py ensure_prometheus_dir).
+    from bentoml._internal.configuration.containers import BentoMLContainer
+
+    _own_dir = root / str(os.getpid())
+    BentoMLContainer.prometheus_multiproc_dir.set(str(_own_dir))
+
+
+def claim_metrics_dir() -> None:
+    """In the supervisor, once BentoML has made the directory: hold this server's lease on it, and remove
+    the directories of servers that are gone (no process holds their lease, their supervisor is dead)."""
+    if _own_dir is None or not _own_dir.is_dir():
+        return
+    with contextlib.suppress(OSError):
+        leases.create(_own_dir / LEASE, str(os.getpid()))
+    atexit.register(shutil.rmtree, _own_dir, ignore_errors=True)  # a clean stop leaves nothing behind
+    with contextlib.suppress(OSError), os.scandir(_own_dir.parent) as entries:
+        for entry in entries:
+            gone = entry.name.isdigit() and not _alive(int(entry.name)) and not leases.held(Path(entry.path) / LEASE)
+            if gone and entry.path != str(_own_dir):
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+
 def guard_metric_files(min_free_bytes: int) -> DiskHealth:
     """Install :class:`GuardedMmapedDict` for the metric files this process opens from now on, clear the
     files dead processes left, and return the health that ``/readyz`` consults.
@@ -277,6 +320,7 @@ def guard_metric_files(min_free_bytes: int) -> DiskHealth:
     prometheus_client.values.MmapedDict = GuardedMmapedDict  # looked up there each time a file is opened
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if directory:
+        leases.hold(Path(directory) / LEASE)  # a worker keeps its server's metrics while it lives
         early = [p.name for p in Path(directory).glob(f"*_{os.getpid()}.db")]
         if early:
             logger.warning("disk: metric files opened before the guard (not covered): %s", ", ".join(early))

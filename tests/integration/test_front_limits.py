@@ -32,6 +32,7 @@ import psutil
 import pytest
 
 from fastinfer.measure import photos
+from fastinfer.serving.disk import METRICS_ROOT
 from tests.full_disk import fill, small_filesystem
 from tests.servers import start_server, stop_server
 
@@ -247,7 +248,7 @@ def test_a_full_disk_under_bentoml_home_degrades_instead_of_crash_looping(front:
         pytest.skip(front.full_disk)
     assert classify(keyed).status_code == 200  # cached from the tests above, or now
     worker = front_worker(front)
-    metrics_dir = front.home / "prometheus_multiproc_dir"
+    metrics_dir = front.home / METRICS_ROOT / str(front.server.process.pid)  # this server's own (serving/disk.py)
     files_before = len(list(metrics_dir.iterdir()))
     filler = fill(front.home)
     try:

@@ -26,7 +26,7 @@ IN_FRONT = "onnx-int8"
 @pytest.fixture(scope="module")
 def in_front_server(built_models, bentoml_home: Path, tmp_path_factory) -> Server:
     work = tmp_path_factory.mktemp("in-front")
-    home = work / "home"  # its own Prometheus directory: `bentoml serve` empties it at start
+    home = work / "home"  # its own home: its files (metrics, tuned file) apart from the shared server's
     home.mkdir()
     (home / "models").symlink_to(bentoml_home / "models")
     srv = start_server(home, work / "serve.log", {"FASTINFER_IN_FRONT": IN_FRONT, "FASTINFER_CACHE": "memory"})

@@ -4,9 +4,6 @@ names, whatever ``:latest`` becomes meanwhile, and what a rebuild must keep whil
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -41,16 +38,6 @@ def test_outside_a_server_latest_serves(built_models, monkeypatch) -> None:
     monkeypatch.delenv(store.PINS_ENV, raising=False)
     assert store.pins() is None
     assert str(store.serving("onnx-int8").tag) == str(store.find("onnx-int8").tag)
-
-
-def test_recorded_pins_of_a_live_server_are_in_use_and_a_dead_ones_are_cleared(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("BENTOML_HOME", str(tmp_path))
-    mine = store.record_pins({"resnet50-onnx": "resnet50-onnx:aaaa"})
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = tmp_path / store.PINS_DIR / f"{int(dead.stdout)}.json"
-    stale.write_text(json.dumps(["resnet50-onnx:bbbb"]))
-    assert store.in_use() == {"resnet50-onnx:aaaa": os.getpid()}
-    assert mine.exists() and not stale.exists()
 
 
 @pytest.mark.parametrize("raw", ["{bad", '"x"', '{"resnet50-onnx": 5}', "[]"])

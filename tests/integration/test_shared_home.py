@@ -1,0 +1,94 @@
+"""Two servers on one BENTOML_HOME whose model store is shared by a symlink, as README allows: neither
+blanks the other's metrics, and a build on the store's own home keeps what a running server pinned, even
+after that server's supervisor is killed while its workers go on serving.
+
+Before (review finding): the second `bentoml serve` emptied the home's one Prometheus directory
+(`fastinfer_requests_total` vanished from the first server's /metrics), pins were recorded under the
+server's home, where a build on the store's home never looked, and a pin was dropped as soon as the
+supervisor's pid was dead."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+
+from fastinfer.catalog import store
+from fastinfer.measure import photos
+from tests.servers import start_server, stop_server
+
+REQUESTS = 'fastinfer_requests_total{backend="onnx",route="/classify",status="200"}'
+
+
+def _counted(url: str) -> bool:
+    return REQUESTS in httpx.get(f"{url}/metrics", timeout=10).text
+
+
+def test_two_servers_on_one_home_keep_their_metrics_and_pins(built_models, bentoml_home, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to(bentoml_home / "models")
+    first = start_server(home, tmp_path / "first.log", {"FASTINFER_CACHE": "memory"})
+    second, workers = None, []
+    try:
+        data = photos.photo_jpeg(width=320, quality=81)
+        answer = httpx.post(f"{first.url}/classify", data={"backend": "onnx"}, files={"image": ("a.jpg", data)})
+        assert answer.status_code == 200, answer.text
+        assert _counted(first.url)
+
+        second = start_server(home, tmp_path / "second.log", {"FASTINFER_CACHE": "memory"})
+        assert _counted(first.url), "the second server's start must not blank the first one's metrics"
+        assert not _counted(second.url)
+
+        monkeypatch.setenv("BENTOML_HOME", str(bentoml_home))  # a build on the store's own home
+        served = answer.json()["model"]
+        assert served in _pinned_by(first.process.pid) and served in _pinned_by(second.process.pid)
+        stop_server(second)
+        assert not _pinned_by(second.process.pid), "a server that stopped keeps nothing"
+        second = None
+        workers = _descendants(first.process.pid)
+        assert workers
+        os.kill(first.process.pid, signal.SIGKILL)  # the supervisor only: its workers serve on, unsupervised
+        first.process.wait()
+        again = httpx.post(f"{first.url}/classify", data={"backend": "onnx"}, files={"image": ("b.jpg", data)})
+        assert again.status_code == 200, again.text
+        assert served in _pinned_by(first.process.pid), "its orphaned workers still serve what it pinned"
+    finally:
+        if second is not None:
+            stop_server(second)
+        if not workers:
+            stop_server(first)
+        for pid in workers:  # not in the supervisor's process group: gone with it only when it stops them
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while _pinned_by(first.process.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _pinned_by(first.process.pid), "once its last process is gone, nothing of it is pinned"
+
+
+def _pinned_by(supervisor: int) -> set[str]:
+    """What a build sees pinned by the server whose supervisor had this pid (store.in_use's view: a pin
+    file that no live process holds is removed by looking)."""
+    store.in_use()
+    path = store.models_folder() / f"{store.PIN_PREFIX}{supervisor}.json"
+    return set(json.loads(path.read_text())) if path.exists() else set()
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process under ``root`` now."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [root]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
