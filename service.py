@@ -91,6 +91,7 @@ class FastInfer:
             models,
             calls.unavailable,
             calls.infer,
+            calls.engine,
             ResponseCache(),
             self.cpu,
             self.live,

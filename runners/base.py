@@ -100,6 +100,7 @@ class RunnerCore:
         self.calls: Counter[str] = Counter()  # per API, so that a test can tell infer_batched ran
         self.batcher = MicroBatcher(self._run, self.batching.max_batch_size, self.batching.max_latency_ms)
         self.failure: str | None = None
+        self.engine_id = ""  # engine_identity() of the loaded engine
         self.failed_at = 0.0
         self.lasting = False
         self._reloading = asyncio.Lock()
@@ -120,6 +121,7 @@ class RunnerCore:
             logger.error("runner %s: %s could not be loaded: %s", name, name, one_line(exc, limit=4000))
             return
         self.failure = None
+        self.engine_id = engine_identity(self.engine)
         runs_on = self.engine.describe()
         logger.info(
             "runner %s: %s loaded and warmed up in %.1fs on %s",
@@ -182,23 +184,36 @@ class RunnerCore:
         BATCH_SIZE.labels(backend=self.name).observe(len(images))
         return self.engine.run(images)
 
-    def _holds(self, model: str) -> None:
-        """Compute only for the model the caller names in its answer: a front and a runner that
-        disagree on the version (one of them restarted across a rebuild) must not mislabel."""
+    def _holds(self, model: str, engine: str) -> None:
+        """Compute only for the model and engine the caller names in its answer (and its cache key): a
+        front and a runner that disagree on the version (one of them restarted across a rebuild) must not
+        mislabel, nor an engine that computes otherwise be taken for the one the answer names."""
         if model and model not in self.models:
             raise ModelMismatch(
                 f"the {self.name} runner holds {', '.join(self.models)}, not {model}: "
                 "restart the server so that every process serves the same version"
             )
+        if engine and engine != self.engine_id:
+            raise ModelMismatch(
+                f"the {self.name} runner computes with {self.engine_id}, not {engine}: "
+                "restart the server so that every process computes alike"
+            )
 
-    async def compute(self, images: np.ndarray, model: str, within_s: float, batched: bool) -> np.ndarray:
+    async def identity(self) -> str:
+        """The loaded engine's :func:`engine_identity` (after a due reload; the load failure's 503 else)."""
+        await self._loaded()
+        return self.engine_id
+
+    async def compute(
+        self, images: np.ndarray, model: str, within_s: float, batched: bool, engine: str = ""
+    ) -> np.ndarray:
         """uint8 [N,224,224,3] → float32 logits [N,1000] by ``model`` (a tag this runner holds; "" =
-        whichever it holds), batched with other callers' images or run as sent; dropped (504) if
-        ``within_s`` seconds (0 = no limit) pass before the model takes them: the caller has
-        answered its client already."""
+        whichever it holds) on ``engine`` (its identity; "" = whichever), batched with other callers'
+        images or run as sent; dropped (504) if ``within_s`` seconds (0 = no limit) pass before the model
+        takes them: the caller has answered its client already."""
         self.calls["infer_batched" if batched else "infer"] += 1
         await self._loaded()
-        self._holds(model)
+        self._holds(model, engine)
         deadline = deadlines.monotonic_deadline(within_s)
         images = _checked(images)
         run = self.batcher.submit if batched else self.batcher.run_now
@@ -213,11 +228,18 @@ class RunnerCore:
             runs_on["cache_dir"] = under_home(runs_on["cache_dir"])
         return {
             **runs_on,
+            "engine": self.engine_id,
             "models": self.models,
             "batch_sizes_seen": dict(sorted(self.batch_sizes.items())),
             "calls": {"infer": self.calls["infer"], "infer_batched": self.calls["infer_batched"]},
             "expired_images": self.batcher.expired_rows,
         }
+
+
+def engine_identity(engine: Engine) -> str:
+    """What decides a loaded engine's numbers beside its model (fastinfer.engines.Engine.identity), and the
+    CPU's instruction sets, which decide the kernels it runs (an INT8 kernel without VNNI rounds otherwise)."""
+    return f"{engine.identity()}; CPU instructions {'+'.join(hardware.probe()['isa']) or 'baseline'}"
 
 
 def tracing_configured() -> bool:
@@ -276,16 +298,21 @@ def make_runner(backend: str) -> Any:
             leave_after_front(settings.request_timeout_s + 5)
 
         @bentoml.api
-        async def infer(self, images: np.ndarray, model: str = "", within_s: float = 0.0) -> np.ndarray:
+        async def infer(
+            self, images: np.ndarray, model: str = "", within_s: float = 0.0, engine: str = ""
+        ) -> np.ndarray:
             """uint8 [N,224,224,3] → float32 logits [N,1000], run as sent, by ``model`` (a tag this runner
-            holds; "" = whichever it holds); dropped (504) if ``within_s`` seconds (0 = no limit) pass
-            before the model takes it: the caller has answered its client already."""
-            return await self.compute(images, model, within_s, batched=False)
+            holds; "" = whichever it holds) on ``engine`` (its identity, as ``describe`` says; "" = whichever);
+            dropped (504) if ``within_s`` seconds (0 = no limit) pass before the model takes it: the caller
+            has answered its client already."""
+            return await self.compute(images, model, within_s, batched=False, engine=engine)
 
         @bentoml.api
-        async def infer_batched(self, images: np.ndarray, model: str = "", within_s: float = 0.0) -> np.ndarray:
+        async def infer_batched(
+            self, images: np.ndarray, model: str = "", within_s: float = 0.0, engine: str = ""
+        ) -> np.ndarray:
             """As ``infer``, but calls that wait for the model run together, up to max_batch_size rows."""
-            return await self.compute(images, model, within_s, batched=True)
+            return await self.compute(images, model, within_s, batched=True, engine=engine)
 
         @bentoml.api
         def describe(self) -> dict[str, Any]:

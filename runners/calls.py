@@ -35,6 +35,7 @@ logger = logging.getLogger("fastinfer.service")  # these calls run in the front'
 FAILURE_MEMORY_S = 10.0
 """How long a runner's load failure is believed before the runner is asked again."""
 DESCRIBE_TIMEOUT_S = 5.0
+NO_ANSWER = "the runner does not answer"
 
 
 class RunnerCalls:
@@ -52,6 +53,7 @@ class RunnerCalls:
         self.cannot_run = cannot_run  # backend → why it cannot run on this machine
         self.timeout_s = timeout_s  # the request timeout, for the 504's message
         self.failures: dict[str, tuple[str, float]] = {}  # runner → (why, until when it is believed)
+        self.engines: dict[str, str] = {}  # runner → its engine's identity, as it said (runners/base.py)
 
     def unavailable(self, backend: str) -> str | None:
         """Why a backend cannot answer now: it cannot run here, or its runner recently failed to load."""
@@ -59,6 +61,30 @@ class RunnerCalls:
             return self.cannot_run[backend]
         reason, until = self.failures.get(REGISTRY[backend].runner, ("", 0.0))
         return reason if time.monotonic() < until else None
+
+    async def engine(self, backend: str) -> str:
+        """The identity of the engine that computes the backend's answers (fastinfer.serving.pipeline.EngineOf):
+        asked of its runner once, then known; every call then names it, and a runner that computes otherwise
+        refuses (409), which makes this ask again."""
+        runner = REGISTRY[backend].runner
+        if known := self.engines.get(runner):
+            return known
+        if (core := self.local.get(runner)) is not None:
+            try:
+                identity = await core.identity()
+            except ServiceUnavailable as exc:
+                raise self._remember(runner, str(exc)) from exc
+        else:
+            described = await self.describe(runner)
+            if (error := described.get("error")) is not None:
+                if error.startswith(NO_ANSWER):  # down, or starting: not believed for long
+                    raise BackendUnavailable(f"The {backend} runner does not answer")
+                raise self._remember(runner, error)
+            identity = str(described.get("engine") or "")
+            if not identity:
+                raise BackendUnavailable(f"The {backend} runner does not say which engine it runs")
+        self.engines[runner] = identity
+        return identity
 
     async def infer(self, backend: str, pixels: np.ndarray, batched: bool | None) -> np.ndarray:
         """The backend's runner on a uint8 batch (fastinfer.serving.pipeline.Infer)."""
@@ -71,15 +97,16 @@ class RunnerCalls:
         )
         # The runner computes only with the model this answer will be labelled with (runners/base.py).
         model = self.models[backend].tag
+        engine = self.engines.get(entry.runner, "")  # what the answer's cache key names (engine())
         within_s = deadlines.remaining()  # the runner drops the images if this passes before they run
         try:
             try:
-                return await call(pixels, model=model, within_s=within_s)
+                return await call(pixels, model=model, within_s=within_s, engine=engine)
             except aiohttp.ClientConnectorError:
                 # Nothing was sent, so one retry is safe. At SIGTERM the runner's socket file is
                 # gone for a moment before the runner links it back (runners/drain.py).
                 await asyncio.sleep(0.1)
-                return await call(pixels, model=model, within_s=within_s)
+                return await call(pixels, model=model, within_s=within_s, engine=engine)
         except ServiceUnavailable as exc:
             # The runner is up but could not load its model. BentoML hides a 5xx's message, so ask the
             # runner why, and remember it for a while: requests meanwhile get the 503 without the round
@@ -94,8 +121,10 @@ class RunnerCalls:
             if exc.error_code != HTTPStatus.CONFLICT:
                 logger.exception("runner %s failed", backend)
                 raise BackendUnavailable(f"The {backend} runner failed: {type(exc).__name__}") from exc
-            # The runner holds another version than this front names (runners/base.py ModelMismatch):
-            # nothing was computed; said, and remembered like a load failure.
+            # The runner holds another version or engine than this front names (runners/base.py
+            # ModelMismatch): nothing was computed; said, and remembered like a load failure. Its engine is
+            # asked again after that.
+            self.engines.pop(entry.runner, None)
             told = str(exc) if core is not None else _runner_message(str(exc))
             reason = told or f"The {backend} runner holds another model version than {model}"
             raise self._remember(entry.runner, reason) from exc
@@ -112,8 +141,8 @@ class RunnerCalls:
     def _in_process(core: RunnerCore, batched: bool) -> Any:
         """A core in this process, called like its runner's API (the same refusals, raised directly)."""
 
-        async def call(pixels: np.ndarray, *, model: str, within_s: float) -> np.ndarray:
-            return await core.compute(pixels, model, within_s, batched)
+        async def call(pixels: np.ndarray, *, model: str, within_s: float, engine: str) -> np.ndarray:
+            return await core.compute(pixels, model, within_s, batched, engine)
 
         return call
 
@@ -130,7 +159,7 @@ class RunnerCalls:
             with anyio.fail_after(DESCRIBE_TIMEOUT_S):
                 return {**await getattr(self.front, runner).to_async.describe(), "placement": "runner process"}
         except Exception as exc:
-            return {"error": f"the runner does not answer: {type(exc).__name__}"}
+            return {"error": f"{NO_ANSWER}: {type(exc).__name__}"}
 
     async def describe_running(self) -> dict[str, dict[str, Any]]:
         """Every runner that serves a backend able to run here, described, concurrently."""

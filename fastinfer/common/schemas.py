@@ -37,6 +37,10 @@ class ClassifyResponse(BaseModel):
     backend: str
     model: str = Field(description="BentoML model store tag")
     weights: str = Field(description="imagenet | random-init | file")
+    engine: str = Field(
+        description="what computed it beside the model: runtime and version, device, precision, CPU instruction "
+        "sets (a cached answer is shared only between servers whose engines say the same)"
+    )
     latency_ms: float = Field(description="same as timings_ms.total")
     timings_ms: Timings
     cached: bool = False

@@ -25,6 +25,12 @@ class Engine(Protocol):
         """Where it runs: device or execution providers, threads."""
         ...
 
+    def identity(self) -> str:
+        """What decides its numbers beside the model: the runtime and its version, the device or execution
+        providers, the precision it actually computes at. Two engines with the same model and identity
+        answer the same (the response cache shares their answers; fastinfer/serving/cache.py)."""
+        ...
+
 
 class EngineUnavailable(RuntimeError):
     """This machine cannot run this engine (its runtime crashes here, or lacks what was asked for).

@@ -54,7 +54,14 @@ class CoreMLEngine:
                 return np.asarray(out["logits"], dtype=np.float32)
 
             predictors[size] = predict
-        return cls(predictors, {"compute_units": "ALL (Neural Engine, GPU, CPU)", "precision": "fp16"})
+        return cls(
+            predictors,
+            {
+                "runtime": f"coremltools {ct.__version__}",
+                "compute_units": "ALL (Neural Engine, GPU, CPU)",
+                "precision": "fp16",
+            },
+        )
 
     def run(self, images: np.ndarray) -> np.ndarray:
         largest = self.sizes[-1]
@@ -67,6 +74,10 @@ class CoreMLEngine:
             images = np.concatenate([images, pad])
             self.padded_rows += size - n
         return self.predictors[size](images)[:n]
+
+    def identity(self) -> str:
+        d = self._description
+        return f"{d.get('runtime', 'CoreML')} on {d.get('compute_units', 'ALL')} at {d.get('precision', 'fp16')}"
 
     def describe(self) -> dict[str, Any]:
         return {**self._description, "static_batches": self.sizes, "padded_rows": self.padded_rows}

@@ -32,6 +32,7 @@ class OnnxEngine:
     ) -> None:
         import onnxruntime as ort
 
+        self.version = ort.__version__
         self.requested = providers or hardware.onnx_providers(cpu_only=cpu_only)
         self.threads = threads if threads > 0 else hardware.cpu_count()
         path = str(Path(model_dir) / MODEL_FILE)
@@ -73,6 +74,10 @@ class OnnxEngine:
             if taken < total:
                 out.append(f"{provider} took {taken}/{total} nodes; the rest run on the CPU")
         return out
+
+    def identity(self) -> str:
+        # The precision is the stored graph's own (named by its tag); the providers that run it decide the rest.
+        return f"ONNX Runtime {self.version} on {'+'.join(self.session.get_providers())}"
 
     def describe(self) -> dict[str, Any]:
         total = sum(self.node_placement.values())

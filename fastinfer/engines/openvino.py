@@ -159,6 +159,9 @@ class OpenVinoEngine:
     def fallbacks(self) -> list[str]:
         return fallbacks(self.layers, self.expect, self.precision)
 
+    def identity(self) -> str:
+        return f"{self.runtime} on CPU at {self.precision}"
+
     def describe(self) -> dict[str, Any]:
         return {
             "runtime": self.runtime,

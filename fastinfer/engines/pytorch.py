@@ -36,5 +36,8 @@ class TorchEngine:
             batch = torch.from_numpy(np.ascontiguousarray(images)).to(self.device)
             return self.model(batch).float().cpu().numpy()
 
+    def identity(self) -> str:
+        return f"PyTorch {self._torch.__version__} on {self.device} at fp32"
+
     def describe(self) -> dict[str, Any]:
         return {"device": self.device, "threads": self._torch.get_num_threads(), "precision": "fp32"}

@@ -13,6 +13,12 @@ import json
 from typing import Any
 
 BASE_URL = "http://127.0.0.1:3000"
+ORT_ENGINE = "ONNX Runtime 1.32.0 on CPUExecutionProvider; CPU instructions avx2+avx512+avx512_bf16+avx512_vnni"
+TORCH_ENGINE = "PyTorch 2.14.1 on cpu at fp32; CPU instructions avx2+avx512+avx512_bf16+avx512_vnni"
+OV_ENGINE = (
+    "OpenVINO 2026.4.1-22982-e213a147257-releases/2026/4 on CPU at bf16; CPU instructions "
+    "avx2+avx512+avx512_bf16+avx512_vnni"
+)
 
 CLASSIFY: dict[str, Any] = {
     "class": "photocopier",
@@ -26,6 +32,7 @@ CLASSIFY: dict[str, Any] = {
     "backend": "onnx-int8",
     "model": "resnet50-onnx-int8:2f3zw3xoxoptuax4",
     "weights": "random-init",
+    "engine": ORT_ENGINE,
     "latency_ms": 35.538,
     "timings_ms": {"read": 0.064, "cache": 0.018, "decode": 6.201, "preprocess": 1.429, "inference": 26.875,
                    "total": 35.538},
@@ -43,6 +50,7 @@ BATCH: dict[str, Any] = {
             ],
             "backend": "openvino-int8",
             "model": "resnet50-openvino-int8:h7gprvxo46xtmax4",
+            "engine": OV_ENGINE,
             "latency_ms": 71.724,
             "timings_ms": {"read": 0.055, "cache": 0.02, "decode": 10.524, "preprocess": 2.369, "inference": 21.141,
                            "total": 71.724},
@@ -52,7 +60,9 @@ BATCH: dict[str, Any] = {
 }  # fmt: skip
 
 
-def _compared(backend: str, model: str, confidence: float, inference: float, total: float) -> dict[str, Any]:
+def _compared(
+    backend: str, model: str, engine: str, confidence: float, inference: float, total: float
+) -> dict[str, Any]:
     return {
         "class": "photocopier",
         "class_index": 713,
@@ -61,6 +71,7 @@ def _compared(backend: str, model: str, confidence: float, inference: float, tot
         "backend": backend,
         "model": model,
         "weights": "random-init",
+        "engine": engine,
         "latency_ms": total,
         "timings_ms": {"read": 0.0, "cache": 0.0, "decode": 2.575, "preprocess": 2.377, "inference": inference,
                        "total": total},
@@ -70,12 +81,14 @@ def _compared(backend: str, model: str, confidence: float, inference: float, tot
 
 COMPARE: dict[str, Any] = {
     "results": [
-        _compared("pytorch", "resnet50-pytorch:yocroihoxoptuax4", 0.877, 127.446, 132.399),
-        _compared("onnx", "resnet50-onnx:zebza3xoxoptuax4", 0.877, 61.825, 66.777),
-        _compared("onnx-int8", "resnet50-onnx-int8:2f3zw3xoxoptuax4", 0.931, 24.469, 29.422),
-        _compared("onnx-int8-dynamic", "resnet50-onnx-int8-dynamic:2iiwomhoxoptuax4", 0.887, 82.191, 87.143),
-        _compared("openvino", "resnet50-openvino:hzntbpho46xtmax4", 0.8688, 31.93, 36.883),
-        _compared("openvino-int8", "resnet50-openvino-int8:h7gprvxo46xtmax4", 0.9334, 19.28, 24.233),
+        _compared("pytorch", "resnet50-pytorch:yocroihoxoptuax4", TORCH_ENGINE, 0.877, 127.446, 132.399),
+        _compared("onnx", "resnet50-onnx:zebza3xoxoptuax4", ORT_ENGINE, 0.877, 61.825, 66.777),
+        _compared("onnx-int8", "resnet50-onnx-int8:2f3zw3xoxoptuax4", ORT_ENGINE, 0.931, 24.469, 29.422),
+        _compared(
+            "onnx-int8-dynamic", "resnet50-onnx-int8-dynamic:2iiwomhoxoptuax4", ORT_ENGINE, 0.887, 82.191, 87.143
+        ),
+        _compared("openvino", "resnet50-openvino:hzntbpho46xtmax4", OV_ENGINE, 0.8688, 31.93, 36.883),
+        _compared("openvino-int8", "resnet50-openvino-int8:h7gprvxo46xtmax4", OV_ENGINE, 0.9334, 19.28, 24.233),
     ],
     "summary": {
         "fastest": "openvino-int8",

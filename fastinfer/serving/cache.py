@@ -1,6 +1,9 @@
 """Response cache: Redis (shared by every worker and server) or a bounded in-process LRU.
 
-Keys: ``fastinfer:v<format>:<model tag>:<backend>:<top_k>:<sha256 of the image bytes>``; values
+Keys: ``fastinfer:v<format>:<model tag>:<backend>:<top_k>:<engine>:<sha256 of the image bytes>``, where
+``<engine>`` is a digest of the engine's identity (runtime and version, device, the precision it computes
+at, the CPU's instruction sets: runners/base.py engine_identity), so that an answer is shared only between
+engines that compute it alike (an OpenVINO model at BF16 and at f32 answer differently); values
 are ``{"v": <format>, "mac": <HMAC or null>, "body": <response body>}`` as JSON, in Redis and in
 memory alike. Redis is fail-open: every call has a short timeout, an error is counted, logged at
 most once per interval, and turns the cache off for a moment (a circuit breaker) instead of failing
@@ -44,6 +47,7 @@ between servers shifts the count by the entries expiring within it).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import itertools
@@ -58,23 +62,31 @@ from urllib.parse import urlsplit
 
 logger = logging.getLogger("fastinfer.cache")
 
-CACHE_FORMAT = "3"
+CACHE_FORMAT = "4"
 """Bumped when the cached value's shape changes, so old entries are never served (2: ``{v, body}``;
-3: ``{v, mac, body}``)."""
+3: ``{v, mac, body}``; 4: the key and the body name the engine)."""
 NAMESPACE = "fastinfer"
 INDEX_KEY = f"{NAMESPACE}:v{CACHE_FORMAT}:index"
 ENTRY_KEYS = frozenset({"v", "mac", "body"})
-BODY_KEYS = frozenset({"class", "class_index", "confidence", "top_k", "backend", "model", "weights", "cached"})
+BODY_KEYS = frozenset(
+    {"class", "class_index", "confidence", "top_k", "backend", "model", "weights", "engine", "cached"}
+)
 PREDICTION_KEYS = frozenset({"label", "index", "score"})
 
 
-def cache_key(image: bytes, backend: str, model_tag: str, top_k: int) -> str:
-    return digest_key(hashlib.sha256(image).hexdigest(), backend, model_tag, top_k)
+def cache_key(image: bytes, backend: str, model_tag: str, top_k: int, engine: str) -> str:
+    return digest_key(hashlib.sha256(image).hexdigest(), backend, model_tag, top_k, engine)
 
 
-def digest_key(sha256_hex: str, backend: str, model_tag: str, top_k: int) -> str:
+def digest_key(sha256_hex: str, backend: str, model_tag: str, top_k: int, engine: str) -> str:
     """The key of an image whose sha256 is already known (hashed off the event loop, for instance)."""
-    return f"{NAMESPACE}:v{CACHE_FORMAT}:{model_tag}:{backend}:{top_k}:{sha256_hex}"
+    return f"{NAMESPACE}:v{CACHE_FORMAT}:{model_tag}:{backend}:{top_k}:{engine_digest(engine)}:{sha256_hex}"
+
+
+@functools.lru_cache(maxsize=64)
+def engine_digest(engine: str) -> str:
+    """An engine's identity, short and of key-safe characters (the answer itself carries it in full)."""
+    return hashlib.sha256(engine.encode()).hexdigest()[:16]
 
 
 def redact_url(url: str) -> str:
@@ -129,13 +141,14 @@ def _signed_body(raw: str | bytes, key: str, hmac_key: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class Expected:
-    """What an entry under a key must say: the key's backend, model and top_k, and that model's
+    """What an entry under a key must say: the key's backend, model, engine and top_k, and that model's
     weights kind and class names (so that no entry can relabel a random-init model, or a class)."""
 
     backend: str
     model_tag: str
     top_k: int
     weights: str
+    engine: str
     categories: Sequence[str] = ()
 
 
@@ -161,10 +174,11 @@ def decode_entry(raw: str | bytes, expected: Expected, key: str = "", hmac_key: 
         body = entry["body"]
     if not isinstance(body, dict) or body.keys() != BODY_KEYS:
         raise InvalidEntry("the body's keys are not a response's")
-    if (body["backend"], body["model"], body["weights"]) != (expected.backend, expected.model_tag, expected.weights):
+    said = (body["backend"], body["model"], body["weights"], body["engine"])
+    if said != (expected.backend, expected.model_tag, expected.weights, expected.engine):
         raise InvalidEntry(
-            f"answers {body['backend']!r}/{body['model']!r}/{body['weights']!r}, the key "
-            f"{expected.backend!r}/{expected.model_tag!r}/{expected.weights!r}"
+            f"answers {'/'.join(map(repr, said))}, the key "
+            f"{expected.backend!r}/{expected.model_tag!r}/{expected.weights!r}/{expected.engine!r}"
         )
     ranked = body["top_k"]
     k = expected.top_k

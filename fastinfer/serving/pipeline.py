@@ -1,8 +1,9 @@
 """The request pipeline behind every form of the image APIs: one image, a batch, a comparison.
 
-bytes → sha256 → response cache (a hit answers here) → decode at reduced JPEG scale and
-resize/crop to uint8 224×224×3 (on the CPU pool, off the event loop) → the backend's runner →
-softmax/top-k → response body with per-stage timings → cache SET (fail-open).
+bytes → sha256 → response cache, keyed by the image, the model, its engine's identity and top_k (a hit
+answers here) → decode at reduced JPEG scale and resize/crop to uint8 224×224×3 (on the CPU pool, off
+the event loop) → the backend's runner → softmax/top-k → response body with per-stage timings → cache
+SET (fail-open).
 
 It knows nothing of HTTP or BentoML: the runner is an async callable, so the whole path runs in a
 test without a server. The HTTP forms (multipart, raw body, the original FastInfer API's routes,
@@ -35,6 +36,11 @@ Infer = Callable[[str, np.ndarray, "bool | None"], Awaitable[np.ndarray]]
 """(backend, uint8 [N,224,224,3], batched: None = the backend's setting) → float32 logits [N,1000].
 Raises RunnerNotLoaded or BackendUnavailable when the runner cannot answer."""
 
+EngineOf = Callable[[str], Awaitable[str]]
+"""backend → the identity of the engine that computes its answers (runtime and version, device, precision,
+instruction sets: runners/base.py engine_identity). Part of every cache key and answer: two servers share
+an answer only where their engines compute alike. Raises as Infer does when the runner cannot say."""
+
 NO_BACKEND = "No backend can run here; see GET /backends for why."
 HASH_INLINE_MAX = 256 * 1024  # hashing more than this (~0.15 ms) goes to the CPU pool, off the event loop
 STAGES = tuple(Timings.model_fields)
@@ -60,6 +66,7 @@ class Pipeline:
         models: Mapping[str, StoredModelInfo],
         unavailable: Callable[[str], str | None],
         infer: Infer,
+        engine_of: EngineOf,
         cache: ResponseCache,
         cpu: CpuPool,
         live: LiveStats,
@@ -69,6 +76,7 @@ class Pipeline:
         self.models = models  # backend → the stored model answering it (tag, weights, classes, preprocessing)
         self.unavailable = unavailable  # backend → why it cannot answer now, or None
         self.infer = infer
+        self.engine_of = engine_of
         self.cache = cache
         self.cpu = cpu
         self.live = live
@@ -98,14 +106,15 @@ class Pipeline:
         unless ``bypass`` or not ``store``: Cache-Control: no-store)."""
         started = time.perf_counter()
         info = self.check(backend)
+        engine = await self.engine_of(backend)
         timings: dict[str, float] = {}
         digest = "" if bypass else await self._hash_timed(image.data, timings)
-        key, cached = await self._from_cache(digest, backend, info, k, timings, bypass)
+        key, cached = await self._from_cache(digest, backend, info, engine, k, timings, bypass)
         if cached is not None:
             return self._respond(backend, cached, timings, started)
         prepared = await self._prepare(image.data, info, timings)
         logits = await self._infer(backend, prepared.pixels[np.newaxis], batched, timings)
-        body = self._body(backend, logits[0], k)
+        body = self._body(backend, engine, logits[0], k)
         if store and not bypass:
             await self.cache.store(key, body)
         return self._respond(backend, body, timings, started)
@@ -119,6 +128,7 @@ class Pipeline:
         and inferred once. Recorded in /stats/live and the stage histograms as one request."""
         started = time.perf_counter()
         info = self.check(backend)
+        engine = await self.engine_of(backend)
         every = [dict[str, float]() for _ in images]
         digests = await asyncio.gather(
             *(self._hash_timed(image.data, t) for image, t in zip(images, every, strict=True))
@@ -128,7 +138,7 @@ class Pipeline:
         answers: dict[int, dict[str, Any]] = {}  # first copy → its body (timings included), or its error
         timings = {i: every[i] for i in unique}
         looked_up = await asyncio.gather(
-            *(self._from_cache(digests[i], backend, info, k, timings[i], bypass) for i in unique)
+            *(self._from_cache(digests[i], backend, info, engine, k, timings[i], bypass) for i in unique)
         )
         keys = {i: key for i, (key, _) in zip(unique, looked_up, strict=True)}
         todo = []
@@ -158,7 +168,7 @@ class Pipeline:
         if ready:
             batch = np.stack([p.pixels for _, p in ready])
             logits = await self._infer(backend, batch, None, inference)
-            bodies = [(i, self._body(backend, row, k)) for (i, _), row in zip(ready, logits, strict=True)]
+            bodies = [(i, self._body(backend, engine, row, k)) for (i, _), row in zip(ready, logits, strict=True)]
             if store and not bypass:
                 await asyncio.gather(*(self.cache.store(keys[i], body) for i, body in bodies))
             for i, body in bodies:
@@ -184,12 +194,13 @@ class Pipeline:
             started = time.perf_counter()
             timings = dict(shared)
             try:
+                engine = await self.engine_of(name)
                 logits = await self._infer(name, prepared.pixels[np.newaxis], None, timings)
             except RunnerNotLoaded:  # listed as unavailable (a runner that crashed is still an error)
                 skipped.append(name)
                 continue
             timings["total"] = sum(timings.values())  # what a request to this backend alone would take
-            results.append(self._respond(name, self._body(name, logits[0], k), timings, started))
+            results.append(self._respond(name, self._body(name, engine, logits[0], k), timings, started))
         if not results:
             raise BackendUnavailable(NO_BACKEND)
         return results, skipped
@@ -205,7 +216,14 @@ class Pipeline:
         return digest
 
     async def _from_cache(
-        self, digest: str, backend: str, info: StoredModelInfo, k: int, timings: dict[str, float], bypass: bool
+        self,
+        digest: str,
+        backend: str,
+        info: StoredModelInfo,
+        engine: str,
+        k: int,
+        timings: dict[str, float],
+        bypass: bool,
     ) -> tuple[str, dict[str, Any] | None]:
         """The image's cache key and its cached body (None on a miss). A bypass needs no key: nothing is
         read from or written to the cache, and ``read`` is observed (as 0 where nothing was hashed) so
@@ -216,8 +234,9 @@ class Pipeline:
             timings.setdefault("read", 0.0)
             return "", None
         t1 = time.perf_counter()
-        key = digest_key(digest, backend, info.tag, k)
-        cached, event = await self.cache.lookup(key, Expected(backend, info.tag, k, info.weights, info.categories))
+        key = digest_key(digest, backend, info.tag, k, engine)
+        expected = Expected(backend, info.tag, k, info.weights, engine, info.categories)
+        cached, event = await self.cache.lookup(key, expected)
         timings["cache"] = (time.perf_counter() - t1) * 1000
         metrics.CACHE_EVENTS.labels(event=event).inc()
         return key, None if cached is None else {**cached, "cached": True}
@@ -239,7 +258,7 @@ class Pipeline:
         metrics.observe_stages(backend, timings)
         self.live.record(backend, timings["total"], inferred=inferred, images=images, cached_images=from_cache)
 
-    def _body(self, backend: str, logits: np.ndarray, k: int) -> dict[str, Any]:
+    def _body(self, backend: str, engine: str, logits: np.ndarray, k: int) -> dict[str, Any]:
         info = self.models[backend]
         predictions = rank(logits, k, info.categories)
         return {
@@ -250,6 +269,7 @@ class Pipeline:
             "backend": backend,
             "model": info.tag,
             "weights": info.weights,
+            "engine": engine,
             "cached": False,
         }
 

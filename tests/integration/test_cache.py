@@ -110,7 +110,7 @@ def test_a_bad_entry_in_redis_is_recomputed_and_overwritten(client, redis_server
         "/classify", files={"image": ("p.jpg", data, "image/jpeg")}, data={"backend": "onnx"}, headers=NO_CACHE
     ).json()
     body = {k: v for k, v in truth.items() if k in BODY_KEYS}
-    key = cache_key(data, "onnx", model_tag(client, "onnx"), 5)  # the key the next request reads
+    key = cache_key(data, "onnx", model_tag(client, "onnx"), 5, truth["engine"])  # the key the next request reads
     with redis.Redis.from_url(redis_server.url) as r:
         r.set(key, GARBAGE[kind](body), ex=600)
     before = client.get("/cache/stats").json()
@@ -287,7 +287,7 @@ def locked_redis(tmp_path_factory) -> Iterator[RedisServer]:
 def signed_server(built_models, bentoml_home: Path, tmp_path_factory, locked_redis: RedisServer) -> Iterator[Server]:
     """A server as deploy/k8s runs it: the Redis password and the signing key from secret files."""
     work = tmp_path_factory.mktemp("signed")
-    home = work / "home"  # its own home: `bentoml serve` empties its home's Prometheus directory
+    home = work / "home"  # its own home: its files (metrics, tuned file) apart from the shared server's
     home.mkdir()
     (home / "models").symlink_to(bentoml_home / "models")
     (work / "redis-password").write_text(REDIS_PASSWORD + "\n")
@@ -310,7 +310,7 @@ def test_a_signed_cache_behind_a_password(signed_server, locked_redis) -> None:
         assert truth["cached"] is False and post(c, data)["cached"] is True  # through the password
         stats = c.get("/cache/stats").json()
         assert stats["signed"] is True and stats["healthy"] is True and stats["keys"] >= 1
-        key = cache_key(data, "onnx", truth["model"], 5)
+        key = cache_key(data, "onnx", truth["model"], 5, truth["engine"])
         stored = admin.get(key)
         body = json.loads(stored)["body"]
         assert stored.decode() == encode_entry(body, key, HMAC_KEY.encode())  # signed with the server's key

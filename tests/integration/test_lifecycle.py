@@ -42,8 +42,7 @@ def runners_settled(url: str) -> bool:
 
 @pytest.fixture(scope="module")
 def own_home(built_models, bentoml_home, tmp_path_factory):
-    # Its own BENTOML_HOME over the same model store: `bentoml serve` wipes
-    # $BENTOML_HOME/prometheus_multiproc_dir at start, which would blank the shared server's metrics.
+    # Its own BENTOML_HOME over the same model store: its files (metrics, tuned file) apart from the shared server's.
     # Two models in it are broken (a failed copy, a full disk): openvino-int8's weights file is cut
     # short, and so is onnx-int8-dynamic's model, stored without the sha256 that would tell.
     home = tmp_path_factory.mktemp("home-lifecycle")
@@ -64,7 +63,13 @@ def own_home(built_models, bentoml_home, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def own_server(own_home, redis_server, tmp_path_factory):
-    env = {"REDIS_URL": redis_server.url, "FASTINFER_BATCHING_PYTORCH": "false", "FASTINFER_TIMEOUT_S": str(TIMEOUT_S)}
+    env = {
+        "REDIS_URL": redis_server.url,
+        "FASTINFER_BATCHING_PYTORCH": "false",
+        "FASTINFER_TIMEOUT_S": str(TIMEOUT_S),
+        # The shared server runs openvino at `auto` (BF16 where the CPU has it): test_another_precision_*.
+        "FASTINFER_OPENVINO_PRECISION": "f32",
+    }
     srv = start_server(own_home, tmp_path_factory.mktemp("serve-lifecycle") / "serve.log", env, ready=runners_settled)
     yield srv
     stop_server(srv)
@@ -121,6 +126,26 @@ def test_two_servers_share_one_redis(client, own_server) -> None:
     assert first.status_code == second.status_code == 200, (first.text, second.text)
     assert first.json()["cached"] is False
     assert second.json()["cached"] is True  # computed by the shared server, served by this one
+
+
+def test_another_precision_never_serves_the_other_servers_answer(client, own_server) -> None:
+    """The same stored openvino model at `auto` (the shared server) and at f32 (this one), on one Redis: an
+    answer is shared only where both engines compute at the same precision. On a CPU with BF16 they differ
+    and each computes its own; on one without, `auto` is f32 and they share (review finding: an f32
+    server answered `cached: true` with the BF16 server's score)."""
+    data = photos.photo_jpeg("rocket.jpg", width=359, quality=82)  # bytes no other test sends
+    files = {"image": ("p.jpg", data, "image/jpeg")}
+    first = client.post("/classify", data={"backend": "openvino"}, files=files).json()
+    with httpx.Client(base_url=own_server.url, timeout=60) as other:
+        second = other.post("/classify", data={"backend": "openvino"}, files=files).json()
+        described = {b["name"]: b for b in other.get("/backends").json()["backends"]}["openvino"]["runs_on"]
+    assert first["model"] == second["model"] and first["cached"] is False
+    assert " on CPU at f32; CPU instructions " in second["engine"] and described["engine"] == second["engine"]
+    if first["engine"] != second["engine"]:  # BF16 here: computed again, at its own precision
+        assert " at bf16; " in first["engine"]
+        assert second["cached"] is False and second["timings_ms"]["inference"] > 0
+    else:
+        assert second["cached"] is True
 
 
 def runner_calls(client: httpx.Client, backend: str) -> dict[str, int]:

@@ -40,7 +40,8 @@ from tests.servers import RedisServer
 from tests.settings import settings_with as settings
 
 TAG = "resnet50-onnx:abc"
-KEY = cache_key(b"image", "onnx", TAG, 5)
+ENGINE = "ONNX Runtime 1.32.0 on CPUExecutionProvider; CPU instructions avx2"
+KEY = cache_key(b"image", "onnx", TAG, 5, ENGINE)
 
 
 def body(k: int = 5, backend: str = "onnx", model: str = TAG, first: int = 0) -> dict[str, Any]:
@@ -54,12 +55,13 @@ def body(k: int = 5, backend: str = "onnx", model: str = TAG, first: int = 0) ->
         "backend": backend,
         "model": model,
         "weights": "random-init",
+        "engine": ENGINE,
         "cached": False,
     }
 
 
 CATEGORIES = [f"class {i}" for i in range(1000)]
-EXPECTED = Expected("onnx", TAG, 5, "random-init", CATEGORIES)
+EXPECTED = Expected("onnx", TAG, 5, "random-init", ENGINE, CATEGORIES)
 
 
 async def lookup(cache: ResponseCache, key: str = KEY) -> tuple[dict[str, Any] | None, str]:
@@ -67,16 +69,19 @@ async def lookup(cache: ResponseCache, key: str = KEY) -> tuple[dict[str, Any] |
 
 
 def test_key_changes_with_every_input() -> None:
-    base = cache_key(b"image", "onnx", "resnet50-onnx:abc", 5)
+    base = cache_key(b"image", "onnx", "resnet50-onnx:abc", 5, ENGINE)
     assert base.startswith("fastinfer:v")
-    assert cache_key(b"image", "onnx", "resnet50-onnx:abc", 5) == base
+    assert cache_key(b"image", "onnx", "resnet50-onnx:abc", 5, ENGINE) == base
     others = [
-        cache_key(b"imagE", "onnx", "resnet50-onnx:abc", 5),
-        cache_key(b"image", "pytorch", "resnet50-onnx:abc", 5),
-        cache_key(b"image", "onnx", "resnet50-onnx:def", 5),  # another model version → another key
-        cache_key(b"image", "onnx", "resnet50-onnx:abc", 3),
+        cache_key(b"imagE", "onnx", "resnet50-onnx:abc", 5, ENGINE),
+        cache_key(b"image", "pytorch", "resnet50-onnx:abc", 5, ENGINE),
+        cache_key(b"image", "onnx", "resnet50-onnx:def", 5, ENGINE),  # another model version → another key
+        cache_key(b"image", "onnx", "resnet50-onnx:abc", 3, ENGINE),
+        # the same model at another precision, or on another runtime, computes other numbers
+        cache_key(b"image", "onnx", "resnet50-onnx:abc", 5, ENGINE.replace("1.32.0", "1.33.0")),
+        cache_key(b"image", "onnx", "resnet50-onnx:abc", 5, "OpenVINO 2026.4 on CPU at f32; CPU instructions avx2"),
     ]
-    assert len({base, *others}) == 5
+    assert len({base, *others}) == 7
 
 
 def test_memory_cache_stays_within_its_bound() -> None:
@@ -227,6 +232,8 @@ BAD_ENTRIES: dict[str, str | bytes] = {
     "another backend than the key": changed(backend="pytorch"),
     "another model than the key": changed(model="resnet50-onnx:def"),
     "weights relabelled": changed(weights="imagenet"),
+    "computed by another engine than the key's": changed(engine=ENGINE.replace("avx2", "avx2+avx512f")),
+    "engine missing": entry({k: v for k, v in body().items() if k != "engine"}),
     "a label not its index's name": entry(
         {**body(), "class": "hacked", "top_k": [{**body()["top_k"][0], "label": "hacked"}, *body()["top_k"][1:]]}
     ),
@@ -303,9 +310,9 @@ def test_redis_key_count_is_exact_and_never_scans(redis_url: str) -> None:
                     pipe.set(f"otherapp:session:{i}" if i % 2 else f"fastinfer:v1:old:onnx:5:{i}", "x")
                 await pipe.execute()
             for i in range(30):
-                await cache.store(cache_key(f"image {i}".encode(), "onnx", TAG, 5), body())
+                await cache.store(cache_key(f"image {i}".encode(), "onnx", TAG, 5, ENGINE), body())
             for i in range(10):  # stored again: still 30 entries
-                await cache.store(cache_key(f"image {i}".encode(), "onnx", TAG, 5), body())
+                await cache.store(cache_key(f"image {i}".encode(), "onnx", TAG, 5, ENGINE), body())
             before = {c: await calls(cache.client, c) for c in ("scan", "keys", "dbsize")}
             stats = await cache.describe()
             after = {c: await calls(cache.client, c) for c in before}
@@ -321,10 +328,10 @@ def test_redis_key_count_goes_down_as_entries_expire(redis_url: str) -> None:
         async with redis_cache(redis_url, ttl_s=1.0) as cache:
             counts = []
             for i in range(12):
-                await cache.store(cache_key(f"image {i}".encode(), "onnx", TAG, 5), body())
+                await cache.store(cache_key(f"image {i}".encode(), "onnx", TAG, 5, ENGINE), body())
             counts.append((await cache.describe())["keys"])
             await asyncio.sleep(1.2)
-            await cache.store(cache_key(b"a later image", "onnx", TAG, 5), body())
+            await cache.store(cache_key(b"a later image", "onnx", TAG, 5, ENGINE), body())
             counts.append((await cache.describe())["keys"])
             await asyncio.sleep(1.2)
             counts.append((await cache.describe())["keys"])
@@ -337,10 +344,10 @@ def test_redis_index_stays_bounded_when_nobody_counts(redis_url: str) -> None:
     async def main() -> None:
         async with redis_cache(redis_url, ttl_s=1.0) as cache:  # long enough for 50 SETs on a busy machine
             for i in range(50):
-                await cache.store(cache_key(f"image {i}".encode(), "onnx", TAG, 5), body())
+                await cache.store(cache_key(f"image {i}".encode(), "onnx", TAG, 5, ENGINE), body())
             assert await cache.client.zcard(INDEX_KEY) == 50
             await asyncio.sleep(1.2)
-            await cache.store(cache_key(b"a later image", "onnx", TAG, 5), body())  # a SET trims, no describe
+            await cache.store(cache_key(b"a later image", "onnx", TAG, 5, ENGINE), body())  # a SET trims, no describe
             assert await cache.client.zcard(INDEX_KEY) == 1
             assert 0 < await cache.client.pttl(INDEX_KEY) <= 1000
             await asyncio.sleep(1.2)
@@ -368,7 +375,7 @@ def test_another_redis_type_under_the_key_is_invalid_not_an_outage(kind: str, re
 
     async def main() -> dict:
         async with redis_cache(redis_url) as cache:
-            other = cache_key(b"another image", "onnx", TAG, 5)
+            other = cache_key(b"another image", "onnx", TAG, 5, ENGINE)
             await cache.store(other, body())
             writes = {"list": cache.client.rpush, "hash": cache.client.hset, "set": cache.client.sadd}
             await (writes[kind](KEY, "x", "y") if kind == "hash" else writes[kind](KEY, "x"))
@@ -523,7 +530,7 @@ def test_a_refused_write_leaves_reads_on(refusal: str, own_redis: RedisServer) -
                 admin.replicaof("127.0.0.1", closed_port())  # a master that never answers: stale reads allowed
             events = []
             for i in range(20):  # new photos (not stored) and the repeated one, in turn
-                await cache.store(cache_key(f"new photo {i}".encode(), "onnx", TAG, 5), body())
+                await cache.store(cache_key(f"new photo {i}".encode(), "onnx", TAG, 5, ENGINE), body())
                 events.append((await lookup(cache))[1])
             during = await cache.describe()
             if refusal == "OOM":
@@ -531,8 +538,8 @@ def test_a_refused_write_leaves_reads_on(refusal: str, own_redis: RedisServer) -
             else:
                 admin.replicaof("no", "one")
             await asyncio.sleep(0.25)  # the write back-off ends
-            await cache.store(cache_key(b"a later photo", "onnx", TAG, 5), body())
-            assert (await lookup(cache, cache_key(b"a later photo", "onnx", TAG, 5)))[1] == "hit"
+            await cache.store(cache_key(b"a later photo", "onnx", TAG, 5, ENGINE), body())
+            assert (await lookup(cache, cache_key(b"a later photo", "onnx", TAG, 5, ENGINE)))[1] == "hit"
             return events, during, await cache.describe()
 
     try:
@@ -558,7 +565,7 @@ def test_writes_back_off_while_refused(own_redis: RedisServer) -> None:
             fill_to_the_brim(admin)
             before = await calls(cache.client, "set")
             for i in range(50):
-                await cache.store(cache_key(f"photo {i}".encode(), "onnx", TAG, 5), body())
+                await cache.store(cache_key(f"photo {i}".encode(), "onnx", TAG, 5, ENGINE), body())
             return await calls(cache.client, "set") - before
 
     try:
@@ -633,7 +640,7 @@ def test_an_entry_of_the_largest_size_is_still_read(redis_url: str) -> None:
             big["class"] = big["top_k"][0]["label"]
             await cache.store(KEY, big)
             assert len(await cache.client.get(KEY)) < MAX_ENTRY_BYTES // 2
-            return await cache.lookup(KEY, Expected("onnx", TAG, 20, "random-init")), json.dumps(big)
+            return await cache.lookup(KEY, Expected("onnx", TAG, 20, "random-init", ENGINE)), json.dumps(big)
 
     (found, event), text = asyncio.run(main())
     assert event == "hit" and json.dumps(found) == text
@@ -692,7 +699,7 @@ FORGERIES = {
         {"v": CACHE_FORMAT, "mac": TRUE_MAC, "body": body()}, indent=1
     ),
     "a valid entry of another key, copied": lambda: encode_entry(
-        FORGED, cache_key(b"another photo", "onnx", TAG, 5), HMAC_KEY.encode()
+        FORGED, cache_key(b"another photo", "onnx", TAG, 5, ENGINE), HMAC_KEY.encode()
     ),
     "a MAC that is not a string": lambda: json.dumps({"v": CACHE_FORMAT, "mac": 7, "body": FORGED}),
     "another format, signed": lambda: encode_entry(FORGED, KEY, HMAC_KEY.encode()).replace(

@@ -72,6 +72,20 @@ def test_another_model_version_is_refused_not_computed(core: RunnerCore) -> None
     assert sum(core.batch_sizes.values()) == seen
 
 
+def test_the_engine_says_what_computes_and_another_engine_is_refused_not_computed(core: RunnerCore) -> None:
+    calls = calls_over(core)
+    identity = asyncio.run(calls.engine(BACKEND))
+    assert identity == core.engine_id and identity.startswith("ONNX Runtime ")
+    assert "CPUExecutionProvider" in identity and "CPU instructions" in identity
+    assert asyncio.run(calls.describe(REGISTRY[BACKEND].runner))["engine"] == identity
+    calls.engines[REGISTRY[BACKEND].runner] = identity.replace("ONNX Runtime", "ONNX Runtime 0.1")
+    seen = sum(core.batch_sizes.values())
+    with pytest.raises(RunnerNotLoaded, match=r"computes with ONNX Runtime .*, not ONNX Runtime 0\.1"):
+        asyncio.run(calls.infer(BACKEND, np.zeros((1, 224, 224, 3), np.uint8), False))
+    assert sum(core.batch_sizes.values()) == seen
+    assert REGISTRY[BACKEND].runner not in calls.engines, "asked again after a refusal"
+
+
 def test_a_request_past_its_deadline_is_dropped_as_a_504(core: RunnerCore, monkeypatch) -> None:
     monkeypatch.setattr(deadlines, "remaining", lambda: 1e-9)  # due before the model can take it
     with pytest.raises(RequestTimeout):

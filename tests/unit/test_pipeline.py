@@ -39,6 +39,12 @@ class StandInRunner:
     def __init__(self) -> None:
         self.calls: list[tuple[str, int, bool | None]] = []
         self.not_loaded: set[str] = set()
+        self.engines = {"onnx": "stand-in 1.0 on CPU at fp32"}
+
+    async def engine(self, backend: str) -> str:
+        if backend in self.not_loaded:
+            raise RunnerNotLoaded(f"{backend} could not be loaded")
+        return self.engines.get(backend, f"stand-in for {backend}")
 
     async def __call__(self, backend: str, pixels: np.ndarray, batched: bool | None) -> np.ndarray:
         assert pixels.dtype == np.uint8 and pixels.shape[1:] == (224, 224, 3)
@@ -59,6 +65,7 @@ def make(unavailable: dict[str, str] | None = None) -> tuple[Pipeline, StandInRu
         {n: model(n) for n in names},
         lambda n: (unavailable or {}).get(n),
         runner,
+        runner.engine,
         MemoryCache(max_entries=100, ttl_s=60),
         CpuPool(2),
         LiveStats(),
@@ -228,3 +235,24 @@ def test_cached_copies_of_a_repeated_image_are_each_counted() -> None:
     live = pipeline.live.snapshot()
     assert (live["served"], live["images"], live["cached"]) == (3, 10, 4)
     assert len(pipeline.live._latencies["onnx"]) == 1
+
+
+def test_an_answer_names_its_engine_and_another_engine_never_serves_it() -> None:
+    """Two servers on one cache whose engines compute otherwise (OpenVINO at BF16 and at f32, say) never
+    answer with each other's numbers; the same engine shares them (review finding: the key named the
+    model only, so an f32 server answered `cached: true` with the BF16 server's score)."""
+    pipeline, runner = make()
+
+    async def main() -> list[dict]:
+        first = await pipeline.classify(Image(grey(120)), "onnx", 3)
+        runner.engines["onnx"] = "stand-in 1.0 on CPU at bf16"
+        other = await pipeline.classify(Image(grey(120)), "onnx", 3)
+        runner.engines["onnx"] = "stand-in 1.0 on CPU at fp32"
+        again = await pipeline.classify(Image(grey(120)), "onnx", 3)
+        return [first, other, again]
+
+    first, other, again = run(main())
+    assert first["engine"] == again["engine"] == "stand-in 1.0 on CPU at fp32"
+    assert other["engine"] == "stand-in 1.0 on CPU at bf16" and other["cached"] is False
+    assert again["cached"] is True
+    assert len(runner.calls) == 2

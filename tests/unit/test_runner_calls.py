@@ -57,7 +57,34 @@ def test_the_runner_is_told_the_model_version_and_the_time_left() -> None:
     logits = np.ones((1, 1000), dtype=np.float32)
     runner = StandIn([logits])
     assert infer(front_with(runner)) is logits
-    assert runner.calls == [{"model": "resnet50-onnx:v1", "within_s": 0.0}]  # 0: no request deadline set
+    # 0: no request deadline set; "": the engine was not asked yet
+    assert runner.calls == [{"model": "resnet50-onnx:v1", "within_s": 0.0, "engine": ""}]
+
+
+def test_the_engine_is_asked_once_then_named_in_every_call() -> None:
+    logits = np.ones((1, 1000), dtype=np.float32)
+    runner = StandIn([logits, logits], {"engine": "OpenVINO 2026.4 on CPU at f32; CPU instructions avx2"})
+    front = front_with(runner)
+    asked = []
+    runner.to_async.describe = lambda: asked.append(1) or runner._describe()
+    assert asyncio.run(front.engine("onnx")) == asyncio.run(front.engine("onnx")) == runner.described["engine"]
+    assert len(asked) == 1
+    infer(front)
+    assert runner.calls[-1]["engine"] == runner.described["engine"]
+    # A runner that computes otherwise refuses (409): nothing computed, said, and the engine asked again.
+    runner.outcomes = [BentoMLException('[{"error": "the onnx runner computes with X, not Y"}]')]
+    runner.outcomes[0].error_code = HTTPStatus.CONFLICT
+    with pytest.raises(RunnerNotLoaded, match="computes with X, not Y"):
+        infer(front)
+    assert REGISTRY["onnx"].runner not in front.engines
+
+
+def test_an_engine_the_runner_cannot_name_is_a_503_that_says_why() -> None:
+    not_loaded = front_with(StandIn([], {"error": "onnx could not be loaded: NoSuchFile"}))
+    with pytest.raises(RunnerNotLoaded, match="could not be loaded: NoSuchFile"):
+        asyncio.run(not_loaded.engine("onnx"))
+    with pytest.raises(BackendUnavailable, match="does not say which engine"):
+        asyncio.run(front_with(StandIn([], {})).engine("onnx"))
 
 
 def test_a_call_that_could_not_connect_is_retried_once() -> None:
