@@ -9,6 +9,7 @@ import contextlib
 import json
 import logging
 import os
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from fastinfer.common.errors import ApiError
 from fastinfer.common.schemas import AnalyzeResponse, BackendsResponse
 from fastinfer.front import analysis, dashboard_page, image_api, inventory
 from fastinfer.front.access import ANALYZE_ROUTE, Access, ApiKeys, analyze_guard, spend
-from fastinfer.front.api_inputs import AnalyzeInput
+from fastinfer.front.api_inputs import AnalyzeInput, quiet_input_errors
 from fastinfer.front.api_page import ApiPage
 from fastinfer.front.connections import install_front_protocol
 from fastinfer.front.http import FrontMiddleware
@@ -204,6 +205,17 @@ async def _cache_stats_route(_: Request) -> JSONResponse:
     return JSONResponse(await service.cache.describe())
 
 
+def _readiness() -> dict[str, Awaitable[bool]]:
+    """What /readyz asks, by name: what BentoML's probe asks (this worker's own engines, each runner's
+    /readyz), for FrontMiddleware to bound in time and to name what did not answer."""
+    service: FastInfer = bentoml.get_current_service()
+    checks = {"the engines in the front worker (FASTINFER_IN_FRONT)": service.__is_ready__()}
+    for attr, dependency in FastInfer.dependencies.items():  # one per runner (runners.attach)
+        if (is_ready := getattr(getattr(service, attr), "is_ready", None)) is not None:
+            checks[dependency.on.name if dependency.on is not None else attr] = is_ready()
+    return checks
+
+
 # GET routes beside the typed POST APIs (BentoML APIs are POST-only).
 FastInfer.mount_asgi_app(
     Starlette(
@@ -219,6 +231,7 @@ FastInfer.mount_asgi_app(dashboard_page.files(DASHBOARD_DIR), path="/dashboard",
 # Idle connections, header size and count, open connections: bounded in uvicorn's protocol, below the
 # middleware, before a request has headers to check (fastinfer/front/connections.py).
 install_front_protocol(settings)
+quiet_input_errors()  # a malformed /analyze body: one INFO line, not a traceback at ERROR
 FastInfer.add_asgi_middleware(
     FrontMiddleware,
     max_bytes=settings.max_bytes,
@@ -235,6 +248,7 @@ FastInfer.add_asgi_middleware(
     ),
     # A full disk under BENTOML_HOME: metrics held in memory instead of a SIGBUS, and /readyz says why.
     degraded=guard_metric_files(settings.min_free_disk_mb * 2**20).reason,
+    readiness=_readiness,  # answered within 2 s, naming a runner that does not answer (review finding)
 )
 # Inside FrontMiddleware (its limits apply): "/" is FastInfer's API page, not BentoML's.
 FastInfer.add_asgi_middleware(ApiPage)

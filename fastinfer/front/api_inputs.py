@@ -3,15 +3,25 @@
 
 Over HTTP the image APIs are parsed by fastinfer/front/image_api.py (same fields, plus the field name
 ``file`` and raw ``image/*`` bodies); the limits here and there are the same.
+
+A client's invalid input is its mistake, not the server's: BentoML logs every failed API call as
+"Exception on <path>" at ERROR with its traceback (``log_exception``, bentoml/_internal/server/http_app.py),
+a malformed /analyze body included, and answers a multipart body it cannot parse 500.
+:func:`quiet_input_errors` makes the first one INFO line, and :class:`AnalyzeInput` the second a 400.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from _bentoml_sdk.io_models import IODescriptor  # BentoML's base for typed API inputs
-from pydantic import Field
+from bentoml.exceptions import BadInput, BentoMLException
+from pydantic import Field, ValidationError
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
+from starlette.requests import Request
 
 from fastinfer.catalog.choice import default_choice
 from fastinfer.catalog.config import BACKENDS, get_settings
@@ -57,3 +67,50 @@ class AnalyzeInput(IODescriptor):
 
     results: list[dict[str, Any]] = Field(min_length=1, max_length=20)
     question: str = Field(default="", max_length=500, description="optional focus for the explanation")
+
+    @classmethod
+    async def from_http_request(cls, request: Request, serde: Any) -> IODescriptor:
+        try:
+            return await super().from_http_request(request, serde)
+        except (HTTPException, MultiPartException) as exc:  # Starlette's form parser: e.g. no boundary
+            if isinstance(exc, HTTPException) and exc.status_code >= 500:
+                raise
+            said = exc.detail if isinstance(exc, HTTPException) else exc.message
+            raise BadInput(f"The request body cannot be read: {said}") from exc  # BentoML answers 400
+        except UnicodeDecodeError as exc:  # a multipart part that is not text (BentoML json.loads it)
+            raise BadInput("A field of the request is not UTF-8 text.") from exc
+
+
+# BentoML's log_exception logs to its module's logger (bentoml/_internal/server/http_app.py).
+_BENTOML_API_LOGGER = "bentoml._internal.server.http_app"
+_INPUT_MODELS = frozenset(c.__name__ for c in (ImageInput, ClassifyInput, CompareInput, BatchInput, AnalyzeInput))
+
+
+def _client_mistake(exc: BaseException | None) -> str | None:
+    """What was wrong with a client's input, in one line, if ``exc`` says so (never the input itself)."""
+    if isinstance(exc, ValidationError) and exc.title in _INPUT_MODELS:  # not an output's: that is ours
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        said = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in errors[:3])
+        return f"{exc.error_count()} validation error(s): {said}"[:300]
+    if isinstance(exc, BentoMLException) and exc.error_code < 500:
+        return str(exc)[:300]
+    return None
+
+
+class _InputErrorsQuiet(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        said = _client_mistake(record.exc_info[1] if record.exc_info else None)
+        if said is not None:  # "Exception on /analyze [POST]" + a traceback → one INFO line, answered 4xx
+            where = record.getMessage().removeprefix("Exception on ")
+            record.msg, record.args = "invalid input to %s, answered 4xx: %s", (where, said)
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+def quiet_input_errors() -> None:
+    """Log a client's invalid input to a BentoML API as one INFO line (what was wrong), not as a server
+    error with a traceback. Idempotent."""
+    logger = logging.getLogger(_BENTOML_API_LOGGER)
+    if not any(isinstance(f, _InputErrorsQuiet) for f in logger.filters):
+        logger.addFilter(_InputErrorsQuiet())

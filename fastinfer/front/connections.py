@@ -17,10 +17,17 @@ subclass of uvicorn's httptools protocol that adds, per front worker:
 
 * idle connections closed: no byte within ``keepalive_s`` after connecting or after a response;
 * a request's headers must all arrive within ``header_timeout_s`` of its first byte (else 408);
-* at most ``max_header_bytes`` of request line and headers and ``max_headers`` header fields (431);
+* at most ``max_header_bytes`` of request line and headers and ``max_headers`` header fields (431), and
+  as much again of trailer fields after a chunked body (400, judged as each field completes: one field
+  that never ends is bounded only by FASTINFER_BODY_IDLE_S and FASTINFER_TIMEOUT_S, while httptools
+  holds it whole); trailers are dropped, never merged into
+  the headers the app sees (RFC 9110 6.5.1; uvicorn appended them to the request's headers);
 * at most ``max_connections`` open connections: a new one beyond it closes the longest-idle
   connection (none of them has a request being handled) or, when every one is busy, is answered
   503 and closed;
+* a request the parser refuses after its headers reached the app (``Transfer-Encoding: gzip``, whose
+  length cannot be read, or its trailers) is answered here too, the app's answer dropped, as long as
+  the app had not begun one: before, the connection was closed with no answer;
 * every answer given here is in the project's JSON error shape and closes the connection, and
   what happened is counted (``fastinfer_connection_events_total``) and logged, at most once per
   ``LOG_INTERVAL_S``.
@@ -82,6 +89,7 @@ _EVENT_TEXT = {
     "too_many_headers": "requests with too many header fields (431)",
     "header_timeout": "requests whose headers did not arrive in time (408)",
     "bad_request": "unparsable requests (400)",
+    "trailers_too_large": "requests with too many or too large trailer fields (400)",
     "silent_closed": "connections closed without having sent a byte",
     "send_timeout": f"connections closed: their client read nothing for {SEND_TIMEOUT_S:g} s",
     "pipeline_flood": f"connections closed: more than {MAX_PIPELINED} requests pipelined",
@@ -291,13 +299,13 @@ class FrontProtocol(HttpToolsProtocol):
             else:
                 self._unsupported_upgrade_warning()
             return
-        except httptools.HttpParserError:
+        except httptools.HttpParserError as exc:
             if self.refusal is not None:
                 self._answer(*self.refusal, delay=REFUSAL_DELAY_S)
             else:
-                self._answer(
-                    400, "bad_request", "The request is not valid HTTP/1.1.", "bad_request", delay=REFUSAL_DELAY_S
-                )
+                # llhttp's reason is a fixed phrase ("Request has invalid `Transfer-Encoding`"), never input.
+                said = f"The request is not valid HTTP/1.1: {exc}."
+                self._answer(400, "bad_request", said, "bad_request", delay=REFUSAL_DELAY_S)
             return
         # Still in the head after this read: every byte of it was head (a read that completes the
         # head may carry body bytes too, so that case is judged on the parsed size instead).
@@ -317,6 +325,9 @@ class FrontProtocol(HttpToolsProtocol):
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if not self.in_head:  # a trailer field, after a chunked body
+            self._count_trailer(len(name) + len(value) + 4)
+            return  # dropped: uvicorn would append it to the headers the app already holds
         self.header_count += 1
         if self.header_count > self.limits.max_headers:
             self.refusal = (
@@ -334,6 +345,7 @@ class FrontProtocol(HttpToolsProtocol):
         self.in_head = self.begun = False
         self.served = True
         self.head_bytes = 0
+        self.header_count = self.head_size = 0  # from here on they count trailer fields
         self.shared.idle.pop(self, None)  # a request is being handled: never closed to make room
         super().on_headers_complete()
         if len(self.pipeline) > MAX_PIPELINED and not self.answered:  # no answer fits ahead of the queue: cut
@@ -393,6 +405,19 @@ class FrontProtocol(HttpToolsProtocol):
         # else: blank lines after a request still being handled; FASTINFER_TIMEOUT_S bounds it, and
         # the keep-alive timer follows its response.
 
+    def _count_trailer(self, size: int) -> None:
+        self.header_count += 1
+        self.head_size += size
+        if self.header_count > self.limits.max_headers or self.head_size > self.limits.max_header_bytes:
+            self.refusal = (
+                400,
+                "bad_request",
+                f"The request's trailer fields exceed {self.limits.max_headers} fields or "
+                f"{self.limits.max_header_bytes:,} bytes (FASTINFER_MAX_HEADERS, FASTINFER_MAX_HEADER_BYTES).",
+                "trailers_too_large",
+            )
+            raise _Refusal
+
     def _count_head(self, size: int) -> None:
         self.head_size += size
         if self.head_size > self.limits.max_header_bytes:
@@ -449,9 +474,18 @@ class FrontProtocol(HttpToolsProtocol):
         self.shared.idle.pop(self, None)
         self.connections.discard(self)  # not counted against the cap while it lingers
         self.shared.incidents.add(event, self.loop, self.limits)
-        if self.cycle is not None and not self.cycle.response_complete:
-            # A pipelined request over a limit while the one before it is handled: an answer now would
-            # arrive before that one's; the connection is closed instead (the client asked for both).
+        # Refused after its headers, so the request has reached the app (its body, trailers or framing):
+        # unless queued behind another (pipelined) one.
+        handled = self.cycle is not None and not self.in_head and not self.pipeline
+        if handled and not self.cycle.response_started:
+            # The app has not answered (it may not have run yet): this answer is the request's. The app
+            # now sees a disconnect, and what it sends is dropped (uvicorn's cycle drops a disconnected
+            # one's output), so nothing follows this answer on the wire.
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        elif self.cycle is not None and (handled or not self.cycle.response_complete):
+            # An answer now would come after, or in the middle of, the app's answer, or before the
+            # answer to a pipelined request ahead of this one: the connection is closed instead.
             self.transport.close()
             return
         body = json.dumps(error_body(code, message)).encode()

@@ -14,7 +14,10 @@
 * Access (fastinfer/front/access.py): API keys (401) and the /analyze guard (429) are checked before a
   byte of the body is read.
 * Every answered API request is counted in ``fastinfer_requests_total{route,backend,status}``.
-* ``/readyz`` answers 503 with the reason while ``degraded`` has one (a full disk: fastinfer/serving/disk.py).
+* ``/readyz`` answers 503 with the reason while ``degraded`` has one (a full disk: fastinfer/serving/disk.py),
+  and answers within ``READY_TIMEOUT_S`` whatever the runners do: it asks each of them (``readiness``) at
+  once and names any that did not answer in time (BentoML's own probe waited for a wedged runner until
+  its outer timeout, 35 s, then gave a plain-text 500).
   Idle connections, header size and count and the number of connections are bounded below this
   middleware, in the HTTP protocol (fastinfer/front/connections.py): they are over before a scope exists.
 * The image routes (``lanes``) are answered here from the body in memory (fastinfer/front/image_api.py),
@@ -30,6 +33,7 @@ went there): at most ``max_concurrency`` of them, each within ``max_bytes``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import logging
@@ -59,6 +63,7 @@ _STATUS_CODES = {
     422: "invalid_request",
     429: "overloaded",
     500: "internal_error",
+    501: "not_implemented",
     503: "unavailable",
     504: "timeout",
 }
@@ -106,6 +111,11 @@ REPLAY_CHUNK = 64 * 1024
 
 Lane = Callable[[Scope, bytes, Send], Awaitable[None]]
 """Answers a request whose whole body is in hand (an image route); sends an ASGI response."""
+Readiness = Callable[[], Mapping[str, Awaitable[bool]]]
+"""What /readyz asks now, by the name its 503 gives: each awaitable says whether that part is ready."""
+# A probe is answered within this, whatever a runner does: a load balancer's probe gives up after a few
+# seconds anyway (Kubernetes: timeoutSeconds), and an unanswered probe holds a busy connection meanwhile.
+READY_TIMEOUT_S = 2.0
 CLOSE = [(b"connection", b"close")]  # answered before the body was read: the rest is not read either
 
 
@@ -122,10 +132,14 @@ class FrontMiddleware:
         lanes: Mapping[str, Lane] | None = None,
         access: Access | None = None,
         degraded: Callable[[], str | None] | None = None,
+        readiness: Readiness | None = None,
     ) -> None:
         self.app = app
         self.access = access
         self.degraded = degraded  # why the server cannot be ready now (a full disk), or None: /readyz 503
+        # /readyz's checks; None: the app's own /readyz, within READY_TIMEOUT_S.
+        self.readiness = readiness
+        self.ready_check: asyncio.Future[str | None] | None = None  # one at a time, shared by the probes
         self.lanes = dict(lanes or {})  # POST route → its handler over the body in memory
         self.max_bytes = max_bytes
         self.max_concurrency = max_concurrency
@@ -150,8 +164,8 @@ class FrontMiddleware:
         if refused is not None:  # on every route, probes included: the server would read it all
             await send_json(send, *refused, CLOSE)
             return
-        if path == "/readyz" and self.degraded is not None and (reason := self.degraded()) is not None:
-            await send_json(send, 503, error_body("degraded", f"Not ready: {reason}."))
+        if path == "/readyz" and scope["method"] in ("GET", "HEAD"):  # another method: the app's 405
+            await self._ready(scope, receive, send)
             return
         if path in UNLIMITED_PATHS:
             await self.app(scope, receive, _ErrorRewriter(send))
@@ -243,6 +257,7 @@ class FrontMiddleware:
                     await send_json(send, 408, self._slow_body(), CLOSE)
                     break
                 if message["type"] == "http.disconnect":  # the client left: nobody to answer
+                    await _answer_nobody(send)
                     break
                 chunk = message.get("body", b"")
                 if body.size + len(chunk) > self.max_bytes:
@@ -280,6 +295,62 @@ class FrontMiddleware:
             504,
             error_body("timeout", f"The request did not finish within {self.timeout_s:g} s (FASTINFER_TIMEOUT_S)."),
         )
+
+    async def _ready(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """/readyz: 503 with the reason (a full disk, a runner not ready or not answering), else 200."""
+        if self.degraded is not None and (reason := self.degraded()) is not None:
+            await send_json(send, 503, error_body("degraded", f"Not ready: {reason}."))
+            return
+        if self.readiness is None:
+            await self._app_ready(scope, receive, send)
+            return
+        # Probes that arrive while a check runs share it: a flood of probes (an open path) asks each
+        # runner once at a time, and a wedged runner holds one pending request, not one per probe.
+        if self.ready_check is None or self.ready_check.done():
+            self.ready_check = asyncio.ensure_future(self._check_ready(self.readiness))
+        reason = await asyncio.shield(self.ready_check)
+        if reason is not None:
+            await send_json(send, 503, error_body("not_ready", f"Not ready: {reason}."))
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"\n"})  # what BentoML's probe answers
+
+    @staticmethod
+    async def _check_ready(readiness: Readiness) -> str | None:
+        """Every check at once, each given READY_TIMEOUT_S: why not ready (naming each part that is not,
+        or did not answer in time), or None."""
+        try:
+            checks = {name: asyncio.ensure_future(check) for name, check in readiness().items()}
+        except Exception as exc:  # a bug in wiring the checks: said, never a hung probe
+            logger.exception("front: the readiness checks could not start")
+            return f"the readiness checks could not start ({type(exc).__name__})"
+        if not checks:
+            return None
+        _, late = await asyncio.wait(checks.values(), timeout=READY_TIMEOUT_S)
+        problems = []
+        for name, check in checks.items():
+            if check in late:
+                check.cancel()
+                check.add_done_callback(_retrieve)
+                problems.append(f"{name} did not answer within {READY_TIMEOUT_S:g} s")
+            elif (exc := check.exception()) is not None:
+                problems.append(f"{name} did not answer ({type(exc).__name__})")
+            elif not check.result():
+                problems.append(f"{name} is not ready")
+        return "; ".join(problems) or None
+
+    async def _app_ready(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The app's own /readyz, answered 503 in our shape if it has not answered within READY_TIMEOUT_S."""
+        recorder = _Recorder(send)
+        try:
+            async with asyncio.timeout(READY_TIMEOUT_S):
+                await self.app(scope, receive, _ErrorRewriter(recorder))
+        except Exception as exc:
+            if recorder.status is not None:  # already answering: nothing else can be said
+                raise
+            late = isinstance(exc, TimeoutError)
+            said = f"did not answer within {READY_TIMEOUT_S:g} s" if late else f"failed ({type(exc).__name__})"
+            await send_json(send, 503, error_body("not_ready", f"Not ready: the readiness probe {said}."))
 
     def _log_disk_full(self, path: str, exc: BaseException) -> None:
         now = time.monotonic()
@@ -344,6 +415,19 @@ class _Gate:
             await self.send(message)
 
 
+CLIENT_CLOSED = 499  # nginx's "client closed request": what the access log and request metrics say
+
+
+async def _answer_nobody(send: Send) -> None:
+    """Start a response to a client that has left (uvicorn drops it). BentoML's timeout middleware, outside
+    this one, waits for a response to start: unstarted, it held the request for FASTINFER_TIMEOUT_S + 5 s,
+    and with it a shutdown (uvicorn waits for every request): new connections meanwhile waited in the
+    listening socket, which `bentoml serve` keeps open, and were reset when it closed."""
+    with contextlib.suppress(OSError):  # ASGI lets a server refuse output to a closed connection
+        await send({"type": "http.response.start", "status": CLIENT_CLOSED, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
 def _retrieve(task: asyncio.Future[None]) -> None:
     """Collect an abandoned handler's outcome, so that asyncio does not log it as never retrieved."""
     if not task.cancelled():
@@ -398,6 +482,13 @@ def _unwanted_body(scope: Scope) -> tuple[int, dict[str, Any]] | None:
     chunked, length = b"transfer-encoding" in headers, _content_length(scope)
     if chunked and b"content-length" in headers:
         return 400, error_body("bad_request", "Content-Length and Transfer-Encoding together are refused.")
+    codings = b",".join(v for k, v in scope.get("headers", []) if k == b"transfer-encoding")
+    if chunked and [c.strip() for c in codings.lower().split(b",")] != [b"chunked"]:
+        # RFC 9112 6.1: a transfer coding the server does not implement (gzip before chunked) SHOULD get
+        # 501; read as if it were not there, a gzipped body was taken for a broken image. (One that does
+        # not end in chunked has no readable length: the HTTP protocol answers it 400, connections.py.)
+        said = codings.decode("latin-1")[:100]
+        return 501, error_body("not_implemented", f"Transfer-Encoding {said!r} is not supported; only chunked is.")
     has_body = chunked or bool(length)
     # The open paths too: a caller without a key must not hold upload slots with bodies nobody reads.
     if has_body and (scope.get("method") not in BODY_METHODS or is_open(scope["path"])):

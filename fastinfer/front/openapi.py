@@ -218,7 +218,8 @@ INFRA_DOCS = {
         "Readiness probe: 200 once every runner has loaded its model and warmed up",
         "200 once every runner that can run here has loaded its model and run a warm-up inference; 503 before, "
         "while a runner could not load its model (GET /backends says why), and `degraded` while the disk under "
-        "the model store is full. "
+        "the model store is full. Answered within 2 s: a runner that does not answer by then makes it 503 "
+        "`not_ready`, naming the runner. "
         "Open without a key, never refused for load.",
     ),
     "/metrics": (
@@ -534,7 +535,7 @@ def document_infra(paths: dict[str, dict[str, Any]]) -> None:
     if (ready := paths.get("/readyz", {}).get("get")) is not None:
         ready["responses"].setdefault(
             "503",
-            {"description": "Not ready: a runner is loading or could not load its model, or the disk is full"},
+            {"description": "Not ready: a runner is loading, could not load its model or is not answering; disk full"},
         )
 
 

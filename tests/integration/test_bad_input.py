@@ -3,6 +3,7 @@ server is healthy afterwards. Nothing a client sends may produce a 5xx."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -160,6 +161,35 @@ def test_extreme_shapes_are_classified(client, case: str) -> None:
     r = image_post(client, images.extreme_shape(width, height, fmt), "img", f"image/{fmt.lower()}")
     assert r.status_code == 200, r.text
     assert len(r.json()["top_k"]) == 5
+
+
+MALFORMED_ANALYZE = {
+    "not JSON": {"content": b"{not json", "headers": {"Content-Type": "application/json"}},
+    "results not a list": {"json": {"results": "nope"}},
+    "a list, not an object": {"json": [1, 2]},
+    "no results": {"content": b"", "headers": {"Content-Type": "application/json"}},
+    "too many results": {"json": {"results": [{"backend": "onnx"}] * 21}},
+    "multipart without its boundary": {"content": b"x", "headers": {"Content-Type": "multipart/form-data"}},
+    "multipart, results not objects": {"files": {"results": (None, "[1]")}},
+    "multipart, a part not UTF-8 (a photo)": {"files": {"results": ("p.jpg", b"\xff\xd8abc", "image/jpeg")}},
+}
+
+
+def test_malformed_analyze_bodies_get_a_4xx_and_one_log_line_without_a_traceback(client, server) -> None:
+    """Before: each one logged BentoML's "Exception on /analyze [POST]" with a ~25-line traceback at ERROR
+    (a client's mistake read as a server fault), and a multipart body without its boundary got a 500."""
+    before = len(server.log.read_text(errors="replace").splitlines())
+    for case, request in MALFORMED_ANALYZE.items():
+        answer = client.post("/analyze", **request)
+        assert 400 <= answer.status_code < 500, (case, answer.status_code, answer.text)
+        body = answer.json()
+        assert set(body) == {"error"} and body["error"]["message"], (case, body)
+    time.sleep(0.5)  # the server's log lines are written as they happen; let the last one land
+    added = server.log.read_text(errors="replace").splitlines()[before:]
+    assert not [line for line in added if "Traceback" in line or line.startswith("  File ")], "\n".join(added)
+    told = [line for line in added if "/analyze" in line and "(scheme=http" not in line]  # not the access log
+    assert len(told) <= len(MALFORMED_ANALYZE), "\n".join(told)
+    assert all("[ERROR]" not in line for line in told), "\n".join(told)
 
 
 def front_pid(server) -> int:

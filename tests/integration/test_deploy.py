@@ -268,6 +268,19 @@ def test_compose_follows_the_compose_spec(offline) -> None:
             validate_compose(yaml.safe_load(text.replace(old, new)))
 
 
+def test_readiness_checks_wait_longer_than_the_front_takes_to_answer() -> None:
+    """/readyz answers within READY_TIMEOUT_S, naming a runner that does not answer: a check that gives up
+    sooner (Kubernetes' default timeoutSeconds is 1) loses that reason and counts a timeout instead."""
+    from fastinfer.front.http import READY_TIMEOUT_S
+
+    check = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["fastinfer"]["healthcheck"]
+    assert int(check["timeout"].removesuffix("s")) > READY_TIMEOUT_S
+    assert float(re.search(r"timeout=([0-9.]+)", " ".join(check["test"])).group(1)) > READY_TIMEOUT_S
+    (deployment,) = [d for d in documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "fastinfer"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["readinessProbe"].get("timeoutSeconds", 1) > READY_TIMEOUT_S
+
+
 def test_k8s_takes_the_keys_from_a_secret() -> None:
     docs = [doc for _, doc in k8s_documents()]
     assert not [d for d in docs if d["kind"] == "Secret"], "no Secret in the manifests: a committed one gets applied"

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -34,7 +36,7 @@ import pytest
 from fastinfer.measure import photos
 from fastinfer.serving.disk import METRICS_ROOT
 from tests.full_disk import fill, small_filesystem
-from tests.servers import start_server, stop_server
+from tests.servers import service_pids, start_server, stop_server
 
 KEY = "front-limits-key-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -234,6 +236,65 @@ def test_a_flood_of_huge_headers_is_refused_cheaply_and_probes_keep_answering(fr
     assert set(answers) <= {"431", "closed", "ConnectionResetError", "BrokenPipeError"}  # never 401, never served
 
 
+def test_a_wedged_runner_gets_readyz_a_prompt_503_that_names_it(front: Front) -> None:
+    """A runner that accepts connections but never answers (SIGSTOP, as a hung engine or a paging host
+    would): before, each /readyz hung 35 s (BentoML's outer timeout) and then got a plain-text 500
+    "ASGI callable returned without starting response", every probe holding a busy connection."""
+    (runner,) = service_pids(front.server, "runner-onnx-int8")
+    with httpx.Client(base_url=front.url, timeout=60) as client:
+        assert client.get("/readyz").status_code == 200
+        os.kill(runner, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            answers = [client.get("/readyz") for _ in range(3)]
+            seconds = (time.monotonic() - started) / len(answers)
+        finally:
+            os.kill(runner, signal.SIGCONT)
+        for answer in answers:
+            assert answer.status_code == 503, answer.text
+            error = answer.json()["error"]
+            assert error["code"] == "not_ready" and "runner-onnx-int8 did not answer within" in error["message"]
+        assert seconds < 3.5, seconds  # within the probe's bound (2 s), not BentoML's 35 s
+        deadline = time.monotonic() + 30
+        while (ready := client.get("/readyz")).status_code != 200:  # the runner answers again
+            assert time.monotonic() < deadline, ready.text
+            time.sleep(0.5)
+
+
+# RFC 9112 6.3: a request whose Transfer-Encoding does not end in chunked has no readable length: 400 and
+# close. 6.1: a transfer coding the server does not know (gzip before chunked) SHOULD be answered 501.
+TRAILERS_101 = b"".join(b"X-T-%d: v\r\n" % i for i in range(101))
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "code"),
+    [
+        (b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nabc", 400, "bad_request"),
+        (
+            b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+            501,
+            "not_implemented",
+        ),
+        (
+            b"POST /classify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
+            + b"\r\nContent-Type: image/jpeg\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n"
+            + TRAILERS_101 + b"\r\n",
+            400,
+            "bad_request",
+        ),
+    ],
+    ids=["Transfer-Encoding: gzip", "Transfer-Encoding: gzip, chunked", "101 trailer fields"],
+)  # fmt: skip
+def test_framing_the_front_does_not_take_gets_an_answer_in_our_shape(
+    front: Front, request_bytes: bytes, status: int, code: str
+) -> None:
+    """Before: no answer at all, the connection closed (the parser failed after the request had reached
+    the app, and an answer then could have come before the app's)."""
+    answered, body = exchange(front.address, request_bytes)
+    assert answered == status, body
+    assert body is not None and body["error"]["code"] == code, body
+
+
 def front_worker(front: Front) -> psutil.Process:
     for process in psutil.Process(front.server.process.pid).children(recursive=True):
         command = process.cmdline()
@@ -243,7 +304,7 @@ def front_worker(front: Front) -> psutil.Process:
 
 
 def test_a_full_disk_under_bentoml_home_degrades_instead_of_crash_looping(front: Front, keyed) -> None:
-    """Runs last in this module: it fills the server's BENTOML_HOME, then frees it."""
+    """Runs after the others but the shutdown: it fills the server's BENTOML_HOME, then frees it."""
     if front.full_disk is not None:
         pytest.skip(front.full_disk)
     assert classify(keyed).status_code == 200  # cached from the tests above, or now
@@ -278,3 +339,51 @@ def test_a_full_disk_under_bentoml_home_degrades_instead_of_crash_looping(front:
         time.sleep(0.5)
     assert "disk: space is back" in front.server.log.read_text()
     assert len(list(metrics_dir.iterdir())) <= files_before + 2  # no pile of dead workers' files
+
+
+def test_sigterm_closes_idle_connections_and_refuses_new_ones_within_seconds(front: Front) -> None:
+    """Stops the server: runs last. Idle keep-alive connections get a FIN at SIGTERM, and once nothing is
+    in flight the server is gone in seconds, so a new connection is refused. Before: an abandoned upload
+    (and a probe that had hung) held the front for BentoML's timeout (35 s) after SIGTERM; new connections
+    meanwhile waited in the listening socket `bentoml serve` keeps open, then were reset (ECONNRESET)."""
+    idle = []
+    for _ in range(5):
+        sock = socket.create_connection(front.address, timeout=10)
+        sock.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while not answer.endswith(b"\r\n\r\n\n"):  # /livez answers "\n"
+            chunk = sock.recv(4096)
+            assert chunk, answer
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        idle.append(sock)
+    with socket.create_connection(front.address, timeout=10) as abandoned:  # half an upload, then gone
+        abandoned.sendall(
+            b"POST /classify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
+            + b"\r\nContent-Type: image/jpeg\r\nContent-Length: 100000\r\n\r\n" + PHOTO[:1000]
+        )  # fmt: skip
+        time.sleep(0.5)
+    started = time.monotonic()
+    os.kill(front.server.process.pid, signal.SIGTERM)  # as docker stop does (bentoml serve is PID 1)
+    for sock in idle:
+        assert sock.recv(4096) == b"", "an idle connection was not closed (or was reset) at SIGTERM"
+        sock.close()
+    closed_s = time.monotonic() - started
+    failures: list[str] = []
+    refused_s = None
+    while refused_s is None and time.monotonic() - started < 60:
+        try:
+            with socket.create_connection(front.address, timeout=5) as sock:
+                sock.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+                sock.recv(4096)  # answered (still draining), or waits in the listening socket's backlog
+        except ConnectionRefusedError:
+            refused_s = round(time.monotonic() - started, 2)
+        except OSError as exc:  # reset as that socket closes (a moment's window), or the long wait of before
+            failures.append(f"{type(exc).__name__} at {time.monotonic() - started:.1f} s")
+        time.sleep(0.2)
+    print(
+        f"\nSIGTERM: idle connections closed after {closed_s:.2f} s, new ones refused after {refused_s} s; {failures}"
+    )
+    assert refused_s is not None and refused_s < 5, failures
+    assert not [f for f in failures if f.startswith("TimeoutError")], failures
+    front.server.process.wait(30)

@@ -85,6 +85,9 @@ class Server:
         self.release = asyncio.Event()
         self.app_calls = 0
         self.hold = False
+        self.seen: list[
+            tuple[list[tuple[bytes, bytes]], bytes]
+        ] = []  # each request's headers and body, as the app saw them
         self.config = uvicorn.Config(app=self.app, log_config=None, lifespan="off", interface="asgi3")
         self.config.load()
         self.state = ServerState()
@@ -92,10 +95,13 @@ class Server:
 
     async def app(self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]], send: Any) -> None:
         self.app_calls += 1
+        body = b""
         while True:
             message = await receive()
+            body += message.get("body", b"")
             if not message.get("more_body"):
                 break
+        self.seen.append((list(scope["headers"]), body))
         if self.hold:
             await self.release.wait()
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
@@ -478,5 +484,70 @@ def test_more_than_a_few_pipelined_requests_close_the_connection() -> None:
         server.release.set()
         await asyncio.sleep(0.1)
         assert few_transport.written.count(b"HTTP/1.1 200") == 3
+
+    run(test)
+
+
+CHUNKED_POST = b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n"
+
+
+def test_a_transfer_coding_not_ending_in_chunked_gets_400_not_a_silent_close() -> None:
+    """RFC 9112 6.3: no readable length, 400 and close. llhttp refuses it only after the headers are
+    complete, when the request has reached the app: before, the connection was closed with no answer."""
+
+    async def test() -> None:
+        server = Server()
+        protocol, transport = server.connect()
+        protocol.data_received(b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nabc")
+        await asyncio.sleep(0.1)
+        assert transport.status() == 400, transport.written
+        assert transport.json()["error"]["code"] == "bad_request"
+        assert "Transfer-Encoding" in transport.json()["error"]["message"]
+        assert transport.written.count(b"HTTP/1.1 ") == 1  # the app's own answer is dropped
+        assert transport.closed
+
+    run(test)
+
+
+def test_trailer_fields_are_bounded_and_never_reach_the_apps_headers() -> None:
+    async def test() -> None:
+        server = Server()
+        protocol, transport = server.connect()
+        protocol.data_received(CHUNKED_POST + b"X-Trailer: sneaked\r\n\r\n")
+        await asyncio.sleep(0.05)
+        assert transport.status() == 200
+        ((headers, body),) = server.seen
+        assert body == b"abc" and b"x-trailer" not in dict(headers)  # RFC 9110 6.5.1: not merged
+
+        many = b"".join(b"X-T-%d: v\r\n" % i for i in range(FAST.max_headers + 1))
+        protocol, transport = server.connect()
+        protocol.data_received(CHUNKED_POST + many + b"\r\n")
+        await asyncio.sleep(0.1)
+        assert transport.status() == 400, transport.written  # before: closed, no answer
+        assert transport.json()["error"]["code"] == "bad_request"
+        assert "trailer fields" in transport.json()["error"]["message"]
+        assert transport.written.count(b"HTTP/1.1 ") == 1
+
+        big = b"X-Big: " + b"a" * FAST.max_header_bytes + b"\r\n"
+        protocol, transport = server.connect()
+        protocol.data_received(CHUNKED_POST + big + b"\r\n")
+        await asyncio.sleep(0.1)
+        assert transport.status() == 400
+
+    run(test)
+
+
+def test_a_refusal_after_the_app_began_answering_closes_without_a_second_answer() -> None:
+    async def test() -> None:
+        server = Server()
+        protocol, transport = server.connect()
+        protocol.data_received(b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+        await asyncio.sleep(0.05)
+        assert server.app_calls == 1 and not transport.written  # the app waits for the rest of the body
+        assert protocol.cycle is not None
+        protocol.cycle.response_started = True  # as if the app had begun its answer
+        protocol.data_received(b"0\r\n" + b"".join(b"X-T-%d: v\r\n" % i for i in range(FAST.max_headers + 1)) + b"\r\n")
+        await asyncio.sleep(0.05)
+        assert transport.closed and b"HTTP/1.1 400" not in transport.written
 
     run(test)

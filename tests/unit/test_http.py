@@ -7,10 +7,12 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
+from fastinfer.front import http
 from fastinfer.front.http import FrontMiddleware
 from fastinfer.serving.cpu import CpuPool
 
@@ -211,7 +213,12 @@ def test_a_client_leaving_mid_upload_reaches_no_handler() -> None:
         return next(messages)
 
     sent, _ = asyncio.run(call(app, scope(body_length=5_000), receive))
-    assert sent == [] and called == []
+    assert called == []
+    # A response is started all the same (uvicorn drops it: the connection is gone), so that BentoML's
+    # timeout middleware, which waits for one, lets go at once: it held the request 35 s, and a
+    # SIGTERM's shutdown with it (measured: the front exited 34 s after SIGTERM, not 0.1 s).
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert sent[0]["status"] == 499
 
 
 def test_a_fast_request_is_untouched() -> None:
@@ -378,3 +385,100 @@ def test_probe_routes_answer_errors_in_our_shape() -> None:
     request = {**scope(method="POST", body_length=0), "path": "/livez"}
     status, body = answer(asyncio.run(call(app, request))[0])
     assert status == 405 and body["error"]["code"] == "method_not_allowed"
+
+
+def test_an_unknown_transfer_coding_gets_501_before_a_byte_is_read() -> None:
+    """RFC 9112 6.1: gzip before chunked is a coding this server does not implement (501). Before, the
+    body was read as if the coding were not there, and a gzipped photo was "not an image" (400)."""
+    for codings in [[b"gzip, chunked"], [b"gzip", b"chunked"], [b"chunked, chunked"]]:
+        request = scope(body_length=None)
+        request["headers"] += [(b"transfer-encoding", coding) for coding in codings]
+        sent, _ = asyncio.run(call(ok_app, request, never_arrives))
+        status, body = answer(sent)
+        assert status == 501 and body["error"]["code"] == "not_implemented", (codings, body)
+        assert (b"connection", b"close") in sent[0]["headers"]
+    plain = scope(body_length=None)
+    plain["headers"].append((b"transfer-encoding", b"Chunked"))
+    assert asyncio.run(call(ok_app, plain))[0][0]["status"] == 200  # the one coding taken, in any case
+
+
+READYZ = {"type": "http", "path": "/readyz", "method": "GET", "headers": []}
+
+
+async def wedged() -> bool:
+    await asyncio.Event().wait()  # a runner that accepted the connection and never answers
+    return True
+
+
+def readiness(**checks: Callable[[], Awaitable[bool]]) -> Callable[[], dict[str, Awaitable[bool]]]:
+    return lambda: {name.replace("_", "-"): check() for name, check in checks.items()}
+
+
+async def ready() -> bool:
+    return True
+
+
+async def not_ready() -> bool:
+    return False
+
+
+async def refused() -> bool:
+    raise ConnectionRefusedError
+
+
+def test_readyz_answers_503_within_its_bound_naming_what_did_not_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: BentoML's probe waited for a wedged runner until its outer timeout (35 s), then answered a
+    plain-text 500; each probe meanwhile held a connection that could not be evicted."""
+    monkeypatch.setattr(http, "READY_TIMEOUT_S", 0.3)
+    checks = readiness(runner_a=ready, runner_wedged=wedged, runner_b=not_ready, runner_c=refused)
+    middleware = middleware_for(ok_app, readiness=checks)
+    sent, seconds = asyncio.run(asyncio.wait_for(call(ok_app, READYZ, middleware=middleware), 5))
+    status, body = answer(sent)
+    assert status == 503 and body["error"]["code"] == "not_ready", body
+    message = body["error"]["message"]
+    assert "runner-wedged did not answer within 0.3 s" in message
+    assert "runner-b is not ready" in message and "runner-c did not answer (ConnectionRefusedError)" in message
+    assert "runner-a" not in message
+    assert seconds < 1
+    everyone_ready = middleware_for(ok_app, readiness=readiness(runner_a=ready, runner_b=ready))
+    sent, _ = asyncio.run(call(ok_app, READYZ, middleware=everyone_ready))
+    assert sent[0]["status"] == 200
+
+
+def test_probes_at_once_share_one_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flood of probes (an open path) asks each runner once at a time, not once per probe."""
+    monkeypatch.setattr(http, "READY_TIMEOUT_S", 0.2)
+    asked = []
+
+    def checks() -> dict[str, Awaitable[bool]]:
+        asked.append(1)
+        return {"runner-wedged": wedged()}
+
+    middleware = middleware_for(ok_app, readiness=checks)
+
+    async def probes() -> list[list[dict[str, Any]]]:
+        return [
+            sent for sent, _ in await asyncio.gather(*(call(ok_app, READYZ, middleware=middleware) for _ in range(20)))
+        ]
+
+    answers = asyncio.run(asyncio.wait_for(probes(), 5))
+    assert [sent[0]["status"] for sent in answers] == [503] * 20
+    assert len(asked) == 1
+    asyncio.run(asyncio.wait_for(probes(), 5))  # a later probe checks again
+    assert len(asked) == 2
+
+
+def test_without_named_checks_the_apps_own_probe_is_bounded_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http, "READY_TIMEOUT_S", 0.2, raising=False)
+
+    async def hanging_probe(scope, receive, send) -> None:
+        await wedged()
+
+    async def failing_probe(scope, receive, send) -> None:
+        raise TimeoutError  # BentoML's probe raised aiohttp's timeout, and nobody answered
+
+    for app in (hanging_probe, failing_probe):
+        sent, seconds = asyncio.run(asyncio.wait_for(call(app, READYZ), 5))
+        status, body = answer(sent)
+        assert status == 503 and body["error"]["code"] == "not_ready", body
+        assert seconds < 1
