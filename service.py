@@ -4,6 +4,7 @@ fastinfer/front/image_api.py, without a temporary file per upload), the request 
 fastinfer/serving/pipeline.py, the calls to the runners runners/calls.py, the runners runners/.
 """
 
+import asyncio
 import atexit
 import contextlib
 import json
@@ -122,17 +123,22 @@ class FastInfer:
         # The tuned configuration this process read when it imported this module (its front workers and
         # runners follow from it): every worker takes the same, even if the file changes meanwhile.
         tuned.export(settings.tuned)
-        claim_metrics_dir()
         try:
             atexit.register(store.record_pins(pinned).unlink, missing_ok=True)
-        except OSError as exc:  # a read-only home (a container's): nothing builds beside this server there
+        except OSError as exc:  # a read-only store (a container's): a build through a writable mount may prune them
             logger.warning("could not record the served versions for builds to keep: %s", exc)
+        claim_metrics_dir()
         logger.info("serving %s", ", ".join(sorted(set(pinned.values()))) or "no stored model")
 
     async def __is_ready__(self) -> bool:
         """Ready once the engines this worker holds itself are (FASTINFER_IN_FRONT); BentoML asks the
         runners' probes beside this one."""
         return all([await core.__is_ready__() for core in self.in_front.values()])
+
+    @bentoml.on_startup
+    async def _learn_engines(self) -> None:
+        # In the background (runners may still be loading): then a cache hit needs no runner call.
+        self._learning = asyncio.create_task(self.runner_calls.learn_engines())  # kept: a task nobody holds may vanish
 
     @bentoml.on_startup
     async def _open_cache(self) -> None:
@@ -147,6 +153,8 @@ class FastInfer:
 
     @bentoml.on_shutdown
     async def _close(self) -> None:
+        if (learning := getattr(self, "_learning", None)) is not None:
+            learning.cancel()
         await self.pipeline.cache.close()
         self.cpu.close()
 

@@ -326,7 +326,7 @@ def prune(name: str, current: str, step: str, progress: Callable[[str], None]) -
         if tag == current:
             continue
         if tag in in_use:
-            progress(f"{step}: kept {tag}: the server running as process {in_use[tag]} serves it until restarted")
+            progress(f"{step}: kept {tag}: the server started as process {in_use[tag]} serves it until it stops")
             continue
         version_dir = bentoml_home() / "models" / name / tag.split(":", 1)[1]
         shutil.rmtree(cache_folder(openvino_cache_dir(), str(version_dir)), ignore_errors=True)

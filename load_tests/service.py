@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,12 +87,21 @@ def start_server(
     raise RuntimeError(f"bentoml serve not ready after {timeout}s:\n{server.log_tail()}")
 
 
-def stop_server(server: Server) -> None:
+def stop_server(server: Server, timeout_s: float = 30) -> None:
+    """Stop the server and every process of it: its workers may outlive the supervisor for a moment
+    (runners drain after it, runners/drain.py), and while one lives its pins hold (fastinfer.catalog.store)."""
     if server.process.poll() is not None:
         return
+    workers: list[psutil.Process] = []
+    with contextlib.suppress(psutil.NoSuchProcess):  # exited just now
+        workers = psutil.Process(server.process.pid).children(recursive=True)
     os.killpg(server.process.pid, signal.SIGTERM)
     try:
-        server.process.wait(timeout=30)
+        server.process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(server.process.pid, signal.SIGKILL)
         server.process.wait()
+    _, left = psutil.wait_procs(workers, timeout=timeout_s)
+    for process in left:  # not in the supervisor's process group, or deaf to SIGTERM
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()

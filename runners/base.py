@@ -238,8 +238,11 @@ class RunnerCore:
 
 def engine_identity(engine: Engine) -> str:
     """What decides a loaded engine's numbers beside its model (fastinfer.engines.Engine.identity), and the
-    CPU's instruction sets, which decide the kernels it runs (an INT8 kernel without VNNI rounds otherwise)."""
-    return f"{engine.identity()}; CPU instructions {'+'.join(hardware.probe()['isa']) or 'baseline'}"
+    CPU's instruction sets, which decide the kernels it runs (an INT8 kernel without VNNI rounds otherwise);
+    on a Mac the chip too (CoreML and MPS choose their units by it)."""
+    machine = hardware.probe()
+    chip = f" ({machine['cpu']})" if hardware.is_macos() else ""
+    return f"{engine.identity()}; CPU instructions {'+'.join(machine['isa']) or 'baseline'}{chip}"
 
 
 def tracing_configured() -> bool:
@@ -313,6 +316,13 @@ def make_runner(backend: str) -> Any:
         ) -> np.ndarray:
             """As ``infer``, but calls that wait for the model run together, up to max_batch_size rows."""
             return await self.compute(images, model, within_s, batched=True, engine=engine)
+
+        @bentoml.api
+        async def which_engine(self) -> str:
+            """The identity of the engine that computes (``engine_identity``): what a caller names in ``infer``
+            (not ``engine``: that name is the engine itself).
+            Like ``infer``, a runner whose model could not load tries again when due, and answers 503 meanwhile."""
+            return await self.identity()
 
         @bentoml.api
         def describe(self) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import numpy as np
 from bentoml.exceptions import BentoMLException, ServiceUnavailable
 
 from fastinfer.catalog.store import StoredModelInfo
-from fastinfer.common.errors import BackendUnavailable, RequestTimeout, RunnerNotLoaded
+from fastinfer.common.errors import ApiError, BackendUnavailable, RequestTimeout, RunnerNotLoaded
 from fastinfer.serving import deadlines
 from runners import REGISTRY
 from runners.base import RunnerCore
@@ -35,7 +35,6 @@ logger = logging.getLogger("fastinfer.service")  # these calls run in the front'
 FAILURE_MEMORY_S = 10.0
 """How long a runner's load failure is believed before the runner is asked again."""
 DESCRIBE_TIMEOUT_S = 5.0
-NO_ANSWER = "the runner does not answer"
 
 
 class RunnerCalls:
@@ -64,30 +63,42 @@ class RunnerCalls:
 
     async def engine(self, backend: str) -> str:
         """The identity of the engine that computes the backend's answers (fastinfer.serving.pipeline.EngineOf):
-        asked of its runner once, then known; every call then names it, and a runner that computes otherwise
-        refuses (409), which makes this ask again."""
+        asked of its runner until it answers, then known. Every call names it, and a runner that computes
+        otherwise refuses (409), which makes this ask again."""
         runner = REGISTRY[backend].runner
         if known := self.engines.get(runner):
             return known
-        if (core := self.local.get(runner)) is not None:
-            try:
+        core = self.local.get(runner)
+        try:
+            if core is not None:
                 identity = await core.identity()
-            except ServiceUnavailable as exc:
-                raise self._remember(runner, str(exc)) from exc
-        else:
-            described = await self.describe(runner)
-            if (error := described.get("error")) is not None:
-                if error.startswith(NO_ANSWER):  # down, or starting: not believed for long
-                    raise BackendUnavailable(f"The {backend} runner does not answer")
-                raise self._remember(runner, error)
-            identity = str(described.get("engine") or "")
-            if not identity:
-                raise BackendUnavailable(f"The {backend} runner does not say which engine it runs")
-        self.engines[runner] = identity
+            else:
+                with anyio.fail_after(DESCRIBE_TIMEOUT_S):
+                    identity = await getattr(self.front, runner).to_async.which_engine()
+        except ServiceUnavailable as exc:  # its model could not load (it retries when due, as for infer)
+            told = str(exc) if core is not None else (await self.describe(runner)).get("error")
+            raise self._remember(runner, told or f"The {backend} runner is unavailable") from exc
+        except Exception as exc:  # down, starting or wedged: not remembered, asked again by the next request
+            raise BackendUnavailable(f"The {backend} runner does not answer: {type(exc).__name__}") from exc
+        self.engines[runner] = identity = str(identity)
         return identity
 
-    async def infer(self, backend: str, pixels: np.ndarray, batched: bool | None) -> np.ndarray:
-        """The backend's runner on a uint8 batch (fastinfer.serving.pipeline.Infer)."""
+    async def learn_engines(self, first_s: float = 1.0, most_s: float = 30.0) -> None:
+        """Ask each runner that can run here for its engine until every one has answered, waiting longer
+        each round (a front worker's start-up, in the background): a cache hit needs the engine, and then
+        no runner call. A runner that cannot load its model is asked on, as its probe would be."""
+        runners = {entry.runner: name for name, entry in REGISTRY.items() if name not in self.cannot_run}
+        wait = first_s
+        while unknown := [backend for runner, backend in runners.items() if runner not in self.engines]:
+            for backend in unknown:
+                with contextlib.suppress(ApiError):  # not loaded, or not answering yet: asked next round
+                    await self.engine(backend)
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, most_s)
+
+    async def infer(self, backend: str, pixels: np.ndarray, batched: bool | None, engine: str) -> np.ndarray:
+        """The backend's runner on a uint8 batch, computed by ``engine`` (the identity the answer and its cache
+        key name; fastinfer.serving.pipeline.Infer)."""
         entry = REGISTRY[backend]
         core = self.local.get(entry.runner)
         call = (
@@ -97,7 +108,6 @@ class RunnerCalls:
         )
         # The runner computes only with the model this answer will be labelled with (runners/base.py).
         model = self.models[backend].tag
-        engine = self.engines.get(entry.runner, "")  # what the answer's cache key names (engine())
         within_s = deadlines.remaining()  # the runner drops the images if this passes before they run
         try:
             try:
@@ -159,7 +169,7 @@ class RunnerCalls:
             with anyio.fail_after(DESCRIBE_TIMEOUT_S):
                 return {**await getattr(self.front, runner).to_async.describe(), "placement": "runner process"}
         except Exception as exc:
-            return {"error": f"{NO_ANSWER}: {type(exc).__name__}"}
+            return {"error": f"the runner does not answer: {type(exc).__name__}"}
 
     async def describe_running(self) -> dict[str, dict[str, Any]]:
         """Every runner that serves a backend able to run here, described, concurrently."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -169,7 +170,8 @@ def serving(backend: str, batch: int | None = None) -> Model | None:
 
 PIN_PREFIX = ".fastinfer-pinned-"
 """In the models folder itself (the store a build prunes, wherever a symlink puts it; BentoML lists only
-its folders): one ``.fastinfer-pinned-<supervisor pid>.json`` per running server, listing the tags it
+its folders): one ``.fastinfer-pinned-<supervisor pid>-<random>.json`` per running server (containers on
+one store may each be pid 1), listing the tags it
 pinned, so that a rebuild keeps them instead of deleting them under it. A lease (fastinfer.common.leases):
 in use while any process of that server lives, its supervisor or, after a ``kill -9`` of it, a worker."""
 PIN_FILE_ENV = "FASTINFER_PIN_FILE"
@@ -185,7 +187,7 @@ def models_folder() -> Path:
 def record_pins(pinned: dict[str, str]) -> Path:
     """Say, for builds to see, which versions the server supervised by this process uses; the file is
     this process's lease, which its workers join (:func:`hold_pins`)."""
-    path = models_folder() / f"{PIN_PREFIX}{os.getpid()}.json"
+    path = models_folder() / f"{PIN_PREFIX}{os.getpid()}-{secrets.token_hex(6)}.json"
     leases.create(path, json.dumps(sorted(pinned.values())))
     os.environ[PIN_FILE_ENV] = str(path)
     return path
@@ -203,13 +205,15 @@ def in_use() -> dict[str, int]:
     live process holds was left by a server that is gone (even by a ``kill -9``): it is removed here."""
     used: dict[str, int] = {}
     folder = models_folder()
+    if folder.is_dir():
+        leases.sweep_drafts(folder)
     for path in sorted(folder.glob(f"{PIN_PREFIX}*.json")) if folder.is_dir() else []:
         if not leases.held(path):
             path.unlink(missing_ok=True)
             continue
         try:
             tags = json.loads(path.read_text())
-            pid = int(path.stem.removeprefix(PIN_PREFIX))
+            pid = int(path.stem.removeprefix(PIN_PREFIX).split("-")[0])
         except (OSError, ValueError):
             continue
         used.update(dict.fromkeys(map(str, tags), pid))

@@ -10,22 +10,29 @@ an exclusive lock without waiting.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import secrets
+import time
 from pathlib import Path
 
 _held: dict[str, int] = {}  # path → the descriptor that holds its lock, open for the life of the process
 
 
+DRAFT = ".draft"  # a lease being written; one left by a process killed meanwhile is swept (sweep_drafts)
+
+
 def create(path: Path, text: str) -> Path:
-    """Write ``text`` at ``path``, held by this process before it appears: no one ever sees it unheld."""
+    """Write ``text`` at ``path`` (a name of its own: it replaces what is there), held by this process
+    before it appears: no one ever sees it unheld."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    draft = path.with_name(f".{path.name}.{os.getpid()}.draft")
-    fd = os.open(draft, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    draft = path.with_name(f".{path.name}.{secrets.token_hex(8)}{DRAFT}")
+    fd = os.open(draft, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
         os.write(fd, text.encode())
-        os.replace(draft, path)
+        os.replace(draft, path)  # not a hard link: some shared filesystems (SMB, FUSE) have none
     except BaseException:
         os.close(fd)
         draft.unlink(missing_ok=True)
@@ -54,7 +61,16 @@ def held(path: Path) -> bool:
     if str(path) in _held:
         return True
     try:
-        fd = os.open(path, os.O_RDWR)  # read-write: where flock is emulated with POSIX locks (NFS), LOCK_EX needs it
+        # Read-write where it may (NFS emulates flock with POSIX locks, whose LOCK_EX needs it), else read-only:
+        # another user's lease, which locally is asked just as well.
+        fd = os.open(path, os.O_RDWR)
+    except PermissionError:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True
     except FileNotFoundError:
         return False
     except OSError:
@@ -66,6 +82,15 @@ def held(path: Path) -> bool:
     finally:
         os.close(fd)  # releases the lock, if this took it
     return False
+
+
+def sweep_drafts(folder: Path, older_than_s: float = 60.0) -> None:
+    """Remove the drafts in ``folder`` left by a process killed while it wrote a lease."""
+    now = time.time()
+    for draft in folder.glob(f".*{DRAFT}"):
+        with contextlib.suppress(OSError):
+            if now - draft.stat().st_mtime > older_than_s:
+                draft.unlink()
 
 
 def release(path: Path) -> None:

@@ -37,7 +37,12 @@ class TorchEngine:
             return self.model(batch).float().cpu().numpy()
 
     def identity(self) -> str:
-        return f"PyTorch {self._torch.__version__} on {self.device} at fp32"
+        torch, device = self._torch, self.device
+        if device.startswith("cuda"):  # the card, and TF32: cuDNN's convolutions use it by default on Ampere and later
+            ampere = torch.cuda.get_device_capability(device)[0] >= 8
+            precision = "tf32" if torch.backends.cudnn.allow_tf32 and ampere else "fp32"
+            return f"PyTorch {torch.__version__} on {device} ({torch.cuda.get_device_name(device)}) at {precision}"
+        return f"PyTorch {torch.__version__} on {device} at fp32"
 
     def describe(self) -> dict[str, Any]:
         return {"device": self.device, "threads": self._torch.get_num_threads(), "precision": "fp32"}

@@ -255,6 +255,11 @@ def remove_stale_files(directory: str) -> int:
     return removed
 
 
+def _is_pid(name: str) -> bool:
+    """A folder name a server gave (its pid), not one someone else put there ("²", twenty digits)."""
+    return name.isascii() and name.isdigit() and 0 < int(name) <= 4_194_304  # Linux's largest pid_max
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -306,7 +311,7 @@ def claim_metrics_dir() -> None:
     atexit.register(shutil.rmtree, _own_dir, ignore_errors=True)  # a clean stop leaves nothing behind
     with contextlib.suppress(OSError), os.scandir(_own_dir.parent) as entries:
         for entry in entries:
-            gone = entry.name.isdigit() and not _alive(int(entry.name)) and not leases.held(Path(entry.path) / LEASE)
+            gone = _is_pid(entry.name) and not _alive(int(entry.name)) and not leases.held(Path(entry.path) / LEASE)
             if gone and entry.path != str(_own_dir):
                 shutil.rmtree(entry.path, ignore_errors=True)
 

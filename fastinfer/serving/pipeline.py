@@ -32,9 +32,10 @@ from fastinfer.serving.live import LiveStats
 from fastinfer.serving.postprocess import top_k as rank
 from fastinfer.serving.preprocess import Prepared, prepare
 
-Infer = Callable[[str, np.ndarray, "bool | None"], Awaitable[np.ndarray]]
-"""(backend, uint8 [N,224,224,3], batched: None = the backend's setting) → float32 logits [N,1000].
-Raises RunnerNotLoaded or BackendUnavailable when the runner cannot answer."""
+Infer = Callable[[str, np.ndarray, "bool | None", str], Awaitable[np.ndarray]]
+"""(backend, uint8 [N,224,224,3], batched: None = the backend's setting, engine: the identity the answer
+will name) → float32 logits [N,1000] computed by that engine. Raises RunnerNotLoaded or
+BackendUnavailable when the runner cannot answer, or computes otherwise."""
 
 EngineOf = Callable[[str], Awaitable[str]]
 """backend → the identity of the engine that computes its answers (runtime and version, device, precision,
@@ -113,7 +114,7 @@ class Pipeline:
         if cached is not None:
             return self._respond(backend, cached, timings, started)
         prepared = await self._prepare(image.data, info, timings)
-        logits = await self._infer(backend, prepared.pixels[np.newaxis], batched, timings)
+        logits = await self._infer(backend, engine, prepared.pixels[np.newaxis], batched, timings)
         body = self._body(backend, engine, logits[0], k)
         if store and not bypass:
             await self.cache.store(key, body)
@@ -167,7 +168,7 @@ class Pipeline:
         inference: dict[str, float] = {}
         if ready:
             batch = np.stack([p.pixels for _, p in ready])
-            logits = await self._infer(backend, batch, None, inference)
+            logits = await self._infer(backend, engine, batch, None, inference)
             bodies = [(i, self._body(backend, engine, row, k)) for (i, _), row in zip(ready, logits, strict=True)]
             if store and not bypass:
                 await asyncio.gather(*(self.cache.store(keys[i], body) for i, body in bodies))
@@ -195,7 +196,7 @@ class Pipeline:
             timings = dict(shared)
             try:
                 engine = await self.engine_of(name)
-                logits = await self._infer(name, prepared.pixels[np.newaxis], None, timings)
+                logits = await self._infer(name, engine, prepared.pixels[np.newaxis], None, timings)
             except RunnerNotLoaded:  # listed as unavailable (a runner that crashed is still an error)
                 skipped.append(name)
                 continue
@@ -246,9 +247,11 @@ class Pipeline:
         timings["decode"], timings["preprocess"] = prepared.decode_ms, prepared.preprocess_ms
         return prepared
 
-    async def _infer(self, backend: str, pixels: np.ndarray, batched: bool | None, timings: dict[str, float]) -> Any:
+    async def _infer(
+        self, backend: str, engine: str, pixels: np.ndarray, batched: bool | None, timings: dict[str, float]
+    ) -> Any:
         t0 = time.perf_counter()
-        logits = np.asarray(await self.infer(backend, pixels, batched))
+        logits = np.asarray(await self.infer(backend, pixels, batched, engine))
         timings["inference"] = (time.perf_counter() - t0) * 1000
         return logits
 

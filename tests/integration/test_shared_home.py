@@ -76,8 +76,8 @@ def _pinned_by(supervisor: int) -> set[str]:
     """What a build sees pinned by the server whose supervisor had this pid (store.in_use's view: a pin
     file that no live process holds is removed by looking)."""
     store.in_use()
-    path = store.models_folder() / f"{store.PIN_PREFIX}{supervisor}.json"
-    return set(json.loads(path.read_text())) if path.exists() else set()
+    return {tag for path in store.models_folder().glob(f"{store.PIN_PREFIX}{supervisor}-*.json")
+            for tag in json.loads(path.read_text())}  # fmt: skip
 
 
 def _descendants(root: int) -> list[int]:

@@ -52,7 +52,7 @@ def test_the_answer_is_the_engines_and_batches_form_in_the_front(core: RunnerCor
     before = core.calls["infer_batched"]
 
     async def three_at_once() -> list[np.ndarray]:
-        return await asyncio.gather(*(calls.infer(BACKEND, pixels[i : i + 1], None) for i in range(3)))
+        return await asyncio.gather(*(calls.infer(BACKEND, pixels[i : i + 1], None, core.engine_id) for i in range(3)))
 
     sizes_before = dict(core.batch_sizes)
     answers = np.concatenate(asyncio.run(three_at_once()))
@@ -68,7 +68,7 @@ def test_another_model_version_is_refused_not_computed(core: RunnerCore) -> None
     calls = calls_over(core, tag="resnet50-onnx-int8:elsewhere")
     seen = sum(core.batch_sizes.values())
     with pytest.raises(RunnerNotLoaded, match=r"holds resnet50-onnx-int8:.*, not resnet50-onnx-int8:elsewhere"):
-        asyncio.run(calls.infer(BACKEND, np.zeros((1, 224, 224, 3), np.uint8), False))
+        asyncio.run(calls.infer(BACKEND, np.zeros((1, 224, 224, 3), np.uint8), False, core.engine_id))
     assert sum(core.batch_sizes.values()) == seen
 
 
@@ -78,10 +78,10 @@ def test_the_engine_says_what_computes_and_another_engine_is_refused_not_compute
     assert identity == core.engine_id and identity.startswith("ONNX Runtime ")
     assert "CPUExecutionProvider" in identity and "CPU instructions" in identity
     assert asyncio.run(calls.describe(REGISTRY[BACKEND].runner))["engine"] == identity
-    calls.engines[REGISTRY[BACKEND].runner] = identity.replace("ONNX Runtime", "ONNX Runtime 0.1")
+    wrong = identity.replace("ONNX Runtime", "ONNX Runtime 0.1")
     seen = sum(core.batch_sizes.values())
     with pytest.raises(RunnerNotLoaded, match=r"computes with ONNX Runtime .*, not ONNX Runtime 0\.1"):
-        asyncio.run(calls.infer(BACKEND, np.zeros((1, 224, 224, 3), np.uint8), False))
+        asyncio.run(calls.infer(BACKEND, np.zeros((1, 224, 224, 3), np.uint8), False, wrong))
     assert sum(core.batch_sizes.values()) == seen
     assert REGISTRY[BACKEND].runner not in calls.engines, "asked again after a refusal"
 
@@ -89,7 +89,7 @@ def test_the_engine_says_what_computes_and_another_engine_is_refused_not_compute
 def test_a_request_past_its_deadline_is_dropped_as_a_504(core: RunnerCore, monkeypatch) -> None:
     monkeypatch.setattr(deadlines, "remaining", lambda: 1e-9)  # due before the model can take it
     with pytest.raises(RequestTimeout):
-        asyncio.run(calls_over(core).infer(BACKEND, np.zeros((1, 224, 224, 3), np.uint8), False))
+        asyncio.run(calls_over(core).infer(BACKEND, np.zeros((1, 224, 224, 3), np.uint8), False, core.engine_id))
 
 
 def test_a_model_that_could_not_load_is_a_503_with_its_reason(built_models, monkeypatch) -> None:
@@ -102,9 +102,26 @@ def test_a_model_that_could_not_load_is_a_503_with_its_reason(built_models, monk
     broken = RunnerCore(BACKEND)
     calls = calls_over(broken, tag="resnet50-onnx-int8:any")
     with pytest.raises(RunnerNotLoaded, match="onnx-int8 could not be loaded: MemoryError: a transient failure"):
-        asyncio.run(calls.infer(BACKEND, np.zeros((1, 224, 224, 3), np.uint8), None))
+        asyncio.run(calls.infer(BACKEND, np.zeros((1, 224, 224, 3), np.uint8), None, broken.engine_id))
     assert "could not be loaded" in (calls.unavailable(BACKEND) or "")  # remembered, like a runner's
     assert asyncio.run(broken.__is_ready__()) is False
+
+
+def test_asking_the_engine_of_a_runner_that_could_not_load_retries_the_load_when_due(built_models, monkeypatch) -> None:
+    """A request heals a runner whose load failed (README): the engine is asked first, so asking it must
+    retry the load when due, as a call to infer does (review finding: it asked `describe`, which does not)."""
+    import runners.base
+
+    real = runners.base.open_engine
+    monkeypatch.setattr(runners.base, "open_engine", lambda *a, **k: (_ for _ in ()).throw(MemoryError("transient")))
+    broken = RunnerCore(BACKEND)
+    calls = calls_over(broken, tag="resnet50-onnx-int8:any")
+    with pytest.raises(RunnerNotLoaded, match="MemoryError: transient"):
+        asyncio.run(calls.engine(BACKEND))
+    monkeypatch.setattr(runners.base, "open_engine", real)  # the cause healed
+    broken.failed_at -= runners.base.RELOAD_AFTER_S  # and a retry is due
+    calls.failures.clear()  # the front's memory of it has expired
+    assert asyncio.run(calls.engine(BACKEND)) == broken.engine_id != ""
 
 
 def test_a_bento_built_with_engines_in_front_still_packs_their_models() -> None:
@@ -131,3 +148,11 @@ def test_a_bento_built_with_engines_in_front_still_packs_their_models() -> None:
     (services, models), (fewer, same) = graph(""), graph("onnx-int8,openvino-int8")
     assert "runner-onnx-int8" in services and "runner-onnx-int8" not in fewer and "runner-openvino-int8" not in fewer
     assert same == models and "resnet50-onnx-int8:latest" in models
+
+
+def test_no_runner_api_is_shadowed_by_a_cores_attribute(core: RunnerCore) -> None:
+    """BentoML reaches a runner's API by its name on the instance: an attribute of the same name (the core's
+    ``engine``) hides it and the runner cannot start ('OnnxEngine' object has no attribute 'local')."""
+    from runners.base import make_runner
+
+    assert set(make_runner(BACKEND).apis) & set(vars(core)) == set()

@@ -91,11 +91,29 @@ def test_a_pin_file_is_held_from_the_moment_it_exists(tmp_path, monkeypatch) -> 
     assert store.in_use() == {} and not path.exists()
 
 
-def test_a_lease_nobody_can_open_is_never_taken_for_dead(tmp_path) -> None:
+def test_a_lease_that_cannot_be_asked_is_never_taken_for_dead(tmp_path) -> None:
     lease = tmp_path / "lease"
     assert not leases.held(lease), "gone: not held"
     lease.write_text("")
     assert not leases.held(lease), "there, but no process holds it"
-    lease.chmod(0)
-    if os.geteuid() != 0:  # root opens it anyway
-        assert leases.held(lease)
+    lease.unlink()
+    lease.mkdir()  # cannot be opened to ask (EISDIR; as another user's 0600 file would be EACCES)
+    assert leases.held(lease)
+
+
+def test_each_server_has_a_pin_file_of_its_own_and_a_killed_writers_draft_is_swept(tmp_path, monkeypatch) -> None:
+    """Containers sharing one store may each run their server as pid 1: each pin file has a name of its own.
+    A draft left by a process killed while writing one does not stay in the store for good."""
+    monkeypatch.setenv("BENTOML_HOME", str(tmp_path))
+    monkeypatch.setenv(store.PIN_FILE_ENV, "")
+    first, second = store.record_pins({"a": "a:1"}), store.record_pins({"b": "b:2"})
+    stale, fresh = first.parent / ".x.json.0011.draft", first.parent / ".y.json.0022.draft"
+    stale.write_text(""), fresh.write_text("")
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    try:
+        assert first != second and store.in_use() == {"a:1": os.getpid(), "b:2": os.getpid()}
+        assert json.loads(first.read_text()) == ["a:1"]
+        assert sorted(p.name for p in first.parent.iterdir()) == sorted([first.name, second.name, fresh.name])
+    finally:
+        leases.release(first)
+        leases.release(second)

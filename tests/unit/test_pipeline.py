@@ -46,8 +46,9 @@ class StandInRunner:
             raise RunnerNotLoaded(f"{backend} could not be loaded")
         return self.engines.get(backend, f"stand-in for {backend}")
 
-    async def __call__(self, backend: str, pixels: np.ndarray, batched: bool | None) -> np.ndarray:
+    async def __call__(self, backend: str, pixels: np.ndarray, batched: bool | None, engine: str) -> np.ndarray:
         assert pixels.dtype == np.uint8 and pixels.shape[1:] == (224, 224, 3)
+        assert engine == self.engines.get(backend, f"stand-in for {backend}"), "computed by the engine it names"
         self.calls.append((backend, len(pixels), batched))
         if backend in self.not_loaded:
             raise RunnerNotLoaded(f"{backend} could not be loaded")

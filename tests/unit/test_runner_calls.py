@@ -21,16 +21,29 @@ from runners import REGISTRY, calls
 from runners.calls import RunnerCalls
 
 PIXELS = np.zeros((1, 224, 224, 3), dtype=np.uint8)
+ENGINE = "OpenVINO 2026.4 on CPU at f32; CPU instructions avx2"
 
 
 class StandIn:
-    """A runner: answers ``infer``/``infer_batched`` from a list of outcomes, ``describe`` from a dict."""
+    """A runner: answers ``infer``/``infer_batched`` from a list of outcomes, ``engine`` from a list of its
+    own (an identity, or an exception), ``describe`` from a dict."""
 
-    def __init__(self, outcomes: list[Any], described: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, outcomes: list[Any], described: dict[str, Any] | None = None, engines: list[Any] | None = None
+    ) -> None:
         self.outcomes = outcomes
+        self.engines = engines if engines is not None else [ENGINE]
         self.calls: list[dict[str, Any]] = []
         self.described = described or {}
-        self.to_async = SimpleNamespace(infer=self._infer, infer_batched=self._infer, describe=self._describe)
+        self.to_async = SimpleNamespace(
+            infer=self._infer, infer_batched=self._infer, describe=self._describe, which_engine=self._engine
+        )
+
+    async def _engine(self) -> str:
+        outcome = self.engines.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     async def _infer(self, pixels: np.ndarray, **kwargs: Any) -> np.ndarray:
         self.calls.append(kwargs)
@@ -50,27 +63,23 @@ def front_with(runner: StandIn, backend: str = "onnx") -> RunnerCalls:
 
 
 def infer(calls_: RunnerCalls, backend: str = "onnx") -> np.ndarray:
-    return asyncio.run(calls_.infer(backend, PIXELS, None))
+    return asyncio.run(calls_.infer(backend, PIXELS, None, ENGINE))
 
 
-def test_the_runner_is_told_the_model_version_and_the_time_left() -> None:
+def test_the_runner_is_told_the_model_version_the_engine_and_the_time_left() -> None:
     logits = np.ones((1, 1000), dtype=np.float32)
     runner = StandIn([logits])
     assert infer(front_with(runner)) is logits
-    # 0: no request deadline set; "": the engine was not asked yet
-    assert runner.calls == [{"model": "resnet50-onnx:v1", "within_s": 0.0, "engine": ""}]
+    assert runner.calls == [{"model": "resnet50-onnx:v1", "within_s": 0.0, "engine": ENGINE}]  # 0: no deadline set
 
 
-def test_the_engine_is_asked_once_then_named_in_every_call() -> None:
-    logits = np.ones((1, 1000), dtype=np.float32)
-    runner = StandIn([logits, logits], {"engine": "OpenVINO 2026.4 on CPU at f32; CPU instructions avx2"})
+def test_the_engine_is_asked_until_the_runner_answers_then_known() -> None:
+    runner = StandIn([], engines=[TimeoutError(), ENGINE])
     front = front_with(runner)
-    asked = []
-    runner.to_async.describe = lambda: asked.append(1) or runner._describe()
-    assert asyncio.run(front.engine("onnx")) == asyncio.run(front.engine("onnx")) == runner.described["engine"]
-    assert len(asked) == 1
-    infer(front)
-    assert runner.calls[-1]["engine"] == runner.described["engine"]
+    with pytest.raises(BackendUnavailable, match="does not answer: TimeoutError"):
+        asyncio.run(front.engine("onnx"))  # wedged or starting: not remembered
+    assert asyncio.run(front.engine("onnx")) == asyncio.run(front.engine("onnx")) == ENGINE
+    assert runner.engines == [], "asked twice, then known"
     # A runner that computes otherwise refuses (409): nothing computed, said, and the engine asked again.
     runner.outcomes = [BentoMLException('[{"error": "the onnx runner computes with X, not Y"}]')]
     runner.outcomes[0].error_code = HTTPStatus.CONFLICT
@@ -79,12 +88,20 @@ def test_the_engine_is_asked_once_then_named_in_every_call() -> None:
     assert REGISTRY["onnx"].runner not in front.engines
 
 
-def test_an_engine_the_runner_cannot_name_is_a_503_that_says_why() -> None:
-    not_loaded = front_with(StandIn([], {"error": "onnx could not be loaded: NoSuchFile"}))
+def test_an_engine_whose_model_did_not_load_is_a_503_that_says_why_and_is_remembered() -> None:
+    runner = StandIn([], {"error": "onnx could not be loaded: NoSuchFile"}, engines=[ServiceUnavailable("hidden")])
+    front = front_with(runner)
     with pytest.raises(RunnerNotLoaded, match="could not be loaded: NoSuchFile"):
-        asyncio.run(not_loaded.engine("onnx"))
-    with pytest.raises(BackendUnavailable, match="does not say which engine"):
-        asyncio.run(front_with(StandIn([], {})).engine("onnx"))
+        asyncio.run(front.engine("onnx"))
+    assert front.unavailable("onnx") == "onnx could not be loaded: NoSuchFile"
+
+
+def test_engines_are_learnt_in_the_background_until_every_runner_answered() -> None:
+    runner = StandIn([], engines=[TimeoutError(), ServiceUnavailable("x"), ENGINE])
+    front = SimpleNamespace(**{entry.runner: runner for entry in REGISTRY.values()})
+    calls_ = RunnerCalls(front, {}, {n: "not here" for n in REGISTRY if n != "onnx"}, timeout_s=30)  # type: ignore[arg-type]
+    asyncio.run(asyncio.wait_for(calls_.learn_engines(first_s=0.01), 5))
+    assert calls_.engines == {REGISTRY["onnx"].runner: ENGINE}
 
 
 def test_a_call_that_could_not_connect_is_retried_once() -> None:
