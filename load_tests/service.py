@@ -105,3 +105,4 @@ def stop_server(server: Server, timeout_s: float = 30) -> None:
     for process in left:  # not in the supervisor's process group, or deaf to SIGTERM
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
+    psutil.wait_procs(left, timeout=10)  # gone, its locks with it, before the caller goes on
