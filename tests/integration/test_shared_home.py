@@ -14,9 +14,9 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import httpx
+import psutil
 
 from fastinfer.catalog import store
 from fastinfer.measure import photos
@@ -82,13 +82,4 @@ def _pinned_by(supervisor: int) -> set[str]:
 
 def _descendants(root: int) -> list[int]:
     """Every process under ``root`` now."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    found, frontier = [], [root]
-    while frontier:
-        children = [pid for pid, parent in parents.items() if parent in frontier]
-        found += children
-        frontier = children
-    return found
+    return [process.pid for process in psutil.Process(root).children(recursive=True)]
