@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -19,11 +20,26 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 
 
+SERVER_MARK = "FASTINFER_STARTED_AS"
+"""Set, to a token of its own, in each server started here: every process of it inherits it, even a
+worker spawned as the server stops, which no list of its children taken before can name."""
+
+
 @dataclass
 class Server:
     url: str
     process: subprocess.Popen
     log: Path
+    mark: str = ""
+
+    def processes(self) -> list[psutil.Process]:
+        """Every live process of this server, its supervisor's children or not."""
+        found = []
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if self.mark and process.environ().get(SERVER_MARK) == self.mark:
+                    found.append(process)
+        return found
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -57,7 +73,8 @@ def start_server(
     port = free_port()
     # Keys exported in the shell for a real deploy do not lock the servers started here (unless ``env`` says).
     shell = {k: v for k, v in os.environ.items() if k not in ("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE")}
-    full_env = {**shell, **({"BENTOML_HOME": str(home)} if home else {}), **(env or {})}
+    mark = secrets.token_hex(8)
+    full_env = {**shell, **({"BENTOML_HOME": str(home)} if home else {}), **(env or {}), SERVER_MARK: mark}
     bentoml_cli = Path(sys.executable).parent / "bentoml"
     log.parent.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(
@@ -68,7 +85,7 @@ def start_server(
         stderr=subprocess.STDOUT,
         start_new_session=True,  # so that stopping it stops its runner processes too
     )
-    server = Server(f"http://127.0.0.1:{port}", process, log)
+    server = Server(f"http://127.0.0.1:{port}", process, log, mark)
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:
@@ -90,19 +107,15 @@ def start_server(
 def stop_server(server: Server, timeout_s: float = 30) -> None:
     """Stop the server and every process of it: its workers may outlive the supervisor for a moment
     (runners drain after it, runners/drain.py), and while one lives its pins hold (fastinfer.catalog.store)."""
-    if server.process.poll() is not None:
-        return
-    workers: list[psutil.Process] = []
-    with contextlib.suppress(psutil.NoSuchProcess):  # exited just now
-        workers = psutil.Process(server.process.pid).children(recursive=True)
-    os.killpg(server.process.pid, signal.SIGTERM)
-    try:
-        server.process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.process.pid, signal.SIGKILL)
-        server.process.wait()
-    _, left = psutil.wait_procs(workers, timeout=timeout_s)
-    for process in left:  # not in the supervisor's process group, or deaf to SIGTERM
+    if server.process.poll() is None:
+        os.killpg(server.process.pid, signal.SIGTERM)
+        try:
+            server.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.process.pid, signal.SIGKILL)
+            server.process.wait()
+    _, left = psutil.wait_procs(server.processes(), timeout=timeout_s)  # runners drain after the supervisor
+    for process in left + server.processes():  # not in its process group, deaf to SIGTERM, or spawned late
         with contextlib.suppress(psutil.NoSuchProcess):
             process.kill()
-    psutil.wait_procs(left, timeout=10)  # gone, its locks with it, before the caller goes on
+    psutil.wait_procs(server.processes(), timeout=10)  # gone, its locks with it, before the caller goes on

@@ -193,11 +193,19 @@ def record_pins(pinned: dict[str, str]) -> Path:
     return path
 
 
+def _supervisor(pin_file: Path) -> int:
+    """The process id of the server's supervisor that wrote ``pin_file``, from its name."""
+    return int(pin_file.stem.removeprefix(PIN_PREFIX).split("-")[0])
+
+
 def hold_pins() -> None:
     """In a server's worker: hold its pin file, so that it stays in use while this worker lives, even if
-    its supervisor is killed. Outside a server, nothing."""
-    if (path := os.environ.get(PIN_FILE_ENV)) and not leases.hold(Path(path)):
-        logger.warning("%s is gone: a build may remove the model versions this server serves", path)
+    its supervisor is killed later. Outside a server, nothing."""
+    if not (path := os.environ.get(PIN_FILE_ENV)):
+        return
+    if not leases.hold(Path(path), _supervisor(Path(path))):
+        logger.warning("%s is gone, or the server that wrote it has stopped: a build may remove the model "
+                       "versions this worker serves", path)  # fmt: skip
 
 
 def in_use() -> dict[str, int]:
@@ -213,7 +221,7 @@ def in_use() -> dict[str, int]:
             continue
         try:
             tags = json.loads(path.read_text())
-            pid = int(path.stem.removeprefix(PIN_PREFIX).split("-")[0])
+            pid = _supervisor(path)
         except (OSError, ValueError):
             continue
         used.update(dict.fromkeys(map(str, tags), pid))

@@ -41,9 +41,12 @@ def create(path: Path, text: str) -> Path:
     return path
 
 
-def hold(path: Path) -> bool:
-    """Hold the lease at ``path`` for the rest of this process's life (a worker of the server that
-    created it); False when it is gone or cannot be opened."""
+def hold(path: Path, owner: int) -> bool:
+    """Hold the lease at ``path`` for the rest of this process's life (a worker of the server whose
+    supervisor, ``owner``, created it); False when it is gone, cannot be opened, or ``owner`` is no longer
+    this process's parent: a worker that starts as its server stops must not bring a lease back that no
+    one held meanwhile (a build may have taken it for dead). The supervisor holds it all its life, so a
+    parent still alive once the lock is taken held it throughout."""
     if str(path) in _held:
         return True
     try:
@@ -51,6 +54,9 @@ def hold(path: Path) -> bool:
     except OSError:
         return False
     fcntl.flock(fd, fcntl.LOCK_SH)
+    if os.getppid() != owner:
+        os.close(fd)
+        return False
     _held[str(path)] = fd
     return True
 

@@ -325,7 +325,8 @@ def guard_metric_files(min_free_bytes: int) -> DiskHealth:
     prometheus_client.values.MmapedDict = GuardedMmapedDict  # looked up there each time a file is opened
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if directory:
-        leases.hold(Path(directory) / LEASE)  # a worker keeps its server's metrics while it lives
+        if _is_pid(Path(directory).name):  # a worker keeps its server's metrics while it lives
+            leases.hold(Path(directory) / LEASE, int(Path(directory).name))
         early = [p.name for p in Path(directory).glob(f"*_{os.getpid()}.db")]
         if early:
             logger.warning("disk: metric files opened before the guard (not covered): %s", ", ".join(early))

@@ -53,6 +53,42 @@ def _wait_until(condition, what: str, timeout: float = 10) -> None:
         time.sleep(0.05)
 
 
+LATE_SUPERVISOR = f"""
+import subprocess, sys, time
+from fastinfer.catalog import store
+store.record_pins({{"resnet50-onnx": {TAG!r}}})
+worker = subprocess.Popen([sys.executable, "-c", "import sys, time; from fastinfer.catalog import store; "
+                           "sys.stdin.readline(); store.hold_pins(); open(sys.argv[1], 'w').close(); time.sleep(600)",
+                           sys.argv[1]], stdin=subprocess.PIPE)
+print(worker.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_worker_that_starts_after_its_server_stopped_does_not_bring_the_pins_back(tmp_path, monkeypatch) -> None:
+    """A worker spawned as its supervisor dies reaches its start-up seconds later. Before: it took the
+    lease that no one held, and a build after that kept the versions of a server long gone (seen in CI)."""
+    env = {**os.environ, "BENTOML_HOME": str(tmp_path), "PYTHONPATH": str(Path.cwd())}
+    env.pop(store.PIN_FILE_ENV, None)
+    monkeypatch.setenv("BENTOML_HOME", str(tmp_path))
+    asked = tmp_path / "asked"
+    supervisor = subprocess.Popen([sys.executable, "-c", LATE_SUPERVISOR, str(asked)], env=env, stdout=subprocess.PIPE)
+    worker = int(supervisor.stdout.readline())
+    try:
+        (pin_file,) = (tmp_path / "models").glob(f"{store.PIN_PREFIX}*.json")
+        supervisor.kill()
+        supervisor.wait()
+        _wait_until(lambda: not leases.held(pin_file), "the supervisor held it alone")
+        with open(f"/proc/{worker}/fd/0", "w") as stdin:  # the worker starts now
+            stdin.write("go\n")
+        _wait_until(asked.exists, "the worker asked for the lease")
+        assert store.in_use() == {}, "a worker of a server that is gone holds nothing"
+    finally:
+        supervisor.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
+
+
 def test_pins_of_a_server_on_a_symlinked_home_are_seen_until_its_last_worker_exits(shared_store, monkeypatch) -> None:
     store_home, server_home = shared_store
     env = {**os.environ, "BENTOML_HOME": str(server_home), "PYTHONPATH": str(Path.cwd())}

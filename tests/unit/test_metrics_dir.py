@@ -48,8 +48,9 @@ def test_a_start_removes_only_the_folders_of_servers_that_are_gone(home) -> None
         (folder / "counter_1.db").write_bytes(b"x")
     (orphaned / disk.LEASE).write_text("")
     worker = subprocess.Popen(  # a worker whose supervisor died still holds its server's lease
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from fastinfer.common import leases; "
-         "leases.hold(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)", str(orphaned / disk.LEASE)],
+        [sys.executable, "-c", "import os, sys, time; from pathlib import Path; from fastinfer.common import leases; "
+         "assert leases.hold(Path(sys.argv[1]), os.getppid()); print('held', flush=True); time.sleep(60)",
+         str(orphaned / disk.LEASE)],
         stdout=subprocess.PIPE,
     )  # fmt: skip
     strays = [root / "99999999999999999999", root / "²", root / "notes"]
