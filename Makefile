@@ -5,6 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 3000
 WEIGHTS ?= auto
+# The model family `make serve` serves and `make bento` packs: FASTINFER_MODEL's, else resnet50 (ImageNet's,
+# the one `make models` builds from WEIGHTS). Your own is built by `fastinfer build --weights PATH --labels
+# PATH --name NAME`; then `make serve MODEL=NAME` or `make bento MODEL=NAME` (README, "Serve your own model").
+MODEL ?= $(or $(FASTINFER_MODEL),resnet50)
 # The model store lives in the project unless you point BENTOML_HOME elsewhere.
 export BENTOML_HOME ?= $(CURDIR)/bentoml_home
 
@@ -16,9 +20,17 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $@
 
-# Idempotent: a rerun with the same weights only checks the store (seconds).
+# Idempotent: a rerun with the same weights only checks the store (seconds). Another family than the
+# default is not built here (its weights and labels are yours): it only has to be in the store.
 models: $(VENV)/.installed
+ifeq ($(MODEL),resnet50)
 	$(PY) -m build_models --weights $(WEIGHTS)
+else
+	@$(PY) -m fastinfer.catalog.family $(MODEL)
+endif
+
+# Serves (and packs) MODEL's family: FASTINFER_MODEL for the server and everything it runs first.
+serve bento: export FASTINFER_MODEL := $(MODEL)
 
 serve: models
 	$(VENV)/bin/bentoml serve service:FastInfer --port $(PORT)
@@ -55,9 +67,11 @@ tune: models
 tune-check: models
 	$(PY) -m load_tests.tuning.check $(TUNE_ARGS)
 
-# The bento: service, code, dashboard and the models (by tag) — offline (lock_packages: false).
+# The bento: service, code, dashboard and MODEL's models (by tag) — offline (lock_packages: false). It
+# carries its family: the bento argument `model` (BentoML sets it again wherever the bento is served) and
+# FASTINFER_MODEL in its image's environment (fastinfer/catalog/config.py, service.py).
 bento: models
-	$(VENV)/bin/bentoml build .
+	$(VENV)/bin/bentoml build --arg model=$(MODEL) .
 
 # The container image fastinfer:latest; needs a container engine (Docker/Podman/BuildKit).
 container: bento

@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import bentoml
+from bentoml.exceptions import BentoMLException
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Scope, Send
 
-from fastinfer.catalog import store, tuned
+from fastinfer.catalog import family, store, tuned
+from fastinfer.catalog.backends import served_models
 from fastinfer.catalog.choice import DefaultChoice, default_choice, default_now
 from fastinfer.catalog.config import get_settings
 from fastinfer.common import hardware
@@ -39,6 +41,7 @@ from fastinfer.serving.cache import ResponseCache, open_cache
 from fastinfer.serving.cpu import CpuPool
 from fastinfer.serving.disk import claim_metrics_dir, guard_metric_files, own_metrics_dir
 from fastinfer.serving.live import LiveStats
+from fastinfer.serving.metrics import record_family
 from fastinfer.serving.pipeline import Pipeline
 from runners import REGISTRY, attach, attribute, runs_here, unavailable_reason
 from runners.base import RunnerCore
@@ -64,17 +67,18 @@ store.hold_pins()
     # BentoML's access log decodes the request's Content-Type as UTF-8 just before the response body
     # goes out: one \xff in it cut every answer short and logged two tracebacks (review finding).
     logging={"access": {"request_content_type": False}},
+    # The family this server serves (FASTINFER_MODEL): a bento built for one sets it in its image's environment.
+    envs=[{"name": store.FAMILY_ENV, "value": settings.model}],
 )
 @image_apis  # one BentoML API per image route (fastinfer/front/image_routes.py)
 @attach  # one bentoml.depends per runner that can run here (fastinfer/catalog/backends.py is the table)
 class FastInfer:
     def __init__(self) -> None:
         self.unavailable = {name: reason for name in REGISTRY if (reason := unavailable_reason(name))}
-        models = {
-            name: store.describe(m)
-            for name, entry in REGISTRY.items()
-            if (m := store.serving_or_none(entry.spec.artifact, entry.spec.static_batches[0])) is not None
-        }
+        models = served_models()
+        # Its name, classes, weights and measured accuracy: for /backends, the dashboard and /metrics.
+        self.family = family.summary(settings.model, models)
+        record_family(self.family)
         self.hardware = hardware.probe()
         # FASTINFER_DEFAULT_BACKEND=auto resolves here, in each worker, once the served versions are pinned.
         self.default = default_choice()
@@ -119,6 +123,12 @@ class FastInfer:
         model versions this server serves (fastinfer.catalog.store.PINS_ENV, inherited by every worker, restarted
         or not), and record them so that a rebuild keeps them while this server runs."""
         pinned = store.pin([name for entry in REGISTRY.values() for name in entry.spec.model_names()])
+        if not pinned and (missing := family.missing_reason(settings.model)) is not None:
+            # Not started, as with any backend not built (BentoML cannot resolve its runners' models), but with
+            # what the store holds and how to build this family, rather than BentoML's "could not be fetched".
+            logger.error("%s", missing)
+            raise BentoMLException(f"model family {settings.model!r} is not in the model store (logged above: "
+                                   "the families it holds, and how to build this one)")  # fmt: skip
         os.environ[store.PINS_ENV] = json.dumps(pinned)
         # The tuned configuration this process read when it imported this module (its front workers and
         # runners follow from it): every worker takes the same, even if the file changes meanwhile.
@@ -128,7 +138,7 @@ class FastInfer:
         except OSError as exc:  # a read-only store (a container's): a build through a writable mount may prune them
             logger.warning("could not record the served versions for builds to keep: %s", exc)
         claim_metrics_dir()
-        logger.info("serving %s", ", ".join(sorted(set(pinned.values()))) or "no stored model")
+        logger.info("model family %s: serving %s", settings.model, ", ".join(sorted(set(pinned.values()))) or "nothing")
 
     async def __is_ready__(self) -> bool:
         """Ready once the engines this worker holds itself are (FASTINFER_IN_FRONT); BentoML asks the
@@ -185,7 +195,14 @@ class FastInfer:
         """Each backend: available or why not, models, weights, where it runs, batching; the machine."""
         described = await self.runner_calls.describe_running()
         return inventory.backends(
-            REGISTRY, self.unavailable, self.pipeline.models, described, settings, self.hardware, self.default_now()
+            REGISTRY,
+            self.unavailable,
+            self.pipeline.models,
+            described,
+            settings,
+            self.hardware,
+            self.default_now(),
+            self.family,
         )
 
 

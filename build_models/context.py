@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -52,23 +54,39 @@ def directory_images(directory: Path, spec: PreprocessSpec) -> list[np.ndarray]:
     return [prepare(p.read_bytes(), spec, 10**9).pixels for p in files]
 
 
-def stored_int8_sha256() -> str | None:
-    """The sha256 of the stored onnx-int8 model's file (None when there is none)."""
+def stored_int8_sha256(family_name: str) -> str | None:
+    """The sha256 of a family's stored onnx-int8 model's file (None when there is none)."""
     from fastinfer.common.files import file_sha256
     from fastinfer.engines.onnx import MODEL_FILE
 
-    stored = store.find("onnx-int8")
+    stored = store.find("onnx-int8", family_name=family_name)
     return None if stored is None else file_sha256(Path(stored.path) / MODEL_FILE)
+
+
+def family_hash(weights_hash: str, categories: list[str], spec: PreprocessSpec) -> str:
+    """What a family's stored models are built from, as 16 hex digits (their ``source_hash`` label): the
+    weights, and the labels and preprocessing that travel with them, so that changing any one rebuilds."""
+    source = {
+        "weights": weights_hash,
+        "categories": categories,
+        "resize_size": spec.resize_size,
+        "crop_size": spec.crop_size,
+        "mean": list(spec.mean),
+        "std": list(spec.std),
+    }
+    return hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass
 class BuildContext:
     weights: Weights
-    spec: PreprocessSpec
+    spec: PreprocessSpec  # the family's preprocessing: its mean/std are in ``model``, its crop in every export
     model: Uint8Classifier
     calibration_dir: Path | None = None
     int8_activations: str | None = None  # None: not asked for (u8; a stored model of either kind stands)
     force: bool = False  # rebuild from the weights: never reuse a stored export
+    family: str = store.DEFAULT_FAMILY  # whose models every store lookup of this build finds
+    categories: list[str] = field(default_factory=list)  # the family's labels, one per class
     _tmp: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
     _onnx: Path | None = None
     _onnx_int8: tuple[Path, dict[str, Any]] | None = None
@@ -81,10 +99,15 @@ class BuildContext:
             self._health[str(model.tag)] = store_check.check(model)
         return self._health[str(model.tag)]
 
+    @property
+    def source_hash(self) -> str:
+        """The ``source_hash`` this build labels its models with: weights, labels and preprocessing."""
+        return family_hash(self.weights.source_hash, self.categories, self.spec)
+
     def current_and_intact(self, model: Model | None) -> bool:
-        """A stored model whose file an export may start from: built from these weights and intact (a
+        """A stored model whose file an export may start from: built from this source and intact (a
         corrupt copy would be caught, if at all, only by the export's own verification)."""
-        return model is not None and store.is_current(model, self.weights.source_hash) and self.health(model).intact
+        return model is not None and store.is_current(model, self.source_hash) and self.health(model).intact
 
     @property
     def activation_type(self) -> str:
@@ -104,11 +127,11 @@ class BuildContext:
             from fastinfer.engines.onnx import MODEL_FILE
 
             path = Path(self._tmp.name) / "fp32.onnx"
-            stored = store.find("onnx")
+            stored = store.find("onnx", family_name=self.family)
             if not self.force and self.current_and_intact(stored):
                 shutil.copyfile(Path(stored.path) / MODEL_FILE, path)
             else:
-                write_onnx_fp32(self.model, path)
+                write_onnx_fp32(self.model, path, self.spec.crop_size)
             self._onnx = path
         return self._onnx
 
@@ -123,7 +146,7 @@ class BuildContext:
             from fastinfer.engines.onnx import MODEL_FILE
 
             path = Path(self._tmp.name) / "int8.onnx"
-            stored = store.find("onnx-int8")
+            stored = store.find("onnx-int8", family_name=self.family)
             reusable = self.current_and_intact(stored) and self.calibrated_as_asked(stored)
             if not fresh and reusable:
                 shutil.copyfile(Path(stored.path) / MODEL_FILE, path)
@@ -146,7 +169,7 @@ class BuildContext:
 
     def converts_stored_int8(self, model: Model) -> bool:
         """A stored openvino-int8 model is current only if converted from the onnx-int8 model stored now."""
-        return model.info.metadata.get("int8_onnx_sha256") == stored_int8_sha256()
+        return model.info.metadata.get("int8_onnx_sha256") == stored_int8_sha256(self.family)
 
     def converts_stored_int8_as_asked(self, model: Model) -> bool:
         return self.converts_stored_int8(model) and self.calibrated_as_asked(model)

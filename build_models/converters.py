@@ -40,11 +40,12 @@ def quiet(*loggers: str) -> Iterator[None]:
             log.setLevel(level)
 
 
-def write_onnx_fp32(model: Any, path: Path) -> None:
-    """ONNX FP32 with a dynamic batch dimension; cast and normalisation are in the graph."""
+def write_onnx_fp32(model: Any, path: Path, crop_size: int) -> None:
+    """ONNX FP32 with a dynamic batch dimension and the family's ``crop_size`` square images; cast and
+    normalisation are in the graph."""
     import torch
 
-    example = torch.zeros((2, 224, 224, 3), dtype=torch.uint8)
+    example = torch.zeros((2, crop_size, crop_size, 3), dtype=torch.uint8)
     batch = torch.export.Dim("batch", min=1, max=1024)
     with quiet("torch.onnx", "onnxscript", "onnx_ir"):
         torch.onnx.export(

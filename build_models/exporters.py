@@ -15,17 +15,18 @@ from build_models.converters import ONNX_OPSET, quiet
 from fastinfer.engines.coreml import PACKAGE_DIR as COREML_PACKAGE
 from fastinfer.engines.onnx import MODEL_FILE as ONNX_FILE
 from fastinfer.engines.openvino import MODEL_FILE as OPENVINO_FILE
-from fastinfer.engines.pytorch import STATE_FILE
+from fastinfer.engines.pytorch import STATE_FILE, write_normalisation
 
 if TYPE_CHECKING:
     from build_models.context import BuildContext
 
 
 def export_pytorch(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
-    """The backbone's state_dict; the engine rebuilds the uint8 wrapper around it (eager)."""
+    """The backbone's state_dict, and the normalisation the engine wraps around it (eager)."""
     import torch
 
     torch.save(ctx.model.backbone.state_dict(), out_dir / STATE_FILE)
+    write_normalisation(out_dir, ctx.spec.mean, ctx.spec.std, ctx.spec.crop_size)
     return {"format": "torch state_dict", "file": STATE_FILE}
 
 
@@ -59,7 +60,8 @@ def export_coreml(ctx: BuildContext, out_dir: Path, batch: int) -> dict[str, Any
     import torch
     from coremltools.converters.mil.mil import types
 
-    example = torch.zeros((batch, 224, 224, 3), dtype=torch.uint8)
+    size = ctx.spec.crop_size
+    example = torch.zeros((batch, size, size, 3), dtype=torch.uint8)
     with quiet("coremltools"), torch.no_grad():
         traced = torch.jit.trace(ctx.model, example)
         mlmodel = ct.convert(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,12 +26,16 @@ RANDOM_SEED = 0
 WEIGHTS_ENUM = "ResNet50_Weights.IMAGENET1K_V2"
 
 
+IMAGENET_CLASSES = 1000
+
+
 @dataclass(frozen=True)
 class Weights:
     kind: str  # "imagenet" | "random-init" | "file"
     description: str
     state_dict: dict[str, torch.Tensor]
     source_hash: str  # sha256 of the tensors, first 16 hex digits
+    num_classes: int = IMAGENET_CLASSES  # rows of the final layer (fc): a fine-tuned file's own
 
 
 def state_hash(state_dict: dict[str, torch.Tensor]) -> str:
@@ -101,25 +106,43 @@ class NotResNet50Weights(ValueError):
     """A weights file that does not hold a ResNet-50 state_dict; the message says what is wrong."""
 
 
-def _file(path: Path) -> dict[str, torch.Tensor]:
+CHECKPOINT_KEYS = ("state_dict", "model")
+"""Where a training checkpoint (a dict of state_dict, optimizer, epoch...) keeps the model's weights."""
+UNSAFE_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+
+
+def _file(path: Path) -> tuple[dict[str, torch.Tensor], int]:
+    """A ResNet-50 state_dict from a file and its class count: a plain state_dict, or a checkpoint holding
+    one under a CHECKPOINT_KEYS key, ``module.`` prefixes (DataParallel's) stripped."""
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # empty, truncated, not a torch file, or unsafe to unpickle
-        raise NotResNet50Weights(f"{path} is not a readable torch file: {type(exc).__name__}: {exc}") from exc
-    if isinstance(loaded, dict) and "state_dict" in loaded:
-        loaded = loaded["state_dict"]
+        if found := UNSAFE_GLOBAL.search(str(exc)):  # torch.save(model): pickled code, which is never run here
+            raise NotResNet50Weights(
+                f"{path} holds a pickled {found.group(1)}, not a state_dict: save model.state_dict() instead "
+                "(weights are loaded with weights_only=True, never unpickled)"
+            ) from exc
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise NotResNet50Weights(f"{path} is not a readable torch file: {type(exc).__name__}: {first}") from exc
+    if isinstance(loaded, dict):
+        inner = next((loaded[k] for k in CHECKPOINT_KEYS if isinstance(loaded.get(k), dict)), None)
+        loaded = loaded if inner is None else inner
     if not isinstance(loaded, dict):
         raise NotResNet50Weights(f"{path} does not hold a state_dict")
     state = {str(k).removeprefix("module."): v for k, v in loaded.items()}
-    check_resnet50(state, path)
-    return state
+    return state, check_resnet50(state, path)
 
 
-def check_resnet50(state: dict[str, object], source: Path) -> None:
-    """Every tensor torchvision's ResNet-50 has, with its shape, and nothing else: said in one line."""
+def check_resnet50(state: dict[str, object], source: Path) -> int:
+    """Every tensor torchvision's ResNet-50 has, with its shape, and nothing else: said in one line.
+    The final layer may have any number N >= 2 of classes (fc.weight [N,2048], fc.bias [N]): returns N."""
     from torchvision.models import resnet50
 
-    expected = {k: tuple(v.shape) for k, v in resnet50(weights=None).state_dict().items()}
+    fc = state.get("fc.weight")
+    classes = int(fc.shape[0]) if isinstance(fc, torch.Tensor) and fc.ndim == 2 else IMAGENET_CLASSES
+    with torch.device("meta"):  # shapes only: no memory, no random init
+        reference = resnet50(weights=None, num_classes=max(classes, 1))
+    expected = {k: tuple(v.shape) for k, v in reference.state_dict().items()}
     missing = sorted(expected.keys() - state.keys())
     unexpected = sorted(state.keys() - expected.keys())
     misshapen = sorted(
@@ -129,11 +152,18 @@ def check_resnet50(state: dict[str, object], source: Path) -> None:
     )
     problems = [
         f"{len(names)} {what} (e.g. {names[0]})"
-        for what, names in (("missing", missing), ("unexpected", unexpected), ("of the wrong shape", misshapen))
+        for what, names in (("missing", missing), ("unexpected", unexpected))
         if names
     ]
+    if misshapen:
+        name, got = misshapen[0], state[misshapen[0]]
+        shape = list(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        problems.append(f"{len(misshapen)} of the wrong shape (e.g. {name} {shape}, expected {list(expected[name])})")
     if problems:
         raise NotResNet50Weights(f"{source} is not a ResNet-50 state_dict: tensors {'; '.join(problems)}")
+    if classes < 2:
+        raise NotResNet50Weights(f"{source}: its final layer (fc) has {classes} class; a classifier needs at least 2")
+    return classes
 
 
 def _random_init(fallback_reason: str | None = None) -> Weights:
@@ -145,7 +175,8 @@ def _random_init(fallback_reason: str | None = None) -> Weights:
 
 
 def load_weights(choice: str) -> Weights:
-    """``auto`` | ``imagenet`` | ``random`` | a path to a ``.pth`` state_dict."""
+    """``auto`` | ``imagenet`` | ``random`` (ImageNet's 1000 classes) | a path to a ``.pth`` state_dict of
+    a ResNet-50 with any number of classes."""
     if choice in ("auto", "imagenet"):
         try:
             state = _imagenet()
@@ -168,5 +199,5 @@ def load_weights(choice: str) -> Weights:
     path = Path(choice)
     if not path.is_file():
         raise FileNotFoundError(f"--weights {choice!r}: not auto|imagenet|random and not a file")
-    state = _file(path)
-    return Weights("file", f"state_dict from {path.name}", state, state_hash(state))
+    state, classes = _file(path)
+    return Weights("file", f"state_dict from {path.name} ({classes} classes)", state, state_hash(state), classes)

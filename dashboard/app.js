@@ -100,6 +100,7 @@ async function loadBackends() {
     `${hw.neural_engine ? " · Neural Engine" : ""}${hw.cuda ? " · CUDA" : ""}` +
     ` — recommended here: ${info.recommended.backend}` +
     ` · default: ${info.default} (${info.default_choice ? info.default_choice.source : "set"})`;
+  showFamily(info.family);
   const list = $("#backends");
   list.replaceChildren(...info.backends.map((b) => el(
     "label",
@@ -113,6 +114,30 @@ async function loadBackends() {
   const fallback = list.querySelector("input:not([disabled])");
   (preferred && !preferred.disabled ? preferred : fallback).checked = true;
   $("#weights-banner").hidden = !info.backends.some((b) => b.weights === "random-init");
+}
+
+// The model family this server serves: its name, classes, weights and the accuracy its build measured.
+// top-k is capped at its class count (the server answers 400 beyond it).
+function showFamily(family) {
+  if (!family) return;
+  $("#family-banner").hidden = family.stored;
+  if (!family.stored) {
+    $("#family").replaceChildren("model family ", el("strong", {}, family.name), " — not in the model store");
+    $("#family-banner").textContent = family.missing;
+    return;
+  }
+  const weights = family.weights_description ? `${family.weights} (${family.weights_description})` : family.weights;
+  const measured = Object.entries(family.accuracy || {})
+    .filter(([, a]) => typeof a.top1 === "number")
+    .map(([backend, a]) => `${backend} ${(100 * a.top1).toFixed(1)}%`);
+  $("#family").replaceChildren(
+    "model family ", el("strong", { id: "family-name" }, family.name),
+    ` · ${family.num_classes} classes · weights: ${weights}`,
+    measured.length ? ` · top-1 measured when built: ${measured.join(", ")}` : " · accuracy not measured",
+  );
+  const topK = $("#top-k");
+  topK.max = Math.min(Number(topK.max), family.num_classes);
+  if (Number(topK.value) > Number(topK.max)) topK.value = topK.max;
 }
 
 function bars(items, max, cls, format) {

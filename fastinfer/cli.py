@@ -1,4 +1,4 @@
-"""The ``fastinfer`` command line: build, tune, doctor, fidelity, bench, profile.
+"""The ``fastinfer`` command line: build, tune, doctor, fidelity, evaluate, bench, profile.
 
 What each command does is said once, in :func:`parser` (its help and description); ``fastinfer --help``
 and ``fastinfer <command> --help`` print it as plain text.
@@ -84,8 +84,8 @@ def _per_precision(summary: str) -> str:
 
 
 def doctor(args: argparse.Namespace) -> int:
-    from fastinfer.catalog import store_check
-    from fastinfer.catalog.backends import open_engine
+    from fastinfer.catalog import family, store, store_check
+    from fastinfer.catalog.backends import open_engine, served_models
 
     hw = hardware.probe(check_torch=True)
     reasons = _available()
@@ -104,6 +104,9 @@ def doctor(args: argparse.Namespace) -> int:
     for label, text in meaning.items():
         print(f"  {'':14} {label}: {text}")
     print(f"\nmodel store: {bentoml_home() / 'models'}")
+    served = family.summary(store.family(), served_models())
+    report["family"] = served.as_dict()
+    print(served.summary())
     started = time.perf_counter()
     health = store_check.stored_health()  # every stored file against its recorded sha256
     checked_s = time.perf_counter() - started
@@ -157,7 +160,7 @@ def doctor(args: argparse.Namespace) -> int:
 
 def fidelity(args: argparse.Namespace) -> int:
     from fastinfer.catalog.backends import open_engine
-    from fastinfer.catalog.store import PreprocessSpec
+    from fastinfer.catalog.store import family_spec
     from fastinfer.measure import fidelity as fid
 
     if (why := _available()["pytorch"]) is not None:
@@ -167,7 +170,7 @@ def fidelity(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    images = fid.fidelity_images(PreprocessSpec())
+    images = fid.fidelity_images(family_spec())
     print(f"reference: pytorch FP32 on {len(images)} real photos", file=sys.stderr)
     reference = fid.run_batched(open_engine("pytorch"), images)
     results = []
@@ -186,13 +189,13 @@ def fidelity(args: argparse.Namespace) -> int:
 
 def bench_engines(args: argparse.Namespace) -> int:
     from fastinfer.catalog.backends import open_engine
-    from fastinfer.catalog.store import PreprocessSpec
+    from fastinfer.catalog.store import family_spec
     from fastinfer.measure import bench as engine_bench
     from fastinfer.measure.fidelity import fidelity_images
 
     if (runnable := _runnable("bench")) is None:
         return 1
-    images = fidelity_images(PreprocessSpec())[:8]
+    images = fidelity_images(family_spec())[:8]
     timings = []
     for name in runnable:
         engine = open_engine(name, threads=args.threads)
@@ -206,7 +209,7 @@ def bench_engines(args: argparse.Namespace) -> int:
 
 def profile(args: argparse.Namespace) -> int:
     from fastinfer.catalog.backends import open_engine
-    from fastinfer.catalog.store import PreprocessSpec
+    from fastinfer.catalog.store import family_spec
     from fastinfer.measure import profile as prof
 
     if (runnable := _runnable("profile", exclude=("coreml",))) is None:  # coreml-batched covers CoreML's models
@@ -216,7 +219,7 @@ def profile(args: argparse.Namespace) -> int:
         print(f"loading {name} ...", file=sys.stderr, flush=True)
         engines[name] = open_engine(name, threads=args.threads)
     print("measuring stages ...", file=sys.stderr, flush=True)
-    result = prof.run(engines, args.batches, args.repeats, PreprocessSpec())
+    result = prof.run(engines, args.batches, args.repeats, family_spec())
     if args.load_test and args.load_test.exists():
         result["load_test"] = prof.against_load_test(result, json.loads(args.load_test.read_text()))
     print(prof.table(result))
@@ -226,6 +229,26 @@ def profile(args: argparse.Namespace) -> int:
 
         plot_profile(result, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    from fastinfer.catalog.store import BadFamilyName
+    from fastinfer.measure import evaluate as ev
+    from fastinfer.measure.accuracy import EvalDirError
+
+    try:
+        report = ev.evaluate(args.dir, args.backends, args.url, family_name=args.model)
+    except (ev.EvaluateError, EvalDirError, BadFamilyName) as exc:  # said in one line, no traceback
+        print(f"fastinfer evaluate: {exc}", file=sys.stderr)
+        return 1
+    for line in report.summary():
+        print(line, file=sys.stderr)
+    print(report.table())
+    print(f"req/s: {report.extra['req_per_s_source']}", file=sys.stderr)
+    _write_json(args.json, report.as_dict())
+    if args.plot:
+        print(f"wrote {ev.plot(report, args.plot)}", file=sys.stderr)
     return 0
 
 
@@ -331,6 +354,30 @@ def parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=fidelity)
     p = command(
+        "evaluate",
+        "top-1 / top-5 accuracy of every stored backend on your labelled photos",
+        "Measure the top-1 and top-5 accuracy of each backend stored for a model family on a folder of labelled "
+        "photos (ImageFolder layout: one sub-folder per class, named as its label), beside the stored PyTorch "
+        "model's: in this process, or through a running server with --url. Photos that cannot be decoded are "
+        "skipped and counted. Writes the table as JSON and a plot of accuracy against the req/s `make bench` "
+        "served on this machine (accuracy per backend alone where it has not run).",
+    )
+    p.add_argument("dir", type=Path, help="the labelled photos: DIR/<label>/<image>")
+    p.add_argument("--backends", help="comma-separated backends (default: every one stored and able to run here)")
+    p.add_argument("--model", help="the model family (default: FASTINFER_MODEL, else resnet50)")
+    p.add_argument(
+        "--url",
+        help="a running server to ask through POST /classify (answers computed for each request: no-cache); "
+        "with API keys, set FASTINFER_API_KEY",
+    )
+    p.add_argument(
+        "--json", type=Path, default=Path("artifacts/evaluate.json"), help="write the table here (default: %(default)s)"
+    )
+    p.add_argument(
+        "--plot", type=Path, default=Path("artifacts/evaluate.png"), help="draw it here (default: %(default)s)"
+    )
+    p.set_defaults(func=evaluate)
+    p = command(
         "bench",
         "in-process model latency per backend",
         "Time every backend that can run here in this process (no server), at each batch size: median "
@@ -377,11 +424,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.argv = argv[1:]  # for a command handed over as it was given (tune)
     from fastinfer.catalog.backends import NotStored
+    from fastinfer.catalog.store import FAMILY_ENV, BadFamilyName
 
     try:
         return int(args.func(args))
     except NotStored as exc:  # a model this command needs: one line, never a traceback
         print(f"fastinfer {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except BadFamilyName as exc:  # FASTINFER_MODEL names the family whose models every command looks up
+        print(f"fastinfer {args.command}: {FAMILY_ENV}: {exc}", file=sys.stderr)
         return 1
 
 

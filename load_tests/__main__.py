@@ -145,18 +145,18 @@ def cache_hit_share(url: str, before: dict[str, Any]) -> dict[str, Any]:
 
 def profile_here(out: Path, backends: list[str], repeats: int = 10, fidelity: bool = True) -> dict[str, Any]:
     from fastinfer.catalog.backends import open_engine
-    from fastinfer.catalog.store import PreprocessSpec
+    from fastinfer.catalog.store import family_spec
     from fastinfer.measure import fidelity as fid
     from fastinfer.measure import profile as prof
     from fastinfer.measure.plots import plot_profile
 
     engines = {name: open_engine(name) for name in backends}
-    result = prof.run(engines, [1, 8], repeats, PreprocessSpec())
+    result = prof.run(engines, [1, 8], repeats, family_spec())
     plot_profile(result, out / "profile.png")
     if not fidelity:
         return result
     say("fidelity against FP32 PyTorch (fastinfer fidelity)")
-    images = fid.fidelity_images(PreprocessSpec())
+    images = fid.fidelity_images(family_spec())
     reference = fid.run_batched(engines["pytorch"] if "pytorch" in engines else open_engine("pytorch"), images)
     result["fidelity"] = [fid.measure(n, e, images, reference) for n, e in engines.items() if n != "pytorch"]
     del engines

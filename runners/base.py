@@ -23,7 +23,7 @@ import numpy as np
 from bentoml.exceptions import BentoMLException, InvalidArgument, ServiceUnavailable
 from bentoml.models import BentoModel
 
-from fastinfer.catalog import store, store_check
+from fastinfer.catalog import family, store, store_check
 from fastinfer.catalog.backends import SPECS, open_engine
 from fastinfer.catalog.config import get_settings
 from fastinfer.common import hardware
@@ -67,10 +67,11 @@ class DeadlinePassed(BentoMLException):
     error_code = HTTPStatus.GATEWAY_TIMEOUT
 
 
-def _checked(images: np.ndarray) -> np.ndarray:
-    """The contract's input, or a 400 from the runner that says what is wrong with it."""
+def _checked(images: np.ndarray, size: int) -> np.ndarray:
+    """The contract's input (``size``: the loaded model's crop size), or a 400 from the runner that says
+    what is wrong with it."""
     try:
-        return check_batch(images)
+        return check_batch(images, size)
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from exc
 
@@ -168,7 +169,9 @@ class RunnerCore:
         found = {size: store.serving(spec.artifact, size) for size in spec.static_batches}
         missing = [store.model_name(spec.artifact, size) for size, model in found.items() if model is None]
         if missing:
-            raise LookupError(f"{', '.join(missing)} not in the model store; run `python -m build_models`")
+            raise LookupError(
+                family.missing_reason() or f"{', '.join(missing)} not in the model store; {family.build_hint()}"
+            )
         stored = {size: model for size, model in found.items() if model is not None}
         store_check.require_intact(stored.values())  # a file that is not what was built is refused
         self.models = [str(model.tag) for model in stored.values()]
@@ -207,15 +210,15 @@ class RunnerCore:
     async def compute(
         self, images: np.ndarray, model: str, within_s: float, batched: bool, engine: str = ""
     ) -> np.ndarray:
-        """uint8 [N,224,224,3] → float32 logits [N,1000] by ``model`` (a tag this runner holds; "" =
-        whichever it holds) on ``engine`` (its identity; "" = whichever), batched with other callers'
-        images or run as sent; dropped (504) if ``within_s`` seconds (0 = no limit) pass before the model
-        takes them: the caller has answered its client already."""
+        """uint8 [N,S,S,3] → float32 logits [N,C] (S, C: the family's crop size and class count) by
+        ``model`` (a tag this runner holds; "" = whichever it holds) on ``engine`` (its identity; "" =
+        whichever), batched with other callers' images or run as sent; dropped (504) if ``within_s``
+        seconds (0 = no limit) pass before the model takes them: the caller has answered its client already."""
         self.calls["infer_batched" if batched else "infer"] += 1
         await self._loaded()
         self._holds(model, engine)
         deadline = deadlines.monotonic_deadline(within_s)
-        images = _checked(images)
+        images = _checked(images, self.engine.input_size)
         run = self.batcher.submit if batched else self.batcher.run_now
         return await _in_time(run(images, deadline))
 
@@ -289,7 +292,13 @@ def make_runner(backend: str) -> Any:
     """
     settings = get_settings()
     spec = SPECS[backend]
-    refs = {size: BentoModel(f"{store.model_name(spec.artifact, size)}:latest") for size in spec.static_batches}
+    # Only what is stored: BentoML refuses to start a service whose model reference it cannot find, and a
+    # family may lack a backend (an INT8 model its build refused for accuracy): that one answers 503 saying so.
+    refs = {
+        size: BentoModel(f"{store.model_name(spec.artifact, size)}:latest")
+        for size in spec.static_batches
+        if store.find(spec.artifact, size) is not None
+    }
 
     class Runner(RunnerCore):
         def __init__(self) -> None:
@@ -304,10 +313,10 @@ def make_runner(backend: str) -> Any:
         async def infer(
             self, images: np.ndarray, model: str = "", within_s: float = 0.0, engine: str = ""
         ) -> np.ndarray:
-            """uint8 [N,224,224,3] → float32 logits [N,1000], run as sent, by ``model`` (a tag this runner
-            holds; "" = whichever it holds) on ``engine`` (its identity, as ``describe`` says; "" = whichever);
-            dropped (504) if ``within_s`` seconds (0 = no limit) pass before the model takes it: the caller
-            has answered its client already."""
+            """uint8 [N,S,S,3] → float32 logits [N,C] (the family's crop size and class count), run as sent,
+            by ``model`` (a tag this runner holds; "" = whichever it holds) on ``engine`` (its identity, as
+            ``describe`` says; "" = whichever); dropped (504) if ``within_s`` seconds (0 = no limit) pass
+            before the model takes it: the caller has answered its client already."""
             return await self.compute(images, model, within_s, batched=False, engine=engine)
 
         @bentoml.api

@@ -17,7 +17,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from fastinfer.catalog import store
+from fastinfer.catalog import family, store
+from fastinfer.catalog.store import StoredModelInfo
 from fastinfer.common import hardware
 from fastinfer.common.home import bentoml_home
 from fastinfer.engines import Engine
@@ -71,7 +72,7 @@ def _openvino(expect: str) -> Callable[[], dict[str, Any]]:
 @dataclass(frozen=True)
 class BackendSpec:
     name: str  # an API value
-    artifact: str  # stored model family: resnet50-<artifact>[-b<N>]
+    artifact: str  # its stored models: <family>-<artifact>[-b<N>]
     description: str
     engine: str  # "module:Class"; the class's ``open(dirs, threads, **options)`` loads the models
     options: Callable[[], Mapping[str, Any]] = dict  # engine options, read when the engine is opened
@@ -182,13 +183,26 @@ def unavailable_reason(name: str) -> str | None:
         stored = "" if missing else f"; the models are built and stored ({', '.join(spec.model_names())})"
         return reason + stored
     if missing:
+        # None of the family stored at all: say which families the store holds, and how to build this one.
+        if len(missing) == len(spec.static_batches) and (no_family := family.missing_reason()) is not None:
+            return no_family
         if store.pins() is not None:  # a server: what it serves was fixed when it started
             return (
                 f"{', '.join(missing)} was not in the model store when this server started; "
-                "run `python -m build_models` if it still is not, then restart the server"
+                f"{family.build_hint()} if it still is not, then restart the server"
             )
-        return f"{', '.join(missing)} not in the model store; run `python -m build_models`"
+        return f"{', '.join(missing)} not in the model store; {family.build_hint()}"
     return None
+
+
+def served_models() -> dict[str, StoredModelInfo]:
+    """Backend → the stored model answering its batch-1 requests (the pinned version in a server), for
+    each backend whose model is stored; the table's order."""
+    return {
+        name: store.describe(model)
+        for name, spec in SPECS.items()
+        if (model := store.serving_or_none(spec.artifact, spec.static_batches[0])) is not None
+    }
 
 
 def env_key(backend: str) -> str:
@@ -206,7 +220,8 @@ def model_dirs(name: str) -> dict[int | None, str]:
     lost = [store.model_name(spec.artifact, b) for b, m in found.items() if m is None]
     if lost:
         raise NotStored(
-            f"{', '.join(lost)} not in the model store ({bentoml_home() / 'models'}); run `python -m build_models`"
+            family.missing_reason()
+            or f"{', '.join(lost)} not in the model store ({bentoml_home() / 'models'}); {family.build_hint()}"
         )
     return {b: m.path for b, m in found.items() if m is not None}
 

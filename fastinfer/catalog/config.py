@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 import re
 import stat
+import sys
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from fastinfer.catalog import backends
+from fastinfer.catalog import backends, store
 from fastinfer.catalog.backends import BACKENDS, SPECS
 
 API_KEY_SYNTAX = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
@@ -40,6 +41,7 @@ class GroqConfig:
 
 @dataclass(frozen=True)
 class Settings:
+    model: str = store.DEFAULT_FAMILY  # the model family served (FASTINFER_MODEL): <model>-<backend> in the store
     default_backend: str = "auto"  # or a backend's name; `auto` follows this machine (fastinfer/catalog/choice.py)
     max_bytes: int = 20 * 1024 * 1024
     max_pixels: int = 50_000_000
@@ -131,6 +133,34 @@ def _bounded(name: str, default: int, low: int, high: int) -> int:
     if not low <= value <= high:
         raise ValueError(f"{name} must be from {low} to {high}, got {value}")
     return value
+
+
+BENTO_MODEL_ARGUMENT = "model"
+"""The bento argument that names the family a bento was built for (`make bento MODEL=NAME` runs
+``bentoml build --arg model=NAME``): BentoML keeps it in the bento and sets it again wherever the bento
+is served, before it imports the service."""
+
+
+def _model() -> str:
+    """FASTINFER_MODEL: the family this server serves (fastinfer.catalog.store.family). Unset, a bento
+    built for a family names its own (BENTO_MODEL_ARGUMENT), which becomes this process's FASTINFER_MODEL:
+    every lookup in the store reads it there, and the processes this one starts inherit it."""
+    if not os.environ.get(store.FAMILY_ENV, "").strip() and (built_for := _bento_argument(BENTO_MODEL_ARGUMENT)):
+        os.environ[store.FAMILY_ENV] = built_for
+    try:
+        return store.family()
+    except store.BadFamilyName as exc:
+        raise ValueError(f"{store.FAMILY_ENV}: {exc}") from None
+
+
+def _bento_argument(name: str) -> str:
+    """A bento argument (``bentoml build/serve --arg NAME=VALUE``, or the one a served bento was built
+    with) as text; "" when not given. Only BentoML sets them: a process that has not imported it has none."""
+    if "bentoml" not in sys.modules:
+        return ""
+    import bentoml
+
+    return str(getattr(bentoml.use_arguments(), name, "") or "").strip()
 
 
 def _default_backend() -> str:
@@ -300,6 +330,7 @@ def get_settings() -> Settings:
     values that do not parse, or clash with the environment, leave the tuned file out: never a failed start."""
     from fastinfer.catalog import tuned as tuning
 
+    _model()  # first: the tuned file is for one family's models, and a bad name stops start-up here
     found = tuning.here()
     untuned = _parse({}, found.as_dict() if not found.in_force else {})  # the environment's own errors stop start-up
     if not found.in_force:
@@ -349,6 +380,7 @@ def _from_environment() -> Settings:
     front_workers = _bounded("FASTINFER_FRONT_WORKERS", Settings.front_workers, 1, MAX_WORKERS)
     cache_hmac = _secret("FASTINFER_CACHE_HMAC_KEY", "FASTINFER_CACHE_HMAC_KEY_FILE")
     return Settings(
+        model=_model(),
         default_backend=default_backend,
         max_bytes=_positive("FASTINFER_MAX_BYTES", Settings.max_bytes),
         max_pixels=_positive("FASTINFER_MAX_PIXELS", Settings.max_pixels),

@@ -1,8 +1,10 @@
 """The BentoML model store as FastInfer uses it: names, labels, metadata, lookups.
 
-Models are named ``resnet50-<backend>[-b<N>]`` and labelled with backend, precision, batch,
-weights and source hash. Their metadata carries the I/O contract, the preprocessing
-parameters and the class names, so that serving needs nothing but the store.
+Models are named ``<family>-<backend>[-b<N>]`` and labelled with family, backend, precision, batch,
+weights and source hash. A family is one set of weights with its labels and preprocessing, built into
+every backend: ``resnet50`` (ImageNet's) by default, or a user's own fine-tuned ResNet-50. Their
+metadata carries the I/O contract, the preprocessing parameters and the class names, so that serving
+needs nothing but the store.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,31 +20,69 @@ from typing import TYPE_CHECKING, Any
 
 from fastinfer.common import leases
 from fastinfer.common.home import bentoml_home
+from fastinfer.engines import DEFAULT_INPUT_SIZE, IMAGENET_MEAN, IMAGENET_STD
 
 logger = logging.getLogger("fastinfer.store")
 
 if TYPE_CHECKING:
     from bentoml import Model
 
-BUILD_FORMAT = "1"
-"""Bumped when an export changes, so that stored models from an older build are rebuilt."""
+BUILD_FORMAT = "2"
+"""Bumped when an export changes, so that stored models from an older build are rebuilt (2: families,
+their source hash covering labels and preprocessing, the crop size in every export)."""
 
-INPUT_SPEC = {"name": "images", "dtype": "uint8", "shape": ["N", 224, 224, 3], "layout": "NHWC RGB"}
-OUTPUT_SPEC = {"name": "logits", "dtype": "float32", "shape": ["N", 1000]}
+
+def input_spec(crop_size: int) -> dict[str, Any]:
+    """The stored models' input, for a family whose crop size is ``crop_size``."""
+    return {"name": "images", "dtype": "uint8", "shape": ["N", crop_size, crop_size, 3], "layout": "NHWC RGB"}
+
+
+def output_spec(num_classes: int) -> dict[str, Any]:
+    return {"name": "logits", "dtype": "float32", "shape": ["N", num_classes]}
 
 
 @dataclass(frozen=True)
 class PreprocessSpec:
     """The preprocessing a model's weights expect before its uint8 input (torchvision's
     ImageClassification), recorded with each stored model: the front resizes and crops this way
-    (fastinfer/serving/preprocess.py)."""
+    (fastinfer/serving/preprocess.py); the model's graph normalises by ``mean`` and ``std``. The defaults
+    are the default family's (ImageNet's)."""
 
     resize_size: int = 232
-    crop_size: int = 224
+    crop_size: int = DEFAULT_INPUT_SIZE
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
 
 
-def model_name(backend: str, batch: int | None = None) -> str:
-    return f"resnet50-{backend}" + (f"-b{batch}" if batch else "")
+FAMILY_ENV = "FASTINFER_MODEL"
+"""The family a server serves (one per server) and the tools measure (a build names its own: ``--name``)."""
+DEFAULT_FAMILY = "resnet50"
+# A BentoML model name is at most 63 characters; the longest suffix a backend adds is 18 (-onnx-int8-dynamic).
+_FAMILY_NAME = re.compile(r"[a-z0-9](?:[a-z0-9_.-]{0,38}[a-z0-9])?")
+
+
+class BadFamilyName(ValueError):
+    """A family name that BentoML's store cannot hold as the start of a model name."""
+
+
+def check_family(name: str) -> str:
+    """``name`` when it can name a family, else BadFamilyName saying what a name may be."""
+    if not _FAMILY_NAME.fullmatch(name):
+        raise BadFamilyName(
+            f"{name[:60]!r} cannot name a model family: 1 to 40 characters of a-z, 0-9, '-', '_' and '.', "
+            "starting and ending with a letter or digit (it starts the names of its models in the BentoML store)"
+        )
+    return name
+
+
+def family() -> str:
+    """The family this process serves: FASTINFER_MODEL, default ``resnet50``."""
+    return check_family(os.environ.get(FAMILY_ENV, "").strip() or DEFAULT_FAMILY)
+
+
+def model_name(backend: str, batch: int | None = None, family_name: str | None = None) -> str:
+    """The store name of ``backend``'s model (at a static ``batch``) in a family (default: this process's)."""
+    return f"{family_name or family()}-{backend}" + (f"-b{batch}" if batch else "")
 
 
 @dataclass(frozen=True)
@@ -55,22 +96,41 @@ class StoredModelInfo:
     source_hash: str
     preprocess: PreprocessSpec
     categories: list[str]
+    family: str = DEFAULT_FAMILY
+    num_classes: int = 0  # len(categories) when the store does not say
+    weights_description: str = ""
+    accuracy: dict[str, Any] | None = None  # measured by the build with --eval-dir, else None
 
 
-def find(backend: str, batch: int | None = None) -> Model | None:
-    """The latest stored model for a backend, or None if it was never built."""
+def find(backend: str, batch: int | None = None, family_name: str | None = None) -> Model | None:
+    """The latest stored model for a backend of a family (default: this process's), or None if it was
+    never built."""
     import bentoml
     from bentoml.exceptions import NotFound
 
+    name = model_name(backend, batch, family_name)
     try:
-        return bentoml.models.get(f"{model_name(backend, batch)}:latest")
+        return bentoml.models.get(f"{name}:latest")
     except NotFound:
         return None
     except Exception as exc:  # its model.yaml deleted or garbled (BentoMLException, KeyError, a YAML error)
-        logger.warning(
-            "%s:latest is unreadable (%s); `python -m build_models` rebuilds it", model_name(backend, batch), exc
-        )
+        logger.warning("%s:latest is unreadable (%s); `python -m build_models` rebuilds it", name, exc)
         return None
+
+
+def families() -> dict[str, list[str]]:
+    """The families the store holds → their store names, read from the models' ``family`` label (a store
+    name from before families is ``resnet50``'s)."""
+    import bentoml
+
+    found: dict[str, list[str]] = {}
+    for model in bentoml.models.list():
+        name = model.tag.name
+        labels = model.info.labels
+        owner = labels.get("family") or (DEFAULT_FAMILY if name.startswith(f"{DEFAULT_FAMILY}-") else None)
+        if owner is not None and name not in found.setdefault(owner, []):
+            found[owner].append(name)
+    return {owner: sorted(names) for owner, names in sorted(found.items())}
 
 
 def unreadable(name: str) -> dict[str, str]:
@@ -240,6 +300,8 @@ def describe(model: Model) -> StoredModelInfo:
     labels: dict[str, str] = dict(model.info.labels)
     meta: dict[str, Any] = dict(model.info.metadata)
     pre = meta.get("preprocess", {})
+    default = PreprocessSpec()  # a model stored before families was built with the default family's
+    categories = list(meta.get("categories", []))
     return StoredModelInfo(
         tag=str(model.tag),
         path=model.path,
@@ -247,14 +309,36 @@ def describe(model: Model) -> StoredModelInfo:
         weights=labels.get("weights", "unknown"),
         source_hash=labels.get("source_hash", ""),
         preprocess=PreprocessSpec(
-            resize_size=int(pre.get("resize_size", 232)), crop_size=int(pre.get("crop_size", 224))
+            resize_size=int(pre.get("resize_size", default.resize_size)),
+            crop_size=int(pre.get("crop_size", default.crop_size)),
+            mean=_triple(pre.get("mean", default.mean)),
+            std=_triple(pre.get("std", default.std)),
         ),
-        categories=list(meta.get("categories", [])),
+        categories=categories,
+        family=labels.get("family") or DEFAULT_FAMILY,
+        num_classes=int(meta.get("num_classes", len(categories))),
+        weights_description=str(meta.get("weights_description", "")),
+        accuracy=meta.get("accuracy"),
     )
 
 
+def family_spec(family_name: str | None = None) -> PreprocessSpec:
+    """The preprocessing the stored models of a family (default: this process's) expect: what the tools
+    that measure them outside a server (fidelity, bench, profile) feed them. The default's when none is stored."""
+    for model in (find(backend, None, family_name) for backend in ("pytorch", "onnx")):
+        if model is not None:
+            return describe(model).preprocess
+    return PreprocessSpec()
+
+
+def _triple(values: Any) -> tuple[float, float, float]:
+    r, g, b = (float(v) for v in values)
+    return (r, g, b)
+
+
 def is_current(model: Model | None, source_hash: str) -> bool:
-    """True when a stored model was built from these weights by this build format."""
+    """True when a stored model was built from this source (its family's weights, labels and preprocessing:
+    build_models.context.source_hash) by this build format."""
     if model is None:
         return False
     labels = model.info.labels

@@ -12,6 +12,7 @@ Checking reads every file: ~0.35 s for the whole store (~590 MB, warm page cache
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,7 @@ class Health:
     weights: str  # its ``weights`` label
     recorded: bool  # False: built before records were kept, so it cannot be verified
     problems: tuple[str, ...] = ()  # one per file that is missing or differs
+    family: str = ""  # its ``family`` label ("" = the default family's: a model stored before families)
 
     @property
     def intact(self) -> bool:
@@ -105,23 +107,46 @@ def check(model: Model) -> Health:
     usable = isinstance(recorded, dict) and bool(recorded)
     return Health(
         tag=str(model.tag),
-        artifact=labels.get("backend", str(model.tag.name).removeprefix("resnet50-")),
+        artifact=labels.get("backend") or artifact_of(str(model.tag.name)),
         weights=labels.get("weights", ""),
         recorded=usable,
         problems=tuple(compare(Path(model.path), recorded)) if usable else (),
+        family=labels.get("family", ""),
     )
 
 
+def artifact_of(name: str) -> str:
+    """The build step of a store name ``<family>-<artifact>[-b<N>]`` (for a model without a ``backend``
+    label): the longest artifact of the backend table it ends with; else the name after its first '-'."""
+    from fastinfer.catalog.backends import SPECS
+
+    for artifact in sorted({spec.artifact for spec in SPECS.values()}, key=len, reverse=True):
+        if re.search(rf"-{re.escape(artifact)}(-b[0-9]+)?$", name):
+            return artifact
+    return name.partition("-")[2] or name
+
+
+def _source(health: Health) -> str:
+    """``build_models`` arguments naming the source a model was built from: its weights and, for a
+    family of its own weights, its labels and name (a PATH where the store does not keep the file's)."""
+    from fastinfer.catalog.store import DEFAULT_FAMILY
+
+    weights = f"--weights {WEIGHTS_ARGUMENT.get(health.weights, 'PATH.pth')}"
+    if health.family in ("", DEFAULT_FAMILY):
+        return weights
+    labels = " --labels PATH" if health.weights not in WEIGHTS_ARGUMENT else ""
+    return f"{weights}{labels} --name {health.family}"
+
+
 def rebuild_command(unhealthy: Iterable[Health]) -> str:
-    """The command that rebuilds these models from the weights they were built from (one per weights)."""
-    by_weights: dict[str, list[str]] = {}
+    """The command that rebuilds these models from the source they were built from (one per source)."""
+    by_source: dict[str, list[str]] = {}
     for health in unhealthy:
-        artifacts = by_weights.setdefault(WEIGHTS_ARGUMENT.get(health.weights, "PATH.pth"), [])
+        artifacts = by_source.setdefault(_source(health), [])
         if health.artifact not in artifacts:
             artifacts.append(health.artifact)
     return " && ".join(
-        f"python -m build_models --only {','.join(artifacts)} --weights {weights}"
-        for weights, artifacts in by_weights.items()
+        f"python -m build_models --only {','.join(artifacts)} {source}" for source, artifacts in by_source.items()
     )
 
 

@@ -81,8 +81,9 @@ def error_body(code: str, message: str) -> dict[str, Any]:
 # An absolute path of two or more parts (``/tmp/x/model.onnx``; not ``/readyz``, ``53/53`` or a URL's
 # path, which follows a host name): as runtimes print them in their load errors.
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])(?:/[^\s/'\"`,;:()<>\[\]{}]+){2,}/?")
-# Where a stored model's files are: <store>/<resnet50-...>/<version>/<file>.
-_STORED = re.compile(r"/(resnet50-[a-z0-9-]+)/([a-z0-9]+)(/.*)?$")
+# Where a stored model's files are: <store>/models/<name>/<version>/<file>, its name <family>-<backend>[-b<N>]
+# of any family (BentoML's model names: a-z, 0-9, '_', '.', '-'); its version BentoML's, a-z and 0-9.
+_STORED = re.compile(r"/models/([a-z0-9](?:[a-z0-9_.-]*[a-z0-9])?)/([a-z0-9]+)(/.*)?$")
 
 
 def _private(match: re.Match[str]) -> str:

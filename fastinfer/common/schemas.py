@@ -7,7 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-TOP_K_MAX = 20  # the most classes one answer ranks
+TOP_K_MAX = 20  # the most classes one answer ranks (fewer for a family with fewer classes)
+DEFAULT_TOP_K = 5  # ranked when a request does not say (every class of a family with fewer)
 
 
 class Prediction(BaseModel):
@@ -22,7 +23,7 @@ class Timings(BaseModel):
     read: float = Field(description="hashing the uploaded body for the cache key (0 when the cache is bypassed)")
     cache: float = Field(default=0.0, description="response cache lookup (0 when bypassed)")
     decode: float = Field(description="image decode (reduced JPEG DCT scale), EXIF, to RGB")
-    preprocess: float = Field(description="resize + centre crop to uint8 224×224×3")
+    preprocess: float = Field(description="resize + centre crop to the model's uint8 input (224×224×3 for ImageNet's)")
     inference: float = Field(description="runner round trip: transfer, queueing/batching, model")
     total: float = Field(description="the whole request inside the service")
 
@@ -82,9 +83,32 @@ class BackendInfo(BaseModel):
         description="device or execution providers with node placement and fallbacks, threads, batch sizes seen",
     )
     batching: BatchingInfo | None = None
+    accuracy: dict[str, Any] | None = Field(
+        default=None,
+        description="top-1 and top-5 (0..1) of its model on the labelled photos its build measured (--eval-dir), "
+        "beside PyTorch's (reference_top1/5), the precision that ran and the images counted; null: not measured",
+    )
+
+
+class ModelFamily(BaseModel):
+    """The model family a server serves (FASTINFER_MODEL): one set of weights, labels and preprocessing."""
+
+    name: str = Field(description="the family: its models are <name>-<backend> in the model store")
+    stored: bool = Field(description="false: the model store holds none of it (missing says what it holds)")
+    num_classes: int | None = Field(default=None, description="how many classes it tells apart: top_k is capped at it")
+    weights: str | None = Field(default=None, description="imagenet | random-init | file")
+    weights_description: str | None = Field(default=None, description="where the weights came from, in words")
+    preprocess: dict[str, Any] = Field(
+        default_factory=dict, description="resize_size, crop_size, mean and std its weights expect"
+    )
+    accuracy: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="backend → the accuracy its build measured (backends without: not measured)"
+    )
+    missing: str | None = Field(default=None, description="why nothing is served: the families the store holds")
 
 
 class BackendsResponse(BaseModel):
+    family: ModelFamily | None = Field(default=None, description="the model family this server serves")
     default: str = Field(description="the backend of requests that name none")
     default_choice: dict[str, str] = Field(
         description="how the default was chosen: backend; requested (FASTINFER_DEFAULT_BACKEND: auto or a "

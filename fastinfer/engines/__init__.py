@@ -7,17 +7,21 @@ common/ only (the backend table above names each engine class by its import path
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
 
 class Engine(Protocol):
-    """A loaded model that honours the contract uint8 [N,224,224,3] → float32 [N,1000].
+    """A loaded model that honours the contract uint8 [N,S,S,3] → float32 [N,C]: S its family's crop
+    size (``input_size``), C its family's class count.
 
     Each engine class also has ``open(dirs, threads, **options)``: its stored model directories
     (``{None: dir}``, or one per static batch size) and the options of its row in fastinfer/catalog/backends.py.
     """
+
+    input_size: int  # S: read from the model itself where its runtime says it, so that nothing assumes 224
 
     def run(self, images: np.ndarray) -> np.ndarray: ...
 
@@ -39,15 +43,23 @@ class EngineUnavailable(RuntimeError):
     """
 
 
-INPUT_SHAPE = (224, 224, 3)
+# The default family's values (torchvision's ResNet50_Weights.IMAGENET1K_V2 transforms): defaults only. A
+# family's own travel with its stored models (fastinfer.catalog.store.PreprocessSpec, in the model graph).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+DEFAULT_INPUT_SIZE = 224
+MIN_INPUT_SIZE, MAX_INPUT_SIZE = 32, 1024
+"""The crop sizes a model may take: ResNet-50 downsamples by 32; beyond 1024 one image is ~12 MB of uint8
+and a batch of them no workload here."""
 
 
 MAX_ROWS = 256
 """The most images one engine call takes: a batch beyond it is a caller's bug, not a workload."""
 
 
-def check_batch(images: object) -> np.ndarray:
-    """The contract's input (uint8 [N,224,224,3], 1 <= N <= MAX_ROWS), or ValueError saying what is wrong.
+def check_batch(images: object, size: int | None = None) -> np.ndarray:
+    """The contract's input (uint8 [N,S,S,3], 1 <= N <= MAX_ROWS), or ValueError saying what is wrong.
+    ``size``: the S the model takes (its ``input_size``); None: any square S it could take.
 
     Runners check at their door, so that a malformed array is refused with a clear message
     instead of failing inside a batch with other callers' images.
@@ -56,8 +68,11 @@ def check_batch(images: object) -> np.ndarray:
         raise ValueError(f"images must be a numpy array, not {type(images).__name__}")
     if images.dtype != np.uint8:
         raise ValueError(f"images must be uint8, not {images.dtype}")
-    if images.ndim != 4 or images.shape[1:] != INPUT_SHAPE:
-        raise ValueError(f"images must be [N,224,224,3] NHWC RGB, not {list(images.shape)}")
+    square = images.ndim == 4 and images.shape[3] == 3 and images.shape[1] == images.shape[2]
+    side = images.shape[1] if square else 0
+    if not (side == size if size is not None else MIN_INPUT_SIZE <= side <= MAX_INPUT_SIZE):
+        s = "S" if size is None else size
+        raise ValueError(f"images must be [N,{s},{s},3] NHWC RGB, not {list(images.shape)}")
     if not 1 <= len(images) <= MAX_ROWS:
         raise ValueError(f"a batch holds 1..{MAX_ROWS} images, not {len(images)}")
     return images
@@ -66,4 +81,13 @@ def check_batch(images: object) -> np.ndarray:
 def warm_up(engine: Engine, batch_sizes: tuple[int, ...] = (1,)) -> None:
     """Run zeros through the engine so that lazy allocation and kernel choice happen before traffic."""
     for n in batch_sizes:
-        engine.run(np.zeros((n, 224, 224, 3), dtype=np.uint8))
+        engine.run(np.zeros((n, engine.input_size, engine.input_size, 3), dtype=np.uint8))
+
+
+def square_side(shape: Sequence[int | str | None]) -> int:
+    """S of a model input declared [N,S,S,3] (the batch may be symbolic), or ValueError: the runtimes
+    report the exported shape, which is the family's crop size."""
+    dims = list(shape)
+    if len(dims) != 4 or dims[3] != 3 or not isinstance(dims[1], int) or dims[1] != dims[2]:
+        raise ValueError(f"the model's input is {dims}, not [N,S,S,3] with a fixed S")
+    return dims[1]

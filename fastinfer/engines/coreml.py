@@ -14,10 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from fastinfer.engines import DEFAULT_INPUT_SIZE, square_side
+
 PACKAGE_DIR = "model.mlpackage"
 
 Predictor = Callable[[np.ndarray], np.ndarray]
-"""A static-batch model: [b,224,224,3] uint8 → [b,1000] float32, for exactly its own b."""
+"""A static-batch model: [b,S,S,3] uint8 → [b,C] float32, for exactly its own b."""
 
 
 def choose_batch(n: int, sizes: list[int]) -> int:
@@ -27,9 +29,15 @@ def choose_batch(n: int, sizes: list[int]) -> int:
 
 
 class CoreMLEngine:
-    def __init__(self, predictors: Mapping[int, Predictor], description: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        predictors: Mapping[int, Predictor],
+        description: dict[str, Any] | None = None,
+        input_size: int = DEFAULT_INPUT_SIZE,
+    ) -> None:
         if not predictors:
             raise ValueError("CoreMLEngine needs at least one static-batch model")
+        self.input_size = input_size
         self.predictors = dict(sorted(predictors.items()))
         self.sizes = list(self.predictors)
         self.padded_rows = 0  # rows of zeros computed so far: the price of static shapes
@@ -46,8 +54,11 @@ class CoreMLEngine:
         import coremltools as ct
 
         predictors: dict[int, Predictor] = {}
+        side = DEFAULT_INPUT_SIZE
         for size, directory in model_dirs.items():
             model = ct.models.MLModel(str(Path(directory) / PACKAGE_DIR), compute_units=ct.ComputeUnit.ALL)
+            # Every static-batch model of a family takes its crop size: the exported input's S.
+            side = square_side(model.get_spec().description.input[0].type.multiArrayType.shape)
 
             def predict(images: np.ndarray, model: Any = model) -> np.ndarray:
                 out = model.predict({"images": images.astype(np.int32)})
@@ -61,6 +72,7 @@ class CoreMLEngine:
                 "compute_units": "ALL (Neural Engine, GPU, CPU)",
                 "precision": "fp16",
             },
+            input_size=side,
         )
 
     def run(self, images: np.ndarray) -> np.ndarray:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from fastinfer.common import hardware
+from fastinfer.engines import square_side
 
 MODEL_FILE = "model.onnx"
 
@@ -39,8 +40,10 @@ class OnnxEngine:
         with tempfile.TemporaryDirectory() as tmp:
             # One profiled run tells which provider executed each node; profiling then stops.
             self.session = ort.InferenceSession(path, self._options(ort, Path(tmp)), providers=self.requested)
-            self.input_name = self.session.get_inputs()[0].name
-            self.run(np.zeros((1, 224, 224, 3), dtype=np.uint8))
+            declared = self.session.get_inputs()[0]
+            self.input_name = declared.name
+            self.input_size = square_side(declared.shape)  # the crop size the graph was exported at
+            self.run(np.zeros((1, self.input_size, self.input_size, 3), dtype=np.uint8))
             self.node_placement = placement_from_profile(Path(self.session.end_profiling()))
 
     @classmethod

@@ -40,7 +40,7 @@ import numpy as np
 
 from fastinfer.common import hardware
 from fastinfer.common.files import file_sha256
-from fastinfer.engines import EngineUnavailable
+from fastinfer.engines import EngineUnavailable, square_side
 
 MODEL_FILE = "model.xml"
 PRECISIONS = ("auto", "bf16", "f32")  # FASTINFER_OPENVINO_PRECISION's values (fastinfer.catalog.config)
@@ -122,6 +122,8 @@ class OpenVinoEngine:
         self.precision = self.compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
         self.streams = int(self.compiled.get_property("NUM_STREAMS"))
         self.layers = layer_precision(self.compiled.get_runtime_model())
+        dims = self.compiled.input(0).get_partial_shape()
+        self.input_size = square_side([d.get_length() if d.is_static else None for d in dims])  # the crop size
         self.runtime = f"OpenVINO {core.get_versions('CPU')['CPU'].build_number}"
         self.cpu = str(core.get_property("CPU", "FULL_DEVICE_NAME"))
         # One request, reused (its buffers stay allocated); the lock makes concurrent callers take turns,
@@ -288,7 +290,8 @@ try:
         core.set_property({"CACHE_DIR": a["cache_dir"]})
     compiled = core.compile_model(a["xml"], "CPU", a["config"])
     print("compiled", flush=True)
-    compiled.create_infer_request().infer({0: np.zeros((1, 224, 224, 3), np.uint8)})
+    image = [d.get_length() for d in compiled.input(0).get_partial_shape()[1:]]  # the family's [S,S,3]
+    compiled.create_infer_request().infer({0: np.zeros((1, *image), np.uint8)})
 except Exception as e:
     print(json.dumps({"error": str(e)}), flush=True)
     sys.exit(3)

@@ -1,16 +1,30 @@
-"""Eager PyTorch ResNet-50 (state_dict in the store, architecture from torchvision)."""
+"""Eager PyTorch ResNet-50 (state_dict in the store, architecture from torchvision).
+
+Beside the state_dict, ``normalisation.json`` holds what the other runtimes carry in their graph: the
+family's mean and std, and the crop size its model takes. A model stored before families has none: it
+was built with the default family's (ImageNet's).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fastinfer.common import hardware
+from fastinfer.engines import DEFAULT_INPUT_SIZE, IMAGENET_MEAN, IMAGENET_STD
 
 STATE_FILE = "state_dict.pt"
+NORMALISATION_FILE = "normalisation.json"
+
+
+def write_normalisation(model_dir: Path, mean: Sequence[float], std: Sequence[float], crop_size: int) -> None:
+    """What the build writes beside the state_dict (fastinfer/engines/pytorch.py reads it)."""
+    record = {"mean": list(mean), "std": list(std), "crop_size": crop_size}
+    (Path(model_dir) / NORMALISATION_FILE).write_text(json.dumps(record))
 
 
 class TorchEngine:
@@ -23,7 +37,11 @@ class TorchEngine:
         # torch's own default is the machine's cores, blind to a container's CPU quota.
         torch.set_num_threads(threads if threads > 0 else hardware.cpu_count())
         state = torch.load(Path(model_dir) / STATE_FILE, map_location="cpu", weights_only=True)
-        self.model = resnet50(state).to(self.device)
+        recorded = Path(model_dir) / NORMALISATION_FILE
+        norm = json.loads(recorded.read_text()) if recorded.is_file() else {}
+        self.input_size = int(norm.get("crop_size", DEFAULT_INPUT_SIZE))
+        mean, std = norm.get("mean", IMAGENET_MEAN), norm.get("std", IMAGENET_STD)
+        self.model = resnet50(state, mean, std).to(self.device)
         self._torch = torch
 
     @classmethod

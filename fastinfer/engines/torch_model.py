@@ -1,7 +1,7 @@
-"""The uint8 model contract in PyTorch: ``uint8 [N,224,224,3] RGB → float32 logits [N,1000]``.
+"""The uint8 model contract in PyTorch: ``uint8 [N,S,S,3] RGB → float32 logits [N,C]``.
 
-Cast, normalisation and NHWC→NCHW live inside the module, so every export of it (ONNX,
-CoreML) carries them too and the front never normalises. Imports torch: keep this module
+Cast, normalisation (the family's mean and std) and NHWC→NCHW live inside the module, so every export
+of it (ONNX, CoreML) carries them too and the front never normalises. Imports torch: keep this module
 out of the HTTP front.
 """
 
@@ -12,8 +12,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from fastinfer.engines import IMAGENET_MEAN, IMAGENET_STD
 
 
 class Uint8Classifier(nn.Module):
@@ -38,11 +37,17 @@ class Uint8Classifier(nn.Module):
         return self.backbone(x * self.scale + self.shift)
 
 
-def resnet50(state_dict: Mapping[str, torch.Tensor] | None = None) -> Uint8Classifier:
-    """torchvision's ResNet-50 behind the uint8 contract, in eval mode."""
+def resnet50(
+    state_dict: Mapping[str, torch.Tensor] | None = None,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+) -> Uint8Classifier:
+    """torchvision's ResNet-50 behind the uint8 contract, in eval mode, with as many classes as the
+    state_dict's final layer has (1000 without one)."""
     from torchvision.models import resnet50 as tv_resnet50
 
-    backbone = tv_resnet50(weights=None)
+    classes = int(state_dict["fc.weight"].shape[0]) if state_dict is not None and "fc.weight" in state_dict else 1000
+    backbone = tv_resnet50(weights=None, num_classes=classes)
     if state_dict is not None:
         backbone.load_state_dict(state_dict)
-    return Uint8Classifier(backbone).eval()
+    return Uint8Classifier(backbone, mean, std).eval()

@@ -119,6 +119,21 @@ ANALYZE: dict[str, Any] = {
 }
 
 BACKENDS: dict[str, Any] = {
+    "family": {
+        "name": "resnet50",
+        "stored": True,
+        "num_classes": 1000,
+        "weights": "random-init",
+        "weights_description": "seeded random init (seed 0); torchvision's ImageNet weights could not be downloaded",
+        "preprocess": {
+            "resize_size": 232,
+            "crop_size": 224,
+            "mean": [0.485, 0.456, 0.406],
+            "std": [0.229, 0.224, 0.225],
+        },
+        "accuracy": {},
+        "missing": None,
+    },
     "default": "openvino-int8",
     "default_choice": {
         "backend": "openvino-int8",
@@ -170,6 +185,7 @@ BACKENDS: dict[str, Any] = {
             "model": "resnet50-openvino:hzntbpho46xtmax4",
             "models": ["resnet50-openvino:hzntbpho46xtmax4"],
             "weights": "random-init",
+            "accuracy": None,
             "runs_on": {
                 "device": "CPU (AMD EPYC)",
                 "threads": 2,

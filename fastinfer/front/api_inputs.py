@@ -28,7 +28,15 @@ from fastinfer.catalog.config import BACKENDS, get_settings
 from fastinfer.common.schemas import TOP_K_MAX
 
 BackendName = Literal[BACKENDS]  # type: ignore[valid-type]  # rendered as an enum in Swagger
-TopK = Annotated[int, Field(ge=1, le=TOP_K_MAX, description=f"how many classes to return (1..{TOP_K_MAX})")]
+TopK = Annotated[
+    int,
+    Field(
+        ge=1,
+        le=TOP_K_MAX,
+        description=f"how many classes to return (1..{TOP_K_MAX}, and at most the served family's class count; "
+        "unsent over HTTP: 5, or every class of a family with fewer)",
+    ),
+]
 ImageFile = Annotated[
     Path,
     Field(description="the image file (JPEG, PNG, GIF, WebP, BMP, TIFF ...); the field may also be named `file`"),

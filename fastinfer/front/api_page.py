@@ -26,9 +26,11 @@ from bentoml._internal.context import server_context
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fastinfer import __version__
-from fastinfer.catalog.backends import unavailable_reason
+from fastinfer.catalog import family
+from fastinfer.catalog.backends import served_models, unavailable_reason
 from fastinfer.catalog.choice import configuration, default_choice
 from fastinfer.catalog.config import Settings
+from fastinfer.common.schemas import TOP_K_MAX
 from fastinfer.front.access import analyze_guard
 
 TITLE = "FastInfer"
@@ -95,6 +97,7 @@ def this_server(settings: Settings, svc: bentoml.Service[Any]) -> str:
     )
     lines = [
         f"- FastInfer {version(svc)}; {default}.",
+        f"- {family_line(family.summary(settings.model, served_models()))}.",
         f"- Configuration: {tuning}.",
         f"- Its values and where each came from: {values}.",
         f"- API keys: {keys}.",
@@ -105,6 +108,20 @@ def this_server(settings: Settings, svc: bentoml.Service[Any]) -> str:
         f"- Contact: {contact_line(settings.contact)}.",
     ]
     return "## This server\n\n" + "\n".join(lines)
+
+
+def family_line(served: family.FamilyInfo) -> str:
+    """The family this server serves, as a line of the page: name, classes, weights, measured accuracy.
+    Its description and the reason it is missing are shown as written (a user's text, a path)."""
+    name = f"`{literal(served.name)}`"
+    if not served.stored:
+        return f"Model family {name}: not served: {literal(served.missing or '')}"
+    line = (
+        f"Model family {name} (`FASTINFER_MODEL`): {served.num_classes} classes, `top_k` up to "
+        f"{min(served.num_classes or TOP_K_MAX, TOP_K_MAX)}; weights: {literal(served.weights_line())}"
+    )
+    measured = served.accuracy_line()
+    return line + (f"; accuracy measured when built: {literal(measured)}" if measured else "; accuracy not measured")
 
 
 def literal(text: str) -> str:

@@ -237,8 +237,12 @@ def _text(name: str, data: bytes | memoryview) -> str:
     return value
 
 
-def top_k(form: Form) -> int:
-    raw = form.fields.get("top_k", "5").strip()
+def top_k(form: Form) -> int | None:
+    """The request's ``top_k`` (1..TOP_K_MAX), or None when it asks for none: the pipeline then ranks the
+    default, and caps what is asked at the family's class count (fastinfer.serving.pipeline.Pipeline.ranked)."""
+    if "top_k" not in form.fields:
+        return None
+    raw = form.fields["top_k"].strip()
     k = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 3 else 0  # plain digits, as the spec says
     if not 1 <= k <= TOP_K_MAX:
         raise ApiError(f"top_k: must be a whole number from 1 to {TOP_K_MAX}, got {raw[:40]!r}", code="invalid_top_k")

@@ -151,12 +151,13 @@ async def run(
     route: ImageRoute,
     images: Sequence[Image],
     backend: str,
-    k: int,
+    k: int | None,
     use: CacheUse = CacheUse(),
     started: float | None = None,
 ) -> dict[str, Any]:
     """What a route answers for these images (already read), as JSON; ApiError for what cannot be.
 
+    ``k``: the classes to rank (None: the default; more than the family has: a 400 naming its count).
     ``started``: when the request began (time.perf_counter), for /compare's total."""
     started = time.perf_counter() if started is None else started
     if route.kind == "compare":  # never from the cache, never into it

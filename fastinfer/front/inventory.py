@@ -8,8 +8,10 @@ from typing import Any, Protocol
 from fastinfer.catalog import choice
 from fastinfer.catalog.backends import BackendSpec
 from fastinfer.catalog.config import Settings
+from fastinfer.catalog.family import FamilyInfo
+from fastinfer.catalog.family import summary as family_summary
 from fastinfer.catalog.store import StoredModelInfo
-from fastinfer.common.schemas import BackendInfo, BackendsResponse, BatchingInfo
+from fastinfer.common.schemas import BackendInfo, BackendsResponse, BatchingInfo, ModelFamily
 
 
 class Entry(Protocol):
@@ -25,9 +27,12 @@ def backends(
     settings: Settings,
     machine: dict[str, Any],
     default: choice.DefaultChoice | None = None,
+    family: FamilyInfo | None = None,
 ) -> BackendsResponse:
     """The /backends answer from the table, what cannot run here, the stored models and what each
-    runner says of itself (``described``: runner → its ``describe()``, or ``{"error": why}``)."""
+    runner says of itself (``described``: runner → its ``describe()``, or ``{"error": why}``), and the
+    family they are of (default: as ``models`` say)."""
+    family = family or family_summary(settings.model, models)
     infos = []
     for name, entry in registry.items():
         batching = settings.batching_for(name)
@@ -45,6 +50,7 @@ def backends(
                 model=model.tag if model else None,
                 models=runs_on.pop("models", [model.tag] if model else []),
                 weights=model.weights if model else None,
+                accuracy=family.accuracy.get(name),
                 runs_on=runs_on,
                 batching=BatchingInfo(
                     enabled=batching.enabled,
@@ -56,6 +62,7 @@ def backends(
     available = [i.name for i in infos if i.available]
     default = default or choice.default_choice()
     return BackendsResponse(
+        family=ModelFamily(**family.as_dict()),
         default=default.backend,
         default_choice=default.as_dict(),
         configuration=choice.configuration(settings, default),

@@ -118,7 +118,8 @@ ERRORS: dict[str, tuple[str, str, str]] = {
 IMAGE_ERRORS: dict[str, tuple[str, str, str]] = {
     "400": (
         f"`{InvalidImage.code}`: not an image, truncated or empty; `{UnknownBackend.code}`: the message lists the "
-        f"valid backends; `invalid_top_k`: outside 1..{TOP_K_MAX}; `{BadRequest.code}` / `{ApiError.code}`: a "
+        f"valid backends; `invalid_top_k`: outside 1..{TOP_K_MAX}, or more than the classes of the model family "
+        f"served (the message names their count); `{BadRequest.code}` / `{ApiError.code}`: a "
         "malformed body, an unknown form field, or a text value where the file belongs (URLs are never fetched).",
         InvalidImage.code,
         "The body is not an image format this service can read.",

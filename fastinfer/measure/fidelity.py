@@ -24,11 +24,17 @@ class Gate:
     max_abs_error: float
     min_top1: float
     min_top5: float = 0.0
+    # The error allowed grows with the logits' own scale, never below max_abs_error: a fine-tuned head's
+    # logits may be ten times ImageNet's, its INT8 error with them.
+    max_error_per_std: float = 0.0
+
+    def error_limit(self, f: Fidelity) -> float:
+        return max(self.max_abs_error, self.max_error_per_std * f.reference_std)
 
     def violations(self, f: Fidelity) -> list[str]:
         out = []
-        if not f.max_abs_error <= self.max_abs_error:  # written so that NaN fails too
-            out.append(f"max |logit diff| {f.max_abs_error:.3g} > {self.max_abs_error:g}")
+        if not f.max_abs_error <= self.error_limit(f):  # written so that NaN fails too
+            out.append(f"max |logit diff| {f.max_abs_error:.3g} > {self.error_limit(f):.3g}")
         if f.top1_agreement < self.min_top1:
             out.append(f"top-1 agreement {f.top1_agreement:.1%} < {self.min_top1:.1%}")
         if f.top5_overlap < self.min_top5:
@@ -39,11 +45,12 @@ class Gate:
         return not self.violations(f)
 
 
-INT8_MIN_TOP1, INT8_MIN_TOP5, INT8_MAX_ERROR = 0.90, 0.85, 5.0
-INT8_GATE = Gate(INT8_MAX_ERROR, INT8_MIN_TOP1, INT8_MIN_TOP5)
+INT8_MIN_TOP1, INT8_MIN_TOP5, INT8_MAX_ERROR, INT8_MAX_ERROR_PER_STD = 0.90, 0.85, 5.0, 0.3
+INT8_GATE = Gate(INT8_MAX_ERROR, INT8_MIN_TOP1, INT8_MIN_TOP5, INT8_MAX_ERROR_PER_STD)
 """The INT8 gates against FP32 PyTorch, shared by the gated tests (tests/unit/test_fidelity.py, where
 they are shown to catch a model calibrated on nothing and a wrong input scale) and the build's
-verification (build_models)."""
+verification (build_models). The error limit: 5 logits, or 0.3 standard deviations of the reference's
+logits where that is more (ImageNet's random init: std 15.3, INT8 max error 1.8-2.4, so 5 holds there)."""
 
 FP32_GATE = Gate(max_abs_error=1e-3, min_top1=1.0)
 """The same FP32 graph in another runtime: measured max |logit diff| ~3e-5 to 1e-4 here."""
@@ -62,6 +69,7 @@ class Fidelity:
     top5_overlap: float
     cosine: float  # mean over images
     max_abs_error: float
+    reference_std: float = 0.0  # of the reference's logits: their scale
 
     def as_dict(self) -> dict[str, float | int | str]:
         return asdict(self)
@@ -84,9 +92,10 @@ def fidelity_images(spec: PreprocessSpec) -> np.ndarray:
 
 
 def compare(backend: str, reference: np.ndarray, logits: np.ndarray) -> Fidelity:
-    ref_top5 = np.argsort(-reference, axis=1)[:, :5]
-    top5 = np.argsort(-logits, axis=1)[:, :5]
-    overlap = np.mean([len(set(a) & set(b)) / 5 for a, b in zip(ref_top5, top5, strict=True)])
+    k = min(5, reference.shape[1])  # a family of 3 classes has a top-3, not a top-5
+    ref_top5 = np.argsort(-reference, axis=1)[:, :k]
+    top5 = np.argsort(-logits, axis=1)[:, :k]
+    overlap = np.mean([len(set(a) & set(b)) / k for a, b in zip(ref_top5, top5, strict=True)])
     cosine = np.sum(reference * logits, axis=1) / (
         np.linalg.norm(reference, axis=1) * np.linalg.norm(logits, axis=1) + 1e-12
     )
@@ -97,6 +106,7 @@ def compare(backend: str, reference: np.ndarray, logits: np.ndarray) -> Fidelity
         top5_overlap=float(overlap),
         cosine=float(np.mean(cosine)),
         max_abs_error=float(np.max(np.abs(reference - logits))),
+        reference_std=float(np.std(reference)),
     )
 
 

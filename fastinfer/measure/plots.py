@@ -137,3 +137,36 @@ def plot_served(splits: list[dict[str, Any]], path: Path) -> None:
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=7)
     ax.set_xlim(0, max(left) * 1.55)
     save(fig, path)
+
+
+def plot_accuracy(rows: list[dict[str, Any]], path: Path, family: str, images: int) -> None:
+    """Top-1 accuracy against the req/s ``make bench`` served, one point per backend, where both were measured
+    (the trade a user picks a backend on); else top-1 (and top-5) per backend as bars."""
+    plt = pyplot()
+    measured = [r for r in rows if r.get("top1") is not None]
+    paired = [r for r in measured if r.get("req_per_s")]
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    title = f"{family}: accuracy on {images} of your labelled photos"
+    if paired:
+        for r in paired:
+            ax.scatter(r["req_per_s"], r["top1"] * 100, s=40)
+            ax.annotate(f"{r['backend']} ({r['precision']})", (r["req_per_s"], r["top1"] * 100),
+                        textcoords="offset points", xytext=(5, 4), fontsize=8)  # fmt: skip
+        alone = [f"{r['backend']} {r['top1']:.1%}" for r in measured if not r.get("req_per_s")]
+        ax.set_xlabel("requests / s served by `make bench` (10 clients, cache bypassed)"
+                      + (f"\nnot benchmarked, top-1: {', '.join(alone)}" if alone else ""))  # fmt: skip
+        ax.set_ylabel("top-1 accuracy (%)")
+        ax.set_title(f"{title}, against speed")
+        ax.grid(alpha=0.3)
+    else:
+        names = [f"{r['backend']}\n({r['precision']})" for r in measured]
+        x = range(len(names))
+        for shift, key in ((-0.2, "top1"), (0.2, "top5")):
+            bars = ax.bar([i + shift for i in x], [r[key] * 100 for r in measured], 0.4, label=key[:3] + "-" + key[3])
+            ax.bar_label(bars, fmt="%.1f", fontsize=7)
+        ax.set_xticks(list(x), names, fontsize=8)
+        ax.set_ylabel("accuracy (%)")
+        ax.set_ylim(0, 105)
+        ax.set_title(f"{title}\n(no `make bench` result of this machine to set it against speed)", fontsize=10)
+        ax.legend(fontsize=8)
+    save(fig, path)

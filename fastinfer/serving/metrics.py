@@ -7,7 +7,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
+
+from fastinfer.catalog.family import FamilyInfo
 
 STAGES = ("read", "cache", "decode", "preprocess", "inference", "total")
 
@@ -36,6 +38,36 @@ BATCH_SIZE = Histogram(
     ["backend"],
     buckets=(1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32),
 )
+
+
+# The family served, as labels of gauges rather than of every series above: one family per server, so a
+# `family` label on each histogram would only repeat this one. prometheus_client's Info is not kept across
+# processes (PROMETHEUS_MULTIPROC_DIR): a gauge at 1 whose labels say it is what works there. Every front
+# worker sets the same values: "max" reads them as one.
+MODEL_FAMILY = Gauge(
+    "fastinfer_model_family_info",
+    "The model family this server serves (value 1): its name, class count, and where its weights came from",
+    ["family", "classes", "weights", "weights_description"],
+    multiprocess_mode="max",
+)
+MODEL_ACCURACY = Gauge(
+    "fastinfer_model_accuracy",
+    "Accuracy (0..1) of each backend's stored model on the labelled photos its build measured (--eval-dir)",
+    ["family", "backend", "metric", "precision"],
+    multiprocess_mode="max",
+)
+DESCRIPTION_MAX = 200  # characters of the weights' description in a label: it is a line, not a document
+
+
+def record_family(family: FamilyInfo) -> None:
+    """The served family's gauges: its identity always, its accuracy where the build measured it."""
+    classes = "" if family.num_classes is None else str(family.num_classes)
+    description = (family.weights_description or "")[:DESCRIPTION_MAX]
+    MODEL_FAMILY.labels(family.name, classes, family.weights or "", description).set(1)
+    for backend, figures in family.accuracy.items():
+        for metric in ("top1", "top5"):
+            if isinstance(value := figures.get(metric), int | float):
+                MODEL_ACCURACY.labels(family.name, backend, metric, str(figures.get("precision", ""))).set(value)
 
 
 def observe_stages(backend: str, timings_ms: dict[str, float]) -> None:

@@ -1,9 +1,9 @@
 """The request pipeline behind every form of the image APIs: one image, a batch, a comparison.
 
 bytes → sha256 → response cache, keyed by the image, the model, its engine's identity and top_k (a hit
-answers here) → decode at reduced JPEG scale and resize/crop to uint8 224×224×3 (on the CPU pool, off
-the event loop) → the backend's runner → softmax/top-k → response body with per-stage timings → cache
-SET (fail-open).
+answers here) → decode at reduced JPEG scale and resize/crop to uint8 S×S×3, as the stored model's
+preprocessing says (on the CPU pool, off the event loop) → the backend's runner → softmax/top-k over the
+family's classes, named by its labels → response body with per-stage timings → cache SET (fail-open).
 
 It knows nothing of HTTP or BentoML: the runner is an async callable, so the whole path runs in a
 test without a server. The HTTP forms (multipart, raw body, the original FastInfer API's routes,
@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from fastinfer.catalog.family import build_hint, classes
 from fastinfer.catalog.store import StoredModelInfo
 from fastinfer.common.errors import ApiError, BackendUnavailable, RunnerNotLoaded, UnknownBackend
-from fastinfer.common.schemas import Timings
+from fastinfer.common.schemas import DEFAULT_TOP_K, Timings
 from fastinfer.serving import metrics
 from fastinfer.serving.cache import Expected, ResponseCache, digest_key
 from fastinfer.serving.cpu import CpuPool
@@ -33,9 +34,9 @@ from fastinfer.serving.postprocess import top_k as rank
 from fastinfer.serving.preprocess import Prepared, prepare
 
 Infer = Callable[[str, np.ndarray, "bool | None", str], Awaitable[np.ndarray]]
-"""(backend, uint8 [N,224,224,3], batched: None = the backend's setting, engine: the identity the answer
-will name) → float32 logits [N,1000] computed by that engine. Raises RunnerNotLoaded or
-BackendUnavailable when the runner cannot answer, or computes otherwise."""
+"""(backend, uint8 [N,S,S,3], batched: None = the backend's setting, engine: the identity the answer
+will name) → float32 logits [N,C] computed by that engine (S: the family's crop size, C: its class
+count). Raises RunnerNotLoaded or BackendUnavailable when the runner cannot answer, or computes otherwise."""
 
 EngineOf = Callable[[str], Awaitable[str]]
 """backend → the identity of the engine that computes its answers (runtime and version, device, precision,
@@ -90,23 +91,40 @@ class Pipeline:
         if (reason := self.unavailable(backend)) is not None:
             raise BackendUnavailable(reason)
         if backend not in self.models:  # the platform check names a missing model; this is a backstop
-            raise BackendUnavailable(f"No {backend} model is in the store; run `python -m build_models`.")
+            raise BackendUnavailable(f"No {backend} model is in the store; {build_hint()}.")
         return self.models[backend]
+
+    @staticmethod
+    def ranked(k: int | None, models: Sequence[StoredModelInfo]) -> int:
+        """How many classes an answer of these models ranks: ``k``, or DEFAULT_TOP_K (None: not asked,
+        then at most every class); the 400 that names the class count when ``k`` is more than it."""
+        n = min((classes(info) for info in models), default=0) or None  # 0: labels not stored, not capped
+        if k is None:
+            return min(DEFAULT_TOP_K, n or DEFAULT_TOP_K)
+        if n is not None and k > n:
+            info = min(models, key=classes)
+            raise ApiError(
+                f"top_k: {k} is more than the {n} classes of model family {info.family!r} ({info.tag}); "
+                f"ask for 1 to {n}",
+                code="invalid_top_k",
+            )
+        return k
 
     async def classify(
         self,
         image: Image,
         backend: str,
-        k: int,
+        k: int | None,
         *,
         bypass: bool = False,
         store: bool = True,
         batched: bool | None = None,
     ) -> dict[str, Any]:
         """One image → a ClassifyResponse-shaped body (from the cache unless ``bypass``; stored in it
-        unless ``bypass`` or not ``store``: Cache-Control: no-store)."""
+        unless ``bypass`` or not ``store``: Cache-Control: no-store). ``k`` None: the default top-k."""
         started = time.perf_counter()
         info = self.check(backend)
+        k = self.ranked(k, [info])
         engine = await self.engine_of(backend)
         timings: dict[str, float] = {}
         digest = "" if bypass else await self._hash_timed(image.data, timings)
@@ -121,7 +139,7 @@ class Pipeline:
         return self._respond(backend, body, timings, started)
 
     async def classify_many(
-        self, images: list[Image], backend: str, k: int, *, bypass: bool = False, store: bool = True
+        self, images: list[Image], backend: str, k: int | None, *, bypass: bool = False, store: bool = True
     ) -> list[dict[str, Any]]:
         """Several images → one body per image, in order: a prediction, or ``{"error": ...}`` for an
         image that cannot be classified. Cache per image; the misses are decoded in parallel on the
@@ -129,6 +147,7 @@ class Pipeline:
         and inferred once. Recorded in /stats/live and the stage histograms as one request."""
         started = time.perf_counter()
         info = self.check(backend)
+        k = self.ranked(k, [info])
         engine = await self.engine_of(backend)
         every = [dict[str, float]() for _ in images]
         digests = await asyncio.gather(
@@ -181,13 +200,14 @@ class Pipeline:
         self._record(backend, request, inferred=bool(ready), images=len(images), from_cache=from_cache)
         return slots
 
-    async def compare(self, image: Image, k: int, backends: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
+    async def compare(self, image: Image, k: int | None, backends: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
         """One image through each of ``backends`` that can answer, one after another (decoded once,
         never from the cache, so that the timings compare backends). Returns the bodies and the
         backends that could not answer (cannot run here, or their runner could not load its model)."""
         names = [n for n in backends if self.unavailable(n) is None and n in self.models]
         if not names:
             raise BackendUnavailable(NO_BACKEND)
+        k = self.ranked(k, [self.models[n] for n in names])
         shared: dict[str, float] = {}
         prepared = await self._prepare(image.data, self.models[names[0]], shared)
         results, skipped = [], [n for n in backends if n not in names]

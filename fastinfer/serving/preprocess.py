@@ -1,4 +1,6 @@
-"""Image bytes → uint8 HWC 224×224×3 RGB, as the weights' own transforms would produce.
+"""Image bytes → uint8 HWC S×S×3 RGB, as the weights' own transforms would produce: resized and
+centre-cropped as the stored model's PreprocessSpec says (S its crop size: 224 for ImageNet's; the
+model's graph normalises by the family's mean and std).
 
 JPEG decoding dominates preprocessing, so JPEGs are decoded at the smallest DCT scale
 (1/2, 1/4, 1/8) that still leaves the shorter side >= the resize target (``Image.draft`` picks it).
@@ -167,8 +169,8 @@ def to_rgb(img: Image.Image) -> Image.Image:
 
 
 # Resizing the whole image is exact (torchvision's own pixels) and cheap while the resized image
-# is no larger than the source or than this; beyond it only the crop is resampled (see below).
-WHOLE_RESIZE_MAX_PIXELS = 16 * 224 * 224
+# is no larger than the source or than this many crops; beyond it only the crop is resampled (see below).
+WHOLE_RESIZE_MAX_CROPS = 16
 
 
 def resize_and_crop(img: Image.Image, spec: PreprocessSpec) -> np.ndarray:
@@ -188,7 +190,7 @@ def resize_and_crop(img: Image.Image, spec: PreprocessSpec) -> np.ndarray:
     else:
         new_w, new_h = int(spec.resize_size * width / height), spec.resize_size
     left, top = round((new_w - crop) / 2.0), round((new_h - crop) / 2.0)
-    if new_w * new_h > max(width * height, WHOLE_RESIZE_MAX_PIXELS) and min(new_w, new_h) >= crop:
+    if new_w * new_h > max(width * height, WHOLE_RESIZE_MAX_CROPS * crop * crop) and min(new_w, new_h) >= crop:
         sx, sy = width / new_w, height / new_h  # source pixels per resized pixel
         box = (left * sx, top * sy, (left + crop) * sx, (top + crop) * sy)
         img = img.resize((crop, crop), Image.Resampling.BILINEAR, box=box)

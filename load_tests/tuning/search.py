@@ -156,7 +156,7 @@ def in_process(backends: list[str], repeats: int = 2) -> dict[str, dict[str, flo
     """Per backend: its best ceiling (req/s these cores allow, decode + inference, no HTTP) and the
     single-photo latency in process (decode + preprocess + b1 inference, wall ms)."""
     from fastinfer.catalog.backends import open_engine
-    from fastinfer.catalog.store import PreprocessSpec
+    from fastinfer.catalog.store import family_spec
     from fastinfer.measure import profile as prof
 
     engines = {}
@@ -170,7 +170,7 @@ def in_process(backends: list[str], repeats: int = 2) -> dict[str, dict[str, flo
             figures[name] = {"ceiling_req_per_s": 0.0, "latency_ms": math.inf}
     if not engines:
         return figures
-    result = prof.run(engines, [1, 8], repeats, PreprocessSpec())
+    result = prof.run(engines, [1, 8], repeats, family_spec())
     costs = [prof.StageCost(**s) for s in result["stages"]]
     ceils = [prof.Ceiling(**c) for c in result["ceilings"]]
     for name in engines:

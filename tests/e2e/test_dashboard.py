@@ -87,9 +87,15 @@ def test_dashboard_end_to_end(server, fake_groq, browser, tmp_path) -> None:
         assert "needs macOS" in page.inner_text("#backends")
 
     # The server's default (FASTINFER_DEFAULT_BACKEND=auto: this machine's choice) is preselected and named.
-    default = httpx.get(f"{server.url}/backends", timeout=30).json()["default_choice"]
+    info = httpx.get(f"{server.url}/backends", timeout=30).json()
+    default = info["default_choice"]
     assert page.is_checked(f"#backend-{default['backend']}")
     assert f"default: {default['backend']} ({default['source']})" in page.inner_text("#machine")
+    # The model family served (issue 34): its name, class count and weights; top-k goes no higher than its classes.
+    family = info["family"]
+    said = f"model family {family['name']} · {family['num_classes']} classes · weights: {family['weights']}"
+    assert said in page.inner_text("#family")
+    assert page.get_attribute("#top-k", "max") == str(min(20, family["num_classes"]))
 
     # Upload: top-5 with confidence bars and per-stage timings.
     page.set_input_files("#file-input", str(photo))
@@ -178,6 +184,7 @@ def with_hostile_backends(info: dict[str, Any]) -> dict[str, Any]:
     ]
     info["hardware"]["cpu"] = HOSTILE
     info["recommended"]["backend"] = HOSTILE
+    info["family"] |= {"name": HOSTILE, "weights_description": HOSTILE, "num_classes": 3}  # a small family too
     return info
 
 
@@ -230,6 +237,8 @@ def test_values_from_the_server_are_shown_as_text_never_run(server, browser, tmp
     page.wait_for_selector("#backend-onnx")
     shown_as_text("#backends", 3)  # a name, a description, a reason
     shown_as_text("#machine")
+    shown_as_text("#family", 2)  # its name and its weights' description
+    assert page.get_attribute("#top-k", "max") == "3" and page.input_value("#top-k") == "3"  # at most its classes
     values = page.eval_on_selector_all("#backends input", "inputs => inputs.map((i) => i.value)")
     assert HOSTILE in values  # the radio button's value is the name as sent, not cut at its quote
     page.wait_for_selector("#live-served")

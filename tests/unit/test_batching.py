@@ -141,12 +141,13 @@ def test_a_model_returning_the_wrong_row_count_fails_the_callers() -> None:
     [
         ([[1, 2]], "numpy array"),
         (np.zeros((1, 224, 224, 3), np.float32), "uint8"),
-        (np.zeros((224, 224, 3), np.uint8), r"\[N,224,224,3\]"),
-        (np.zeros((1, 3, 224, 224), np.uint8), r"\[N,224,224,3\]"),
+        (np.zeros((224, 224, 3), np.uint8), r"\[N,S,S,3\]"),
+        (np.zeros((1, 3, 224, 224), np.uint8), r"\[N,S,S,3\]"),
+        (np.zeros((1, 16, 16, 3), np.uint8), r"\[N,S,S,3\]"),  # smaller than any model takes
         (np.zeros((0, 224, 224, 3), np.uint8), "1..256"),
         (np.zeros((257, 224, 224, 3), np.uint8), "1..256"),
     ],
-    ids=["list", "float32", "no batch axis", "NCHW", "empty", "too many"],
+    ids=["list", "float32", "no batch axis", "NCHW", "too small", "empty", "too many"],
 )
 def test_runners_refuse_malformed_arrays(images, message: str) -> None:
     from fastinfer.engines import check_batch

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from build_models import ARTIFACTS, FP32_TOLERANCE, INT8_TOLERANCE, VerificationError, build, exporters
-from fastinfer.measure.fidelity import Fidelity
+from fastinfer.measure.fidelity import Fidelity, compare
 
 
 def stored_tags(name: str) -> list[str]:
@@ -28,6 +28,15 @@ def test_tolerances_on_known_numbers() -> None:
     assert len(FP32_TOLERANCE.violations(one_flip)) == 2
     assert len(INT8_TOLERANCE.violations(replace(one_flip, top1_agreement=6 / 8, top5_overlap=0.8))) == 2
     assert len(INT8_TOLERANCE.violations(replace(one_flip, max_abs_error=5.1))) == 1
+    # Logits of a larger scale (a fine-tuned head's): the limit grows with them, 0.3 standard deviations.
+    assert INT8_TOLERANCE.violations(replace(one_flip, max_abs_error=8.9, reference_std=30.0)) == []
+    assert len(INT8_TOLERANCE.violations(replace(one_flip, max_abs_error=9.1, reference_std=30.0))) == 1
+
+
+def test_a_family_of_fewer_than_five_classes_is_compared_on_its_top_classes() -> None:
+    reference = np.array([[3.0, 2.0, 1.0], [0.0, 1.0, 2.0]], dtype=np.float32)
+    found = compare("onnx-int8", reference, reference + 0.01)
+    assert found.top1_agreement == 1.0 and found.top5_overlap == 1.0, "3 of 3 classes, not 3 of 5"
 
 
 def shifted_onnx(ctx: Any, out_dir: Path) -> dict[str, Any]:
@@ -108,7 +117,7 @@ def test_openvino_int8_is_the_conversion_of_the_stored_onnx_int8_model(built_mod
     from fastinfer.catalog import store
 
     meta = store.find("openvino-int8").info.metadata
-    assert meta["int8_onnx_sha256"] == stored_int8_sha256()  # one calibration for both runtimes
+    assert meta["int8_onnx_sha256"] == stored_int8_sha256(store.DEFAULT_FAMILY)  # one calibration for both runtimes
     assert meta["calibration_source"] == store.find("onnx-int8").info.metadata["calibration_source"]
 
 
@@ -135,7 +144,7 @@ def test_int8_models_are_stale_when_calibrated_otherwise_than_asked(tmp_path, mo
     assert ctx(activations="u8").calibrated_as_asked(Stored(**bundled))
     assert not ctx(activations="s8").calibrated_as_asked(Stored(**bundled))
 
-    monkeypatch.setattr(c, "stored_int8_sha256", lambda: "abc")
+    monkeypatch.setattr(c, "stored_int8_sha256", lambda family_name: "abc")
     assert ctx().converts_stored_int8(Stored(int8_onnx_sha256="abc"))
     assert not ctx().converts_stored_int8(Stored(int8_onnx_sha256="old"))
     assert not ctx().converts_stored_int8(Stored())

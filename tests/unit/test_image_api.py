@@ -184,11 +184,12 @@ def test_a_made_up_backend_never_becomes_a_metric_label() -> None:
 
 def test_defaults_bypass_and_fixed_backends_reach_the_pipeline() -> None:
     _, _, _, pipeline = answered(content=JPEG, headers={"content-type": "image/jpeg"})
-    assert pipeline.calls == [("classify", "onnx", 5, False, None)]  # the default backend, top_k 5, cached
+    # The default backend, top_k not asked (the pipeline ranks 5, or every class of a smaller family), cached.
+    assert pipeline.calls == [("classify", "onnx", None, False, None)]
     _, _, _, pipeline = answered(
         "/predict/batched", content=JPEG, headers={"content-type": "image/jpeg", "cache-control": "no-cache"}
     )
-    assert pipeline.calls == [("classify", "pytorch", 5, True, True)]  # the route's backend, forced batching
+    assert pipeline.calls == [("classify", "pytorch", None, True, True)]  # the route's backend, forced batching
 
 
 def test_every_image_route_is_a_declared_api_and_the_reverse() -> None:

@@ -108,7 +108,7 @@ class Reference:
     std: list[float]
     logits: np.ndarray  # float64 [N,1000], torchvision's pipeline
     sensitivity: np.ndarray  # float64 [N,1000,6]: d logits / d (mean R,G,B, std R,G,B)
-    source_hash: str  # the weights it ran with
+    source_hash: str  # what the store's models were built from, if from the reference's weights
 
 
 def reference_for(pixels: np.ndarray) -> Reference:
@@ -116,6 +116,8 @@ def reference_for(pixels: np.ndarray) -> Reference:
     import torchvision
     from torchvision.models import ResNet50_Weights
 
+    from build_models.context import family_hash
+    from build_models.labels import imagenet_categories
     from build_models.weights import load_weights
 
     weights = load_weights("random")  # what tests/conftest.py builds the store from (seeded)
@@ -130,7 +132,8 @@ def reference_for(pixels: np.ndarray) -> Reference:
         m, s = list(mean), list(std)
         (m if k < 3 else s)[k % 3] += STEP
         columns.append((torchvision_logits(net, pixels, m, s) - logits) / STEP)
-    return Reference(net, mean, std, logits, np.stack(columns, axis=-1), weights.source_hash)
+    source = family_hash(weights.source_hash, imagenet_categories(), PreprocessSpec(mean=tuple(mean), std=tuple(std)))
+    return Reference(net, mean, std, logits, np.stack(columns, axis=-1), source)
 
 
 def drift(reference: Reference, logits: np.ndarray) -> np.ndarray:

@@ -125,7 +125,7 @@ def every_help() -> list[tuple[str, Callable[[list[str]], int], list[str]]]:
     from load_tests.__main__ import main as load_tests
     from load_tests.quick import main as quick
 
-    commands = ["build", "tune", "doctor", "fidelity", "bench", "profile"]  # fastinfer's subcommands
+    commands = ["build", "tune", "doctor", "fidelity", "bench", "profile", "evaluate"]  # fastinfer's subcommands
     return [
         ("fastinfer", fastinfer, ["--help"]),
         *((f"fastinfer {c}", fastinfer, [c, "--help"]) for c in commands),

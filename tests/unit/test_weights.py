@@ -114,7 +114,7 @@ def test_an_absent_file_is_downloaded_with_its_hash_checked(hub_dir, monkeypatch
         (b"", "not a readable torch file"),
         ({"a": 1, "b": "x"}, "tensors 320 missing"),
         ({}, "tensors 320 missing"),
-        ("wrong shape", "1 of the wrong shape (e.g. fc.weight)"),
+        ("wrong shape", "1 of the wrong shape (e.g. conv1.weight [64, 3, 3, 3], expected [64, 3, 7, 7])"),
     ],
     ids=["empty file", "dict of non-tensors", "empty dict", "one tensor misshapen"],
 )
@@ -125,7 +125,7 @@ def test_a_file_that_is_not_resnet50_weights_is_refused_in_one_line(tmp_path, ca
     path = tmp_path / "weights.pth"
     if content == "wrong shape":
         state = weights.load_weights("random").state_dict
-        torch.save({**state, "fc.weight": torch.zeros(10, 2048)}, path)
+        torch.save({**state, "conv1.weight": torch.zeros(64, 3, 3, 3)}, path)
     elif isinstance(content, bytes):
         path.write_bytes(content)
     else:

@@ -1,0 +1,123 @@
+"""A family's class names, in the order of its final layer's rows: from ``--labels PATH``, or ImageNet's
+for the default 1000-class weights.
+
+``--labels`` takes a text file (one label a line), JSON (a list of names, or an object index → name, as
+TorchServe's index_to_name.json), or a directory laid out for torchvision's ImageFolder, whose class folder
+names, sorted as ImageFolder sorts them, are the labels: the order the model was trained in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+IMAGENET_CLASSES = 1000
+SHOWN = 3  # names quoted in a refusal: enough to find them, short enough for one line
+
+
+class BadLabels(ValueError):
+    """Labels that cannot name the model's classes; the message says why, in one line."""
+
+
+def imagenet_categories() -> list[str]:
+    """ImageNet class names from torchvision's weight metadata (no download): the default family's labels."""
+    from torchvision.models import ResNet50_Weights
+
+    return list(ResNet50_Weights.IMAGENET1K_V2.meta["categories"])
+
+
+def family_labels(path: Path | None, num_classes: int) -> list[str]:
+    """The labels of a model whose final layer has ``num_classes`` rows: read from ``path``, else ImageNet's
+    (1000 classes only). BadLabels when they cannot name them: another count, duplicates, empty names."""
+    if path is None:
+        if num_classes == IMAGENET_CLASSES:
+            return imagenet_categories()
+        raise BadLabels(
+            f"the weights have {num_classes} classes, not ImageNet's {IMAGENET_CLASSES}: name them with "
+            "--labels PATH (a text file of one label a line, JSON, or your ImageFolder training directory)"
+        )
+    labels = read_labels(path)
+    check_labels(labels, num_classes, path)
+    return labels
+
+
+def read_labels(path: Path) -> list[str]:
+    """Labels as the file or directory at ``path`` lists them (a ``.json`` suffix: JSON; else text)."""
+    if path.is_dir():
+        return folder_labels(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # a BOM, as some editors write, is not part of a label
+    except FileNotFoundError:
+        raise BadLabels(f"--labels {path}: no such file or directory") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadLabels(f"--labels {path} cannot be read as UTF-8 text: {exc}") from None
+    return json_labels(text, path) if path.suffix.lower() == ".json" else text_labels(text)
+
+
+def text_labels(text: str) -> list[str]:
+    """One label a line, whitespace stripped; blank lines at the end do not count (an editor's final newline)."""
+    lines = [line.strip() for line in text.splitlines()]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def json_labels(text: str, path: Path) -> list[str]:
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise BadLabels(f"--labels {path} is not valid JSON: {exc}") from None
+    if isinstance(data, list):
+        return [_name(value, path) for value in data]
+    if isinstance(data, dict):
+        indexes = [str(i) for i in range(len(data))]
+        missing = [k for k in indexes if k not in data]
+        if missing:
+            odd = [k for k in data if k not in indexes]
+            raise BadLabels(
+                f"--labels {path}: an index → name object needs the keys 0..{len(data) - 1}, one each; "
+                f"missing {', '.join(missing[:SHOWN])}; not an index there: {', '.join(map(repr, odd[:SHOWN]))}"
+            )
+        return [_name(data[k], path) for k in indexes]
+    raise BadLabels(
+        f"--labels {path}: JSON labels are a list of names or an object index → name, not a {type(data).__name__}"
+    )
+
+
+def _name(value: object, path: Path) -> str:
+    # TorchServe's index_to_name.json maps an index to [wordnet id, name]: the name is the label.
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        value = value[-1]
+    if not isinstance(value, str):
+        raise BadLabels(f"--labels {path}: every label must be a string, not {json.dumps(value)[:60]}")
+    return value.strip()
+
+
+def folder_labels(directory: Path) -> list[str]:
+    """The class folders' names, ordered as torchvision's ImageFolder orders its classes (its find_classes:
+    ``sorted`` names of the entries that are directories, symlinks followed, hidden ones included)."""
+    with os.scandir(directory) as entries:
+        classes = sorted(entry.name for entry in entries if entry.is_dir())
+    if not classes:
+        raise BadLabels(f"--labels {directory}: a directory of labels holds one folder per class; it has none")
+    return classes
+
+
+def check_labels(labels: list[str], num_classes: int, source: Path) -> None:
+    """One label per class, none empty, none twice: else BadLabels naming what is wrong."""
+    if len(labels) != num_classes:
+        raise BadLabels(
+            f"--labels {source} names {len(labels)} classes, but the weights' final layer has {num_classes}"
+        )
+    empty = [i for i, label in enumerate(labels) if not label]
+    if empty:
+        raise BadLabels(
+            f"--labels {source}: {len(empty)} empty label(s), at class index {', '.join(map(str, empty[:SHOWN]))}"
+        )
+    twice = [label for label, n in Counter(labels).items() if n > 1]
+    if twice:
+        raise BadLabels(
+            f"--labels {source}: {len(twice)} label(s) appear more than once: {', '.join(map(repr, twice[:SHOWN]))}"
+        )

@@ -1,0 +1,345 @@
+"""Top-1 and top-5 accuracy of a model family's backends on the user's own labelled photos.
+
+The photos are an ImageFolder-layout directory: one sub-folder per class, named as one of the family's
+labels (a label with no folder is simply not evaluated). Every image goes through the service's own
+preprocessing (fastinfer.serving.preprocess.prepare with the family's PreprocessSpec), so a backend is
+measured on exactly the pixels it would be served. An image that cannot be decoded is skipped and
+counted, never a crash. The prepared photos are held in memory for every backend to run on: 150 kB
+each at a 224-pixel crop (5,000 photos, 750 MB), so an eval folder is a sample, not a whole dataset. The
+build gates INT8/BF16 models on it (build_models/accuracy_gate.py);
+``fastinfer evaluate`` measures what is stored, in process or through a running server.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastinfer.catalog.store import PreprocessSpec
+from fastinfer.common.errors import ImageTooLarge, InvalidImage
+from fastinfer.engines import Engine
+from fastinfer.serving.preprocess import prepare
+
+MAX_PIXELS = 10**9
+"""The pixel limit of an eval photo: the user's own files, not a stranger's upload."""
+BATCH = 16
+"""Images per engine call: OpenVINO gains nothing beyond 8-16 rows (fastinfer/engines/openvino.py)."""
+TOP_K = 5
+LISTED = 8
+"""Names listed in a one-line error before "and N more"."""
+
+Progress = Callable[[str, int, int], None]
+"""``(what, done, total)``: called after each batch, e.g. ("onnx-int8", 64, 120)."""
+
+
+class EvalDirError(ValueError):
+    """An eval folder that cannot be measured as given: said in one line."""
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A file of the eval folder left out of every measurement, and why."""
+
+    path: str
+    why: str
+
+
+@dataclass(frozen=True)
+class EvalFolder:
+    """An ImageFolder-layout directory matched against a family's labels (nothing decoded yet)."""
+
+    root: Path
+    files: list[Path]  # sorted by class folder, then path
+    targets: list[int]  # each file's class, as an index into the labels
+    unevaluated: list[str]  # labels with no folder: not measured
+    stray: list[Path]  # files outside any class folder
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """The decodable photos of an eval folder through the service's preprocessing, and what was skipped."""
+
+    root: Path
+    pixels: np.ndarray  # uint8 [N, crop, crop, 3]
+    targets: np.ndarray  # int64 [N]
+    files: list[Path]  # the N files measured
+    skipped: list[Skipped]
+    unevaluated: list[str]
+    labels: list[str]
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    images: int
+    top1: float  # 0..1
+    top5: float  # 0..1 (top-C when the family has C < 5 classes)
+
+
+def _listed(names: Sequence[str]) -> str:
+    shown = ", ".join(repr(n) for n in names[:LISTED])
+    return shown + (f" and {len(names) - LISTED} more" if len(names) > LISTED else "")
+
+
+def scan(root: Path, labels: Sequence[str]) -> EvalFolder:
+    """The files of an ImageFolder-layout directory, each with its class's index in ``labels``.
+
+    EvalDirError (one line) when the directory is missing or holds no class folder or no file, or when
+    a class folder's name is not one of the labels. Hidden files and folders (``.DS_Store``,
+    ``.ipynb_checkpoints``) are not photos and are ignored, as ImageFolder's loader would not read them."""
+    where = f"eval folder {root}"
+    if not root.exists():
+        raise EvalDirError(f"{where} does not exist")
+    if not root.is_dir():
+        raise EvalDirError(f"{where} is not a directory (ImageFolder layout: one sub-folder per class)")
+    visible = [p for p in sorted(root.iterdir()) if not p.name.startswith(".")]
+    folders = [p for p in visible if p.is_dir()]
+    if not folders:
+        raise EvalDirError(f"{where} has no class folders (ImageFolder layout: one sub-folder per class, named as "
+                           "its label)")  # fmt: skip
+    index = {label: i for i, label in enumerate(labels)}
+    unknown = [p.name for p in folders if p.name not in index]
+    if unknown:
+        raise EvalDirError(
+            f"{where}: {len(unknown)} class folder(s) not among the family's {len(labels)} labels: "
+            f"{_listed(unknown)} (labels: {_listed(list(labels))})"
+        )
+    files: list[Path] = []
+    targets: list[int] = []
+    for folder in folders:
+        mine = [p for p in sorted(folder.rglob("*")) if p.is_file() and not _hidden(p, folder)]
+        files.extend(mine)
+        targets.extend([index[folder.name]] * len(mine))
+    if not files:
+        raise EvalDirError(f"{where}: its {len(folders)} class folder(s) hold no files")
+    present = {p.name for p in folders}
+    return EvalFolder(
+        root=root,
+        files=files,
+        targets=targets,
+        unevaluated=[label for label in labels if label not in present],
+        stray=[p for p in visible if p.is_file()],
+    )
+
+
+def _hidden(path: Path, top: Path) -> bool:
+    return any(part.startswith(".") for part in path.relative_to(top).parts)
+
+
+def load(root: Path, labels: Sequence[str], spec: PreprocessSpec, progress: Progress | None = None) -> EvalSet:
+    """:func:`scan`, then every file through the service's preprocessing; undecodable files are skipped
+    and counted. EvalDirError when not one file could be decoded."""
+    folder = scan(root, labels)
+    skipped = [Skipped(str(p), "not inside a class folder") for p in folder.stray]
+    pixels: list[np.ndarray] = []
+    targets: list[int] = []
+    kept: list[Path] = []
+    total = len(folder.files)
+    for done, (path, target) in enumerate(zip(folder.files, folder.targets, strict=True), 1):
+        try:
+            pixels.append(prepare(path.read_bytes(), spec, MAX_PIXELS).pixels)
+        except (InvalidImage, ImageTooLarge) as exc:  # the service's own verdict on the file
+            skipped.append(Skipped(str(path), str(exc)))
+        except Exception as exc:  # unreadable, or a decoder's surprise: a bad file is counted, never a crash
+            skipped.append(Skipped(str(path), f"{type(exc).__name__}: {exc}"))
+        else:
+            targets.append(target)
+            kept.append(path)
+        if progress is not None and (done % BATCH == 0 or done == total):
+            progress("preprocessing", done, total)
+    if not pixels:
+        raise EvalDirError(f"eval folder {root}: none of its {total} file(s) could be decoded as an image "
+                           f"(first: {skipped[-1].path}: {skipped[-1].why})")  # fmt: skip
+    return EvalSet(
+        root=root,
+        pixels=np.stack(pixels),
+        targets=np.asarray(targets, dtype=np.int64),
+        files=kept,
+        skipped=skipped,
+        unevaluated=folder.unevaluated,
+        labels=list(labels),
+    )
+
+
+def ranked(logits: np.ndarray, k: int = TOP_K) -> np.ndarray:
+    """Each image's ``k`` best classes (all C of them when C < k), best first, ranked as the service ranks
+    its answers (fastinfer.serving.postprocess.top_k: ties towards the lower class index), so that the
+    figure in process and the one through HTTP agree."""
+    logits = np.asarray(logits)
+    if logits.ndim != 2:
+        raise ValueError(f"logits must be [N, C], not {list(logits.shape)}")
+    return np.argsort(-logits, axis=1, kind="stable")[:, : min(k, logits.shape[1])]
+
+
+def topk_hits(best: Sequence[Sequence[int]] | np.ndarray, targets: Sequence[int] | np.ndarray, k: int) -> np.ndarray:
+    """Per image, whether its target is among the first ``k`` of its ranked classes ``best``."""
+    if len(best) != len(targets):
+        raise ValueError(f"{len(best)} ranked answers for {len(targets)} targets")
+    return np.array([int(t) in [int(c) for c in b[:k]] for b, t in zip(best, targets, strict=True)], dtype=bool)
+
+
+def ranked_accuracy(best: Sequence[Sequence[int]] | np.ndarray, targets: Sequence[int] | np.ndarray) -> Accuracy:
+    """Top-1 and top-5 accuracy from each image's best classes (a server's ``top_k`` answers, or
+    :func:`ranked` logits) against its class index."""
+    if len(targets) == 0:
+        raise ValueError("no images to measure accuracy on")
+    return Accuracy(
+        images=len(targets),
+        top1=float(np.mean(topk_hits(best, targets, 1))),
+        top5=float(np.mean(topk_hits(best, targets, TOP_K))),
+    )
+
+
+def accuracy(logits: np.ndarray, targets: Sequence[int] | np.ndarray) -> Accuracy:
+    """Top-1 and top-5 accuracy of ``logits`` [N, C] against class indices ``targets`` [N]."""
+    return ranked_accuracy(ranked(logits), targets)
+
+
+def run(
+    name: str,
+    predict: Callable[[np.ndarray], np.ndarray],
+    pixels: np.ndarray,
+    progress: Progress | None = None,
+    batch: int = BATCH,
+) -> np.ndarray:
+    """``predict`` (an engine's ``run``, or the build's PyTorch model) over ``pixels`` in batches, with
+    progress after each: the logits [N, C]."""
+    out = []
+    for start in range(0, len(pixels), batch):
+        out.append(np.asarray(predict(pixels[start : start + batch])))
+        if progress is not None:
+            progress(name, min(start + batch, len(pixels)), len(pixels))
+    return np.concatenate(out)
+
+
+def measure(
+    name: str, engine: Engine, images: EvalSet, progress: Progress | None = None, rows_independent: bool = True
+) -> Accuracy:
+    """One engine's accuracy on the set. ``rows_independent=False`` (dynamic INT8: its scales are per
+    batch) runs one image per call, as it is served."""
+    logits = run(name, engine.run, images.pixels, progress, BATCH if rows_independent else 1)
+    return accuracy(logits, images.targets)
+
+
+def run_precision(backend: str, described: dict[str, Any]) -> str:
+    """The precision an engine actually computes in: int8 for the quantized models, else what it says
+    (OpenVINO: its runtime precision, bf16 or f32, written fp32 here), else fp32 (ONNX Runtime and
+    PyTorch run the graph as it is)."""
+    if "int8" in backend:
+        return "int8"
+    if not described.get("precision") and "CoreMLExecutionProvider" in described.get("execution_providers", []):
+        return "unknown"  # the CoreML EP may compute in FP16 and does not say (as fastinfer.measure.fidelity)
+    said = str(described.get("precision") or "fp32").lower()
+    return {"f32": "fp32", "f16": "fp16"}.get(said, said)
+
+
+@dataclass
+class Row:
+    """One line of the accuracy table: a backend measured, or why it was not."""
+
+    backend: str
+    precision: str | None = None
+    images: int = 0
+    top1: float | None = None
+    top5: float | None = None
+    drop_pp: float | None = None  # top-1 percentage points below the reference (negative: above it)
+    status: str = "measured"  # measured | not measured | refused | over the limit | ...
+    note: str = ""
+    req_per_s: float | None = None  # served by `make bench` (evaluate's plot), when measured
+
+    @classmethod
+    def of(cls, backend: str, precision: str, result: Accuracy, reference: Accuracy | None, **kw: Any) -> Row:
+        drop = None if reference is None else round((reference.top1 - result.top1) * 100, 4)
+        return cls(backend, precision, result.images, result.top1, result.top5, drop, **kw)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Report:
+    """The accuracy table and what it was measured on, as printed and written as JSON."""
+
+    eval_dir: str
+    images: int
+    skipped: list[Skipped]
+    unevaluated: list[str]
+    labels: int
+    reference: str  # what the drop is measured against
+    rows: list[Row] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "eval_dir": self.eval_dir,
+            "images": self.images,
+            "skipped": len(self.skipped),
+            "skipped_files": [asdict(s) for s in self.skipped],
+            "labels": self.labels,
+            "unevaluated_labels": self.unevaluated,
+            "reference": self.reference,
+            **self.extra,
+            "rows": [r.as_dict() for r in self.rows],
+        }
+
+    def write(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.as_dict(), indent=2))
+        return path.resolve()
+
+    def summary(self) -> list[str]:
+        """What the table was measured on, in lines: images, skipped files, labels left out."""
+        lines = [f"{self.images} images of {self.eval_dir}, drop vs {self.reference}"]
+        if self.skipped:
+            lines.append(f"{len(self.skipped)} file(s) skipped:")
+            lines.extend(f"  {s.path}: {s.why}" for s in self.skipped[:LISTED])
+            if len(self.skipped) > LISTED:
+                lines.append(f"  ... and {len(self.skipped) - LISTED} more (all in the JSON)")
+        if self.unevaluated:
+            lines.append(f"{len(self.unevaluated)} of {self.labels} labels have no folder, not evaluated: "
+                         f"{_listed(self.unevaluated)}")  # fmt: skip
+        return lines
+
+    def table(self) -> str:
+        with_rate = any(r.req_per_s is not None for r in self.rows)
+        head = ["backend", "precision", "images", "top-1", "top-5", "drop vs reference (pp)", "status"]
+        head += ["req/s served"] if with_rate else []
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in self.rows:
+            cells = [
+                r.backend,
+                r.precision or "—",
+                str(r.images) if r.images else "—",
+                _pct(r.top1),
+                _pct(r.top5),
+                "—" if r.drop_pp is None else f"{r.drop_pp:+.2f}",
+                r.status + (f": {r.note}" if r.note else ""),
+            ]
+            cells += ["—" if r.req_per_s is None else f"{r.req_per_s:g}"] if with_rate else []
+            lines.append("| " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2%}"
+
+
+def printer(write: Callable[[str], None] | None = None, every_s: float = 2.0) -> Progress:
+    """A progress callback that writes ``"onnx-int8: 64/120 images"`` (to stderr by default) at most every
+    ``every_s`` seconds per task, and always its last step."""
+    out = write or (lambda line: print(line, file=sys.stderr, flush=True))
+    last: dict[str, float] = {}
+
+    def progress(what: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done >= total or now - last.get(what, -every_s) >= every_s:
+            last[what] = now
+            out(f"{what}: {done}/{total} images")
+
+    return progress

@@ -1,0 +1,249 @@
+"""End-to-end proof of issue 34: a user's own fine-tuned ResNet-50, built into every backend, gated and
+measured on the user's photos, and served as the family it is.
+
+The family is made here (tests/family_data.py): 3 classes by background colour, a seeded random-init
+ResNet-50 whose BatchNorm statistics and last layer are fitted on the training photos, and a mean/std far
+from ImageNet's. It is built with the real CLI (``python -m build_models``) into a store of its own, served
+by a real ``bentoml serve`` with ``FASTINFER_MODEL``, and every held-out photo is asked of every backend
+that runs here, through HTTP. A wrong label order answers 0%, a dropped mean/std about 3% (each class's
+colour then reads as the next class's), a calibration on blank images 63% (measured on this family):
+all below the 90% asked of every backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fastinfer.catalog.backends import openvino_missing
+from load_tests.service import ROOT, Server, stop_server
+from tests.family_data import Family, images
+from tests.servers import NO_CACHE, start_server
+
+pytestmark = pytest.mark.integration
+
+MIN_TOP1 = 0.90
+ALWAYS_HERE = ("pytorch", "onnx", "onnx-int8", "onnx-int8-dynamic")
+"""The backends every machine the suite runs on builds and serves (OpenVINO's where it is installed)."""
+
+
+@dataclass(frozen=True)
+class Built:
+    home: Path
+    output: str  # the build's stdout and stderr
+    table: dict  # the accuracy table it wrote (--accuracy-json)
+
+    def rows(self, family: str) -> dict[str, dict]:
+        """Served backend name → its measured row (``<family>-<backend>`` in the table)."""
+        prefix = f"{family}-"
+        return {
+            r["backend"].removeprefix(prefix): r
+            for r in self.table["rows"]
+            if r["backend"].startswith(prefix) and r["status"] == "measured"
+        }
+
+
+def run_build(home: Path, args: list[str], timeout: float = 1800) -> subprocess.CompletedProcess:
+    """The real CLI, into ``home``'s store."""
+    return subprocess.run(
+        [sys.executable, "-m", "build_models", *args],
+        cwd=ROOT,
+        env={**os.environ, "BENTOML_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def stored(home: Path) -> list[str]:
+    models = home / "models"
+    return sorted(p.name for p in models.iterdir() if p.is_dir()) if models.is_dir() else []
+
+
+@pytest.fixture(scope="module")
+def built(own_family: Family, tmp_path_factory) -> Built:
+    """Every backend of the family built, calibrated and measured on its photos (~4 min on 2 cores)."""
+    work = tmp_path_factory.mktemp("own-family-build")
+    home, table = work / "home", work / "accuracy.json"
+    done = run_build(home, [*own_family.build_args(), "--accuracy-json", str(table)])
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-6000:]
+    return Built(home, output, json.loads(table.read_text()))
+
+
+@pytest.fixture(scope="module")
+def family_server(built: Built, own_family: Family, redis_server, tmp_path_factory) -> Server:
+    log = tmp_path_factory.mktemp("own-family-serve") / "serve.log"
+    srv = start_server(built.home, log, {"FASTINFER_MODEL": own_family.name, "REDIS_URL": redis_server.url})
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture()
+def client(family_server: Server) -> httpx.Client:
+    with httpx.Client(base_url=family_server.url, timeout=120) as c:
+        yield c
+
+
+def expected_backends() -> set[str]:
+    return set(ALWAYS_HERE) | (set() if openvino_missing() else {"openvino", "openvino-int8"})
+
+
+def test_the_build_stores_every_backend_as_the_family_and_measures_it_on_the_heldout_photos(
+    built: Built, own_family: Family
+) -> None:
+    heldout = images(own_family.heldout)
+    table = built.table
+    assert (table["images"], table["skipped"], table["labels"]) == (len(heldout), 0, len(own_family.classes)), table
+    # The build's PyTorch reference is the weights with the family's mean/std and crop: what PyTorch measured
+    # here. Had the build normalised with ImageNet's, it would be about 3%.
+    (reference,) = [r for r in table["rows"] if r["backend"].startswith("pytorch")]
+    assert round(reference["top1"] * len(heldout)) == round(own_family.heldout_top1 * len(heldout)), reference
+    rows = built.rows(own_family.name)
+    assert expected_backends() <= set(rows), f"measured: {sorted(rows)}\n{built.output[-4000:]}"
+    for backend, row in rows.items():
+        assert row["images"] == len(heldout) and row["top1"] >= MIN_TOP1, (backend, row)
+        if row["precision"] in ("int8", "bf16"):  # the default --max-accuracy-drop: 1 point
+            assert reference["top1"] - row["top1"] <= 0.01 + 1e-9, (backend, row, reference)
+    # Only the family's models, named after it; each carries its labels, preprocessing and measured accuracy.
+    names = stored(built.home)
+    assert names and all(n.startswith(f"{own_family.name}-") for n in names), names
+    for name in names:
+        model = latest_model(built.home, name)
+        meta = model["metadata"]
+        assert model["labels"]["family"] == own_family.name, model["labels"]
+        assert meta["categories"] == list(own_family.classes) and meta["num_classes"] == len(own_family.classes)
+        pre = meta["preprocess"]
+        assert (pre["resize_size"], pre["crop_size"]) == (own_family.resize, own_family.crop), (name, pre)
+        assert pre["mean"] == pytest.approx(own_family.mean) and pre["std"] == pytest.approx(own_family.std), pre
+        if (row := rows.get(name.removeprefix(f"{own_family.name}-"))) is not None:
+            assert meta["accuracy"]["top1"] == row["top1"] and meta["accuracy"]["images"] == len(heldout), meta
+
+
+def latest_model(home: Path, name: str) -> dict:
+    """The model.yaml of ``name``'s latest version in ``home``'s store."""
+    import yaml
+
+    folder = home / "models" / name
+    version = (folder / "latest").read_text().strip()
+    return yaml.safe_load((folder / version / "model.yaml").read_text())
+
+
+def ask(client: httpx.Client, backend: str, photo: Path, top_k: int | None = None) -> httpx.Response:
+    mime = "image/png" if photo.suffix == ".png" else "image/jpeg"
+    return client.post(
+        "/classify",
+        data={"backend": backend, **({} if top_k is None else {"top_k": str(top_k)})},
+        files={"image": (photo.name, photo.read_bytes(), mime)},
+        headers=NO_CACHE,  # computed for this request, never a cached answer
+    )
+
+
+def test_every_backend_serves_the_heldout_photos_with_the_family_labels_as_the_build_measured(
+    client: httpx.Client, built: Built, own_family: Family
+) -> None:
+    listed = client.get("/backends").json()
+    family = listed["family"]
+    assert (family["name"], family["num_classes"]) == (own_family.name, len(own_family.classes)), family
+    available = {b["name"]: b for b in listed["backends"] if b["available"]}
+    rows = built.rows(own_family.name)
+    assert set(available) == set(rows), f"served {sorted(available)}, built and measured {sorted(rows)}"
+
+    classes = list(own_family.classes)
+    heldout = images(own_family.heldout)
+    failures = []
+    for backend, row in rows.items():
+        assert available[backend]["model"].startswith(f"{own_family.name}-{backend}:"), available[backend]
+        assert available[backend]["accuracy"]["top1"] == row["top1"], (backend, available[backend]["accuracy"])
+        right = 0
+        for photo, _ in heldout:  # one at a time: each answer as the build's measurement computed it
+            answer = ask(client, backend, photo)
+            assert answer.status_code == 200, (backend, photo, answer.text)
+            body = answer.json()
+            assert body["model"].startswith(f"{own_family.name}-{backend}:") and not body["cached"], body
+            # Every class ranked (top_k 5 capped at 3), each by the family's label of its index.
+            assert sorted(p["index"] for p in body["top_k"]) == list(range(len(classes))), body
+            assert all(p["label"] == classes[p["index"]] for p in body["top_k"]), body
+            assert body["class"] == body["top_k"][0]["label"], body
+            right += body["class"] == photo.parent.name
+        served = right / len(heldout)
+        # The build measured each engine as it is served (same pixels, OpenVINO at its runtime precision,
+        # dynamic INT8 one image per run): the same photos must come out right.
+        measured = round(row["top1"] * row["images"])
+        if served < MIN_TOP1 or right != measured:
+            failures.append(f"{backend}: served {right}/{len(heldout)} right, the build measured {measured}")
+    assert not failures, "\n".join(failures)
+
+
+def test_top_k_above_the_class_count_is_a_400_naming_it(client: httpx.Client, own_family: Family) -> None:
+    photo, _ = images(own_family.heldout)[0]
+    n = len(own_family.classes)
+    assert len(ask(client, "onnx", photo, top_k=n).json()["top_k"]) == n
+    refused = ask(client, "onnx", photo, top_k=n + 1)
+    assert refused.status_code == 400, refused.text
+    assert str(n) in refused.json()["error"]["message"], refused.text
+
+
+def test_evaluate_through_the_server_agrees_with_the_build(
+    family_server: Server, built: Built, own_family: Family, tmp_path: Path
+) -> None:
+    out = tmp_path / "evaluate.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "fastinfer.cli", "evaluate", str(own_family.heldout), "--url", family_server.url,
+         "--model", own_family.name, "--json", str(out), "--plot", str(tmp_path / "evaluate.png")],
+        cwd=ROOT,
+        env={**os.environ, "BENTOML_HOME": str(built.home)},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    through = {r["backend"]: r for r in json.loads(out.read_text())["rows"] if r["status"] == "measured"}
+    rows = built.rows(own_family.name)
+    assert set(through) >= set(rows), (sorted(through), sorted(rows))
+    for backend, row in rows.items():
+        assert (through[backend]["images"], through[backend]["top1"]) == (row["images"], row["top1"]), backend
+
+
+def refused(done: subprocess.CompletedProcess) -> str:
+    """The one line a refused build says (exit 1, no traceback)."""
+    output = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in output, output[-4000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("build_models:")]
+    assert len(errors) == 1, done.stderr
+    return errors[0]
+
+
+def test_a_labels_file_of_another_count_fails_the_build_in_one_line_storing_nothing(
+    own_family: Family, tmp_path: Path
+) -> None:
+    labels = tmp_path / "labels.txt"
+    labels.write_text("\n".join([*own_family.classes, "extra"]) + "\n")
+    home = tmp_path / "home"
+    done = run_build(home, ["--weights", str(own_family.weights), "--labels", str(labels), "--name", "miscounted"])
+    line = refused(done)
+    n = len(own_family.classes)
+    assert str(n) in line and str(n + 1) in line, line
+    assert stored(home) == [], stored(home)
+
+
+def test_weights_of_another_architecture_fail_the_build_in_one_line_storing_nothing(
+    own_family: Family, tmp_path: Path
+) -> None:
+    import torch
+    from torchvision.models import resnet18
+
+    weights = tmp_path / "resnet18.pth"
+    torch.save(resnet18(weights=None, num_classes=len(own_family.classes)).state_dict(), weights)
+    home = tmp_path / "home"
+    done = run_build(home, ["--weights", str(weights), "--labels", str(own_family.labels), "--name", "otherarch"])
+    line = refused(done)
+    assert "ResNet-50" in line or "resnet50" in line.lower(), line
+    assert stored(home) == [], stored(home)

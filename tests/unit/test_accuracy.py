@@ -1,0 +1,356 @@
+"""Accuracy on the user's labelled photos (issue 34, item 2): the eval folder reader, the top-k maths, the
+build's gate on INT8/BF16 models, and ``fastinfer evaluate``.
+
+The gate's decisions are exercised with stand-in engines that answer chosen classes (its numbers are the
+point, not a runtime's); the build's wiring and ``fastinfer evaluate`` run the real PyTorch export of the
+test store, and ``--url`` a real ``bentoml serve`` of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import bentoml
+import numpy as np
+import pytest
+from PIL import Image
+
+from build_models.accuracy_gate import AccuracyGate, AccuracyRefused, BadAccuracyDrop, max_drop
+from fastinfer import cli
+from fastinfer.catalog.store import PreprocessSpec
+from fastinfer.common import hardware
+from fastinfer.measure import accuracy
+from fastinfer.measure.accuracy import EvalDirError
+
+LABELS = ["bird", "cat", "dog", "fish"]
+COLOURS = {"cat": (200, 40, 40), "dog": (40, 200, 40), "fish": (40, 40, 200)}
+
+
+def photo_folder(root: Path, per_class: int = 4, classes: Mapping[str, tuple[int, int, int]] = COLOURS) -> Path:
+    """ImageFolder layout: ``per_class`` PNG/JPEG photos of varied sizes in a folder per class."""
+    for c, (name, colour) in enumerate(classes.items()):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            img = Image.new("RGB", (240 + 17 * i, 260 + 11 * c), colour)
+            img.save(root / name / (f"{i}.png" if i % 2 else f"{i}.jpg"))
+    return root
+
+
+# --- the folder reader -------------------------------------------------------------------------------
+
+
+def test_folders_match_labels_in_label_order_and_labels_without_a_folder_are_not_evaluated(tmp_path) -> None:
+    root = photo_folder(tmp_path / "eval")
+    images = accuracy.load(root, LABELS, PreprocessSpec())
+    assert images.pixels.shape == (12, 224, 224, 3) and images.pixels.dtype == np.uint8
+    # The target is the class's index among the labels (not among the folders): cat=1, dog=2, fish=3.
+    assert images.targets.tolist() == [1] * 4 + [2] * 4 + [3] * 4
+    assert images.unevaluated == ["bird"] and images.skipped == []
+    assert [p.parent.name for p in images.files] == ["cat"] * 4 + ["dog"] * 4 + ["fish"] * 4
+
+
+def test_a_family_preprocessing_is_what_the_photos_go_through(tmp_path) -> None:
+    root = photo_folder(tmp_path / "eval", per_class=1)
+    assert accuracy.load(root, LABELS, PreprocessSpec(resize_size=160, crop_size=128)).pixels.shape == (3, 128, 128, 3)
+
+
+def test_a_folder_that_is_not_a_label_is_one_line_naming_it(tmp_path) -> None:
+    root = photo_folder(tmp_path / "eval", classes={**COLOURS, "Dog": (1, 2, 3), "zebra": (9, 9, 9)})
+    with pytest.raises(EvalDirError) as err:
+        accuracy.scan(root, LABELS)
+    message = str(err.value)
+    assert "\n" not in message and "2 class folder(s)" in message and "'Dog'" in message and "'zebra'" in message
+    assert "'cat'" in message  # the labels it could have been
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (lambda root: None, "does not exist"),
+        (lambda root: root.write_text("x"), "is not a directory"),
+        (lambda root: root.mkdir(), "has no class folders"),
+        (lambda root: (root / ".hidden").mkdir(parents=True), "has no class folders"),
+        (lambda root: (root / "cat").mkdir(parents=True), "hold no files"),
+    ],
+)
+def test_a_missing_or_empty_folder_is_one_line(tmp_path, make, said) -> None:
+    root = tmp_path / "eval"
+    make(root)
+    with pytest.raises(EvalDirError, match=said) as err:
+        accuracy.load(root, LABELS, PreprocessSpec())
+    assert "\n" not in str(err.value)
+
+
+def test_undecodable_files_are_skipped_and_counted_with_their_path_and_why(tmp_path) -> None:
+    root = photo_folder(tmp_path / "eval", per_class=2)
+    (root / "cat" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a JPEG")
+    (root / "dog" / "empty.png").write_bytes(b"")
+    (root / "fish" / "notes.txt").write_text("not a photo")
+    (root / "README.md").write_text("outside any class folder")
+    (root / "fish" / ".DS_Store").write_bytes(b"\0\1")  # hidden: not a photo, not counted
+    images = accuracy.load(root, LABELS, PreprocessSpec())
+    assert len(images.targets) == 6 and images.targets.tolist() == [1, 1, 2, 2, 3, 3]
+    skipped = {Path(s.path).name: s.why for s in images.skipped}
+    assert set(skipped) == {"broken.jpg", "empty.png", "notes.txt", "README.md"}
+    assert "empty" in skipped["empty.png"] and skipped["README.md"] == "not inside a class folder"
+
+
+def test_a_folder_of_nothing_decodable_is_one_line(tmp_path) -> None:
+    (tmp_path / "eval" / "cat").mkdir(parents=True)
+    (tmp_path / "eval" / "cat" / "a.jpg").write_bytes(b"garbage")
+    with pytest.raises(EvalDirError, match=r"none of its 1 file\(s\) could be decoded"):
+        accuracy.load(tmp_path / "eval", LABELS, PreprocessSpec())
+
+
+# --- top-k maths -------------------------------------------------------------------------------------
+
+
+def test_top1_and_top5_on_hand_made_logits() -> None:
+    logits = np.zeros((4, 8), dtype=np.float32)
+    logits[0, 3] = 9  # target 3: top-1
+    logits[1, [0, 1, 2, 4, 5]] = [9, 8, 7, 6, 5]  # target 5: fifth, in the top-5
+    logits[2, [0, 1, 2, 4, 5, 6]] = [9, 8, 7, 6, 5, 4]  # target 6: sixth, missed
+    logits[3, 7] = 1  # target 2: among the 0 ties after class 7, and ties go to the lower index: 0, 1, 2
+    result = accuracy.accuracy(logits, np.array([3, 5, 6, 2]))
+    assert (result.images, result.top1, result.top5) == (4, 0.25, 0.75)
+
+
+def test_top5_with_fewer_than_five_classes_is_top_c() -> None:
+    logits = np.array([[0.1, 0.9, 0.0], [0.8, 0.1, 0.3]])
+    assert accuracy.accuracy(logits, np.array([2, 2])).top5 == 1.0  # every class is among the top-3
+    assert accuracy.ranked(logits).tolist() == [[1, 0, 2], [0, 2, 1]]
+
+
+def test_ranked_answers_give_the_same_figures_as_logits() -> None:
+    rng = np.random.default_rng(0)
+    logits, targets = rng.normal(size=(50, 10)), rng.integers(0, 10, size=50)
+    served = [list(row) for row in accuracy.ranked(logits)]  # what a server's top_k indices say
+    assert accuracy.ranked_accuracy(served, targets) == accuracy.accuracy(logits, targets)
+    with pytest.raises(ValueError, match="no images"):
+        accuracy.accuracy(np.zeros((0, 3)), np.array([], dtype=int))
+
+
+# --- the build's gate --------------------------------------------------------------------------------
+
+
+class StandIn:
+    """An engine that answers a chosen class for each image, in the order the gate sends them."""
+
+    def __init__(self, answers: list[int], classes: int, precision: str | None = None) -> None:
+        self.answers, self.classes, self.precision, self.seen = answers, classes, precision, 0
+
+    def run(self, images: np.ndarray) -> np.ndarray:
+        logits = np.zeros((len(images), self.classes), dtype=np.float32)
+        for row, answer in enumerate(self.answers[self.seen : self.seen + len(images)]):
+            logits[row, answer] = 1.0
+        self.seen += len(images)
+        return logits
+
+    def describe(self) -> dict[str, Any]:
+        return {} if self.precision is None else {"precision": self.precision}
+
+
+def gate_on(root: Path, engines: dict[str, StandIn], limit: float = 1.0, tmp: Path | None = None) -> AccuracyGate:
+    """A gate over ``root``'s photos whose reference answered every photo right."""
+    images = accuracy.load(root, LABELS, PreprocessSpec())
+    reference = accuracy.accuracy(np.eye(len(LABELS))[images.targets], images.targets)
+    said: list[str] = []
+    return AccuracyGate(
+        images,
+        reference,
+        limit,
+        (tmp or root.parent) / "accuracy.json",
+        said.append,
+        open=lambda backend, dirs: engines[backend],
+    )
+
+
+def test_an_int8_model_losing_more_than_the_limit_is_refused_with_both_numbers(tmp_path) -> None:
+    root = photo_folder(tmp_path / "eval")
+    wrong = [0, 0, 0] + [1] * 1 + [2] * 4 + [3] * 4  # 3 of 12 cats called birds: top-1 75%
+    gate = gate_on(root, {"onnx-int8": StandIn(wrong, 4)})
+    with pytest.raises(AccuracyRefused) as err:
+        gate.check("tiles-onnx-int8", "onnx-int8", None, tmp_path, "; tiles-onnx-int8:v1 stays")
+    message = str(err.value)
+    assert "\n" not in message
+    assert "top-1 75.00% at int8" in message and "PyTorch's 100.00%" in message and "25.00 percentage points" in message
+    assert message.endswith("Nothing stored; tiles-onnx-int8:v1 stays.")
+    assert gate.rows[-1].status == "refused" and gate.rows[-1].drop_pp == 25.0
+
+
+def test_one_within_the_limit_is_stored_with_its_figures(tmp_path) -> None:
+    root = photo_folder(tmp_path / "eval", per_class=25)  # 75 photos: one miss is 1.33 points
+    right = [1] * 25 + [2] * 25 + [3] * 25
+    one_miss = [0, *right[1:]]
+    gate = gate_on(root, {"onnx-int8": StandIn(one_miss, 4), "onnx-int8-dynamic": StandIn(right, 4)}, limit=1.5)
+    measured = gate.check("tiles-onnx-int8", "onnx-int8", None, tmp_path)
+    assert measured == {
+        "eval_dir": str(root.resolve()),
+        "images": 75,
+        "skipped": 0,
+        "top1": 74 / 75,
+        "top5": 1.0,
+        "reference_top1": 1.0,
+        "reference_top5": 1.0,
+        "precision": "int8",
+    }
+    assert gate.check("tiles-onnx-int8-dynamic", "onnx-int8-dynamic", None, tmp_path)["top1"] == 1.0
+    # The same miss with a limit below it: refused.
+    gate = gate_on(root, {"onnx-int8": StandIn(one_miss, 4)}, limit=1.0)
+    with pytest.raises(AccuracyRefused, match=r"1\.33 percentage points"):
+        gate.check("tiles-onnx-int8", "onnx-int8", None, tmp_path)
+
+
+def test_a_drop_of_exactly_the_limit_passes(tmp_path) -> None:
+    """100 photos, one miss: exactly 1 point (not 1.0000000000000009) is not more than --max-accuracy-drop 1."""
+    root = photo_folder(tmp_path / "eval", per_class=50, classes={"cat": (200, 0, 0), "dog": (0, 200, 0)})
+    answers = [0] + [1] * 49 + [2] * 50
+    assert gate_on(root, {"onnx-int8": StandIn(answers, 4)}).check("x-onnx-int8", "onnx-int8", None, tmp_path)
+
+
+def test_openvino_is_gated_only_where_it_runs_in_bf16(tmp_path) -> None:
+    root = photo_folder(tmp_path / "eval")
+    worse = [0] * 4 + [2] * 4 + [3] * 4  # every cat missed
+    f32 = gate_on(root, {"openvino": StandIn(worse, 4, precision="f32")})
+    measured = f32.check("x-openvino", "openvino", None, tmp_path)  # FP32: its verification holds it, not this
+    assert measured["precision"] == "fp32" and f32.rows[-1].status == "measured"
+    bf16 = gate_on(root, {"openvino": StandIn(worse, 4, precision="bf16")})
+    with pytest.raises(AccuracyRefused, match="at bf16"):
+        bf16.check("x-openvino", "openvino", None, tmp_path)
+
+
+def test_a_model_kept_as_up_to_date_is_measured_and_reported_never_refused(tmp_path) -> None:
+    root = photo_folder(tmp_path / "eval")
+    gate = gate_on(root, {"onnx-int8": StandIn([0] * 12, 4), "onnx": StandIn([1] * 4 + [2] * 4 + [3] * 4, 4)})
+    gate.report_stored("x-onnx-int8", "onnx-int8", None, tmp_path)
+    gate.report_stored("x-onnx", "onnx", None, tmp_path)
+    assert gate.rows[-2].status == "over the limit" and "--force" in gate.rows[-2].note
+    assert gate.rows[-1].status == "measured" and "metadata unchanged" in gate.rows[-1].note
+
+
+@pytest.mark.skipif(hardware.is_macos(), reason="CoreML predicts on macOS")
+def test_a_backend_that_cannot_run_here_is_recorded_as_not_measured(tmp_path) -> None:
+    gate = gate_on(photo_folder(tmp_path / "eval"), {})
+    assert gate.check("x-coreml-b4", "coreml", 4, tmp_path) is None
+    assert gate.rows[-1].status == "not measured" and "macOS" in gate.rows[-1].note
+
+
+def test_the_table_is_printed_and_written_as_json(tmp_path) -> None:
+    root = photo_folder(tmp_path / "eval")
+    (root / "dog" / "bad.jpg").write_bytes(b"nope")
+    gate = gate_on(root, {"onnx": StandIn([1] * 4 + [2] * 4 + [3] * 4, 4)}, tmp=tmp_path)
+    gate.check("x-onnx", "onnx", None, tmp_path)
+    gate.finish()
+    written = json.loads((tmp_path / "accuracy.json").read_text())
+    assert written["images"] == 12 and written["skipped"] == 1 and written["unevaluated_labels"] == ["bird"]
+    assert written["skipped_files"][0]["path"].endswith("bad.jpg")
+    assert [r["backend"] for r in written["rows"]] == ["x-onnx"] and written["rows"][0]["top1"] == 1.0
+    assert written["max_accuracy_drop_pp"] == 1.0
+
+
+@pytest.mark.parametrize("text", ["-1", "101", "nan", "lots"])
+def test_a_bad_max_accuracy_drop_is_one_line(text) -> None:
+    with pytest.raises(BadAccuracyDrop, match="percentage points"):
+        max_drop(text)
+    assert max_drop(None) == 1.0 and max_drop("2.5") == 2.5
+
+
+# --- the real build and `fastinfer evaluate` over the test store -------------------------------------
+
+IMAGENET = {"tabby": (150, 120, 90), "Egyptian cat": (120, 110, 100)}  # labels of the `random` build (ImageNet's)
+
+
+FAMILY = "accuracy-test"  # a family of its own: the test store's resnet50 models stay as other tests built them
+
+
+@pytest.fixture(scope="module")
+def measured_build(tmp_path_factory) -> Iterator[dict[str, Any]]:
+    """A family's PyTorch model built with --eval-dir into the test store (seconds: no other export is made);
+    removed afterwards."""
+    from build_models import build
+
+    work = tmp_path_factory.mktemp("accuracy-build")
+    root = photo_folder(work / "eval", per_class=3, classes=IMAGENET)
+    (root / "tabby" / "broken.jpg").write_bytes(b"\xff\xd8 broken")
+    said: list[str] = []
+    build("random", only=["pytorch"], progress=said.append, family=FAMILY, eval_dir=root,
+          accuracy_json=work / "accuracy.json")  # fmt: skip
+    model = bentoml.models.get(f"{FAMILY}-pytorch:latest")
+    yield {"root": root, "said": said, "model": model, "json": json.loads((work / "accuracy.json").read_text())}
+    for stored in bentoml.models.list(f"{FAMILY}-pytorch"):
+        bentoml.models.delete(stored.tag)
+
+
+def test_the_build_records_accuracy_in_the_stored_model_and_prints_the_table(measured_build) -> None:
+    recorded = measured_build["model"].info.metadata["accuracy"]
+    assert recorded["images"] == 6 and recorded["skipped"] == 1 and recorded["precision"] == "fp32"
+    assert recorded["eval_dir"] == str(measured_build["root"].resolve())
+    # The stored export answers as the weights it was made from did.
+    assert (recorded["top1"], recorded["top5"]) == (recorded["reference_top1"], recorded["reference_top5"])
+    rows = {r["backend"]: r for r in measured_build["json"]["rows"]}
+    assert rows[f"{FAMILY}-pytorch"]["top1"] == recorded["top1"] and rows[f"{FAMILY}-pytorch"]["drop_pp"] == 0
+    assert any(line.startswith("| backend | precision |") for line in measured_build["said"])
+
+
+def test_a_bad_eval_folder_stops_the_build_before_anything_is_stored(measured_build, tmp_path) -> None:
+    from build_models import build
+
+    root = photo_folder(tmp_path / "eval", per_class=1, classes={"tabby": (1, 2, 3), "not-a-class": (3, 2, 1)})
+    before = sorted(str(m.tag) for m in bentoml.models.list(f"{FAMILY}-pytorch"))
+    with pytest.raises(EvalDirError, match="'not-a-class'"):
+        build("random", only=["pytorch"], force=True, progress=lambda m: None, family=FAMILY, eval_dir=root)
+    assert sorted(str(m.tag) for m in bentoml.models.list(f"{FAMILY}-pytorch")) == before
+
+
+def test_the_build_command_says_a_bad_eval_folder_in_one_line(measured_build, tmp_path, capsys) -> None:
+    from build_models.__main__ import main
+
+    args = ["--weights", "random", "--only", "pytorch", "--name", FAMILY, "--eval-dir", str(tmp_path / "nowhere")]
+    assert main(args) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the build's own log lines, if any
+    assert last.startswith("build_models: eval folder") and last.endswith("does not exist")
+
+
+def test_evaluate_measures_what_is_stored_and_agrees_with_the_build(measured_build, tmp_path, capsys) -> None:
+    out, plot = tmp_path / "evaluate.json", tmp_path / "evaluate.png"
+    args = ["evaluate", str(measured_build["root"]), "--model", FAMILY, "--backends", "pytorch,coreml-batched"]
+    assert cli.main([*args, "--json", str(out), "--plot", str(plot)]) == 0
+    report = json.loads(out.read_text())
+    rows = {r["backend"]: r for r in report["rows"]}
+    recorded = measured_build["model"].info.metadata["accuracy"]
+    assert rows["pytorch"]["status"] == "measured" and rows["pytorch"]["images"] == 6
+    assert (rows["pytorch"]["top1"], rows["pytorch"]["top5"]) == (recorded["top1"], recorded["top5"])
+    if not hardware.is_macos():
+        assert rows["coreml-batched"]["status"] == "not measured" and "macOS" in rows["coreml-batched"]["note"]
+    assert report["skipped"] == 1 and report["family"] == FAMILY and plot.stat().st_size > 0
+    captured = capsys.readouterr()
+    assert "| pytorch | fp32 | 6 |" in captured.out and "pytorch: 6/6 images" in captured.err
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--model", FAMILY, "--backends", "pytorch,tensorflow"], "unknown 'tensorflow'"),
+        (["--model", "nosuch"], "holds no model of family 'nosuch'"),
+        (["--model", "Bad Name"], "cannot name a model family"),
+    ],
+)
+def test_evaluate_says_what_is_wrong_in_one_line(measured_build, tmp_path, capsys, monkeypatch, extra, said) -> None:
+    monkeypatch.delenv("FASTINFER_MODEL", raising=False)
+    out = ["--json", str(tmp_path / "e.json"), "--plot", str(tmp_path / "e.png")]
+    assert cli.main(["evaluate", str(measured_build["root"]), *extra, *out]) == 1
+    err = capsys.readouterr().err.strip()
+    assert said in err and "\n" not in err and err.startswith("fastinfer evaluate: ")
+    assert not (tmp_path / "e.json").exists() and "FASTINFER_MODEL" not in os.environ  # --model: for the call only
+
+
+def test_evaluate_of_a_folder_that_does_not_match_the_labels_is_one_line(measured_build, tmp_path, capsys) -> None:
+    root = photo_folder(tmp_path / "eval", per_class=1)
+    out = ["--json", str(tmp_path / "e.json"), "--plot", str(tmp_path / "e.png")]
+    assert cli.main(["evaluate", str(root), "--model", FAMILY, *out]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "'cat'" in err and "not among the family's 1000 labels" in err and "\n" not in err

@@ -1,0 +1,364 @@
+"""A model family from the user's own files (issue 34, build side): weights with any number of classes,
+labels in every common layout, the family's name and preprocessing, each refused in one line when it
+cannot be, before anything is stored; and a real small build of a 3-class family at crop 160."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from build_models import BadPreprocessing, build, preprocess_spec
+from build_models.context import family_hash
+from build_models.labels import BadLabels, family_labels, imagenet_categories, read_labels
+from build_models.weights import NotResNet50Weights, load_weights, state_hash
+from fastinfer.catalog import store
+from fastinfer.catalog.store import PreprocessSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+CLASSES = ["red", "green", "blue"]
+# The small build's preprocessing: none of it ImageNet's, so that each must travel to be right.
+MEAN, STD, RESIZE, CROP = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3), 176, 160
+
+
+def three_class_state(seed: int = 1) -> dict[str, torch.Tensor]:
+    """A fresh torchvision ResNet-50 with a 3-class head: what a user's fine-tune saves."""
+    from torchvision.models import resnet50
+
+    torch.manual_seed(seed)
+    return resnet50(weights=None, num_classes=3).state_dict()
+
+
+@pytest.fixture(scope="module")
+def state() -> dict[str, torch.Tensor]:
+    return three_class_state()
+
+
+@pytest.fixture(scope="module")
+def weights_file(state, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("weights") / "three.pth"
+    torch.save(state, path)
+    return path
+
+
+def one_line_refusal(argv: list[str], capsys) -> str:
+    """``python -m build_models argv``'s refusal: exit 1, one line on stderr, no traceback."""
+    from build_models.__main__ import main
+
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("build_models: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+# --- weights ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        lambda sd: sd,
+        lambda sd: {"state_dict": sd, "epoch": 7},
+        lambda sd: {"model": sd, "optimizer": {"lr": 0.1}},
+        lambda sd: {f"module.{k}": v for k, v in sd.items()},
+        lambda sd: {"state_dict": {f"module.{k}": v for k, v in sd.items()}},
+    ],
+    ids=["plain", "under state_dict", "under model", "DataParallel prefixes", "checkpoint of DataParallel"],
+)
+def test_weights_with_any_number_of_classes_are_accepted(state, tmp_path, wrap) -> None:
+    path = tmp_path / "w.pth"
+    torch.save(wrap(state), path)
+    w = load_weights(str(path))
+    assert (w.kind, w.num_classes) == ("file", 3)
+    assert w.source_hash == state_hash(state)
+    assert "3 classes" in w.description
+
+
+def test_imagenet_choices_keep_1000_classes() -> None:
+    assert load_weights("random").num_classes == 1000
+
+
+@pytest.mark.parametrize(
+    "make, says",
+    [
+        (lambda: __import__("torchvision").models.resnet18(num_classes=3).state_dict(), "is not a ResNet-50"),
+        (lambda: {**three_class_state(), "fc.bias": torch.zeros(4)}, "fc.bias [4], expected [3]"),
+        (
+            lambda: {**three_class_state(), "fc.weight": torch.zeros(1, 2048), "fc.bias": torch.zeros(1)},
+            "has 1 class; a classifier needs at least 2",
+        ),
+        (lambda: __import__("torchvision").models.resnet50(num_classes=3), "holds a pickled torchvision"),
+    ],
+    ids=["resnet18", "fc weight and bias disagree", "one class", "a whole pickled model"],
+)
+def test_other_weights_are_refused_in_one_line(tmp_path, capsys, make, says: str) -> None:
+    path = tmp_path / "w.pth"
+    torch.save(make(), path)
+    with pytest.raises(NotResNet50Weights, match=re.escape(says)):
+        load_weights(str(path))
+    assert says in one_line_refusal(["--weights", str(path), "--name", "refused"], capsys)
+    assert store.versions("refused-pytorch") == []
+
+
+# --- labels ----------------------------------------------------------------------------------------
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        ("labels.txt", "red\n  green \nblue\n\n\n"),
+        ("labels", "\ufeffred\r\ngreen\r\nblue"),  # a BOM and Windows line ends, no suffix
+        ("labels.json", json.dumps(CLASSES)),
+        ("labels.json", json.dumps({"2": "blue", "0": "red", "1": "green"})),
+        ("index_to_name.json", json.dumps({"0": ["n1", "red"], "1": ["n2", "green"], "2": ["n3", "blue"]})),
+    ],
+    ids=["text", "text with BOM and CRLF", "JSON list", "JSON object", "TorchServe index_to_name"],
+)
+def test_label_files(tmp_path, name: str, text: str) -> None:
+    assert family_labels(write(tmp_path, name, text), 3) == CLASSES
+
+
+def test_an_imagefolder_directory_is_read_in_imagefolders_own_order(tmp_path) -> None:
+    from torchvision.datasets.folder import find_classes
+
+    for folder in ("zebra", "Apple", "mango", "_other", "10", "9"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "notes.txt").write_text("a file, not a class")
+    labels = read_labels(tmp_path)
+    assert labels == find_classes(str(tmp_path))[0]
+    assert labels == ["10", "9", "Apple", "_other", "mango", "zebra"]
+
+
+@pytest.mark.parametrize(
+    "name, text, says",
+    [
+        ("labels.txt", "red\ngreen\nblue\nyellow\n", "names 4 classes, but the weights' final layer has 3"),
+        ("labels.txt", "red\n\nblue\n", "1 empty label(s), at class index 1"),
+        ("labels.txt", "red\ngreen\nred\n", "appear more than once: 'red'"),
+        ("labels.json", json.dumps(["red", "green", "green"]), "appear more than once: 'green'"),
+        ("labels.json", json.dumps({"1": "red", "2": "green", "3": "blue"}), "needs the keys 0..2"),
+        ("labels.json", json.dumps(["red", 2, "blue"]), "every label must be a string"),
+        ("labels.json", "[red, green]", "is not valid JSON"),
+        ("labels.json", json.dumps("red"), "a list of names or an object"),
+    ],
+    ids=["count", "empty", "duplicate", "JSON duplicate", "JSON keys", "JSON non-string", "bad JSON", "JSON str"],
+)
+def test_bad_labels_are_refused_in_one_line_and_nothing_is_stored(
+    tmp_path, capsys, weights_file, name: str, text: str, says: str
+) -> None:
+    labels = write(tmp_path, name, text)
+    with pytest.raises(BadLabels, match=re.escape(says)):
+        family_labels(labels, 3)
+    argv = ["--weights", str(weights_file), "--labels", str(labels), "--name", "refused", "--only", "pytorch"]
+    assert says in one_line_refusal(argv, capsys)
+    assert store.versions("refused-pytorch") == []
+
+
+def test_without_labels_only_imagenets_class_count_gets_imagenets_labels(tmp_path, capsys, weights_file) -> None:
+    assert family_labels(None, 1000) == imagenet_categories() and imagenet_categories()[0] == "tench"
+    with pytest.raises(BadLabels, match="the weights have 3 classes, not ImageNet's 1000: name them with --labels"):
+        family_labels(None, 3)
+    assert "--labels" in one_line_refusal(["--weights", str(weights_file), "--name", "refused"], capsys)
+    with pytest.raises(BadLabels, match="no such file"):
+        family_labels(tmp_path / "absent.txt", 3)
+
+
+# --- family name and preprocessing -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["My Model", "UPPER", "-dash", "a" * 41, "a/b", ""])
+def test_a_family_name_bentoml_cannot_store_is_refused_in_one_line(capsys, name: str) -> None:
+    assert "cannot name a model family" in one_line_refusal(["--weights", "random", f"--name={name}"], capsys)
+
+
+def test_the_default_preprocessing_is_the_imagenet_weights_own() -> None:
+    from torchvision.models import ResNet50_Weights
+
+    t = ResNet50_Weights.IMAGENET1K_V2.transforms()
+    spec = preprocess_spec()
+    assert spec == PreprocessSpec()
+    assert (spec.resize_size, spec.crop_size) == (t.resize_size[0], t.crop_size[0])
+    assert (list(spec.mean), list(spec.std)) == (list(t.mean), list(t.std))
+
+
+def test_preprocessing_flags_are_parsed() -> None:
+    from build_models.__main__ import family_preprocess, main  # noqa: F401 (main: the parser's home)
+
+    args = type("Args", (), {"mean": "0.5, 0.4,0.3", "std": "0.2,0.25,0.3", "resize": "176", "crop": "160"})()
+    assert family_preprocess(args) == PreprocessSpec(RESIZE, CROP, MEAN, STD)
+    none = type("Args", (), {"mean": None, "std": None, "resize": None, "crop": "200"})()
+    assert family_preprocess(none) == PreprocessSpec(crop_size=200)
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--std", "0.2,0,0.2"], "--std 0.2,0,0.2: each must be above 0"),
+        (["--mean", "0.5,0.5"], "--mean '0.5,0.5': three numbers R,G,B"),
+        (["--mean", "a,b,c"], "--mean 'a,b,c': three numbers"),
+        (["--mean", "0.5,nan,0.5"], "three finite numbers"),
+        (["--mean", "124,117,104"], "so 0 to 1"),
+        (["--crop", "16"], "--crop 16: the model's image side must be 32 to 1024"),
+        (["--crop", "256"], "--resize 232: the shorter side is resized to it, then cropped to --crop 256"),
+        (["--resize", "5000"], "must be 224 to 1024"),
+        (["--resize", "big"], "--resize 'big': a whole number of pixels"),
+    ],
+)
+def test_bad_preprocessing_is_refused_in_one_line(capsys, argv: list[str], says: str) -> None:
+    assert says in one_line_refusal(["--weights", "random", "--name", "refused", *argv], capsys)
+
+
+def test_build_refuses_before_exporting(state, weights_file, tmp_path) -> None:
+    said: list[str] = []
+    labels = write(tmp_path, "labels.txt", "\n".join(CLASSES))
+    with pytest.raises(store.BadFamilyName):
+        build(str(weights_file), family="Not OK", labels_path=labels, progress=said.append)
+    with pytest.raises(BadPreprocessing):
+        build(
+            str(weights_file), labels_path=labels, preprocess=PreprocessSpec(std=(0.2, -1, 0.2)), progress=said.append
+        )
+    assert not [line for line in said if "exporting" in line]
+
+
+def test_every_source_of_the_models_is_in_their_hash() -> None:
+    """Labels and preprocessing travel inside the stored models (their metadata, the graph's mean/std, the
+    input shape): a change to any one must make the stored models out of date, not only new weights."""
+    spec = PreprocessSpec(RESIZE, CROP, MEAN, STD)
+    base = family_hash("w", CLASSES, spec)
+    others = [
+        family_hash("v", CLASSES, spec),
+        family_hash("w", ["red", "blue", "green"], spec),
+        family_hash("w", CLASSES, PreprocessSpec(RESIZE + 1, CROP, MEAN, STD)),
+        family_hash("w", CLASSES, PreprocessSpec(RESIZE, CROP + 1, MEAN, STD)),
+        family_hash("w", CLASSES, PreprocessSpec(RESIZE, CROP, (0.5, 0.4, 0.31), STD)),
+        family_hash("w", CLASSES, PreprocessSpec(RESIZE, CROP, MEAN, (0.2, 0.25, 0.31))),
+    ]
+    assert len({base, *others}) == 1 + len(others) and base == family_hash("w", list(CLASSES), spec)
+
+
+def test_int8_on_the_generic_photos_is_warned_about_for_a_family_of_ones_own(weights_file, tmp_path, caplog) -> None:
+    """Said before the first step (the build is stopped there: this test needs the words, not the models)."""
+    labels = write(tmp_path, "labels.txt", "\n".join(CLASSES))
+
+    def said_until_the_first_step(**options) -> list[str]:
+        said: list[str] = []
+
+        def progress(line: str) -> None:
+            said.append(line)
+            if line.startswith("[1/"):
+                raise InterruptedError
+
+        with pytest.raises(InterruptedError):
+            build(
+                str(weights_file), only=["onnx-int8"], family="warned", labels_path=labels, progress=progress, **options
+            )
+        return said
+
+    warned = "calibrated on the bundled generic photos"
+    said = said_until_the_first_step()
+    warning = [line for line in said if warned in line]
+    assert warning and "--calibration-dir" in warning[0], said
+    assert warned in caplog.text
+    assert not [line for line in said_until_the_first_step(calibration_dir=tmp_path) if warned in line]
+    assert store.versions("warned-onnx-int8") == []
+
+
+# --- a real small build ----------------------------------------------------------------------------
+
+
+def build_family(home: Path, weights: Path, labels: Path, *extra: str) -> str:
+    """``python -m build_models`` for the 3-class family into ``home``: its own BentoML store (BentoML
+    fixes a process's store at its first use, so the build runs in a process of its own)."""
+    argv = ["--weights", str(weights), "--labels", str(labels), "--name", "tri", "--only", "pytorch,onnx"]
+    argv += ["--mean", ",".join(map(str, MEAN)), "--std", ",".join(map(str, STD))]
+    argv += ["--resize", str(RESIZE), "--crop", str(CROP), *extra]
+    env = {**os.environ, "BENTOML_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "build_models", *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def stored(home: Path, name: str) -> tuple[Path, dict]:
+    """A store name's only version in ``home``: its folder and model.yaml."""
+    (version,) = [p for p in (home / "models" / name).iterdir() if p.is_dir()]
+    return version, yaml.safe_load((version / "model.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def family_home(weights_file, tmp_path_factory) -> tuple[Path, Path, str]:
+    home = tmp_path_factory.mktemp("family-home")
+    labels = home.parent / "tri-labels.txt"
+    labels.write_text("\n".join(CLASSES) + "\n")
+    return home, labels, build_family(home, weights_file, labels)
+
+
+def test_a_three_class_family_is_stored_with_its_labels_and_preprocessing(family_home) -> None:
+    home, _, said = family_home
+    for backend in ("pytorch", "onnx"):
+        _, info = stored(home, f"tri-{backend}")
+        labels, meta = info["labels"], info["metadata"]
+        assert labels["family"] == "tri" and labels["backend"] == backend and labels["weights"] == "file", labels
+        assert labels["build_format"] == store.BUILD_FORMAT
+        assert meta["categories"] == CLASSES and meta["num_classes"] == 3
+        assert meta["input"]["shape"] == ["N", CROP, CROP, 3] and meta["output"]["shape"] == ["N", 3]
+        pre = meta["preprocess"]
+        assert (pre["resize_size"], pre["crop_size"], pre["mean"], pre["std"]) == (RESIZE, CROP, list(MEAN), list(STD))
+    assert "verified vs PyTorch" in said and "family tri: 3 classes" in said
+
+
+def test_its_onnx_model_takes_its_crop_size_and_normalises_with_its_mean_and_std(family_home, state) -> None:
+    from torchvision.models import resnet50
+
+    from fastinfer.engines import check_batch, warm_up
+    from fastinfer.engines.onnx import OnnxEngine
+    from fastinfer.engines.pytorch import TorchEngine
+
+    home, _, _ = family_home
+    onnx = OnnxEngine(stored(home, "tri-onnx")[0], cpu_only=True)
+    eager = TorchEngine(stored(home, "tri-pytorch")[0], device="cpu")
+    assert onnx.input_size == eager.input_size == CROP
+    warm_up(onnx, (1, 2))
+    images = np.random.default_rng(0).integers(0, 256, (4, CROP, CROP, 3), dtype=np.uint8)
+    check_batch(images, onnx.input_size)
+    logits = onnx.run(images[:1])
+    assert logits.shape == (1, 3) and logits.dtype == np.float32
+    # torchvision's own pipeline on the user's weights: to 0..1, the family's mean/std, NCHW.
+    net = resnet50(weights=None, num_classes=3)
+    net.load_state_dict(state)
+    x = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255
+    x = (x - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
+    with torch.inference_mode():
+        expected = net.eval()(x).numpy()
+    assert np.abs(onnx.run(images) - expected).max() < 1e-3
+    assert np.abs(eager.run(images) - expected).max() < 1e-3
+    with pytest.raises(ValueError, match=r"\[N,160,160,3\]"):
+        check_batch(np.zeros((1, 224, 224, 3), np.uint8), onnx.input_size)
+
+
+def test_a_rebuild_is_up_to_date_until_the_labels_change(family_home, weights_file) -> None:
+    home, labels, _ = family_home
+    again = build_family(home, weights_file, labels)
+    assert again.count("up to date") == 2, again
+    before = stored(home, "tri-pytorch")[0].name
+    renamed = labels.parent / "tri-labels-renamed.txt"
+    renamed.write_text("rouge\nvert\nbleu\n")
+    rebuilt = build_family(home, weights_file, renamed, "--only", "pytorch")
+    assert "up to date" not in rebuilt and "stored tri-pytorch:" in rebuilt, rebuilt
+    version, info = stored(home, "tri-pytorch")  # the one version left: the superseded one is pruned
+    assert version.name != before and info["metadata"]["categories"] == ["rouge", "vert", "bleu"]

@@ -1,0 +1,445 @@
+"""Serving a model family other than ImageNet's (issue 34): FASTINFER_MODEL picks it, answers carry its
+labels, top_k is capped at its class count, and what the server says of itself (/backends, the API
+page, doctor, /metrics) names it. A family missing from the store is said in one line, with what the
+store holds and how to build it.
+
+The stored models here are real entries of a BentoML store of the test's own (bentoml.models.create,
+with the labels and metadata a build writes), never the session's store: what is under test is what
+serving reads from them, not a model's numbers (the served proof of a trained family is
+tests/integration's)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from prometheus_client import REGISTRY as METRICS
+
+from fastinfer.catalog import backends, config, family, store, store_check
+from fastinfer.catalog.store import PreprocessSpec, StoredModelInfo
+from fastinfer.common.errors import without_paths
+from fastinfer.front.image_api import FormRules, answer
+from fastinfer.front.image_routes import ROUTES
+from fastinfer.serving.cache import MemoryCache
+from fastinfer.serving.cpu import CpuPool
+from fastinfer.serving.live import LiveStats
+from fastinfer.serving.pipeline import Pipeline
+from tests import images
+from tests.settings import settings_with
+from tests.unit.test_image_api import request
+
+SHAPES = ["circle", "square", "triangle"]  # N = 3
+
+
+@pytest.fixture(autouse=True)
+def fresh_settings() -> Iterator[None]:
+    """doctor reads (and caches) the settings of the family a test sets: no other test sees them."""
+    config.get_settings.cache_clear()
+    yield
+    config.get_settings.cache_clear()
+
+
+ACCURACY = {"eval_dir": "/data/shapes/heldout", "images": 30, "skipped": 1, "top1": 0.9667, "top5": 1.0,
+            "reference_top1": 0.9667, "reference_top5": 1.0, "precision": "int8"}  # fmt: skip
+DESCRIPTION = "fine-tuned on 30 shape photos (shapes.pth)"
+
+
+# --- FASTINFER_MODEL -------------------------------------------------------------------------------------
+
+
+def test_the_family_served_is_a_setting(monkeypatch) -> None:
+    assert settings_with(monkeypatch, "FASTINFER_MODEL").model == "resnet50"
+    assert settings_with(monkeypatch, FASTINFER_MODEL="shapes").model == "shapes"
+    assert settings_with(monkeypatch, FASTINFER_MODEL=" my_shop.v2 ").model == "my_shop.v2"
+
+
+@pytest.mark.parametrize("bad", ["Shapes", "shapes/../x", "-shapes", "a" * 41, "shapes:v1", "ünicode"])
+def test_a_family_name_the_store_cannot_hold_stops_start_up_in_one_line(monkeypatch, bad: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        settings_with(monkeypatch, FASTINFER_MODEL=bad)
+    said = str(caught.value)
+    assert said.startswith("FASTINFER_MODEL: ") and "cannot name a model family" in said and "\n" not in said
+
+
+def test_a_bento_built_for_a_family_serves_it(monkeypatch) -> None:
+    """`make bento MODEL=NAME` builds with the bento argument model=NAME, which BentoML sets again wherever
+    the bento is served: unset, FASTINFER_MODEL becomes it (for this process and those it starts)."""
+    from bentoml._internal.utils.args import set_arguments
+
+    monkeypatch.setenv("FASTINFER_MODEL", "")  # unset for the settings; restored after the test
+    set_arguments({"model": "shapes"})
+    try:
+        assert settings_with(monkeypatch).model == "shapes"
+        assert store.family() == "shapes" and store.model_name("onnx") == "shapes-onnx"
+        # Set by the operator, FASTINFER_MODEL wins over what the bento was built for.
+        assert settings_with(monkeypatch, FASTINFER_MODEL="resnet50").model == "resnet50"
+    finally:
+        set_arguments({})
+
+
+def test_the_service_puts_its_family_in_the_bento_environment() -> None:
+    """`bentoml build` copies a service's ``envs`` into the bento (its image's ENV)."""
+    import service
+
+    assert [(env.name, env.value) for env in service.FastInfer.envs] == [("FASTINFER_MODEL", "resnet50")]
+
+
+# --- top_k is capped at the family's class count ----------------------------------------------------------
+
+
+def info(backend: str, categories: list[str] = SHAPES, **extra: Any) -> StoredModelInfo:
+    return StoredModelInfo(
+        tag=f"shapes-{backend}:v1",
+        path="/nowhere",
+        backend=backend,
+        weights="file",
+        source_hash="x",
+        preprocess=PreprocessSpec(resize_size=160, crop_size=128),
+        categories=categories,
+        family="shapes",
+        num_classes=len(categories),
+        **extra,
+    )
+
+
+class ThreeClasses:
+    """A stand-in runner of a 3-class family: the top class is the image's mean pixel value mod 3."""
+
+    def __init__(self) -> None:
+        self.shapes: list[tuple[int, ...]] = []
+
+    async def engine(self, backend: str) -> str:
+        return f"stand-in for {backend}"
+
+    async def __call__(self, backend: str, pixels: np.ndarray, batched: bool | None, engine: str) -> np.ndarray:
+        self.shapes.append(pixels.shape)
+        logits = np.zeros((len(pixels), 3), np.float32)
+        for row, image in enumerate(pixels):
+            logits[row, int(image.mean()) % 3] = 5.0
+        return logits
+
+
+def three_class_pipeline() -> tuple[Pipeline, ThreeClasses]:
+    runner = ThreeClasses()
+    names = ["pytorch", "onnx"]
+    pipeline = Pipeline(
+        names,
+        {n: info(n) for n in names},
+        lambda n: None,
+        runner,
+        runner.engine,
+        MemoryCache(max_entries=100, ttl_s=60),
+        CpuPool(2),
+        LiveStats(),
+        max_pixels=50_000_000,
+    )
+    return pipeline, runner
+
+
+def grey_png(level: int) -> bytes:
+    from PIL import Image
+
+    return images.encode(Image.new("RGB", (300, 200), (level, level, level)), "PNG")
+
+
+def asked(path: str, fields: dict[str, str]) -> tuple[int, dict[str, Any], ThreeClasses]:
+    """The front's answer to a request on ``path`` (parsed as the HTTP lane parses it) with these fields."""
+    pipeline, runner = three_class_pipeline()
+    files = {"images": ("a.png", grey_png(100))} if path == "/classify/batch" else {"image": ("a.png", grey_png(100))}
+    scope, body = request(path, files=files, data=fields)
+    rules = FormRules(default_backend="onnx", max_batch_images=4)
+    status, payload = asyncio.run(answer(pipeline, ROUTES[path], scope, body, rules))
+    pipeline.cpu.close()
+    return status, payload, runner
+
+
+def answers(path: str, payload: dict[str, Any]) -> list[dict[str, Any]]:
+    return payload["results"] if path in ("/classify/batch", "/compare") else [payload]
+
+
+CAPPED_ROUTES = ["/classify", "/classify/batch", "/compare", "/predict", "/predict/onnx", "/predict/batched"]
+
+
+@pytest.mark.parametrize("path", CAPPED_ROUTES)
+def test_top_k_beyond_the_family_s_classes_is_a_400_naming_them(path: str) -> None:
+    status, payload, runner = asked(path, {"top_k": "4"})
+    assert status == 400, payload
+    error = payload["error"]
+    assert error["code"] == "invalid_top_k"
+    assert "more than the 3 classes of model family 'shapes'" in error["message"] and "1 to 3" in error["message"]
+    assert runner.shapes == []  # refused before any work
+
+
+@pytest.mark.parametrize("path", CAPPED_ROUTES)
+def test_top_k_up_to_the_family_s_classes_answers_with_its_labels(path: str) -> None:
+    for k in ("1", "3"):
+        status, payload, runner = asked(path, {"top_k": k})
+        assert status == 200, payload
+        for one in answers(path, payload):
+            assert len(one["top_k"]) == int(k)
+            assert one["class"] == "square" and one["class_index"] == 1  # 100 % 3: the family's own label
+            assert {p["label"] for p in one["top_k"]} <= set(SHAPES)
+        assert runner.shapes and all(shape[1:] == (128, 128, 3) for shape in runner.shapes)  # its crop size
+
+
+@pytest.mark.parametrize("path", CAPPED_ROUTES)
+def test_without_top_k_a_small_family_ranks_every_class(path: str) -> None:
+    """The default (5) is more than 3 classes: a request that asks for nothing is not refused for it."""
+    status, payload, _ = asked(path, {})
+    assert status == 200, payload
+    assert all([p["label"] for p in one["top_k"]][:1] == ["square"] and len(one["top_k"]) == 3
+               for one in answers(path, payload))  # fmt: skip
+
+
+def test_top_k_keeps_its_outer_bound() -> None:
+    status, payload, _ = asked("/classify", {"top_k": "21"})
+    assert status == 400 and payload["error"]["code"] == "invalid_top_k" and "1 to 20" in payload["error"]["message"]
+
+
+def test_a_large_family_is_capped_by_the_outer_bound_only() -> None:
+    many = [f"class {i}" for i in range(1000)]
+    assert Pipeline.ranked(20, [info("onnx", many)]) == 20 and Pipeline.ranked(None, [info("onnx", many)]) == 5
+    assert Pipeline.ranked(None, [info("onnx", ["a", "b"])]) == 2
+
+
+# --- paths and store health of any family -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "told"),
+    [
+        ("/srv/home/models/shapes-onnx-int8/ty7v2sxpkgwx4/model.onnx", "shapes-onnx-int8:ty7v2sxpkgwx4/model.onnx"),
+        ("/srv/home/models/my_shop.v2-coreml-b4/abc123/m.mlpackage", "my_shop.v2-coreml-b4:abc123/m.mlpackage"),
+        ("/srv/home/models/resnet50-openvino/abc123/model.xml", "resnet50-openvino:abc123/model.xml"),
+    ],
+)
+def test_a_stored_model_s_path_is_told_as_its_tag_for_any_family(path: str, told: str) -> None:
+    said = without_paths(f"Load model from {path} failed.")
+    assert said == f"Load model from {told} failed.", said
+
+
+@pytest.mark.parametrize(
+    ("name", "artifact"),
+    [("shapes-coreml-b4", "coreml"), ("a-b-onnx-int8-dynamic", "onnx-int8-dynamic"), ("x-onnx-int8", "onnx-int8"),
+     ("resnet50-openvino", "openvino"), ("resnet50-openvino-int8", "openvino-int8")],
+)  # fmt: skip
+def test_a_store_name_s_build_step_for_any_family(name: str, artifact: str) -> None:
+    assert store_check.artifact_of(name) == artifact
+
+
+@pytest.fixture
+def own_store(tmp_path: Path, monkeypatch) -> Iterator[Path]:
+    """An empty BentoML model store of this test's own (BENTOML_HOME and BentoML's store both)."""
+    from bentoml._internal.configuration.containers import BentoMLContainer
+    from bentoml._internal.models.model import ModelStore
+
+    (tmp_path / "models").mkdir()
+    monkeypatch.setenv("BENTOML_HOME", str(tmp_path))
+    monkeypatch.delenv(store.PINS_ENV, raising=False)
+    with BentoMLContainer.model_store.patch(ModelStore(tmp_path / "models")):
+        yield tmp_path
+
+
+def stored(name: str, backend: str, *, labels: dict[str, str] | None = None, **metadata: Any) -> Any:
+    """A model stored as a build stores one (labels and metadata per the stored-model contract), its one
+    file recorded by size and sha256."""
+    import bentoml
+
+    family_name = name.removesuffix(f"-{backend}")
+    meta = {
+        "input": store.input_spec(128),
+        "output": store.output_spec(len(SHAPES)),
+        "preprocess": {"resize_size": 160, "crop_size": 128, "mean": [0.3, 0.6, 0.5], "std": [0.4, 0.2, 0.3]},
+        "categories": SHAPES,
+        "num_classes": len(SHAPES),
+        "weights_description": DESCRIPTION,
+        **metadata,
+    }
+    tags = {"family": family_name, "backend": backend, "precision": "fp32", "batch": "dynamic", "weights": "file",
+            "source_hash": "abc", "build_format": store.BUILD_FORMAT, **(labels or {})}  # fmt: skip
+    with bentoml.models.create(name, labels=tags, metadata=meta) as model:
+        (Path(model.path) / "model.onnx").write_bytes(b"not really a model")
+        model.info.metadata[store_check.FILES_KEY] = store_check.record(Path(model.path))
+    return bentoml.models.get(f"{name}:latest")
+
+
+def test_store_health_of_another_family_rebuilds_it_from_its_own_source(own_store: Path) -> None:
+    model = stored("shapes-onnx-int8", "onnx-int8")
+    health = store_check.check(model)
+    assert health.intact and health.artifact == "onnx-int8" and health.family == "shapes"
+    (Path(model.path) / "model.onnx").write_bytes(b"cut")
+    health = store_check.check(model)
+    assert health.corrupt
+    assert store_check.rebuild_command([health]) == (
+        "python -m build_models --only onnx-int8 --weights PATH.pth --labels PATH --name shapes"
+    )
+
+
+# --- a family missing from the store ----------------------------------------------------------------------
+
+
+def test_a_family_missing_from_the_store_says_what_it_holds_and_how_to_build(own_store: Path, monkeypatch) -> None:
+    stored("tiles-onnx", "onnx")
+    stored("tiles-pytorch", "pytorch")
+    assert store.families() == {"tiles": ["tiles-onnx", "tiles-pytorch"]}
+    monkeypatch.setenv("FASTINFER_MODEL", "shapes")
+    why = family.missing_reason()
+    assert why is not None and "\n" not in why
+    assert "no model of family 'shapes'" in why and "tiles (2 models)" in why
+    assert "`fastinfer build --weights PATH --labels PATH --name shapes`" in why and "FASTINFER_MODEL=tiles" in why
+    # What every backend answers (503): the same line, for any backend.
+    assert backends.unavailable_reason("onnx") == why and backends.unavailable_reason("openvino-int8") == why
+    with pytest.raises(backends.NotStored, match="no model of family 'shapes'"):
+        backends.model_dirs("pytorch")
+    # In a server (its pins set at start-up, none of this family): restart once it is built.
+    monkeypatch.setenv(store.PINS_ENV, "{}")
+    assert backends.unavailable_reason("onnx").endswith(", then restart the server")
+    # The family stored: a backend whose model alone is missing says so, and how to build the family.
+    monkeypatch.setenv("FASTINFER_MODEL", "tiles")
+    monkeypatch.delenv(store.PINS_ENV)
+    assert family.missing_reason() is None and backends.unavailable_reason("onnx") is None
+    assert backends.unavailable_reason("onnx-int8") == (
+        "tiles-onnx-int8 not in the model store; run `fastinfer build --weights PATH --labels PATH --name tiles`"
+    )
+
+
+def test_a_server_of_a_family_missing_from_the_store_refuses_to_start_saying_why(
+    own_store: Path, monkeypatch, caplog
+) -> None:
+    """As with any backend not built (BentoML cannot resolve a runner's model and stops), but in our words:
+    one ERROR line with what the store holds and how to build the family, and nothing pinned or recorded."""
+    import logging
+
+    from bentoml.exceptions import BentoMLException
+
+    import service
+
+    stored("tiles-onnx", "onnx")
+    monkeypatch.delenv(store.PINS_ENV, raising=False)
+    with caplog.at_level(logging.ERROR, logger="fastinfer.service"), pytest.raises(BentoMLException) as caught:
+        service.FastInfer.inner._pin_models()  # the deployment hook: before any worker starts
+    assert "model family 'resnet50' is not in the model store" in str(caught.value)
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert "no model of family 'resnet50'" in line and "it holds tiles (1 models)" in line and "\n" not in line
+    assert "`fastinfer build`" in line and "FASTINFER_MODEL=tiles" in line
+    assert store.PINS_ENV not in os.environ and not list((own_store / "models").glob(".fastinfer-pinned-*"))
+
+
+def test_an_empty_store_says_it_holds_no_family(own_store: Path, monkeypatch) -> None:
+    monkeypatch.setenv("FASTINFER_MODEL", "shapes")
+    assert "it holds no model family at all" in family.missing_reason()
+    assert family.main(["shapes"]) == 1 and family.main(["Bad Name"]) == 1  # make's check before serve/bento
+
+
+# --- the bento carries its family ---------------------------------------------------------------------------
+
+
+def test_a_bento_built_for_a_family_packs_its_models_and_names_it(own_store: Path) -> None:
+    """What `make bento MODEL=shapes` runs (Makefile): the bento argument, kept in the bento and set again
+    wherever it is served, FASTINFER_MODEL in its image's environment, and that family's models only."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    artifacts = {spec.artifact for name, spec in backends.SPECS.items() if backends.runs_here(spec.runner_name)}
+    for artifact in artifacts:
+        stored(f"shapes-{artifact}", artifact)
+    stored("tiles-onnx", "onnx")  # another family in the same store: not packed
+    root = Path(__file__).resolve().parents[2]
+    env = {"BENTOML_HOME": str(own_store), "BENTOML_DO_NOT_TRACK": "true", "PATH": "/usr/bin:/bin"}
+    bentoml_cli = Path(sys.executable).parent / "bentoml"
+    built = subprocess.run([str(bentoml_cli), "build", "--arg", "model=shapes", "."], cwd=root, env=env,
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    (manifest,) = (own_store / "bentos" / "fastinfer").glob("*/bento.yaml")
+    bento = yaml.safe_load(manifest.read_text())
+    assert bento["args"] == {"model": "shapes"}
+    assert {"name": "FASTINFER_MODEL", "value": "shapes", "stage": "all"} in bento["envs"]
+    packed = {m["tag"].split(":")[0] for svc in bento["services"] for m in svc["models"]}
+    assert packed == {f"shapes-{artifact}" for artifact in artifacts}
+    dockerfile = (manifest.parent / "env" / "docker" / "Dockerfile").read_text()
+    assert "ENV FASTINFER_MODEL=$FASTINFER_MODEL" in dockerfile and "ARG FASTINFER_MODEL=shapes" in dockerfile
+
+
+# --- what the server says of its family -------------------------------------------------------------------
+
+
+def test_backends_names_the_family_its_classes_weights_and_accuracy(own_store: Path, monkeypatch) -> None:
+    from fastinfer.common import hardware
+    from fastinfer.front import inventory
+    from runners import REGISTRY
+
+    monkeypatch.setenv("FASTINFER_MODEL", "shapes")
+    stored("shapes-onnx", "onnx", accuracy=ACCURACY)
+    stored("shapes-pytorch", "pytorch")
+    models = backends.served_models()
+    assert list(models) == ["pytorch", "onnx"]
+    settings = settings_with(monkeypatch)
+    answer = inventory.backends(REGISTRY, {}, models, {}, settings, hardware.probe()).model_dump(mode="json")
+    assert answer["family"] == {
+        "name": "shapes",
+        "stored": True,
+        "num_classes": 3,
+        "weights": "file",
+        "weights_description": DESCRIPTION,
+        "preprocess": {"resize_size": 160, "crop_size": 128, "mean": [0.3, 0.6, 0.5], "std": [0.4, 0.2, 0.3]},
+        "accuracy": {"onnx": {k: v for k, v in ACCURACY.items() if k != "eval_dir"}},  # not the builder's path
+        "missing": None,
+    }
+    by_name = {b["name"]: b for b in answer["backends"]}
+    assert by_name["onnx"]["accuracy"]["top1"] == 0.9667 and by_name["pytorch"]["accuracy"] is None
+    assert by_name["onnx"]["model"].startswith("shapes-onnx:")
+
+
+def test_the_api_page_and_metrics_name_the_family(own_store: Path, monkeypatch) -> None:
+    from fastinfer.front.api_page import family_line
+    from fastinfer.serving.metrics import record_family
+
+    monkeypatch.setenv("FASTINFER_MODEL", "shapes")
+    stored("shapes-onnx-int8", "onnx-int8", accuracy=ACCURACY)
+    served = family.summary("shapes", backends.served_models())
+    line = family_line(served)
+    assert line.startswith("Model family `shapes` (`FASTINFER_MODEL`): 3 classes, `top_k` up to 3")
+    assert "weights: file (fine-tuned on 30 shape photos (shapes.pth))" in line
+    assert "onnx-int8 top-1 96.7%, top-5 100.0% (int8)" in line
+    record_family(served)
+    labels = {"family": "shapes", "classes": "3", "weights": "file", "weights_description": DESCRIPTION}
+    assert METRICS.get_sample_value("fastinfer_model_family_info", labels) == 1
+    top1 = {"family": "shapes", "backend": "onnx-int8", "metric": "top1", "precision": "int8"}
+    assert METRICS.get_sample_value("fastinfer_model_accuracy", top1) == pytest.approx(0.9667)
+    missing = family_line(family.summary("nothing", {}))
+    assert missing.startswith("Model family `nothing`: not served: the model store holds no model of family")
+
+
+def test_doctor_names_the_family(own_store: Path, monkeypatch, tmp_path: Path, capsys) -> None:
+    from fastinfer import cli
+
+    monkeypatch.setenv("FASTINFER_MODEL", "shapes")
+    monkeypatch.setenv("FASTINFER_TUNED", "off")
+    stored("shapes-onnx", "onnx", accuracy=ACCURACY)
+    report = tmp_path / "doctor.json"
+    assert cli.main(["doctor", "--json", str(report), "--profile", str(tmp_path / "no-bench.json")]) == 0
+    out = capsys.readouterr().out
+    assert "model family shapes: 3 classes, weights file (fine-tuned on 30 shape photos (shapes.pth))" in out
+    assert "accuracy measured at build: onnx top-1 96.7%, top-5 100.0% (int8)" in out
+    said = json.loads(report.read_text())
+    assert said["family"]["name"] == "shapes" and said["family"]["num_classes"] == 3
+    # Its models that are not stored are named, with the command that builds this family.
+    assert "shapes-pytorch not in the model store; run `fastinfer build" in said["backends"]["pytorch"]["reason"]
+
+
+def test_doctor_says_a_bad_family_name_in_one_line(monkeypatch, capsys) -> None:
+    from fastinfer import cli
+
+    monkeypatch.setenv("FASTINFER_MODEL", "Not/A/Name")
+    assert cli.main(["doctor"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fastinfer doctor: FASTINFER_MODEL: 'Not/A/Name' cannot name a model family"), err
+    assert "\n" not in err
