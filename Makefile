@@ -5,9 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 3000
 WEIGHTS ?= auto
-# The model family `make serve` serves and `make bento` packs: FASTINFER_MODEL's, else resnet50 (ImageNet's,
-# the one `make models` builds from WEIGHTS). Your own is built by `fastinfer build --weights PATH --labels
-# PATH --name NAME`; then `make serve MODEL=NAME` or `make bento MODEL=NAME` (README, "Serve your own model").
+# The model family `make serve` serves, `make bento` packs and `make bench`/`tune`/`tune-check` measure:
+# FASTINFER_MODEL's, else resnet50 (ImageNet's, the one `make models` builds from WEIGHTS). Your own is built
+# by `fastinfer build --weights PATH --labels PATH --name NAME`; then `make serve MODEL=NAME`, `make bench
+# MODEL=NAME`, ... (README, "Serve your own model").
 MODEL ?= $(or $(FASTINFER_MODEL),resnet50)
 # The model store lives in the project unless you point BENTOML_HOME elsewhere.
 export BENTOML_HOME ?= $(CURDIR)/bentoml_home
@@ -26,11 +27,12 @@ models: $(VENV)/.installed
 ifeq ($(MODEL),resnet50)
 	$(PY) -m build_models --weights $(WEIGHTS)
 else
-	@$(PY) -m fastinfer.catalog.family $(MODEL)
+	@$(PY) -m fastinfer.catalog.holdings $(MODEL)
 endif
 
-# Serves (and packs) MODEL's family: FASTINFER_MODEL for the server and everything it runs first.
-serve bento: export FASTINFER_MODEL := $(MODEL)
+# Serves (and packs, benchmarks, tunes) MODEL's family: FASTINFER_MODEL for the server and everything it
+# runs first; `make bench MODEL=shop` measures shop's models and records the family in its results.
+serve bento bench tune tune-check: export FASTINFER_MODEL := $(MODEL)
 
 serve: models
 	$(VENV)/bin/bentoml serve service:FastInfer --port $(PORT)

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Scope, Send
 
-from fastinfer.catalog import family, store, tuned
+from fastinfer.catalog import family, holdings, store, tuned
 from fastinfer.catalog.backends import served_models
 from fastinfer.catalog.choice import DefaultChoice, default_choice, default_now
 from fastinfer.catalog.config import get_settings
@@ -103,8 +103,10 @@ class FastInfer:
             self.live,
             settings.max_pixels,
         )
+        unserved = store.unserved()  # said once at start-up, by the deployment hook
         for name, reason in self.unavailable.items():
-            logger.warning("backend %s unavailable: %s", name, reason)
+            if not all(model in unserved for model in REGISTRY[name].spec.model_names()):
+                logger.warning("backend %s unavailable: %s", name, reason)
         if settings.api_keys:
             logger.info("API keys: on (%d accepted, from %s); open: probes, /metrics, the API page, the "
                         "dashboard's files", len(settings.api_keys), settings.api_keys_from)  # fmt: skip
@@ -122,14 +124,18 @@ class FastInfer:
         """Once per ``bentoml serve``, in its parent process before any worker starts: fix the exact
         model versions this server serves (fastinfer.catalog.store.PINS_ENV, inherited by every worker, restarted
         or not), and record them so that a rebuild keeps them while this server runs."""
-        pinned = store.pin([name for entry in REGISTRY.values() for name in entry.spec.model_names()])
-        if not pinned and (missing := family.missing_reason(settings.model)) is not None:
+        # Only the models built from the family's source (its newest model's): one of another source answers
+        # 503 saying so, never the same image otherwise than the rest (fastinfer/catalog/holdings.py).
+        names = [name for entry in REGISTRY.values() for name in entry.spec.model_names()]
+        pinned, unserved = holdings.pin(names, settings.model)
+        if not pinned and (missing := holdings.missing_reason(settings.model)) is not None:
             # Not started, as with any backend not built (BentoML cannot resolve its runners' models), but with
             # what the store holds and how to build this family, rather than BentoML's "could not be fetched".
             logger.error("%s", missing)
             raise BentoMLException(f"model family {settings.model!r} is not in the model store (logged above: "
                                    "the families it holds, and how to build this one)")  # fmt: skip
         os.environ[store.PINS_ENV] = json.dumps(pinned)
+        os.environ[store.UNSERVED_ENV] = json.dumps(unserved)
         # The tuned configuration this process read when it imported this module (its front workers and
         # runners follow from it): every worker takes the same, even if the file changes meanwhile.
         tuned.export(settings.tuned)

@@ -4,7 +4,8 @@
 [--mean R,G,B --std R,G,B --resize N --crop N] [--only NAME,...] [--force]``
 
 A family is one set of weights with its labels and preprocessing; its models are stored as
-``<family>-<backend>[-b<N>]``. Every argument is checked before anything is exported.
+``<family>-<backend>[-b<N>]``. Every argument is checked before anything is exported; so is that a build of
+some backends only (``--only``, ``--if-missing``) does not leave the family's models built from two sources.
 
 Every ONNX export is run against PyTorch on real photos; one that diverges beyond its artifact's
 tolerance fails the build and is not stored.
@@ -12,7 +13,6 @@ tolerance fails the build and is not stored.
 
 from __future__ import annotations
 
-import logging
 import math
 import shutil
 import tempfile
@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from build_models import exporters
-from build_models.accuracy_gate import DEFAULT_JSON, DEFAULT_MAX_DROP_PP, AccuracyGate
-from build_models.context import BuildContext
-from build_models.labels import IMAGENET_CLASSES, family_labels
+from build_models.accuracy_gate import DEFAULT_JSON, DEFAULT_MAX_DROP_PP, AccuracyGate, AccuracyRefused
+from build_models.context import BuildContext, family_hash
+from build_models.labels import IMAGENET_CLASSES, SHOWN, family_labels
 from fastinfer.catalog import store, store_check
 from fastinfer.catalog.backends import anywhere, open_engine, openvino_cache_dir, openvino_missing
 from fastinfer.catalog.store import PreprocessSpec
@@ -42,8 +42,6 @@ from fastinfer.serving.preprocess import prepare
 
 if TYPE_CHECKING:
     from bentoml import Model
-
-logger = logging.getLogger("build_models")
 
 
 VERIFICATION_PHOTOS = 8
@@ -146,6 +144,11 @@ class BadPreprocessing(ValueError):
     """Preprocessing no model could be built for (a zero std, a crop larger than the resize...): one line."""
 
 
+MIN_STD = 1e-3
+"""The smallest std: pixels are divided by it, and below this one grey level is already 4 units apart
+(1/255/0.001) and a graph's activations run to the float range's end: a mistake, not a model."""
+
+
 def preprocess_spec(
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
@@ -155,7 +158,7 @@ def preprocess_spec(
     """A family's preprocessing, each value not given the default family's (ImageNet's: mean 0.485,0.456,0.406,
     std 0.229,0.224,0.225, resize 232, crop 224, as torchvision's IMAGENET1K_V2 transforms). BadPreprocessing
     names the first value that cannot be: pixels are scaled to 0..1 before normalising, so a mean is in
-    0..1 and a std above 0; MIN_INPUT_SIZE <= crop <= resize <= MAX_INPUT_SIZE."""
+    0..1 and a std at least MIN_STD; MIN_INPUT_SIZE <= crop <= resize <= MAX_INPUT_SIZE."""
     default = PreprocessSpec()
     mean = tuple(default.mean if mean is None else mean)
     std = tuple(default.std if std is None else std)
@@ -167,8 +170,10 @@ def preprocess_spec(
             raise BadPreprocessing(f"--{name} {shown[name]}: three finite numbers, one per channel R,G,B")
     if not all(0 <= v <= 1 for v in mean):
         raise BadPreprocessing(f"--mean {shown['mean']}: each is a mean of pixels scaled to 0..1, so 0 to 1")
-    if not all(v > 0 for v in std):
-        raise BadPreprocessing(f"--std {shown['std']}: each must be above 0 (the pixels are divided by it)")
+    if not all(v >= MIN_STD for v in std):
+        raise BadPreprocessing(
+            f"--std {shown['std']}: each must be at least {MIN_STD:g} (the pixels, scaled to 0..1, are divided by it)"
+        )
     if not MIN_INPUT_SIZE <= crop <= MAX_INPUT_SIZE:
         raise BadPreprocessing(f"--crop {crop}: the model's image side must be {MIN_INPUT_SIZE} to {MAX_INPUT_SIZE}")
     if not crop <= resize <= MAX_INPUT_SIZE:
@@ -188,8 +193,54 @@ def warn_generic_calibration(family: str, progress: Callable[[str], None]) -> No
         "(scikit-image samples), not on your own images, so its accuracy on your classes may suffer; "
         "pass --calibration-dir DIR with a few hundred of your images (your training folder will do)"
     )
-    logger.warning(message)
     progress(message)
+
+
+def warn_default_family(progress: Callable[[str], None]) -> None:
+    """Say plainly that a model of one's own is about to replace ImageNet's models in the default family."""
+    progress(
+        f"WARNING: family {store.DEFAULT_FAMILY} is the default family (ImageNet's, served when FASTINFER_MODEL "
+        f"is not set): your model replaces its models in the store; pass --name NAME to build it as a family of "
+        "its own instead"
+    )
+
+
+class MixedSources(ValueError):
+    """A build of some backends of a family whose other stored models come from other weights, labels or
+    preprocessing: it would leave the family of two sources."""
+
+
+def other_sources(family: str, source_hash: str, artifacts: Sequence[str]) -> list[str]:
+    """The stored models of ``family``'s ``artifacts`` (every batch) built from another source than
+    ``source_hash`` (other weights, labels or preprocessing)."""
+    found = []
+    for name in artifacts:
+        for size in ARTIFACTS[name].batches:
+            model = store.find(name, size, family_name=family)
+            if model is not None and model.info.labels.get("source_hash") != source_hash:
+                found.append(str(model.tag))
+    return found
+
+
+def check_one_source(family: str, source_hash: str, names: Sequence[str], if_missing: bool) -> None:
+    """MixedSources when a build of some of ``family``'s backends only (``names``, or ``if_missing``: only
+    those missing or corrupt) would leave stored models of another source beside its own. A build of every
+    backend this machine can build replaces them all: it stays allowed."""
+    buildable = [name for name, artifact in ARTIFACTS.items() if artifact.requires() is None]
+    if not if_missing and set(buildable) <= set(names):
+        return
+    # --if-missing rebuilds whatever is not current: all of a family of another source, which it is not for.
+    left = ARTIFACT_NAMES if if_missing else [name for name in ARTIFACT_NAMES if name not in names]
+    others = other_sources(family, source_hash, left)
+    if others:
+        partial = "--if-missing" if if_missing else f"--only {','.join(names)}"
+        shown = ", ".join(others[:SHOWN]) + (f" and {len(others) - SHOWN} more" if len(others) > SHOWN else "")
+        raise MixedSources(
+            f"family {family}: {shown} {'was' if len(others) == 1 else 'were'} built from other "
+            f"weights, labels or preprocessing than this build's, so {partial} would leave the family of two "
+            "sources. Build the whole family (drop --only and --if-missing; --force rebuilds even the current "
+            "ones) to replace every backend, or give the weights, labels and preprocessing those were built with"
+        )
 
 
 def verification_batch(spec: PreprocessSpec, own: np.ndarray | None = None) -> np.ndarray:
@@ -225,6 +276,7 @@ def build(
     eval_dir: Path | None = None,
     max_accuracy_drop: float = DEFAULT_MAX_DROP_PP,
     accuracy_json: Path = DEFAULT_JSON,
+    if_missing: bool = False,
 ) -> list[BuildResult]:
     """Build (or confirm current) every artifact named in ``only`` (default: all) of the model family
     ``family``: ``weights_choice``'s weights, named by ``labels_path`` (default: ImageNet's, for 1000
@@ -233,12 +285,15 @@ def build(
     ``force`` rebuilds every one from the weights; ``calibration_dir`` / ``int8_activations`` (default
     u8), when given, rebuild the INT8 models calibrated otherwise. A bad family name, preprocessing, weights
     file or labels raise (BadFamilyName, BadPreprocessing, NotResNet50Weights, BadLabels) before anything is
-    exported. Raises :class:`VerificationError` when an export diverges from PyTorch beyond its tolerance;
-    that artifact is not stored (a previous version stays).
+    exported; so does MixedSources, when ``only`` leaves out a backend this machine builds, or ``if_missing``
+    (the build only fills gaps, --if-missing) is set, and the family holds models of another source.
+    Raises :class:`VerificationError` when an export diverges from PyTorch beyond its tolerance; that
+    artifact is not stored (a previous version stays).
 
     ``eval_dir`` (labelled photos, one folder per label): every model built or kept is measured on it beside
     PyTorch (build_models/accuracy_gate.py), the table written to ``accuracy_json``; an INT8/BF16 export whose
-    top-1 falls more than ``max_accuracy_drop`` points below PyTorch's raises AccuracyRefused, unstored.
+    top-1 falls more than ``max_accuracy_drop`` points below PyTorch's is not stored, said at once, and the
+    build goes on with the others, then raises AccuracyRefused naming every one refused.
     """
     import torch
 
@@ -262,6 +317,10 @@ def build(
         f"family {family}: {len(labels)} classes ({named}); resize {spec.resize_size}, crop {spec.crop_size}, "
         f"mean {','.join(map(str, spec.mean))}, std {','.join(map(str, spec.std))}"
     )
+    check_one_source(family, family_hash(weights.source_hash, labels, spec), names, if_missing)
+    not_imagenet = labels_path is not None or weights.num_classes != IMAGENET_CLASSES
+    if not_imagenet and family == store.DEFAULT_FAMILY:
+        warn_default_family(progress)
     ctx = BuildContext(
         weights,
         spec,
@@ -272,7 +331,6 @@ def build(
         family=family,
         categories=labels,
     )
-    not_imagenet = labels_path is not None or weights.num_classes != IMAGENET_CLASSES
     if not_imagenet and calibration_dir is None and {"onnx-int8", "openvino-int8"} & set(names):
         warn_generic_calibration(family, progress)
     # In the table's order, whatever the order of --only: openvino-int8 converts onnx-int8's result.
@@ -354,8 +412,13 @@ def build(
                     progress(f"{step}: verified vs PyTorch {found}")
                 elif artifact.name == "coreml" and not hardware.is_macos():
                     progress(f"{step}: converted; CoreML prediction needs macOS, so it is verified there (fidelity)")
-                # On the user's photos, as served; an INT8/BF16 model losing too much raises, unstored.
-                measured = None if gate is None else gate.check(name, artifact.name, size, tmp, kept)
+                # On the user's photos, as served; an INT8/BF16 model losing too much is refused, unstored,
+                # and the other backends are built still: the refusals end the build (gate.refusal()).
+                try:
+                    measured = None if gate is None else gate.check(name, artifact.name, size, tmp, kept)
+                except AccuracyRefused as exc:
+                    progress(f"{step}: REFUSED: {str(exc).removeprefix(f'{name}: ')}")
+                    continue
                 labels = {
                     "family": family,
                     "backend": artifact.name,
@@ -415,8 +478,11 @@ def build(
             results.append(BuildResult(name, str(stored.tag), True, seconds, diff, agree))
     finally:
         if gate is not None:
-            gate.finish()  # the table, also after a refusal: the numbers so far
+            gate.finish()  # the table, also after a refusal, or a failure: the numbers so far
         ctx.close()
+    refused = None if gate is None else gate.refusal()
+    if refused is not None:
+        raise refused
     return results
 
 

@@ -7,7 +7,15 @@ import logging
 import sys
 from pathlib import Path
 
-from build_models import ARTIFACT_NAMES, BadPreprocessing, VerificationError, build, preprocess_spec, unusable
+from build_models import (
+    ARTIFACT_NAMES,
+    BadPreprocessing,
+    MixedSources,
+    VerificationError,
+    build,
+    preprocess_spec,
+    unusable,
+)
 from build_models.accuracy_gate import DEFAULT_JSON, AccuracyRefused, BadAccuracyDrop, max_drop
 from build_models.labels import BadLabels
 from build_models.weights import NotResNet50Weights
@@ -15,10 +23,17 @@ from fastinfer.catalog.store import DEFAULT_FAMILY, BadFamilyName, PreprocessSpe
 from fastinfer.common.home import use_project_store
 from fastinfer.measure.accuracy import EvalDirError
 
+
+class WithoutEvalDir(ValueError):
+    """A flag of --eval-dir's given without it: a measurement asked for that would not happen."""
+
+
 ONE_LINE = (NotResNet50Weights, BadLabels, BadFamilyName, BadPreprocessing, FileNotFoundError, VerificationError)
-ONE_LINE += (EvalDirError, AccuracyRefused, BadAccuracyDrop)  # --eval-dir's (build_models/accuracy_gate.py)
+ONE_LINE += (MixedSources, WithoutEvalDir, EvalDirError, AccuracyRefused, BadAccuracyDrop)
 """What the build refuses with a reason: said in one line, no traceback, exit status 1."""
 DEFAULTS = PreprocessSpec()
+EVAL_ONLY = {"--max-accuracy-drop": "max_accuracy_drop", "--accuracy-json": "accuracy_json"}
+"""Flags that mean something only with --eval-dir → their argparse names."""
 
 
 def channels(flag: str, text: str) -> tuple[float, ...]:
@@ -33,10 +48,10 @@ def channels(flag: str, text: str) -> tuple[float, ...]:
 
 
 def pixels(flag: str, text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise BadPreprocessing(f"{flag} {text!r}: a whole number of pixels") from None
+    """A number of pixels written in ASCII digits (int() also takes "١٢٨", "1_0", " 128 "), or BadPreprocessing."""
+    if not (text.isascii() and text.isdigit()):
+        raise BadPreprocessing(f"{flag} {text!r}: a whole number of pixels, in the digits 0-9")
+    return int(text)
 
 
 def family_preprocess(args: argparse.Namespace) -> PreprocessSpec:
@@ -49,8 +64,9 @@ def family_preprocess(args: argparse.Namespace) -> PreprocessSpec:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m build_models", description="Build every model into the store.")
+def main(argv: list[str] | None = None, prog: str = "python -m build_models") -> int:
+    """The build command; ``prog``: how it was invoked (``fastinfer build`` hands over with its own name)."""
+    parser = argparse.ArgumentParser(prog=prog, description="Build every model into the store.")
     parser.add_argument(
         "--weights",
         default="auto",
@@ -79,7 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the normalisation mean of pixels scaled to 0..1 (default: {','.join(map(str, DEFAULTS.mean))})",
     )
     family.add_argument(
-        "--std", metavar="R,G,B", help=f"the normalisation std (default: {','.join(map(str, DEFAULTS.std))})"
+        "--std",
+        metavar="R,G,B",
+        help=f"the normalisation std (default: {','.join(map(str, DEFAULTS.std))}). A value beginning with '-' "
+        "is written --std=R,G,B, as for --mean",
     )
     family.add_argument(
         "--resize",
@@ -120,14 +139,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--accuracy-json",
         type=Path,
-        default=DEFAULT_JSON,
         metavar="PATH",
-        help="with --eval-dir: where the accuracy table is written as JSON (default: %(default)s)",
+        help=f"with --eval-dir: where the accuracy table is written as JSON (default: {DEFAULT_JSON})",
     )
     args = parser.parse_args(argv)
     try:  # the family's arguments, checked before anything else happens
         check_family(args.name)
         preprocess = family_preprocess(args)
+        if args.eval_dir is None:  # they say what to do with a measurement no one asked for
+            given = [flag for flag, value in EVAL_ONLY.items() if getattr(args, value) is not None]
+            if given:
+                raise WithoutEvalDir(f"{' and '.join(given)}: only with --eval-dir DIR, the photos to measure on")
+        drop = max_drop(args.max_accuracy_drop)
     except ONE_LINE as exc:
         print(f"build_models: {exc}", file=sys.stderr)
         return 1
@@ -157,8 +180,9 @@ def main(argv: list[str] | None = None) -> int:
             labels_path=args.labels,
             preprocess=preprocess,
             eval_dir=args.eval_dir,
-            max_accuracy_drop=max_drop(args.max_accuracy_drop),
-            accuracy_json=args.accuracy_json,
+            max_accuracy_drop=drop,
+            accuracy_json=args.accuracy_json or DEFAULT_JSON,
+            if_missing=args.if_missing,
         )
     except ONE_LINE as exc:  # said in one line, no traceback
         print(f"build_models: {exc}", file=sys.stderr)

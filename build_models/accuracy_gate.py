@@ -3,7 +3,9 @@ PyTorch's, and the INT8/BF16 models that lose more than ``--max-accuracy-drop`` 
 
 The build loop only calls :class:`AccuracyGate`: :meth:`~AccuracyGate.check` on a fresh export before it is
 stored (its figures go into the stored model's metadata under ``accuracy``; a refusal raises
-:class:`AccuracyRefused`, so nothing is stored and the previous version stays, as on a failed verification),
+:class:`AccuracyRefused`, so nothing is stored and the previous version stays, as on a failed verification;
+the build says it and goes on with the other backends, then fails naming every one refused:
+:meth:`~AccuracyGate.refusal`),
 :meth:`~AccuracyGate.report_stored` on a model kept as up to date (measured and reported only: a stored
 BentoML model is immutable, so its metadata keeps the figures of the build that made it), and
 :meth:`~AccuracyGate.finish` at the end (the table, printed and written as JSON).
@@ -129,9 +131,8 @@ class AccuracyGate:
         return precision, result
 
     def _over(self, result: Accuracy) -> float | None:
-        """The drop in percentage points when it exceeds the limit, else None (rounded: 1 image in 100 is
-        exactly 1 point, not 1.0000000000000009)."""
-        drop = round((self.reference.top1 - result.top1) * 100, 9)
+        """The drop in percentage points when it exceeds the limit, else None."""
+        drop = accuracy.top1_drop_pp(self.reference.top1, result.top1)
         return drop if drop > self.max_drop_pp else None
 
     def check(
@@ -187,6 +188,20 @@ class AccuracyGate:
             )
             return
         self.rows.append(Row.of(name, precision, result, self.reference, note=note))
+
+    def refused(self) -> list[str]:
+        """The models :meth:`check` refused so far, in build order."""
+        return [row.backend for row in self.rows if row.status == "refused"]
+
+    def refusal(self) -> AccuracyRefused | None:
+        """The build's last word when it refused any model (each said when it was): one line naming them all."""
+        names = self.refused()
+        if not names:
+            return None
+        return AccuracyRefused(
+            f"{len(names)} model(s) refused, losing more top-1 than --max-accuracy-drop {self.max_drop_pp:g} on "
+            f"{self.images.root} (nothing stored for them; the others were built): {', '.join(names)}"
+        )
 
     def not_measured(self, name: str, why: str) -> None:
         self.rows.append(Row(name, status="not measured", note=why))

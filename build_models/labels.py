@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+import unicodedata
 from collections import Counter
 from pathlib import Path
 
 IMAGENET_CLASSES = 1000
+"""The default family's class count: ImageNet's weights (``--weights auto|imagenet|random``) have 1000."""
 SHOWN = 3  # names quoted in a refusal: enough to find them, short enough for one line
+MAX_LABEL = 200
+"""The longest label, in characters: a class name, not a paragraph (every answer and table repeats it)."""
+UNPRINTABLE = {"Cc", "Zl", "Zp"}
+"""Unicode categories a label may not hold: control characters (NUL, tab, escape...) and line or paragraph
+separators, which would break the one-line messages, tables and logs that print labels."""
 
 
 class BadLabels(ValueError):
@@ -57,8 +64,10 @@ def read_labels(path: Path) -> list[str]:
 
 
 def text_labels(text: str) -> list[str]:
-    """One label a line, whitespace stripped; blank lines at the end do not count (an editor's final newline)."""
-    lines = [line.strip() for line in text.splitlines()]
+    """One label a line, whitespace stripped; blank lines at the end do not count (an editor's final newline).
+    Lines end at "\n" (a "\r" before it is stripped with the rest), not at every separator str.splitlines
+    knows (U+2028, U+0085, form feed...): those stay inside the label, for check_labels to refuse."""
+    lines = [line.strip() for line in text.split("\n")]
     while lines and not lines[-1]:
         lines.pop()
     return lines
@@ -106,7 +115,8 @@ def folder_labels(directory: Path) -> list[str]:
 
 
 def check_labels(labels: list[str], num_classes: int, source: Path) -> None:
-    """One label per class, none empty, none twice: else BadLabels naming what is wrong."""
+    """One label per class, none empty, none twice, each printable on one line and at most MAX_LABEL
+    characters: else BadLabels naming what is wrong."""
     if len(labels) != num_classes:
         raise BadLabels(
             f"--labels {source} names {len(labels)} classes, but the weights' final layer has {num_classes}"
@@ -116,6 +126,17 @@ def check_labels(labels: list[str], num_classes: int, source: Path) -> None:
         raise BadLabels(
             f"--labels {source}: {len(empty)} empty label(s), at class index {', '.join(map(str, empty[:SHOWN]))}"
         )
+    for i, label in enumerate(labels):
+        if bad := next((c for c in label if unicodedata.category(c) in UNPRINTABLE), None):
+            raise BadLabels(
+                f"--labels {source}: the label at class index {i} holds the control character {bad!r} "
+                f"({label[:60]!r}); a label is printable text on one line"
+            )
+        if len(label) > MAX_LABEL:
+            raise BadLabels(
+                f"--labels {source}: the label at class index {i} is {len(label)} characters long "
+                f"({label[:40]!r}...); at most {MAX_LABEL}"
+            )
     twice = [label for label, n in Counter(labels).items() if n > 1]
     if twice:
         raise BadLabels(

@@ -18,15 +18,15 @@ from urllib.parse import urlparse
 
 import torch
 
+from build_models.labels import IMAGENET_CLASSES
 from fastinfer.common.files import file_sha256
 
 logger = logging.getLogger(__name__)
 
 RANDOM_SEED = 0
 WEIGHTS_ENUM = "ResNet50_Weights.IMAGENET1K_V2"
-
-
-IMAGENET_CLASSES = 1000
+FEATURES = 2048
+"""The width of ResNet-50's pooled features: its final layer's weight is [classes, FEATURES]."""
 
 
 @dataclass(frozen=True)
@@ -133,15 +133,36 @@ def _file(path: Path) -> tuple[dict[str, torch.Tensor], int]:
     return state, check_resnet50(state, path)
 
 
+def final_layer_classes(state: dict[str, object], source: Path) -> int:
+    """The class count N of the final layer's weight (fc.weight [N, 2048]), N >= 2; without one,
+    ImageNet's (check_resnet50 then says it is missing). NotResNet50Weights when it is not a 2-D tensor of
+    at least 2 rows: said as such, not as the fc.bias it then disagrees with."""
+    fc = state.get("fc.weight")
+    if fc is None:
+        return IMAGENET_CLASSES
+    if not isinstance(fc, torch.Tensor) or fc.ndim != 2:
+        got = list(fc.shape) if isinstance(fc, torch.Tensor) else type(fc).__name__
+        raise NotResNet50Weights(
+            f"{source}: its final layer's weight fc.weight is {got}; a ResNet-50's is 2-D, [classes, {FEATURES}]"
+        )
+    classes = int(fc.shape[0])
+    if classes < 2:
+        raise NotResNet50Weights(
+            f"{source}: its final layer (fc) has {classes} class{'' if classes == 1 else 'es'}; a classifier "
+            "needs at least 2"
+        )
+    return classes
+
+
 def check_resnet50(state: dict[str, object], source: Path) -> int:
-    """Every tensor torchvision's ResNet-50 has, with its shape, and nothing else: said in one line.
-    The final layer may have any number N >= 2 of classes (fc.weight [N,2048], fc.bias [N]): returns N."""
+    """Every tensor torchvision's ResNet-50 has, with its shape, and nothing else, every value finite: said
+    in one line. The final layer may have any number N >= 2 of classes (fc.weight [N,2048], fc.bias [N]):
+    returns N."""
     from torchvision.models import resnet50
 
-    fc = state.get("fc.weight")
-    classes = int(fc.shape[0]) if isinstance(fc, torch.Tensor) and fc.ndim == 2 else IMAGENET_CLASSES
+    classes = final_layer_classes(state, source)
     with torch.device("meta"):  # shapes only: no memory, no random init
-        reference = resnet50(weights=None, num_classes=max(classes, 1))
+        reference = resnet50(weights=None, num_classes=classes)
     expected = {k: tuple(v.shape) for k, v in reference.state_dict().items()}
     missing = sorted(expected.keys() - state.keys())
     unexpected = sorted(state.keys() - expected.keys())
@@ -161,8 +182,16 @@ def check_resnet50(state: dict[str, object], source: Path) -> int:
         problems.append(f"{len(misshapen)} of the wrong shape (e.g. {name} {shape}, expected {list(expected[name])})")
     if problems:
         raise NotResNet50Weights(f"{source} is not a ResNet-50 state_dict: tensors {'; '.join(problems)}")
-    if classes < 2:
-        raise NotResNet50Weights(f"{source}: its final layer (fc) has {classes} class; a classifier needs at least 2")
+    # A NaN or infinity (a diverged fine-tune) passes PyTorch's export and fails only a later backend's
+    # verification, after the earlier ones are stored: refused here, before anything is.
+    for name in expected:
+        tensor = state[name]
+        if tensor.is_floating_point() and not (finite := torch.isfinite(tensor)).all():
+            bad = int((~finite).sum())
+            raise NotResNet50Weights(
+                f"{source}: tensor {name} holds {bad} of {tensor.numel()} values that are NaN or infinite; "
+                "no model can be built from it"
+            )
     return classes
 
 

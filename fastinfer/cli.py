@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         # The CLI is the composition root: the one place in fastinfer/ that reaches build_models.
         from build_models.__main__ import main as build_main
 
-        return build_main(argv[1:])
+        return build_main(argv[1:], prog="fastinfer build")
     args = parser().parse_args(argv)
     args.argv = argv[1:]  # for a command handed over as it was given (tune)
     from fastinfer.catalog.backends import NotStored

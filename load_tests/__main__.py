@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from fastinfer.catalog import store
 from fastinfer.catalog.backends import env_key
 from fastinfer.common import hardware
 from fastinfer.common.home import use_project_store
@@ -105,6 +106,16 @@ def default_of(url: str) -> dict[str, str] | None:
         return httpx.get(f"{url}/backends", headers=auth_headers(), timeout=30).json()["default_choice"]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
         say(f"the server's default backend is unknown: {type(exc).__name__}: {exc}")
+        return None
+
+
+def family_of(url: str) -> str | None:
+    """The model family the server serves (GET /backends' family), None when it does not say: the rates of
+    a bench are that family's (fastinfer evaluate sets them beside its accuracy only for the same family)."""
+    try:
+        return str(httpx.get(f"{url}/backends", headers=auth_headers(), timeout=30).json()["family"]["name"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        say(f"the server's model family is unknown: {type(exc).__name__}: {exc}")
         return None
 
 
@@ -246,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": command,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "hardware": hardware.probe(check_torch=True),
+        "family": store.family(),  # FASTINFER_MODEL (make bench MODEL=...): what the servers started here serve
         "runs": [],
     }
     if not args.no_profile:
@@ -265,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         say("--url without --server-pid: the server's CPU is not accounted, the HTTP cost not measured")
     try:
         results["default"] = default_of(url)
+        results["family"] = family_of(url) or results["family"]
         data = photos.benchmark_photo()
         results["sequential"] = []
         for backend in backends:

@@ -23,7 +23,7 @@ import numpy as np
 from bentoml.exceptions import BentoMLException, InvalidArgument, ServiceUnavailable
 from bentoml.models import BentoModel
 
-from fastinfer.catalog import family, store, store_check
+from fastinfer.catalog import holdings, store, store_check
 from fastinfer.catalog.backends import SPECS, open_engine
 from fastinfer.catalog.config import get_settings
 from fastinfer.common import hardware
@@ -59,6 +59,10 @@ class ModelMismatch(BentoMLException):
     """Asked to compute for a model version this runner does not hold (409: the front's view is stale)."""
 
     error_code = HTTPStatus.CONFLICT
+
+
+class NotBuilt(LookupError):
+    """A model of the backend is not in the store (in a server: was not when it pinned its versions at start-up)."""
 
 
 class DeadlinePassed(BentoMLException):
@@ -112,13 +116,22 @@ class RunnerCore:
         name = self.name
         try:
             self.engine = self._load()
+        except store.NotServed as exc:
+            # Built from another source than the rest of its family: not served, as the server's start-up
+            # said (once, fastinfer/catalog/holdings.py); only a rebuild and a restart change that.
+            self.failure, self.failed_at, self.lasting = str(exc), time.monotonic(), True
+            logger.info("runner %s: not served: %s", name, exc)
+            return
         except Exception as exc:
             # A model that cannot load (missing, corrupt, a runtime that cannot compile it on this
             # CPU) makes this backend unavailable, with the reason; it must not take the service
             # down with it, as a runner that dies at start-up would.
             self.failure = f"{name} could not be loaded: {public_line(exc)}"  # what clients are told
             self.failed_at = time.monotonic()
-            self.lasting = isinstance(exc, EngineUnavailable)  # about this machine: no retry heals it
+            # About this machine, or a model not stored when this server pinned its versions: no retry heals it
+            # (only a restart), and a probe that waited for one would keep the whole server not ready.
+            in_a_server = store.pins() is not None
+            self.lasting = isinstance(exc, EngineUnavailable) or (isinstance(exc, NotBuilt) and in_a_server)
             logger.error("runner %s: %s could not be loaded: %s", name, name, one_line(exc, limit=4000))
             return
         self.failure = None
@@ -163,14 +176,14 @@ class RunnerCore:
         return False
 
     def _load(self) -> Engine:
-        # The versions this server pinned at start-up (fastinfer.catalog.store.serving): a runner restarted
+        # The versions this server pinned at start-up (fastinfer.catalog.holdings.serving): a runner restarted
         # after a rebuild loads what the front names, or nothing.
         spec = self.spec
-        found = {size: store.serving(spec.artifact, size) for size in spec.static_batches}
+        found = {size: holdings.serving(spec.artifact, size) for size in spec.static_batches}
         missing = [store.model_name(spec.artifact, size) for size, model in found.items() if model is None]
         if missing:
-            raise LookupError(
-                family.missing_reason() or f"{', '.join(missing)} not in the model store; {family.build_hint()}"
+            raise NotBuilt(
+                holdings.missing_reason() or f"{', '.join(missing)} not in the model store; {holdings.build_hint()}"
             )
         stored = {size: model for size, model in found.items() if model is not None}
         store_check.require_intact(stored.values())  # a file that is not what was built is refused

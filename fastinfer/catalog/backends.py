@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from fastinfer.catalog import family, store
+from fastinfer.catalog import holdings, store
 from fastinfer.catalog.store import StoredModelInfo
 from fastinfer.common import hardware
 from fastinfer.common.home import bentoml_home
@@ -175,7 +175,7 @@ def unavailable_reason(name: str) -> str | None:
         missing = [
             n
             for n, b in zip(spec.model_names(), spec.static_batches, strict=True)
-            if store.serving(spec.artifact, b) is None
+            if holdings.serving(spec.artifact, b) is None
         ]
     except store.PinnedModelGone as exc:
         return reason or str(exc)
@@ -184,14 +184,14 @@ def unavailable_reason(name: str) -> str | None:
         return reason + stored
     if missing:
         # None of the family stored at all: say which families the store holds, and how to build this one.
-        if len(missing) == len(spec.static_batches) and (no_family := family.missing_reason()) is not None:
+        if len(missing) == len(spec.static_batches) and (no_family := holdings.missing_reason()) is not None:
             return no_family
         if store.pins() is not None:  # a server: what it serves was fixed when it started
             return (
                 f"{', '.join(missing)} was not in the model store when this server started; "
-                f"{family.build_hint()} if it still is not, then restart the server"
+                f"{holdings.build_hint()} if it still is not, then restart the server"
             )
-        return f"{', '.join(missing)} not in the model store; {family.build_hint()}"
+        return f"{', '.join(missing)} not in the model store; {holdings.build_hint()}"
     return None
 
 
@@ -201,7 +201,7 @@ def served_models() -> dict[str, StoredModelInfo]:
     return {
         name: store.describe(model)
         for name, spec in SPECS.items()
-        if (model := store.serving_or_none(spec.artifact, spec.static_batches[0])) is not None
+        if (model := holdings.serving_or_none(spec.artifact, spec.static_batches[0])) is not None
     }
 
 
@@ -216,12 +216,12 @@ class NotStored(LookupError):
 
 def model_dirs(name: str) -> dict[int | None, str]:
     spec = SPECS[name]
-    found = {b: store.serving(spec.artifact, b) for b in spec.static_batches}
+    found = {b: holdings.serving(spec.artifact, b) for b in spec.static_batches}
     lost = [store.model_name(spec.artifact, b) for b, m in found.items() if m is None]
     if lost:
         raise NotStored(
-            family.missing_reason()
-            or f"{', '.join(lost)} not in the model store ({bentoml_home() / 'models'}); {family.build_hint()}"
+            holdings.missing_reason()
+            or f"{', '.join(lost)} not in the model store ({bentoml_home() / 'models'}); {holdings.build_hint()}"
         )
     return {b: m.path for b, m in found.items() if m is not None}
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from fastinfer.catalog.backends import BACKENDS, env_key, unavailable_reason
 from fastinfer.catalog.config import Settings, get_settings
+from fastinfer.catalog.store import DEFAULT_FAMILY
 from fastinfer.catalog.tuned import MACHINE_KEYS
 from fastinfer.common import hardware
 from fastinfer.common.home import project_root
@@ -94,9 +95,12 @@ def measured_here(path: Path | None, hw: dict[str, Any]) -> tuple[dict[str, floa
     return _rates_here(path, hw, rows, "bench result", "measured by `fastinfer bench`")
 
 
-def served_here(path: Path | None, hw: dict[str, Any]) -> tuple[dict[str, float] | None, str]:
+def served_here(
+    path: Path | None, hw: dict[str, Any], family_name: str | None = None
+) -> tuple[dict[str, float] | None, str]:
     """Backend → req/s it served at SERVED_USERS clients without an error in a ``make bench`` of a machine
-    like this one; else None, and why (a reason, never an error)."""
+    like this one; else None, and why (a reason, never an error). ``family_name``: only a bench of that
+    model family counts (one that recorded none was of resnet50's, from before families)."""
 
     def rows(result: dict[str, Any]) -> list[tuple[Any, Any]]:
         return [
@@ -105,7 +109,7 @@ def served_here(path: Path | None, hw: dict[str, Any]) -> tuple[dict[str, float]
             if run.get("scenario") == "inference" and run.get("users") == SERVED_USERS and not run.get("failures")
         ]
 
-    return _rates_here(path, hw, rows, "served bench", "served by `make bench`")
+    return _rates_here(path, hw, rows, "served bench", "served by `make bench`", family_name)
 
 
 def _rates_here(
@@ -114,9 +118,10 @@ def _rates_here(
     rows: Callable[[dict[str, Any]], list[tuple[Any, Any]]],
     what: str,
     used: str,
+    family_name: str | None = None,
 ) -> tuple[dict[str, float] | None, str]:
     """Each backend's best rate among ``rows`` of the JSON result at ``path``, if it was measured on a
-    machine like ``hw``; else None, and why."""
+    machine like ``hw`` (and of model family ``family_name``, when given); else None, and why."""
     if path is None or not path.is_file():
         return None, f"no {what} ({path})" if path else f"no {what}"
     try:
@@ -124,6 +129,7 @@ def _rates_here(
         ran_on = result["hardware"]
         if not isinstance(ran_on, dict):
             raise TypeError("its hardware is not an object")
+        served = str(result.get("family") or DEFAULT_FAMILY)
         rates: dict[str, float] = {}
         for backend, value in rows(result):
             name, rate = str(backend), float(value)
@@ -133,6 +139,8 @@ def _rates_here(
         return None, f"{path} is not a {what} ({type(exc).__name__}); ignored"
     if differs := [key for key in MACHINE_KEYS if ran_on.get(key) != hw.get(key)]:
         return None, f"{path} was measured on another machine ({', '.join(differs)} differ); ignored"
+    if family_name is not None and served != family_name:
+        return None, f"{path} measured model family {served!r}, not {family_name!r}; ignored"
     return (rates or None), f"{used} ({path})"
 
 

@@ -1,6 +1,7 @@
 """The family a server serves, as people are told it: its name, class count, where its weights came from,
-its preprocessing and the accuracy its build measured (``/backends``, the API page, the dashboard, doctor,
-``/metrics``), and what to say when the model store holds none of it.
+its preprocessing, its labels and the accuracy its build measured (``/backends``, the API page, the
+dashboard, doctor, ``/metrics``). What the store holds of it, and how to build it, is
+fastinfer.catalog.holdings's.
 
 One family per server (``FASTINFER_MODEL``, fastinfer.catalog.store.family). Everything here is read from
 the stored models themselves: nothing about ImageNet is assumed, its 1000 classes and 224-pixel crop are
@@ -9,17 +10,12 @@ only what the default family's models say of themselves.
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastinfer.catalog import store
+from fastinfer.catalog.holdings import missing_reason
 from fastinfer.catalog.store import StoredModelInfo
-
-logger = logging.getLogger("fastinfer.family")
 
 ACCURACY_KEYS = ("top1", "top5", "reference_top1", "reference_top5", "precision", "images", "skipped")
 """What /backends and doctor show of a stored model's ``accuracy`` (its eval folder's path is the builder's)."""
@@ -30,17 +26,11 @@ def classes(info: StoredModelInfo) -> int:
     return info.num_classes or len(info.categories)
 
 
-def build_command(name: str) -> str:
-    """The command that builds family ``name`` into the store."""
-    if name == store.DEFAULT_FAMILY:
-        return "`fastinfer build` (ImageNet's weights; `--weights PATH --labels PATH` for your own)"
-    return f"`fastinfer build --weights PATH --labels PATH --name {name}`"
-
-
-def build_hint(name: str | None = None) -> str:
-    """What a message about a model missing from family ``name`` (default: this process's) says to run."""
-    name = name or store.family()
-    return "run `python -m build_models`" if name == store.DEFAULT_FAMILY else f"run {build_command(name)}"
+def shows_top5(num_classes: int | None) -> bool:
+    """Whether top-5 accuracy means anything for a family of this many classes: with 5 or fewer, the top 5
+    hold every class, so it is 100% whatever the model does. Not shown then (doctor, the API page, the
+    dashboard, /metrics); a class count not known: shown."""
+    return num_classes is None or num_classes > 5
 
 
 @dataclass(frozen=True)
@@ -55,6 +45,7 @@ class FamilyInfo:
     preprocess: dict[str, Any] = field(default_factory=dict)
     accuracy: dict[str, dict[str, Any]] = field(default_factory=dict)  # backend → its build's measurement
     missing: str | None = None
+    labels: list[str] = field(default_factory=list)  # its class names, in index order
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -66,6 +57,7 @@ class FamilyInfo:
             "preprocess": self.preprocess,
             "accuracy": self.accuracy,
             "missing": self.missing,
+            "labels": self.labels,
         }
 
     def weights_line(self) -> str:
@@ -75,12 +67,15 @@ class FamilyInfo:
         return f"{self.weights} ({self.weights_description})" if self.weights_description else self.weights
 
     def accuracy_line(self) -> str:
-        """The accuracy the build measured, per backend, in one line ("" when it measured none)."""
+        """The accuracy the build measured, per backend, in one line ("" when it measured none); top-5 only
+        where it means something (:func:`shows_top5`)."""
+        top5 = shows_top5(self.num_classes)
         return "; ".join(
-            f"{backend} top-1 {100 * a['top1']:.1f}%, top-5 {100 * a['top5']:.1f}%"
+            f"{backend} top-1 {100 * a['top1']:.1f}%"
+            + (f", top-5 {100 * a['top5']:.1f}%" if top5 else "")
             + (f" ({a['precision']})" if a.get("precision") else "")
             for backend, a in self.accuracy.items()
-            if isinstance(a.get("top1"), int | float) and isinstance(a.get("top5"), int | float)
+            if isinstance(a.get("top1"), int | float) and (not top5 or isinstance(a.get("top5"), int | float))
         )
 
     def summary(self) -> str:
@@ -111,59 +106,5 @@ def summary(name: str, models: Mapping[str, StoredModelInfo]) -> FamilyInfo:
         weights_description=first.weights_description or None,
         preprocess={"resize_size": pre.resize_size, "crop_size": pre.crop_size, "mean": pre.mean, "std": pre.std},
         accuracy=accuracy,
+        labels=list(first.categories),
     )
-
-
-_held_by_pins: dict[str, dict[str, list[str]]] = {}  # pins as set → what the store held: a server asks once
-
-
-def held() -> dict[str, list[str]]:
-    """The families the model store holds → their store names ({} when it cannot be listed). In a
-    server, read once: what it serves was fixed when it started."""
-    pins = os.environ.get(store.PINS_ENV)
-    if pins is not None and pins in _held_by_pins:
-        return _held_by_pins[pins]
-    try:
-        found = store.families()
-    except Exception as exc:  # a model.yaml BentoML cannot read stops its listing: said, not raised
-        logger.warning("the model store cannot be listed: %s", exc)
-        found = {}
-    if pins is not None:
-        _held_by_pins[pins] = found
-    return found
-
-
-def missing_reason(name: str | None = None) -> str | None:
-    """Why family ``name`` (default: this process's) cannot be served at all: the store holds no model of
-    it. Says which families it holds and how to build this one. None when the store holds some of it."""
-    name = name or store.family()
-    found = held()
-    if name in found:
-        return None
-    others = ", ".join(f"{family} ({len(names)} models)" for family, names in found.items() if family != name)
-    holds = f"it holds {others}" if others else "it holds no model family at all"
-    serve_other = f", or serve one it holds ({store.FAMILY_ENV}={next(iter(found))})" if others else ""
-    restart = ", then restart the server" if os.environ.get(store.PINS_ENV) is not None else ""
-    return (
-        f"the model store holds no model of family {name!r} ({store.FAMILY_ENV}={name}); {holds}. "
-        f"Build it with {build_command(name)}{serve_other}{restart}"
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m fastinfer.catalog.family NAME``: 0 when the model store holds family NAME, else 1 after
-    one line saying what it holds and how to build NAME (``make serve`` / ``make bento`` check so first)."""
-    args = sys.argv[1:] if argv is None else argv
-    try:
-        name = store.check_family(args[0] if args else store.family())
-    except store.BadFamilyName as exc:
-        print(f"{store.FAMILY_ENV}: {exc}", file=sys.stderr)
-        return 1
-    if (why := missing_reason(name)) is not None:
-        print(why, file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -125,12 +125,16 @@ def families() -> dict[str, list[str]]:
 
     found: dict[str, list[str]] = {}
     for model in bentoml.models.list():
-        name = model.tag.name
-        labels = model.info.labels
-        owner = labels.get("family") or (DEFAULT_FAMILY if name.startswith(f"{DEFAULT_FAMILY}-") else None)
-        if owner is not None and name not in found.setdefault(owner, []):
-            found[owner].append(name)
+        owner = family_of(model)
+        if owner is not None and model.tag.name not in found.setdefault(owner, []):
+            found[owner].append(model.tag.name)
     return {owner: sorted(names) for owner, names in sorted(found.items())}
+
+
+def family_of(model: Model) -> str | None:
+    """The family a stored model belongs to: its ``family`` label (one stored before families: ``resnet50``'s)."""
+    default = DEFAULT_FAMILY if model.tag.name.startswith(f"{DEFAULT_FAMILY}-") else None
+    return model.info.labels.get("family") or default
 
 
 def unreadable(name: str) -> dict[str, str]:
@@ -180,52 +184,47 @@ def pins() -> dict[str, str] | None:
     return pinned
 
 
-def pin(names: list[str]) -> dict[str, str]:
-    """Resolve each stored name's ``:latest`` now, for a server about to start its workers."""
+def latest(names: list[str]) -> dict[str, Model]:
+    """Each stored name's ``:latest`` model now (a name never built is left out)."""
     import bentoml
     from bentoml.exceptions import NotFound
 
     resolved = {}
     for name in names:
         try:
-            resolved[name] = str(bentoml.models.get(f"{name}:latest").tag)
+            resolved[name] = bentoml.models.get(f"{name}:latest")
         except NotFound:
             continue  # not built: the backend answers 503 saying so
     return resolved
 
 
+def pin(names: list[str]) -> dict[str, str]:
+    """Resolve each stored name's ``:latest`` now, for a server about to start its workers."""
+    return {name: str(model.tag) for name, model in latest(names).items()}
+
+
+UNSERVED_ENV = "FASTINFER_UNSERVED_MODELS"
+"""Set beside PINS_ENV at start-up: store name → why this server does not serve it, though it is stored (built
+from another source than the rest of its family: fastinfer.catalog.holdings)."""
+
+
+def unserved() -> dict[str, str]:
+    """This server's stored models that it does not serve → why ({} outside a server, or when none)."""
+    try:
+        told = json.loads(os.environ.get(UNSERVED_ENV) or "{}")
+    except ValueError:
+        told = None
+    return told if isinstance(told, dict) else {}
+
+
 class PinnedModelGone(LookupError):
-    """The version this server pinned at start-up was deleted from the store (by a rebuild)."""
+    """The version this server would serve cannot be: deleted from the store (by a rebuild) since it
+    pinned it at start-up, or not served at all (:class:`NotServed`)."""
 
 
-def serving(backend: str, batch: int | None = None) -> Model | None:
-    """The model a server serves for a store name: its pinned version (PinnedModelGone when that was
-    deleted), or the latest stored outside a server. None when never built."""
-    import bentoml
-    from bentoml.exceptions import NotFound
-
-    name = model_name(backend, batch)
-    pinned = pins()
-    if pinned is None:
-        return find(backend, batch)
-    if name not in pinned:
-        return None  # not stored when this server started: it serves without it until restarted
-    pinned_tag = pinned[name]
-    try:
-        return bentoml.models.get(pinned_tag)
-    except NotFound:
-        pass
-    except Exception as exc:  # its model.yaml deleted or garbled since
-        raise PinnedModelGone(f"{pinned_tag}, the version this server started with, is unreadable now: {exc}") from None
-    try:
-        latest = find(backend, batch)
-    except Exception:  # a store whose latest pointer names a deleted version, say
-        latest = None
-    now = f"; the store now holds {latest.tag}" if latest is not None else ""
-    raise PinnedModelGone(
-        f"{pinned_tag}, the version this server started with, is no longer in the model store{now}: "
-        "restart the server to serve what is stored"
-    )
+class NotServed(PinnedModelGone):
+    """A stored model not served: built from other weights, labels or preprocessing than its family's newest
+    model (fastinfer.catalog.holdings); a rebuild of the whole family is what heals it."""
 
 
 PIN_PREFIX = ".fastinfer-pinned-"
@@ -286,14 +285,6 @@ def in_use() -> dict[str, int]:
             continue
         used.update(dict.fromkeys(map(str, tags), pid))
     return used
-
-
-def serving_or_none(backend: str, batch: int | None = None) -> Model | None:
-    """:func:`serving`, with None for a pinned version that is gone (its backend says why elsewhere)."""
-    try:
-        return serving(backend, batch)
-    except PinnedModelGone:
-        return None
 
 
 def describe(model: Model) -> StoredModelInfo:

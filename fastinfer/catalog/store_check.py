@@ -23,6 +23,8 @@ from fastinfer.common.files import file_sha256
 if TYPE_CHECKING:
     from bentoml import Model
 
+    from fastinfer.catalog.store import PreprocessSpec
+
 FILES_KEY = "files"
 """The metadata key: {relative POSIX path: {"bytes": size, "sha256": hex}} for every stored file."""
 
@@ -31,9 +33,6 @@ NOT_RECORDED = "no sha256 recorded for its files (stored by an older build)"
 # What BentoML writes into a model's directory itself: not the build's output, and model.yaml
 # holds the record (it cannot hold its own hash).
 BENTOML_FILES = frozenset({"model.yaml", "custom_objects.pkl"})
-
-WEIGHTS_ARGUMENT = {"imagenet": "imagenet", "random-init": "random"}
-"""A stored ``weights`` label → the ``--weights`` that builds the same again (a file: its path)."""
 
 
 class CorruptModel(RuntimeError):
@@ -50,6 +49,7 @@ class Health:
     recorded: bool  # False: built before records were kept, so it cannot be verified
     problems: tuple[str, ...] = ()  # one per file that is missing or differs
     family: str = ""  # its ``family`` label ("" = the default family's: a model stored before families)
+    preprocess: PreprocessSpec | None = None  # what it was built with (None: not known)
 
     @property
     def intact(self) -> bool:
@@ -102,6 +102,8 @@ def compare(directory: Path, recorded: dict[str, Any]) -> list[str]:
 
 def check(model: Model) -> Health:
     """A stored model's files against the record its build kept in its metadata."""
+    from fastinfer.catalog.store import describe
+
     labels = model.info.labels
     recorded = model.info.metadata.get(FILES_KEY)
     usable = isinstance(recorded, dict) and bool(recorded)
@@ -112,6 +114,7 @@ def check(model: Model) -> Health:
         recorded=usable,
         problems=tuple(compare(Path(model.path), recorded)) if usable else (),
         family=labels.get("family", ""),
+        preprocess=describe(model).preprocess,
     )
 
 
@@ -127,26 +130,29 @@ def artifact_of(name: str) -> str:
 
 
 def _source(health: Health) -> str:
-    """``build_models`` arguments naming the source a model was built from: its weights and, for a
-    family of its own weights, its labels and name (a PATH where the store does not keep the file's)."""
-    from fastinfer.catalog.store import DEFAULT_FAMILY
+    """``build_models`` arguments naming the source a model was built from: its weights and, for a family
+    of its own, its labels, name and preprocessing (a PATH where the store does not keep the file)."""
+    from fastinfer.catalog import rebuild
 
-    weights = f"--weights {WEIGHTS_ARGUMENT.get(health.weights, 'PATH.pth')}"
-    if health.family in ("", DEFAULT_FAMILY):
-        return weights
-    labels = " --labels PATH" if health.weights not in WEIGHTS_ARGUMENT else ""
-    return f"{weights}{labels} --name {health.family}"
+    return rebuild.source_args(health.family, health.weights or None, health.preprocess)
 
 
 def rebuild_command(unhealthy: Iterable[Health]) -> str:
-    """The command that rebuilds these models from the source they were built from (one per source)."""
+    """The command that rebuilds these models from the source they were built from (one per source): only
+    them (``--only``) where the command names the source exactly, else the whole family (a weights or labels
+    file named PATH: a partial build from another file would mix two sources in one family)."""
+    from fastinfer.catalog import rebuild
+
     by_source: dict[str, list[str]] = {}
     for health in unhealthy:
         artifacts = by_source.setdefault(_source(health), [])
         if health.artifact not in artifacts:
             artifacts.append(health.artifact)
     return " && ".join(
-        f"python -m build_models --only {','.join(artifacts)} {source}" for source, artifacts in by_source.items()
+        f"python -m build_models {source} ({rebuild.WHOLE_FAMILY})"
+        if rebuild.needs_files(source)
+        else f"python -m build_models --only {','.join(artifacts)} {source}".rstrip()
+        for source, artifacts in by_source.items()
     )
 
 

@@ -203,7 +203,7 @@ def shown_path(where: Path) -> str:
 def model_tags(names: list[str] | None = None) -> dict[str, str | None]:
     """Store name (e.g. ``resnet50-onnx-int8``) → the tag this process serves for it, None if none; every
     backend's models when ``names`` is None."""
-    from fastinfer.catalog import store
+    from fastinfer.catalog import holdings
     from fastinfer.catalog.backends import SPECS
 
     where = {
@@ -214,7 +214,7 @@ def model_tags(names: list[str] | None = None) -> dict[str, str | None]:
     tags: dict[str, str | None] = {}
     for name in where if names is None else names:
         try:
-            model = store.serving(*where[name]) if name in where else None
+            model = holdings.serving(*where[name]) if name in where else None
         except LookupError:  # the pinned version is gone
             model = None
         tags[name] = str(model.tag) if model is not None else None

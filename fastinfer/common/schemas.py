@@ -85,7 +85,8 @@ class BackendInfo(BaseModel):
     batching: BatchingInfo | None = None
     accuracy: dict[str, Any] | None = Field(
         default=None,
-        description="top-1 and top-5 (0..1) of its model on the labelled photos its build measured (--eval-dir), "
+        description="top-1 and top-5 (0..1; top-5 counts every class of a family of 5 or fewer, so 1 there) of "
+        "its model on the labelled photos its build measured (--eval-dir), "
         "beside PyTorch's (reference_top1/5), the precision that ran and the images counted; null: not measured",
     )
 
@@ -105,6 +106,10 @@ class ModelFamily(BaseModel):
         default_factory=dict, description="backend → the accuracy its build measured (backends without: not measured)"
     )
     missing: str | None = Field(default=None, description="why nothing is served: the families the store holds")
+    labels: list[str] = Field(
+        default_factory=list,
+        description="its class names in index order (an answer's `index` → `label`): what a client scores answers by",
+    )
 
 
 class BackendsResponse(BaseModel):

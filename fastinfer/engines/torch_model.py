@@ -38,16 +38,14 @@ class Uint8Classifier(nn.Module):
 
 
 def resnet50(
-    state_dict: Mapping[str, torch.Tensor] | None = None,
+    state_dict: Mapping[str, torch.Tensor],
     mean: Sequence[float] = IMAGENET_MEAN,
     std: Sequence[float] = IMAGENET_STD,
 ) -> Uint8Classifier:
-    """torchvision's ResNet-50 behind the uint8 contract, in eval mode, with as many classes as the
-    state_dict's final layer has (1000 without one)."""
+    """torchvision's ResNet-50 with ``state_dict``'s weights behind the uint8 contract, in eval mode, with as
+    many classes as its final layer has (fc.weight [classes, 2048]): no class count is assumed here."""
     from torchvision.models import resnet50 as tv_resnet50
 
-    classes = int(state_dict["fc.weight"].shape[0]) if state_dict is not None and "fc.weight" in state_dict else 1000
-    backbone = tv_resnet50(weights=None, num_classes=classes)
-    if state_dict is not None:
-        backbone.load_state_dict(state_dict)
+    backbone = tv_resnet50(weights=None, num_classes=int(state_dict["fc.weight"].shape[0]))
+    backbone.load_state_dict(state_dict)
     return Uint8Classifier(backbone, mean, std).eval()

@@ -237,14 +237,17 @@ def _text(name: str, data: bytes | memoryview) -> str:
     return value
 
 
-def top_k(form: Form) -> int | None:
+def top_k(form: Form, pipeline: Pipeline | None = None) -> int | None:
     """The request's ``top_k`` (1..TOP_K_MAX), or None when it asks for none: the pipeline then ranks the
-    default, and caps what is asked at the family's class count (fastinfer.serving.pipeline.Pipeline.ranked)."""
+    default, and caps what is asked at the family's class count (fastinfer.serving.pipeline.Pipeline.ranked).
+    Refused in the words of ``pipeline`` (the bound it names is its family's class count where that is less)."""
     if "top_k" not in form.fields:
         return None
     raw = form.fields["top_k"].strip()
     k = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 3 else 0  # plain digits, as the spec says
     if not 1 <= k <= TOP_K_MAX:
+        if pipeline is not None:
+            raise pipeline.top_k_refused(raw)
         raise ApiError(f"top_k: must be a whole number from 1 to {TOP_K_MAX}, got {raw[:40]!r}", code="invalid_top_k")
     return k
 
@@ -257,7 +260,7 @@ async def answer(
     started = time.perf_counter()
     try:
         form = parse(scope, body, route, rules)
-        k = top_k(form)
+        k = top_k(form, pipeline)
         backend = route.backend or form.fields.get("backend", rules.default_backend).strip()
         if route.kind != "compare":
             # The request metric's label (fastinfer.front.http): never a name the client made up, or every

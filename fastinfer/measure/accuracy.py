@@ -3,11 +3,15 @@
 The photos are an ImageFolder-layout directory: one sub-folder per class, named as one of the family's
 labels (a label with no folder is simply not evaluated). Every image goes through the service's own
 preprocessing (fastinfer.serving.preprocess.prepare with the family's PreprocessSpec), so a backend is
-measured on exactly the pixels it would be served. An image that cannot be decoded is skipped and
-counted, never a crash. The prepared photos are held in memory for every backend to run on: 150 kB
-each at a 224-pixel crop (5,000 photos, 750 MB), so an eval folder is a sample, not a whole dataset. The
-build gates INT8/BF16 models on it (build_models/accuracy_gate.py);
-``fastinfer evaluate`` measures what is stored, in process or through a running server.
+measured on exactly the pixels it would be served. An image that cannot be decoded, or has more
+pixels than the server takes (FASTINFER_MAX_PIXELS, :func:`pixel_limit`: the same files are skipped in
+process and through a server), is skipped and counted, never a crash; so are dangling symlinks and
+symlinked sub-folders (not followed). Memory: the prepared photos are held for every backend to run on,
+crop × crop × 3 bytes per image (150 kB at a 224-pixel crop: 5,000 photos take 750 MB), so an eval folder
+is a sample, not a whole dataset. Decoding takes one photo at a time up to ~12 bytes per pixel of it
+(about 600 MB at the default 50 M pixel limit; a JPEG less, decoded at a reduced scale). The build gates
+INT8/BF16 models on it (build_models/accuracy_gate.py); ``fastinfer evaluate`` measures what is stored,
+in process or through a running server.
 """
 
 from __future__ import annotations
@@ -27,8 +31,6 @@ from fastinfer.common.errors import ImageTooLarge, InvalidImage
 from fastinfer.engines import Engine
 from fastinfer.serving.preprocess import prepare
 
-MAX_PIXELS = 10**9
-"""The pixel limit of an eval photo: the user's own files, not a stranger's upload."""
 BATCH = 16
 """Images per engine call: OpenVINO gains nothing beyond 8-16 rows (fastinfer/engines/openvino.py)."""
 TOP_K = 5
@@ -59,7 +61,8 @@ class EvalFolder:
     files: list[Path]  # sorted by class folder, then path
     targets: list[int]  # each file's class, as an index into the labels
     unevaluated: list[str]  # labels with no folder: not measured
-    stray: list[Path]  # files outside any class folder
+    labels: list[str]  # what ``targets`` index: the labels, else the class folders' names
+    skipped: list[Skipped]  # left out before decoding: files outside any class folder, links not followed, ...
 
 
 @dataclass(frozen=True)
@@ -87,12 +90,16 @@ def _listed(names: Sequence[str]) -> str:
     return shown + (f" and {len(names) - LISTED} more" if len(names) > LISTED else "")
 
 
-def scan(root: Path, labels: Sequence[str]) -> EvalFolder:
-    """The files of an ImageFolder-layout directory, each with its class's index in ``labels``.
+def scan(root: Path, labels: Sequence[str] | None) -> EvalFolder:
+    """The files of an ImageFolder-layout directory, each with its class's index in ``labels`` (None: the
+    labels are not known here, as from a server that does not list them; every class folder is then a
+    label, indexed in sorted order).
 
     EvalDirError (one line) when the directory is missing or holds no class folder or no file, or when
     a class folder's name is not one of the labels. Hidden files and folders (``.DS_Store``,
-    ``.ipynb_checkpoints``) are not photos and are ignored, as ImageFolder's loader would not read them."""
+    ``.ipynb_checkpoints``) are not photos and are ignored, as ImageFolder's loader would not read them.
+    Anything else that is not a photo to read is counted in ``skipped`` with why: a file outside any class
+    folder, a dangling symlink, a symlinked sub-folder (not followed: it may loop), a FIFO or socket."""
     where = f"eval folder {root}"
     if not root.exists():
         raise EvalDirError(f"{where} does not exist")
@@ -100,6 +107,7 @@ def scan(root: Path, labels: Sequence[str]) -> EvalFolder:
         raise EvalDirError(f"{where} is not a directory (ImageFolder layout: one sub-folder per class)")
     visible = [p for p in sorted(root.iterdir()) if not p.name.startswith(".")]
     folders = [p for p in visible if p.is_dir()]
+    labels = [p.name for p in folders] if labels is None else labels
     if not folders:
         raise EvalDirError(f"{where} has no class folders (ImageFolder layout: one sub-folder per class, named as "
                            "its label)")  # fmt: skip
@@ -112,10 +120,15 @@ def scan(root: Path, labels: Sequence[str]) -> EvalFolder:
         )
     files: list[Path] = []
     targets: list[int] = []
+    skipped = [Skipped(str(p), "not inside a class folder") for p in visible if p.is_file()]
+    # A symlinked class folder is followed (the user named it); below one, sub-folder links are not.
+    skipped += [Skipped(str(p), why) for p in visible if not p.is_dir() and (why := _not_read(p)) is not None]
     for folder in folders:
-        mine = [p for p in sorted(folder.rglob("*")) if p.is_file() and not _hidden(p, folder)]
+        found = [p for p in sorted(folder.rglob("*")) if not _hidden(p, folder)]
+        mine = [p for p in found if p.is_file()]
         files.extend(mine)
         targets.extend([index[folder.name]] * len(mine))
+        skipped += [Skipped(str(p), why) for p in found if (why := _not_read(p)) is not None]
     if not files:
         raise EvalDirError(f"{where}: its {len(folders)} class folder(s) hold no files")
     present = {p.name for p in folders}
@@ -124,26 +137,55 @@ def scan(root: Path, labels: Sequence[str]) -> EvalFolder:
         files=files,
         targets=targets,
         unevaluated=[label for label in labels if label not in present],
-        stray=[p for p in visible if p.is_file()],
+        labels=list(labels),
+        skipped=skipped,
     )
+
+
+def _not_read(path: Path) -> str | None:
+    """Why an entry of the eval folder is neither read as a photo nor walked into (None: it is one of those)."""
+    if path.is_file() or (path.is_dir() and not path.is_symlink()):
+        return None
+    if path.is_symlink():
+        return "a symlink to a folder: not followed" if path.is_dir() else "a dangling symlink: its target is gone"
+    return "not a regular file"
 
 
 def _hidden(path: Path, top: Path) -> bool:
     return any(part.startswith(".") for part in path.relative_to(top).parts)
 
 
-def load(root: Path, labels: Sequence[str], spec: PreprocessSpec, progress: Progress | None = None) -> EvalSet:
-    """:func:`scan`, then every file through the service's preprocessing; undecodable files are skipped
-    and counted. EvalDirError when not one file could be decoded."""
+def pixel_limit() -> int:
+    """The most pixels an eval photo may have: the server's FASTINFER_MAX_PIXELS (50 M by default), so that
+    a photo the server would refuse is skipped in process too, before a 31000×31000 PNG takes 4 GB."""
+    from fastinfer.catalog.config import get_settings
+
+    try:
+        return get_settings().max_pixels
+    except ValueError as exc:  # a bad setting: the same one would stop a server
+        raise EvalDirError(f"the settings do not hold, so the eval photos' pixel limit is unknown: {exc}") from None
+
+
+def load(
+    root: Path,
+    labels: Sequence[str],
+    spec: PreprocessSpec,
+    progress: Progress | None = None,
+    max_pixels: int | None = None,
+) -> EvalSet:
+    """:func:`scan`, then every file through the service's preprocessing; undecodable files, and those of
+    more than ``max_pixels`` (default: :func:`pixel_limit`), are skipped and counted. EvalDirError when not
+    one file could be decoded."""
     folder = scan(root, labels)
-    skipped = [Skipped(str(p), "not inside a class folder") for p in folder.stray]
+    limit = pixel_limit() if max_pixels is None else max_pixels
+    skipped = list(folder.skipped)
     pixels: list[np.ndarray] = []
     targets: list[int] = []
     kept: list[Path] = []
     total = len(folder.files)
     for done, (path, target) in enumerate(zip(folder.files, folder.targets, strict=True), 1):
         try:
-            pixels.append(prepare(path.read_bytes(), spec, MAX_PIXELS).pixels)
+            pixels.append(prepare(path.read_bytes(), spec, limit).pixels)
         except (InvalidImage, ImageTooLarge) as exc:  # the service's own verdict on the file
             skipped.append(Skipped(str(path), str(exc)))
         except Exception as exc:  # unreadable, or a decoder's surprise: a bad file is counted, never a crash
@@ -201,6 +243,13 @@ def accuracy(logits: np.ndarray, targets: Sequence[int] | np.ndarray) -> Accurac
     return ranked_accuracy(ranked(logits), targets)
 
 
+def top1_drop_pp(reference_top1: float, top1: float) -> float:
+    """How many percentage points ``top1`` falls below ``reference_top1`` (negative: above it), the one figure
+    the table shows and the build's --max-accuracy-drop holds; rounded to 6 places, so that 1 image in 100
+    is exactly 1 point, not 1.0000000000000009."""
+    return round((reference_top1 - top1) * 100, 6)
+
+
 def run(
     name: str,
     predict: Callable[[np.ndarray], np.ndarray],
@@ -255,7 +304,7 @@ class Row:
 
     @classmethod
     def of(cls, backend: str, precision: str, result: Accuracy, reference: Accuracy | None, **kw: Any) -> Row:
-        drop = None if reference is None else round((reference.top1 - result.top1) * 100, 4)
+        drop = None if reference is None else top1_drop_pp(reference.top1, result.top1)
         return cls(backend, precision, result.images, result.top1, result.top5, drop, **kw)
 
     def as_dict(self) -> dict[str, Any]:

@@ -1,10 +1,15 @@
 """``fastinfer evaluate``: the accuracy of what is stored for a family, on the user's labelled photos.
 
-In process (each backend's engine opened from the store, as ``fastinfer fidelity`` does), or through a
-running server's ``POST /classify`` (``--url``): every answer is then computed by the server for this
-request (``Cache-Control: no-cache``; ``no-store`` keeps the eval photos out of its cache), and the photos
-are decoded and preprocessed by the server itself. The drop is measured against the stored PyTorch model's
-figure on the same photos. The speed beside it is what ``make bench`` served on this machine, where it ran.
+In process (each backend's engine opened from this machine's store, as ``fastinfer fidelity`` does), or
+through a running server's ``POST /classify`` (``--url``): every answer is then computed by the server for
+this request (``Cache-Control: no-cache``; ``no-store`` keeps the eval photos out of its cache), the photos
+are decoded and preprocessed by the server itself, and each answer is scored by the label names it
+returns against its photo's folder name, checked against the labels the server lists (GET /backends'
+``family.labels``): no local store is needed, and a server whose labels differ from this machine's is
+scored by its own. The drop is measured against the PyTorch model's figure on the same photos (the stored
+one, or the server's). The speed beside it is what ``make bench`` served of this family on this machine,
+where it ran. Photos of more pixels than FASTINFER_MAX_PIXELS are skipped in process as the server skips
+them (memory per photo: fastinfer.measure.accuracy).
 """
 
 from __future__ import annotations
@@ -15,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from fastinfer.catalog import choice, family, store
-from fastinfer.catalog.backends import SPECS, open_engine, unavailable_reason
+from fastinfer.catalog import choice, holdings, rebuild, store
+from fastinfer.catalog.backends import SPECS, open_engine
 from fastinfer.catalog.store import PreprocessSpec, StoredModelInfo
 from fastinfer.common import hardware
 from fastinfer.measure import accuracy
@@ -27,62 +32,88 @@ HTTP_CLIENTS = 4
 """Concurrent requests in ``--url`` mode: enough to keep a small server's batches full, few enough that
 the client leaves it the cores."""
 HTTP_TIMEOUT_S = 120
-SKIPPED_CODES = ("invalid_image", "image_too_large", "unsupported_media_type")
-"""Answers about the file itself: it is skipped and counted, as in process."""
+PHOTO_CODES = ("invalid_image", "image_too_large", "payload_too_large", "unsupported_media_type")
+PHOTO_STATUSES = (413, 415)
+"""A server's answers about the file itself, by its error code (or by a status only a file earns, as a
+proxy in front may answer without FastInfer's body): the photo is skipped and counted, as in process. Any
+other failure is the server's, and the backend is not measured."""
 
 
 class EvaluateError(RuntimeError):
     """What stops an evaluation as a whole (no such family, no server at the URL): one line."""
 
 
-def family_info(name: str) -> StoredModelInfo:
+def _named(name: str, by_option: bool) -> str:
+    """How the user named the family: ``--model NAME`` or ``FASTINFER_MODEL=NAME``."""
+    return f"--model {name}" if by_option else f"{store.FAMILY_ENV}={name}"
+
+
+def no_family(name: str, by_option: bool) -> str:
+    """The store holds no model of family ``name``: what it holds, how to build it, what to evaluate instead."""
+    found = holdings.held()
+    others = [f for f in found if f != name]
+    holds = ", ".join(f"{f} ({len(found[f])} models)" for f in others) or "no model family at all"
+    instead = f", or evaluate one it holds ({_named(others[0], by_option)})" if others else ""
+    return (f"the model store holds no model of family {name!r} ({_named(name, by_option)}); it holds {holds}. "
+            f"Build it with {rebuild.build_command(name)}{instead}")  # fmt: skip
+
+
+def family_info(name: str, by_option: bool = False) -> StoredModelInfo:
     """Labels and preprocessing of a family, from one of its stored models (PyTorch's where stored: all of
     a family's models carry the same). EvaluateError saying what the store holds when it has none of it."""
     import bentoml
 
-    names = store.families().get(name, [])
+    names = holdings.held().get(name, [])
+    if not names:
+        raise EvaluateError(no_family(name, by_option))
     for stored in sorted(names, key=lambda n: n != store.model_name(REFERENCE_BACKEND, family_name=name)):
         try:
             return store.describe(bentoml.models.get(f"{stored}:latest"))
         except Exception:  # unreadable: another of its models says the same
             continue
-    raise EvaluateError(family.missing_reason(name) or f"no model of family {name!r} in the store can be read")
+    raise EvaluateError(f"no model of family {name!r} in the store can be read")
 
 
 def chosen_backends(asked: str | None, known: Sequence[str]) -> list[str] | None:
-    """``--backends a,b`` checked against ``known`` (EvaluateError naming the unknown ones); None when not given."""
-    if not asked:
+    """``--backends a,b`` checked against ``known`` (EvaluateError naming the unknown ones, or saying none
+    was named); None when not given."""
+    if asked is None:
         return None
     names = [n.strip() for n in asked.split(",") if n.strip()]
+    if not names:
+        raise EvaluateError(f"--backends {asked!r} names no backend; choose from {', '.join(known)}")
     if unknown := [n for n in names if n not in known]:
         raise EvaluateError(f"--backends: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
     return names
 
 
-def with_reference(report: Report) -> Report:
-    """Each measured row's top-1 drop against the PyTorch row's, when PyTorch was measured."""
+def with_reference(report: Report, reference: str) -> Report:
+    """Each measured row's top-1 drop against the PyTorch row's (``reference``: what that row is), when
+    PyTorch was measured."""
     ref = next((r for r in report.rows if r.backend == REFERENCE_BACKEND and r.top1 is not None), None)
     for row in report.rows:
         if ref is not None and ref.top1 is not None and row.top1 is not None:
-            row.drop_pp = round((ref.top1 - row.top1) * 100, 4)
-    report.reference = f"{REFERENCE_BACKEND} (stored FP32 model)" if ref else "none: pytorch was not measured"
+            row.drop_pp = accuracy.top1_drop_pp(ref.top1, row.top1)
+    report.reference = reference if ref else f"none: {REFERENCE_BACKEND} was not measured"
     return report
 
 
 def with_speed(report: Report) -> Report:
-    """Each row's req/s served at choice.SERVED_USERS clients by ``make bench`` on this machine, where measured."""
-    rates, why = choice.served_here(choice.served_result(), hardware.probe())
+    """Each row's req/s served at choice.SERVED_USERS clients by ``make bench`` on this machine, where it
+    measured this report's family (a bench of another family's models is not this one's speed)."""
+    name = str(report.extra.get("family") or store.DEFAULT_FAMILY)
+    rates, why = choice.served_here(choice.served_result(), hardware.probe(), name)
     for row in report.rows:
         row.req_per_s = (rates or {}).get(row.backend)
     report.extra["req_per_s_source"] = why if rates else f"none: {why}"
     return report
 
 
-def in_process(root: Path, backends: Sequence[str] | None, progress: Progress) -> Report:
-    """Each backend of this process's family (FASTINFER_MODEL) opened from the store and run on the photos.
-    A backend that cannot run here or fails to load is a row saying why."""
-    name = store.family()
-    info = family_info(name)
+def in_process(root: Path, backends: Sequence[str] | None, progress: Progress, name: str, by_option: bool) -> Report:
+    """Each backend of family ``name`` opened from the store and run on the photos. A backend that cannot
+    run here or fails to load is a row saying why. The family is passed to every lookup: this process's
+    FASTINFER_MODEL is left as it is."""
+    info = family_info(name, by_option)
     sets: dict[tuple[tuple[str, ...], PreprocessSpec], EvalSet] = {}
 
     def photos(labels: list[str], spec: PreprocessSpec) -> EvalSet:
@@ -95,14 +126,18 @@ def in_process(root: Path, backends: Sequence[str] | None, progress: Progress) -
     names = backends if backends is not None else [n for n in SPECS if n != "coreml"]  # coreml-batched: its models
     rows = []
     for backend in names:
-        if (why := unavailable_reason(backend)) is not None:
+        spec = SPECS[backend]
+        found = {b: store.find(spec.artifact, b, name) for b in spec.static_batches}
+        models = {b: m for b, m in found.items() if m is not None}
+        missing = [store.model_name(spec.artifact, b, name) for b in found if b not in models]
+        why = spec.platform() or (f"{', '.join(missing)} not in the model store; {holdings.build_hint(name)}"
+                                  if missing else None)  # fmt: skip
+        if why is not None:
             rows.append(Row(backend, status="not measured", note=why))
             continue
-        spec = SPECS[backend]
-        stored = store.find(spec.artifact, spec.static_batches[0])
-        mine = info if stored is None else store.describe(stored)
+        mine = store.describe(models[spec.static_batches[0]])
         try:
-            engine = open_engine(backend)
+            engine = open_engine(backend, dirs={b: m.path for b, m in models.items()})
         except Exception as exc:  # a model that cannot load here: a row, not a crash
             rows.append(Row(backend, status="not measured", note=f"could not be loaded: {type(exc).__name__}: {exc}"))
             continue
@@ -112,7 +147,7 @@ def in_process(root: Path, backends: Sequence[str] | None, progress: Progress) -
     skipped = {s.path: s for e in sets.values() for s in e.skipped}
     report = Report(str(root.resolve()), len(images.targets), list(skipped.values()), images.unevaluated,
                     len(images.labels), "", rows, {"family": name, "via": "in process"})  # fmt: skip
-    return with_speed(with_reference(report))
+    return with_speed(with_reference(report, f"{REFERENCE_BACKEND} (stored FP32 model)"))
 
 
 def auth_headers() -> dict[str, str]:
@@ -127,7 +162,24 @@ def _error(response: Any) -> tuple[str, str]:
         error = response.json()["error"]
         return str(error["code"]), str(error["message"])
     except Exception:
-        return str(response.status_code), response.text[:200]
+        return str(response.status_code), " ".join(response.text[:200].split())
+
+
+def served_family(url: str, body: Any) -> tuple[str | None, list[str] | None, int | None, dict[str, dict[str, Any]]]:
+    """From a GET /backends answer: the family's name, its labels in index order and class count (None where
+    the server does not say), and each backend's entry by name. EvaluateError when it is not FastInfer's."""
+    try:
+        entries = {str(b["name"]): b for b in body["backends"] if isinstance(b, dict)}
+        said = body.get("family")
+    except (KeyError, TypeError, AttributeError):
+        raise EvaluateError(f"{url} does not answer as a FastInfer server: GET /backends lists no backends") from None
+    said = said if isinstance(said, dict) else {}
+    name = said.get("name") if isinstance(said.get("name"), str) else None
+    labels = said.get("labels")
+    if not (isinstance(labels, list) and labels and all(isinstance(x, str) for x in labels)):
+        labels = None
+    classes = said.get("num_classes") if isinstance(said.get("num_classes"), int) else None
+    return name, labels, classes or (len(labels) if labels else None), entries
 
 
 def through_server(
@@ -139,8 +191,9 @@ def through_server(
     clients: int = HTTP_CLIENTS,
 ) -> Report:
     """Each backend of a running server, asked about every photo by ``POST /classify`` (the server decodes
-    and preprocesses it). The folder is checked against the labels of the family the server says it serves
-    (``family_name`` when given: the server must serve it), as this machine's store holds them."""
+    and preprocesses it). The folder is checked against the labels the server lists for its family
+    (``family_name`` when given: the server must serve it); each answer is scored by the labels it returns.
+    Nothing of this machine's model store is read."""
     import httpx
 
     url = url.rstrip("/")
@@ -152,24 +205,21 @@ def through_server(
             raise EvaluateError(f"no FastInfer server answers at {url}: {type(exc).__name__}: {exc}") from None
         if listed.status_code != 200:
             raise EvaluateError(f"{url}/backends answered {listed.status_code}: {_error(listed)[1]}")
-        body = listed.json()
-        said = body.get("family", {}).get("name") if isinstance(body.get("family"), dict) else None
+        try:
+            body = listed.json()
+        except ValueError:
+            raise EvaluateError(f"{url} does not answer as a FastInfer server: GET /backends is not JSON") from None
+        said, labels, classes, served = served_family(url, body)
         if family_name and said and said != family_name:
             raise EvaluateError(f"{url} serves model family {said!r}, not {family_name!r} (--model)")
-        name = family_name or said or store.family()
-        try:
-            info = family_info(name)
-        except EvaluateError as exc:
-            raise EvaluateError(f"{exc} (--url checks the photos' folders against the labels in this machine's "
-                                "store)") from None  # fmt: skip
-        folder = accuracy.scan(root, info.categories)
-        k = min(accuracy.TOP_K, len(info.categories))
-        served = {b["name"]: b for b in body["backends"]}
-        names = backends if backends is not None else [n for n, b in served.items() if b["available"]]
+        name = said or family_name or store.DEFAULT_FAMILY
+        folder = accuracy.scan(root, labels)  # labels unknown: the class folders' names, scored by name
+        k = min(accuracy.TOP_K, classes or accuracy.TOP_K)
+        names = backends if backends is not None else [n for n, b in served.items() if b.get("available")]
         rows, skipped = [], {}
         for backend in names:
             entry = served.get(backend)
-            if entry is None or not entry["available"]:
+            if entry is None or not entry.get("available"):
                 why = "this server does not serve it" if entry is None else entry.get("reason") or "unavailable"
                 rows.append(Row(backend, status="not measured", note=f"{url}: {why}"))
                 continue
@@ -178,11 +228,12 @@ def through_server(
                 rows.append(Row(backend, status="not measured", note=failed or "no photo could be classified"))
                 continue
             rows.append(Row.of(backend, _precision(backend, entry), accuracy.ranked_accuracy(best, targets), None))
-    stray = [Skipped(str(p), "not inside a class folder") for p in folder.stray]
     images = len(folder.files) - len(skipped)
-    report = Report(str(root.resolve()), images, stray + list(skipped.values()), folder.unevaluated,
-                    len(info.categories), "", rows, {"family": name, "via": f"POST {url}/classify"})  # fmt: skip
-    return with_speed(with_reference(report))
+    source = "the server (GET /backends)" if labels else "the folders' names: the server lists none"
+    extra = {"family": name, "via": f"POST {url}/classify", "labels_from": source}
+    report = Report(str(root.resolve()), images, folder.skipped + list(skipped.values()), folder.unevaluated,
+                    classes or len(folder.labels), "", rows, extra)  # fmt: skip
+    return with_speed(with_reference(report, f"{REFERENCE_BACKEND} (served by {url})"))
 
 
 def _ask_all(
@@ -196,18 +247,30 @@ def _ask_all(
     skipped: dict[str, Skipped],
 ) -> tuple[list[list[int]], list[int], str | None]:
     """Every photo of ``folder`` to ``backend`` through ``POST /classify``, ``clients`` at a time: each answered
-    photo's ranked class indices and its target, and the first failure that is the server's (then the backend
-    is not measured). A photo the server refuses as such (not an image, too large) goes into ``skipped``."""
+    photo's ranked labels, as indices into ``folder.labels`` (-1: a label not among them), and its target,
+    and the first failure that is the server's (then the backend is not measured). A photo the server
+    refuses as such (not an image, too large) goes into ``skipped``."""
     import httpx
 
-    def ask(path: Path) -> tuple[int, Any]:
-        """(200, the answer's top_k), (status, (code, message)), or (0, why the request failed)."""
+    index = {label: i for i, label in enumerate(folder.labels)}
+
+    def ask(path: Path) -> tuple[str, Any]:
+        """("ok", the answer's labels, best first), ("photo", why the server refused this file), or
+        ("failed", what went wrong)."""
         try:
             answer = client.post(f"{url}/classify", files={"image": (path.name, path.read_bytes())},
                                  data={"backend": backend, "top_k": str(k)})  # fmt: skip
         except (httpx.HTTPError, OSError) as exc:
-            return 0, ("request_failed", f"{type(exc).__name__}: {exc}")
-        return answer.status_code, answer.json()["top_k"] if answer.status_code == 200 else _error(answer)
+            return "failed", f"{path.name}: no answer: {type(exc).__name__}: {exc}"
+        if answer.status_code != 200:
+            code, message = _error(answer)
+            if code in PHOTO_CODES or answer.status_code in PHOTO_STATUSES:
+                return "photo", f"{answer.status_code} {code}: {message}"
+            return "failed", f"{path.name}: {answer.status_code} {code}: {message}"
+        try:
+            return "ok", [str(p["label"]) for p in answer.json()["top_k"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            return "failed", f"{path.name}: 200 but not a FastInfer answer ({type(exc).__name__}: {exc})"
 
     best: list[list[int]] = []
     targets: list[int] = []
@@ -215,14 +278,14 @@ def _ask_all(
     total = len(folder.files)
     with ThreadPoolExecutor(clients) as pool:
         answers = zip(folder.files, folder.targets, pool.map(ask, folder.files), strict=True)
-        for done, (path, target, (status, answer)) in enumerate(answers, 1):
-            if status == 200:
-                best.append([int(p["index"]) for p in answer])
+        for done, (path, target, (kind, said)) in enumerate(answers, 1):
+            if kind == "ok":
+                best.append([index.get(label, -1) for label in said])
                 targets.append(target)
-            elif answer[0] in SKIPPED_CODES:
-                skipped[str(path)] = Skipped(str(path), answer[1])
+            elif kind == "photo":
+                skipped[str(path)] = Skipped(str(path), said)
             elif failed is None:  # the server's fault, not the photo's
-                failed = f"{path.name}: {status or 'no answer'} {answer[0]}: {answer[1]}"
+                failed = said
             if done % accuracy.BATCH == 0 or done == total:
                 progress(backend, done, total)
     return best, targets, failed
@@ -230,7 +293,8 @@ def _ask_all(
 
 def _precision(backend: str, entry: dict[str, Any]) -> str:
     """What a served backend computes in, from its /backends entry (its runner's describe())."""
-    return accuracy.run_precision(backend, entry.get("runs_on") or {})
+    runs_on = entry.get("runs_on")
+    return accuracy.run_precision(backend, runs_on if isinstance(runs_on, dict) else {})
 
 
 def evaluate(
@@ -240,27 +304,25 @@ def evaluate(
     progress: Progress | None = None,
     family_name: str | None = None,
 ) -> Report:
-    """The accuracy report of a family (default: this process's) on ``root``; ``url``: through that server."""
+    """The accuracy report of a family (``family_name``, the --model option; default: this process's) on
+    ``root``; ``url``: through that server. EvaluateError when not one backend could be measured."""
     progress = progress or accuracy.printer()
     names = chosen_backends(backends, list(SPECS))
+    chosen = store.check_family(family_name) if family_name else None
     if url:
-        return through_server(url, root, names, progress, family_name)
-    if not family_name:
-        return in_process(root, names, progress)
-    before = os.environ.get(store.FAMILY_ENV)
-    os.environ[store.FAMILY_ENV] = store.check_family(family_name)  # what the store's lookups and engines read
-    try:
-        return in_process(root, names, progress)
-    finally:
-        if before is None:
-            os.environ.pop(store.FAMILY_ENV, None)
-        else:
-            os.environ[store.FAMILY_ENV] = before
+        report = through_server(url, root, names, progress, chosen)
+    else:
+        report = in_process(root, names, progress, chosen or store.family(), chosen is not None)
+    if not any(r.status == "measured" for r in report.rows):
+        said = "; ".join(f"{r.backend}: {r.note or r.status}" for r in report.rows)
+        raise EvaluateError(" ".join(f"no backend was measured: {said}".split()))  # one line
+    return report
 
 
 def plot(report: Report, path: Path) -> Path:
     """Top-1 against served req/s per backend where ``make bench`` measured them, else top-1 per backend."""
     from fastinfer.measure.plots import plot_accuracy
 
-    plot_accuracy([r.as_dict() for r in report.rows], path, report.extra.get("family", ""), report.images)
+    plot_accuracy([r.as_dict() for r in report.rows], path, report.extra.get("family", ""), report.images,
+                  report.extra.get("req_per_s_source", ""))  # fmt: skip
     return path.resolve()

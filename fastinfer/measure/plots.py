@@ -139,9 +139,10 @@ def plot_served(splits: list[dict[str, Any]], path: Path) -> None:
     save(fig, path)
 
 
-def plot_accuracy(rows: list[dict[str, Any]], path: Path, family: str, images: int) -> None:
-    """Top-1 accuracy against the req/s ``make bench`` served, one point per backend, where both were measured
-    (the trade a user picks a backend on); else top-1 (and top-5) per backend as bars."""
+def plot_accuracy(rows: list[dict[str, Any]], path: Path, family: str, images: int, speed_source: str = "") -> None:
+    """Top-1 accuracy against the req/s ``make bench`` served of this family, one point per backend, where both
+    were measured (the trade a user picks a backend on); else top-1 (and top-5) per backend as bars, titled
+    with why there is no speed (``speed_source``: e.g. a bench of another family, ignored)."""
     plt = pyplot()
     measured = [r for r in rows if r.get("top1") is not None]
     paired = [r for r in measured if r.get("req_per_s")]
@@ -167,6 +168,7 @@ def plot_accuracy(rows: list[dict[str, Any]], path: Path, family: str, images: i
         ax.set_xticks(list(x), names, fontsize=8)
         ax.set_ylabel("accuracy (%)")
         ax.set_ylim(0, 105)
-        ax.set_title(f"{title}\n(no `make bench` result of this machine to set it against speed)", fontsize=10)
+        why = speed_source.removeprefix("none: ") or "no `make bench` result of this machine and family"
+        ax.set_title(f"{title}\n(not set against speed: {why})", fontsize=9, wrap=True)
         ax.legend(fontsize=8)
     save(fig, path)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from fastinfer.catalog.family import FamilyInfo
+from fastinfer.catalog.family import FamilyInfo, shows_top5
 
 STAGES = ("read", "cache", "decode", "preprocess", "inference", "total")
 
@@ -60,12 +60,14 @@ DESCRIPTION_MAX = 200  # characters of the weights' description in a label: it i
 
 
 def record_family(family: FamilyInfo) -> None:
-    """The served family's gauges: its identity always, its accuracy where the build measured it."""
+    """The served family's gauges: its identity always, its accuracy where the build measured it (top-5 only
+    for more than 5 classes: with fewer it holds every class, 100% whatever the model does)."""
     classes = "" if family.num_classes is None else str(family.num_classes)
     description = (family.weights_description or "")[:DESCRIPTION_MAX]
     MODEL_FAMILY.labels(family.name, classes, family.weights or "", description).set(1)
+    metrics = ("top1", "top5") if shows_top5(family.num_classes) else ("top1",)
     for backend, figures in family.accuracy.items():
-        for metric in ("top1", "top5"):
+        for metric in metrics:
             if isinstance(value := figures.get(metric), int | float):
                 MODEL_ACCURACY.labels(family.name, backend, metric, str(figures.get("precision", ""))).set(value)
 

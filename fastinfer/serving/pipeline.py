@@ -22,10 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from fastinfer.catalog.family import build_hint, classes
+from fastinfer.catalog.family import classes
+from fastinfer.catalog.holdings import build_hint
 from fastinfer.catalog.store import StoredModelInfo
 from fastinfer.common.errors import ApiError, BackendUnavailable, RunnerNotLoaded, UnknownBackend
-from fastinfer.common.schemas import DEFAULT_TOP_K, Timings
+from fastinfer.common.schemas import DEFAULT_TOP_K, TOP_K_MAX, Timings
 from fastinfer.serving import metrics
 from fastinfer.serving.cache import Expected, ResponseCache, digest_key
 from fastinfer.serving.cpu import CpuPool
@@ -93,6 +94,15 @@ class Pipeline:
         if backend not in self.models:  # the platform check names a missing model; this is a backstop
             raise BackendUnavailable(f"No {backend} model is in the store; {build_hint()}.")
         return self.models[backend]
+
+    def top_k_refused(self, said: str) -> ApiError:
+        """The 400 for a ``top_k`` (``said``: as sent) that is not a whole number from 1 to what an answer here
+        may rank: TOP_K_MAX, or the family's class count where it has fewer, named as such."""
+        n = min((classes(info) for info in self.models.values()), default=0)
+        most = str(TOP_K_MAX)
+        if 0 < n < TOP_K_MAX:
+            most = f"{n}, the classes of model family {min(self.models.values(), key=classes).family!r}"
+        return ApiError(f"top_k: must be a whole number from 1 to {most}; got {said[:40]!r}", code="invalid_top_k")
 
     @staticmethod
     def ranked(k: int | None, models: Sequence[StoredModelInfo]) -> int:

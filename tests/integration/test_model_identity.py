@@ -43,8 +43,18 @@ def _photo(name: str, width: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def home(built_models, bentoml_home: Path, tmp_path_factory) -> Path:
-    """A store of its own (the rebuilt model is a copy; the others are shared, read-only)."""
+    """A store of its own holding the onnx model alone (a copy): a family of one backend, which a rebuild
+    with other weights replaces whole (the other backends answer 503, not stored)."""
     home = tmp_path_factory.mktemp("home-identity")
+    (home / "models").mkdir()
+    shutil.copytree(bentoml_home / "models" / REBUILT, home / "models" / REBUILT)
+    return home
+
+
+@pytest.fixture(scope="module")
+def full_home(built_models, bentoml_home: Path, tmp_path_factory) -> Path:
+    """Every model: the onnx model a copy (deleted by hand below), the others shared, read-only."""
+    home = tmp_path_factory.mktemp("home-full")
     (home / "models").mkdir()
     for model in (bentoml_home / "models").iterdir():
         if model.name == REBUILT:
@@ -138,6 +148,26 @@ def _wait_until_released(home: Path, supervisor: int, timeout_s: float = 30) -> 
         time.sleep(0.5)
 
 
+def _holders(home: Path, *servers: Server | None) -> str:
+    """Who holds each pin file of ``home`` now, for a failure's message: pid, parent, command, server."""
+    import psutil
+
+    from load_tests.service import SERVER_MARK
+
+    marks = {s.mark: f"server {chr(65 + i)} (pid {s.process.pid})" for i, s in enumerate(servers) if s is not None}
+    lines = []
+    for pin in sorted((home / "models").glob(".fastinfer-pinned-*.json")):
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit() and _holds(proc, pin):
+                try:
+                    p = psutil.Process(int(proc.name))
+                    whose = marks.get(p.environ().get(SERVER_MARK, ""), "no server of this test")
+                    lines.append(f"{pin.name}: pid {p.pid} ppid {p.ppid()} {whose}: {' '.join(p.cmdline())[:160]}")
+                except psutil.Error as exc:
+                    lines.append(f"{pin.name}: pid {proc.name}: {exc}")
+    return "\nholders:\n" + "\n".join(lines or ["none found"])
+
+
 def _holds(proc: Path, path: Path) -> bool:
     try:
         return any(os.readlink(fd) == str(path) for fd in (proc / "fd").iterdir())
@@ -217,14 +247,15 @@ def test_answers_and_cache_entries_name_the_model_that_computed_them(home, redis
         assert not a.processes(), "stop_server leaves no process of A"
         _wait_until_released(home, a.process.pid)
         out = _rebuild(home, tmp_path / "other.pth", force=False)
-        assert f"removed {old}" in out and _versions(home) == [new.split(":")[1]], out
+        assert f"removed {old}" in out and _versions(home) == [new.split(":")[1]], out + _holders(home, a, b)
     finally:
         stop_server(a)
         if b is not None:
             stop_server(b)
 
 
-def test_a_pinned_version_deleted_by_hand_is_a_503_naming_it(home, tmp_path) -> None:
+def test_a_pinned_version_deleted_by_hand_is_a_503_naming_it(full_home, tmp_path) -> None:
+    home = full_home
     srv = start_server(home, tmp_path / "c.log", {"FASTINFER_CACHE": "off"})
     try:
         with httpx.Client(base_url=srv.url, timeout=60) as client:

@@ -8,6 +8,7 @@ test store, and ``--url`` a real ``bentoml serve`` of it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -21,6 +22,7 @@ from PIL import Image
 
 from build_models.accuracy_gate import AccuracyGate, AccuracyRefused, BadAccuracyDrop, max_drop
 from fastinfer import cli
+from fastinfer.catalog import store
 from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.common import hardware
 from fastinfer.measure import accuracy
@@ -259,6 +261,22 @@ def test_a_bad_max_accuracy_drop_is_one_line(text) -> None:
     assert max_drop(None) == 1.0 and max_drop("2.5") == 2.5
 
 
+def test_every_refused_model_is_named_in_the_builds_last_line(tmp_path) -> None:
+    root = photo_folder(tmp_path / "eval")
+    right, wrong = [1] * 4 + [2] * 4 + [3] * 4, [0] * 12
+    engines = {"onnx-int8": StandIn(wrong, 4), "onnx-int8-dynamic": StandIn(right, 4)}
+    engines["openvino-int8"] = StandIn(wrong, 4)
+    gate = gate_on(root, engines)
+    assert gate.refusal() is None
+    for artifact in engines:
+        with contextlib.suppress(AccuracyRefused):  # the build says it and goes on
+            gate.check(f"x-{artifact}", artifact, None, tmp_path)
+    assert gate.refused() == ["x-onnx-int8", "x-openvino-int8"]
+    last = str(gate.refusal())
+    assert "2 model(s) refused" in last and last.endswith(": x-onnx-int8, x-openvino-int8") and "\n" not in last
+    assert [row.drop_pp for row in gate.rows] == [100.0, 0.0, 100.0]  # the table's figure is the gate's
+
+
 # --- the real build and `fastinfer evaluate` over the test store -------------------------------------
 
 IMAGENET = {"tabby": (150, 120, 90), "Egyptian cat": (120, 110, 100)}  # labels of the `random` build (ImageNet's)
@@ -315,6 +333,57 @@ def test_the_build_command_says_a_bad_eval_folder_in_one_line(measured_build, tm
     assert last.startswith("build_models: eval folder") and last.endswith("does not exist")
 
 
+def test_a_refused_model_does_not_stop_the_build_of_the_others(tmp_path, capsys, monkeypatch) -> None:
+    """Every step runs real exports, verification and engines, but for the refused model's accuracy: a
+    stand-in for its engine (any real INT8 export of a random init answers as PyTorch does) answers a
+    class no photo is of. The refusal is said at once, the next backend built and stored, the table
+    written, and the build's last line names the refused model: exit 1."""
+    import torch
+
+    from build_models.__main__ import main
+    from build_models.labels import imagenet_categories
+    from build_models.weights import load_weights
+    from fastinfer.engines.torch_model import resnet50
+
+    family = "carryon"
+    photos = photo_folder(tmp_path / "eval" / "staging", per_class=2, classes={"a": (90, 60, 30), "b": (30, 60, 90)})
+    images = accuracy.load(photos, ["a", "b"], PreprocessSpec())
+    with torch.inference_mode():  # the classes PyTorch answers: the reference is then right on every photo
+        best = resnet50(load_weights("random").state_dict)(torch.from_numpy(images.pixels)).numpy().argmax(1)
+    root = tmp_path / "eval" / "photos"
+    for i, (path, answer) in enumerate(zip(images.files, best, strict=True)):
+        folder = root / imagenet_categories()[int(answer)]
+        folder.mkdir(parents=True, exist_ok=True)
+        path.rename(folder / f"{i}{path.suffix}")
+    prepare = AccuracyGate.prepare.__func__
+
+    def with_a_losing_int8(cls, *args: Any, **kwargs: Any) -> AccuracyGate:
+        gate = prepare(cls, *args, **kwargs)
+        served = gate.open
+        losing = StandIn([(int(t) + 1) % 1000 for t in gate.images.targets], 1000)
+        gate.open = lambda backend, dirs: losing if backend == "onnx-int8-dynamic" else served(backend, dirs)
+        return gate
+
+    monkeypatch.setattr(AccuracyGate, "prepare", classmethod(with_a_losing_int8))
+    table = tmp_path / "accuracy.json"
+    argv = ["--weights", "random", "--name", family, "--only", "onnx-int8-dynamic,openvino"]
+    try:
+        assert main([*argv, "--eval-dir", str(root), "--accuracy-json", str(table)]) == 1
+        out, err = capsys.readouterr()
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("build_models: 1 model(s) refused") and last.endswith(f": {family}-onnx-int8-dynamic")
+        refusal = out.index(f"[1/2] {family}-onnx-int8-dynamic: REFUSED: ")
+        assert "top-1 0.00% at int8" in out[refusal:] and refusal < out.index(f"[2/2] {family}-openvino: exporting")
+        assert f"[2/2] {family}-openvino: stored" in out, out
+        assert store.versions(f"{family}-onnx-int8-dynamic") == []
+        rows = {row["backend"]: row for row in json.loads(table.read_text())["rows"]}
+        assert rows[f"{family}-onnx-int8-dynamic"]["status"] == "refused"
+        assert rows[f"{family}-openvino"]["status"] == "measured"
+    finally:
+        for tag in store.versions(f"{family}-openvino"):
+            bentoml.models.delete(tag)
+
+
 def test_evaluate_measures_what_is_stored_and_agrees_with_the_build(measured_build, tmp_path, capsys) -> None:
     out, plot = tmp_path / "evaluate.json", tmp_path / "evaluate.png"
     args = ["evaluate", str(measured_build["root"]), "--model", FAMILY, "--backends", "pytorch,coreml-batched"]
@@ -354,3 +423,77 @@ def test_evaluate_of_a_folder_that_does_not_match_the_labels_is_one_line(measure
     assert cli.main(["evaluate", str(root), "--model", FAMILY, *out]) == 1
     err = capsys.readouterr().err.strip()
     assert "'cat'" in err and "not among the family's 1000 labels" in err and "\n" not in err
+
+
+def test_evaluate_names_the_family_as_the_user_named_it(measured_build, tmp_path, capsys, monkeypatch) -> None:
+    """--model nosuch is said as --model, FASTINFER_MODEL=nosuch as the variable; "evaluate", not "serve"."""
+    out = ["--json", str(tmp_path / "e.json"), "--plot", str(tmp_path / "e.png")]
+    monkeypatch.delenv("FASTINFER_MODEL", raising=False)
+    assert cli.main(["evaluate", str(measured_build["root"]), "--model", "nosuch", *out]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "(--model nosuch)" in err and "FASTINFER_MODEL" not in err and "or evaluate one it holds (--model " in err
+    monkeypatch.setenv("FASTINFER_MODEL", "nosuch")
+    assert cli.main(["evaluate", str(measured_build["root"]), *out]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "(FASTINFER_MODEL=nosuch)" in err and "--model" not in err and "serve one" not in err
+
+
+def test_evaluate_passes_the_family_on_and_leaves_the_environment_alone(measured_build, monkeypatch) -> None:
+    from fastinfer.measure import evaluate as ev
+
+    monkeypatch.delenv("FASTINFER_MODEL", raising=False)
+    seen: list[str | None] = []
+
+    def progress(*_: object) -> None:
+        seen.append(os.getenv("FASTINFER_MODEL"))
+
+    report = ev.evaluate(measured_build["root"], "pytorch", progress=progress, family_name=FAMILY)
+    assert report.rows[0].status == "measured" and report.extra["family"] == FAMILY
+    assert seen and set(seen) == {None}  # never set while it ran, not only restored afterwards
+
+
+@pytest.fixture
+def settings_read_again() -> Iterator[None]:
+    """get_settings() read from this test's environment, and afterwards from the suite's again."""
+    from fastinfer.catalog.config import get_settings
+
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
+
+def test_a_photo_over_the_server_s_pixel_limit_is_skipped_as_the_server_skips_it(
+    tmp_path, monkeypatch, settings_read_again
+) -> None:
+    from fastinfer.catalog.config import get_settings
+
+    root = photo_folder(tmp_path / "eval", per_class=1)  # at most 291×282 pixels
+    Image.new("RGB", (400, 300), (9, 9, 9)).save(root / "cat" / "large.png")
+    monkeypatch.setenv("FASTINFER_MAX_PIXELS", "100000")
+    images = accuracy.load(root, LABELS, PreprocessSpec())
+    assert len(images.targets) == 3
+    (large,) = images.skipped
+    assert large.path.endswith("large.png") and "FASTINFER_MAX_PIXELS" in large.why
+    get_settings.cache_clear()
+    monkeypatch.setenv("FASTINFER_MAX_PIXELS", "lots")
+    with pytest.raises(EvalDirError, match="FASTINFER_MAX_PIXELS"):
+        accuracy.load(root, LABELS, PreprocessSpec())
+
+
+def test_dangling_symlinks_and_symlinked_sub_folders_are_counted_as_skipped(tmp_path) -> None:
+    root = photo_folder(tmp_path / "eval", per_class=1)
+    elsewhere = photo_folder(tmp_path / "elsewhere", per_class=1)
+    (root / "cat" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    (root / "dog" / "more").symlink_to(elsewhere / "dog", target_is_directory=True)
+    (root / "loose.png").symlink_to(tmp_path / "nowhere.png")
+    (root / "fish" / "linked.png").symlink_to(elsewhere / "fish" / "0.jpg")  # a link to a photo: read
+    os.mkfifo(root / "fish" / "pipe")
+    images = accuracy.load(root, LABELS, PreprocessSpec())
+    assert len(images.targets) == 4
+    skipped = {str(Path(s.path).relative_to(root)): s.why for s in images.skipped}
+    assert skipped == {
+        "cat/gone.jpg": "a dangling symlink: its target is gone",
+        "dog/more": "a symlink to a folder: not followed",
+        "loose.png": "a dangling symlink: its target is gone",
+        "fish/pipe": "not a regular file",
+    }

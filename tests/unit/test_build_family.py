@@ -18,7 +18,7 @@ import yaml
 
 from build_models import BadPreprocessing, build, preprocess_spec
 from build_models.context import family_hash
-from build_models.labels import BadLabels, family_labels, imagenet_categories, read_labels
+from build_models.labels import BadLabels, family_labels, imagenet_categories, read_labels, text_labels
 from build_models.weights import NotResNet50Weights, load_weights, state_hash
 from fastinfer.catalog import store
 from fastinfer.catalog.store import PreprocessSpec
@@ -95,9 +95,31 @@ def test_imagenet_choices_keep_1000_classes() -> None:
             lambda: {**three_class_state(), "fc.weight": torch.zeros(1, 2048), "fc.bias": torch.zeros(1)},
             "has 1 class; a classifier needs at least 2",
         ),
+        (
+            lambda: {**three_class_state(), "fc.weight": torch.zeros(0, 2048), "fc.bias": torch.zeros(0)},
+            "has 0 classes; a classifier needs at least 2",
+        ),
+        (
+            lambda: {**three_class_state(), "fc.weight": torch.zeros(3, 2048, 1)},
+            "fc.weight is [3, 2048, 1]; a ResNet-50's is 2-D, [classes, 2048]",
+        ),
         (lambda: __import__("torchvision").models.resnet50(num_classes=3), "holds a pickled torchvision"),
+        (lambda: {**three_class_state(), "fc.weight": torch.full((3, 2048), float("nan"))}, "tensor fc.weight holds"),
+        (
+            lambda: {**three_class_state(), "layer2.0.bn1.running_var": torch.full((128,), float("inf"))},
+            "tensor layer2.0.bn1.running_var holds 128 of 128 values that are NaN or infinite",
+        ),
     ],
-    ids=["resnet18", "fc weight and bias disagree", "one class", "a whole pickled model"],
+    ids=[
+        "resnet18",
+        "fc weight and bias disagree",
+        "one class",
+        "no class",
+        "a 3-D final layer",
+        "a whole pickled model",
+        "a NaN final layer",
+        "an infinite BatchNorm variance",
+    ],
 )
 def test_other_weights_are_refused_in_one_line(tmp_path, capsys, make, says: str) -> None:
     path = tmp_path / "w.pth"
@@ -132,6 +154,12 @@ def test_label_files(tmp_path, name: str, text: str) -> None:
     assert family_labels(write(tmp_path, name, text), 3) == CLASSES
 
 
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1c"])
+def test_a_text_file_is_split_at_newlines_only(separator: str) -> None:
+    """str.splitlines would make two labels of one holding any of these: the count then lies."""
+    assert text_labels(f"red\ngre{separator}en\nblue\n") == ["red", f"gre{separator}en", "blue"]
+
+
 def test_an_imagefolder_directory_is_read_in_imagefolders_own_order(tmp_path) -> None:
     from torchvision.datasets.folder import find_classes
 
@@ -154,8 +182,25 @@ def test_an_imagefolder_directory_is_read_in_imagefolders_own_order(tmp_path) ->
         ("labels.json", json.dumps(["red", 2, "blue"]), "every label must be a string"),
         ("labels.json", "[red, green]", "is not valid JSON"),
         ("labels.json", json.dumps("red"), "a list of names or an object"),
+        ("labels.txt", "red\ngr\x00een\nblue\n", "class index 1 holds the control character '\\x00'"),
+        ("labels.txt", "red\ngr\u2028een\nblue\n", "class index 1 holds the control character '\\u2028'"),
+        ("labels.json", json.dumps(["red", "green", "bl\tue"]), "class index 2 holds the control character '\\t'"),
+        ("labels.txt", f"red\n{'g' * 201}\nblue\n", "class index 1 is 201 characters long"),
     ],
-    ids=["count", "empty", "duplicate", "JSON duplicate", "JSON keys", "JSON non-string", "bad JSON", "JSON str"],
+    ids=[
+        "count",
+        "empty",
+        "duplicate",
+        "JSON duplicate",
+        "JSON keys",
+        "JSON non-string",
+        "bad JSON",
+        "JSON str",
+        "NUL",
+        "line separator",
+        "tab",
+        "too long",
+    ],
 )
 def test_bad_labels_are_refused_in_one_line_and_nothing_is_stored(
     tmp_path, capsys, weights_file, name: str, text: str, says: str
@@ -207,7 +252,9 @@ def test_preprocessing_flags_are_parsed() -> None:
 @pytest.mark.parametrize(
     "argv, says",
     [
-        (["--std", "0.2,0,0.2"], "--std 0.2,0,0.2: each must be above 0"),
+        (["--std", "0.2,0,0.2"], "--std 0.2,0,0.2: each must be at least 0.001"),
+        (["--std", "1e-30,1,1"], "--std 1e-30,1,1: each must be at least 0.001"),
+        (["--std=-1,0.2,0.2"], "--std -1,0.2,0.2: each must be at least 0.001"),
         (["--mean", "0.5,0.5"], "--mean '0.5,0.5': three numbers R,G,B"),
         (["--mean", "a,b,c"], "--mean 'a,b,c': three numbers"),
         (["--mean", "0.5,nan,0.5"], "three finite numbers"),
@@ -216,10 +263,31 @@ def test_preprocessing_flags_are_parsed() -> None:
         (["--crop", "256"], "--resize 232: the shorter side is resized to it, then cropped to --crop 256"),
         (["--resize", "5000"], "must be 224 to 1024"),
         (["--resize", "big"], "--resize 'big': a whole number of pixels"),
+        (["--crop", "\u0661\u0662\u0668"], "a whole number of pixels, in the digits 0-9"),  # Arabic-Indic 128
+        (["--resize", "2_56"], "--resize '2_56': a whole number of pixels"),
+        (["--max-accuracy-drop", "2"], "--max-accuracy-drop: only with --eval-dir DIR"),
+        (["--accuracy-json", "a.json"], "--accuracy-json: only with --eval-dir DIR"),
+        (["--max-accuracy-drop", "lots", "--eval-dir", "photos"], "--max-accuracy-drop 'lots': percentage points"),
     ],
 )
 def test_bad_preprocessing_is_refused_in_one_line(capsys, argv: list[str], says: str) -> None:
-    assert says in one_line_refusal(["--weights", "random", "--name", "refused", *argv], capsys)
+    """Said before anything else: not even the store's line is printed first."""
+    from build_models.__main__ import main
+
+    assert main(["--weights", "random", "--name", "refused", *argv]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("build_models: ") and err.count("\n") == 1 and says in err, (out, err)
+
+
+def test_the_build_command_is_named_as_it_was_invoked(capsys) -> None:
+    from fastinfer import cli
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(["build", "--help"])
+    assert done.value.code == 0
+    help_text = capsys.readouterr().out
+    assert help_text.startswith("usage: fastinfer build ") and "python -m build_models" not in help_text
+    assert "--std=R,G,B" in help_text  # a value beginning with '-' is written so (argparse takes it for a flag)
 
 
 def test_build_refuses_before_exporting(state, weights_file, tmp_path) -> None:
@@ -250,39 +318,51 @@ def test_every_source_of_the_models_is_in_their_hash() -> None:
     assert len({base, *others}) == 1 + len(others) and base == family_hash("w", list(CLASSES), spec)
 
 
-def test_int8_on_the_generic_photos_is_warned_about_for_a_family_of_ones_own(weights_file, tmp_path, caplog) -> None:
-    """Said before the first step (the build is stopped there: this test needs the words, not the models)."""
+def said_until_the_first_step(weights: Path, **options) -> list[str]:
+    """What a build says before its first step (stopped there: the tests need the words, not the models)."""
+    said: list[str] = []
+
+    def progress(line: str) -> None:
+        said.append(line)
+        if line.startswith("[1/"):
+            raise InterruptedError
+
+    with pytest.raises(InterruptedError):
+        build(str(weights), progress=progress, **options)
+    return said
+
+
+def test_int8_on_the_generic_photos_is_warned_about_for_a_family_of_ones_own(
+    weights_file, tmp_path, caplog, capsys
+) -> None:
     labels = write(tmp_path, "labels.txt", "\n".join(CLASSES))
-
-    def said_until_the_first_step(**options) -> list[str]:
-        said: list[str] = []
-
-        def progress(line: str) -> None:
-            said.append(line)
-            if line.startswith("[1/"):
-                raise InterruptedError
-
-        with pytest.raises(InterruptedError):
-            build(
-                str(weights_file), only=["onnx-int8"], family="warned", labels_path=labels, progress=progress, **options
-            )
-        return said
-
+    options = {"only": ["onnx-int8"], "family": "warned", "labels_path": labels}
     warned = "calibrated on the bundled generic photos"
-    said = said_until_the_first_step()
+    said = said_until_the_first_step(weights_file, **options)
     warning = [line for line in said if warned in line]
-    assert warning and "--calibration-dir" in warning[0], said
-    assert warned in caplog.text
-    assert not [line for line in said_until_the_first_step(calibration_dir=tmp_path) if warned in line]
+    assert len(warning) == 1 and "--calibration-dir" in warning[0], said
+    assert warned not in caplog.text + capsys.readouterr().err  # said once, as progress: not logged again
+    assert not [line for line in said_until_the_first_step(weights_file, calibration_dir=tmp_path, **options)
+                if warned in line]  # fmt: skip
     assert store.versions("warned-onnx-int8") == []
+
+
+def test_a_model_of_ones_own_without_a_name_is_warned_to_replace_the_default_family(weights_file, tmp_path) -> None:
+    labels = write(tmp_path, "labels.txt", "\n".join(CLASSES))
+    said = said_until_the_first_step(weights_file, labels_path=labels)  # every backend: no --only, no mixing
+    warning = [line for line in said if "default family" in line]
+    assert len(warning) == 1 and "replaces" in warning[0] and "--name NAME" in warning[0], said
+    assert not [line for line in said_until_the_first_step(weights_file, labels_path=labels, family="own")
+                if "default family" in line]  # fmt: skip
 
 
 # --- a real small build ----------------------------------------------------------------------------
 
 
-def build_family(home: Path, weights: Path, labels: Path, *extra: str) -> str:
+def build_family(home: Path, weights: Path, labels: Path, *extra: str, status: int = 0) -> str:
     """``python -m build_models`` for the 3-class family into ``home``: its own BentoML store (BentoML
-    fixes a process's store at its first use, so the build runs in a process of its own)."""
+    fixes a process's store at its first use, so the build runs in a process of its own). Its stdout; its
+    stderr when it is to fail (``status``)."""
     argv = ["--weights", str(weights), "--labels", str(labels), "--name", "tri", "--only", "pytorch,onnx"]
     argv += ["--mean", ",".join(map(str, MEAN)), "--std", ",".join(map(str, STD))]
     argv += ["--resize", str(RESIZE), "--crop", str(CROP), *extra]
@@ -290,8 +370,8 @@ def build_family(home: Path, weights: Path, labels: Path, *extra: str) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "build_models", *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done.stdout
+    assert done.returncode == status, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout if status == 0 else done.stderr
 
 
 def stored(home: Path, name: str) -> tuple[Path, dict]:
@@ -355,10 +435,15 @@ def test_a_rebuild_is_up_to_date_until_the_labels_change(family_home, weights_fi
     home, labels, _ = family_home
     again = build_family(home, weights_file, labels)
     assert again.count("up to date") == 2, again
-    before = stored(home, "tri-pytorch")[0].name
+    before = {backend: stored(home, f"tri-{backend}")[0].name for backend in ("pytorch", "onnx")}
     renamed = labels.parent / "tri-labels-renamed.txt"
     renamed.write_text("rouge\nvert\nbleu\n")
-    rebuilt = build_family(home, weights_file, renamed, "--only", "pytorch")
-    assert "up to date" not in rebuilt and "stored tri-pytorch:" in rebuilt, rebuilt
-    version, info = stored(home, "tri-pytorch")  # the one version left: the superseded one is pruned
-    assert version.name != before and info["metadata"]["categories"] == ["rouge", "vert", "bleu"]
+    # Relabelling PyTorch's model alone would leave the family answering in two sets of labels: refused.
+    refused = build_family(home, weights_file, renamed, "--only", "pytorch", status=1)
+    assert "tri-onnx:" in refused and "two sources" in refused, refused
+    assert stored(home, "tri-pytorch")[0].name == before["pytorch"]
+    rebuilt = build_family(home, weights_file, renamed)  # every model the family holds: one source still
+    assert "up to date" not in rebuilt and "stored tri-pytorch:" in rebuilt and "stored tri-onnx:" in rebuilt, rebuilt
+    for backend in ("pytorch", "onnx"):
+        version, info = stored(home, f"tri-{backend}")  # the one version left: the superseded one is pruned
+        assert version.name != before[backend] and info["metadata"]["categories"] == ["rouge", "vert", "bleu"]

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY as METRICS
 
-from fastinfer.catalog import backends, config, family, store, store_check
+from fastinfer.catalog import backends, config, family, holdings, store, store_check
 from fastinfer.catalog.store import PreprocessSpec, StoredModelInfo
 from fastinfer.common.errors import without_paths
 from fastinfer.front.image_api import FormRules, answer
@@ -125,12 +125,12 @@ class ThreeClasses:
         return logits
 
 
-def three_class_pipeline() -> tuple[Pipeline, ThreeClasses]:
+def three_class_pipeline(categories: list[str] = SHAPES) -> tuple[Pipeline, ThreeClasses]:
     runner = ThreeClasses()
     names = ["pytorch", "onnx"]
     pipeline = Pipeline(
         names,
-        {n: info(n) for n in names},
+        {n: info(n, categories) for n in names},
         lambda n: None,
         runner,
         runner.engine,
@@ -148,11 +148,17 @@ def grey_png(level: int) -> bytes:
     return images.encode(Image.new("RGB", (300, 200), (level, level, level)), "PNG")
 
 
-def asked(path: str, fields: dict[str, str]) -> tuple[int, dict[str, Any], ThreeClasses]:
-    """The front's answer to a request on ``path`` (parsed as the HTTP lane parses it) with these fields."""
-    pipeline, runner = three_class_pipeline()
-    files = {"images": ("a.png", grey_png(100))} if path == "/classify/batch" else {"image": ("a.png", grey_png(100))}
-    scope, body = request(path, files=files, data=fields)
+def asked(
+    path: str, fields: dict[str, str], query: str = "", categories: list[str] = SHAPES
+) -> tuple[int, dict[str, Any], ThreeClasses]:
+    """The front's answer to a request on ``path`` (parsed as the HTTP lane parses it) with these fields, or,
+    with ``query``, the image as the whole body and the fields in the query string."""
+    pipeline, runner = three_class_pipeline(categories)
+    if query:
+        scope, body = request(path, query, content=grey_png(100), headers={"content-type": "image/png"})
+    else:
+        field = "images" if path == "/classify/batch" else "image"
+        scope, body = request(path, files={field: ("a.png", grey_png(100))}, data=fields)
     rules = FormRules(default_backend="onnx", max_batch_images=4)
     status, payload = asyncio.run(answer(pipeline, ROUTES[path], scope, body, rules))
     pipeline.cpu.close()
@@ -197,9 +203,30 @@ def test_without_top_k_a_small_family_ranks_every_class(path: str) -> None:
                for one in answers(path, payload))  # fmt: skip
 
 
-def test_top_k_keeps_its_outer_bound() -> None:
-    status, payload, _ = asked("/classify", {"top_k": "21"})
-    assert status == 400 and payload["error"]["code"] == "invalid_top_k" and "1 to 20" in payload["error"]["message"]
+@pytest.mark.parametrize("path", [*CAPPED_ROUTES, "/predict/quantized", "/predict/openvino"])
+@pytest.mark.parametrize("sent", ["21", "0", "five", "999"])
+@pytest.mark.parametrize("form", ["multipart", "query"])
+def test_top_k_outside_the_outer_bound_names_the_family_s_classes(path: str, sent: str, form: str) -> None:
+    """Beyond TOP_K_MAX too (or no whole number at all), a family of fewer classes is the bound said: not "1 to
+    20", which a client would take at its word and be refused again (review finding)."""
+    if form == "query" and path == "/classify/batch":
+        pytest.skip("the batch takes multipart only")
+    status, payload, runner = asked(path, {"top_k": sent}, query=f"top_k={sent}" if form == "query" else "")
+    assert status == 400, payload
+    said = payload["error"]["message"]
+    assert payload["error"]["code"] == "invalid_top_k" and "1 to 20" not in said, said
+    assert "from 1 to 3, the classes of model family 'shapes'" in said and repr(sent) in said, said
+    assert runner.shapes == []
+
+
+def test_top_k_keeps_its_outer_bound_for_a_family_of_more_classes() -> None:
+    many = [f"class {i}" for i in range(1000)]
+    for sent in ("21", "0"):
+        status, payload, _ = asked("/classify", {"top_k": sent}, categories=many)
+        said = payload["error"]["message"]
+        assert status == 400 and said == f"top_k: must be a whole number from 1 to 20; got {sent!r}", said
+    twenty = [f"class {i}" for i in range(20)]  # exactly TOP_K_MAX classes: the outer bound is the family's too
+    assert "from 1 to 20;" in asked("/classify", {"top_k": "21"}, categories=twenty)[1]["error"]["message"]
 
 
 def test_a_large_family_is_capped_by_the_outer_bound_only() -> None:
@@ -276,8 +303,12 @@ def test_store_health_of_another_family_rebuilds_it_from_its_own_source(own_stor
     (Path(model.path) / "model.onnx").write_bytes(b"cut")
     health = store_check.check(model)
     assert health.corrupt
+    # Its weights and labels are files the store does not keep: the whole family, with its preprocessing (a
+    # partial build from files not quite the family's would mix two sources; without the preprocessing it
+    # would be built with ImageNet's mean, std and crop).
     assert store_check.rebuild_command([health]) == (
-        "python -m build_models --only onnx-int8 --weights PATH.pth --labels PATH --name shapes"
+        "python -m build_models --weights PATH --labels PATH --name shapes --mean 0.3,0.6,0.5 --std 0.4,0.2,0.3 "
+        "--resize 160 --crop 128 (the whole family, without --only)"
     )
 
 
@@ -289,7 +320,7 @@ def test_a_family_missing_from_the_store_says_what_it_holds_and_how_to_build(own
     stored("tiles-pytorch", "pytorch")
     assert store.families() == {"tiles": ["tiles-onnx", "tiles-pytorch"]}
     monkeypatch.setenv("FASTINFER_MODEL", "shapes")
-    why = family.missing_reason()
+    why = holdings.missing_reason()
     assert why is not None and "\n" not in why
     assert "no model of family 'shapes'" in why and "tiles (2 models)" in why
     assert "`fastinfer build --weights PATH --labels PATH --name shapes`" in why and "FASTINFER_MODEL=tiles" in why
@@ -303,10 +334,28 @@ def test_a_family_missing_from_the_store_says_what_it_holds_and_how_to_build(own
     # The family stored: a backend whose model alone is missing says so, and how to build the family.
     monkeypatch.setenv("FASTINFER_MODEL", "tiles")
     monkeypatch.delenv(store.PINS_ENV)
-    assert family.missing_reason() is None and backends.unavailable_reason("onnx") is None
+    assert holdings.missing_reason() is None and backends.unavailable_reason("onnx") is None
     assert backends.unavailable_reason("onnx-int8") == (
-        "tiles-onnx-int8 not in the model store; run `fastinfer build --weights PATH --labels PATH --name tiles`"
+        "tiles-onnx-int8 not in the model store; run `fastinfer build --weights PATH --labels PATH --name tiles "
+        "--mean 0.3,0.6,0.5 --std 0.4,0.2,0.3 --resize 160 --crop 128` (the whole family, without --only)"
     )
+
+
+def test_the_build_hint_carries_only_what_differs_from_the_defaults(own_store: Path, monkeypatch) -> None:
+    """A family whose preprocessing is the default's, or ImageNet's own family, is told no flag it does not need."""
+    from fastinfer.catalog import holdings, rebuild
+
+    plain = {"resize_size": 232, "crop_size": 224, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+    stored("tiles-onnx", "onnx", preprocess={**plain, "crop_size": 192})
+    assert holdings.build_hint("tiles") == (
+        "run `fastinfer build --weights PATH --labels PATH --name tiles --crop 192` (the whole family, without --only)"
+    )
+    stored("resnet50-onnx", "onnx", labels={"weights": "imagenet"}, preprocess=plain)
+    assert holdings.build_hint("resnet50") == "run `python -m build_models`"
+    # What is written reads back as the same numbers: the rebuilt family hashes as the stored one.
+    spec = store.PreprocessSpec(mean=(0.1234567891234, 0.5, 1 / 3), std=(0.2, 0.2, 0.2))
+    said = rebuild.preprocess_args(spec).split()
+    assert [float(v) for v in said[1].split(",")] == list(spec.mean) and said[2:] == ["--std", "0.2,0.2,0.2"]
 
 
 def test_a_server_of_a_family_missing_from_the_store_refuses_to_start_saying_why(
@@ -333,8 +382,8 @@ def test_a_server_of_a_family_missing_from_the_store_refuses_to_start_saying_why
 
 def test_an_empty_store_says_it_holds_no_family(own_store: Path, monkeypatch) -> None:
     monkeypatch.setenv("FASTINFER_MODEL", "shapes")
-    assert "it holds no model family at all" in family.missing_reason()
-    assert family.main(["shapes"]) == 1 and family.main(["Bad Name"]) == 1  # make's check before serve/bento
+    assert "it holds no model family at all" in holdings.missing_reason()
+    assert holdings.main(["shapes"]) == 1 and holdings.main(["Bad Name"]) == 1  # make's check before serve/bento
 
 
 # --- the bento carries its family ---------------------------------------------------------------------------
@@ -392,6 +441,7 @@ def test_backends_names_the_family_its_classes_weights_and_accuracy(own_store: P
         "preprocess": {"resize_size": 160, "crop_size": 128, "mean": [0.3, 0.6, 0.5], "std": [0.4, 0.2, 0.3]},
         "accuracy": {"onnx": {k: v for k, v in ACCURACY.items() if k != "eval_dir"}},  # not the builder's path
         "missing": None,
+        "labels": SHAPES,  # in index order: a client scores answers by them without the server's store
     }
     by_name = {b["name"]: b for b in answer["backends"]}
     assert by_name["onnx"]["accuracy"]["top1"] == 0.9667 and by_name["pytorch"]["accuracy"] is None
@@ -408,12 +458,14 @@ def test_the_api_page_and_metrics_name_the_family(own_store: Path, monkeypatch) 
     line = family_line(served)
     assert line.startswith("Model family `shapes` (`FASTINFER_MODEL`): 3 classes, `top_k` up to 3")
     assert "weights: file (fine-tuned on 30 shape photos (shapes.pth))" in line
-    assert "onnx-int8 top-1 96.7%, top-5 100.0% (int8)" in line
+    # Top-5 of 3 classes holds every class (100% whatever the model does): not shown, nor any "top-3".
+    assert "onnx-int8 top-1 96.7% (int8)" in line and "top-5" not in line and "top-3" not in line
     record_family(served)
     labels = {"family": "shapes", "classes": "3", "weights": "file", "weights_description": DESCRIPTION}
     assert METRICS.get_sample_value("fastinfer_model_family_info", labels) == 1
     top1 = {"family": "shapes", "backend": "onnx-int8", "metric": "top1", "precision": "int8"}
     assert METRICS.get_sample_value("fastinfer_model_accuracy", top1) == pytest.approx(0.9667)
+    assert METRICS.get_sample_value("fastinfer_model_accuracy", {**top1, "metric": "top5"}) is None
     missing = family_line(family.summary("nothing", {}))
     assert missing.startswith("Model family `nothing`: not served: the model store holds no model of family")
 
@@ -428,11 +480,26 @@ def test_doctor_names_the_family(own_store: Path, monkeypatch, tmp_path: Path, c
     assert cli.main(["doctor", "--json", str(report), "--profile", str(tmp_path / "no-bench.json")]) == 0
     out = capsys.readouterr().out
     assert "model family shapes: 3 classes, weights file (fine-tuned on 30 shape photos (shapes.pth))" in out
-    assert "accuracy measured at build: onnx top-1 96.7%, top-5 100.0% (int8)" in out
+    assert "accuracy measured at build: onnx top-1 96.7% (int8)" in out and "top-5" not in out
     said = json.loads(report.read_text())
     assert said["family"]["name"] == "shapes" and said["family"]["num_classes"] == 3
     # Its models that are not stored are named, with the command that builds this family.
     assert "shapes-pytorch not in the model store; run `fastinfer build" in said["backends"]["pytorch"]["reason"]
+
+
+def test_top5_is_shown_for_a_family_of_more_than_five_classes(own_store: Path, monkeypatch) -> None:
+    from fastinfer.front.api_page import family_line
+    from fastinfer.serving.metrics import record_family
+
+    six = [f"c{i}" for i in range(6)]
+    monkeypatch.setenv("FASTINFER_MODEL", "six")
+    stored("six-onnx", "onnx", accuracy=ACCURACY, categories=six, num_classes=6, output=store.output_spec(6))
+    served = family.summary("six", backends.served_models())
+    assert "onnx top-1 96.7%, top-5 100.0% (int8)" in family_line(served)
+    assert "onnx top-1 96.7%, top-5 100.0% (int8)" in served.summary()  # doctor's line
+    record_family(served)
+    top5 = {"family": "six", "backend": "onnx", "metric": "top5", "precision": "int8"}
+    assert METRICS.get_sample_value("fastinfer_model_accuracy", top5) == pytest.approx(1.0)
 
 
 def test_doctor_says_a_bad_family_name_in_one_line(monkeypatch, capsys) -> None:
@@ -443,3 +510,136 @@ def test_doctor_says_a_bad_family_name_in_one_line(monkeypatch, capsys) -> None:
     err = capsys.readouterr().err.strip()
     assert err.startswith("fastinfer doctor: FASTINFER_MODEL: 'Not/A/Name' cannot name a model family"), err
     assert "\n" not in err
+
+
+# --- a family of two sources -----------------------------------------------------------------------------------
+
+OLD_SOURCE, NEW_SOURCE = "0ld50urce0ld50ur", "6e75045ce6e75045"
+SERVABLE = ["pytorch", "onnx", "onnx-int8", "onnx-int8-dynamic"]  # what runs on every machine the suite runs on
+
+
+def start_up(monkeypatch, caplog) -> list[str]:
+    """The server's deployment hook (before any worker starts), its environment undone after the test; the
+    WARNING lines it logged."""
+    import logging
+
+    import service
+
+    for name in (store.PINS_ENV, store.UNSERVED_ENV, store.PIN_FILE_ENV, "FASTINFER_TUNED_RESOLVED"):
+        monkeypatch.setenv(name, "")  # recorded, so that the test's end restores what was there
+        monkeypatch.delenv(name)
+    config.get_settings.cache_clear()  # read again with the family the test set (imports may have read them)
+    monkeypatch.setattr(service, "settings", config.get_settings())
+    monkeypatch.setattr(service, "claim_metrics_dir", lambda: None)  # this process's metrics are not a server's
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        service.FastInfer.inner._pin_models()
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def interrupted_rebuild() -> None:
+    """What an interrupted rebuild with other labels leaves: every backend from the old source, then pytorch
+    and onnx again from the new one (the family's newest models), the rest not reached."""
+    for backend in SERVABLE:
+        stored(f"tiles-{backend}", backend, labels={"source_hash": OLD_SOURCE})
+    for backend in ("pytorch", "onnx"):
+        stored(f"tiles-{backend}", backend, labels={"source_hash": NEW_SOURCE}, categories=SHAPES[::-1])
+
+
+def test_a_family_of_two_sources_serves_only_its_newest_models_source(own_store: Path, monkeypatch, caplog) -> None:
+    """Review finding: a fresh server answered /compare with `pytorch: sage, onnx: sage, onnx-int8: fern` and said
+    nothing. The family is what its newest model was built from; every other model is not served, its backend
+    answering 503 with why and how to rebuild the whole family, and start-up says so in one WARNING line."""
+    from fastinfer.front import inventory
+    from runners import REGISTRY
+    from runners.base import RunnerCore
+
+    monkeypatch.setenv("FASTINFER_MODEL", "tiles")
+    interrupted_rebuild()
+    newest = str(store.find("onnx").tag)
+    (warning,) = start_up(monkeypatch, caplog)
+    assert "\n" not in warning and "model family 'tiles' holds models of two sources" in warning
+    assert f"{newest} (source hash {NEW_SOURCE})" in warning
+    assert "not serving tiles-onnx-int8, tiles-onnx-int8-dynamic," in warning and "then restart the server" in warning
+    assert json.loads(os.environ[store.PINS_ENV]) == {
+        "tiles-pytorch": str(store.find("pytorch").tag),
+        "tiles-onnx": newest,
+    }
+    # What each backend of the other source answers (503), /backends shows and a runner says.
+    why = backends.unavailable_reason("onnx-int8")
+    old_tag = str(store.find("onnx-int8").tag)
+    assert why == (
+        f"{old_tag} was built from other weights, labels or preprocessing (source hash {OLD_SOURCE}) than the rest "
+        f"of model family 'tiles' (source hash {NEW_SOURCE}, as its newest model {newest}): not served; rebuild "
+        "`fastinfer build --weights PATH --labels PATH --name tiles --mean 0.3,0.6,0.5 --std 0.4,0.2,0.3 --resize 160 "
+        "--crop 128` (the whole family, without --only), then restart the server"
+    )
+    assert backends.unavailable_reason("pytorch") is None and backends.unavailable_reason("onnx") is None
+    models = backends.served_models()
+    assert list(models) == ["pytorch", "onnx"] and {m.source_hash for m in models.values()} == {NEW_SOURCE}
+    unavailable = {name: reason for name in REGISTRY if (reason := backends.unavailable_reason(name))}
+    settings = config.get_settings()
+    listed = inventory.backends(REGISTRY, unavailable, models, {}, settings, {}).model_dump(mode="json")
+    by_name = {b["name"]: b for b in listed["backends"]}
+    assert by_name["onnx-int8-dynamic"]["available"] is False and "not served" in by_name["onnx-int8-dynamic"]["reason"]
+    assert listed["family"]["labels"] == SHAPES[::-1]  # the newest source's labels, not the old ones'
+    runner = RunnerCore("onnx-int8", workers=1)
+    assert runner.failure == why and runner.lasting and asyncio.run(runner.__is_ready__())
+    # /compare: the backends of the family's source only, the others said unavailable.
+    stand_in = ThreeClasses()
+    cache = MemoryCache(max_entries=10, ttl_s=60)
+    pipeline = Pipeline(list(REGISTRY), models, unavailable.get, stand_in, stand_in.engine, cache, CpuPool(2),
+                        LiveStats(), max_pixels=50_000_000)  # fmt: skip
+    scope, body = request("/compare", files={"image": ("a.png", grey_png(100))})
+    status, payload = asyncio.run(answer(pipeline, ROUTES["/compare"], scope, body, FormRules("onnx", 4)))
+    pipeline.cpu.close()
+    assert status == 200 and [r["backend"] for r in payload["results"]] == ["pytorch", "onnx"], payload
+    assert {"onnx-int8", "onnx-int8-dynamic"} <= set(payload["summary"]["unavailable"])
+
+
+def test_doctor_says_a_family_of_two_sources(own_store: Path, monkeypatch, tmp_path: Path, capsys) -> None:
+    """Outside a server (doctor, evaluate, the tools) the same models are refused, with the same reason."""
+    from fastinfer import cli
+
+    monkeypatch.setenv("FASTINFER_MODEL", "tiles")
+    monkeypatch.setenv("FASTINFER_TUNED", "off")
+    monkeypatch.delenv(store.PINS_ENV, raising=False)
+    interrupted_rebuild()
+    with pytest.raises(store.NotServed, match="not served; rebuild `fastinfer build"):
+        holdings.serving("onnx-int8")
+    assert cli.main(["doctor", "--json", str(tmp_path / "d.json"), "--profile", str(tmp_path / "none.json")]) == 0
+    said = json.loads((tmp_path / "d.json").read_text())["backends"]
+    refused = said["onnx-int8"]
+    assert refused["available"] is False and f"(source hash {OLD_SOURCE}) than the rest" in refused["reason"]
+    assert "then restart" not in refused["reason"]
+    assert said["pytorch"]["reason"] is None or "not served" not in said["pytorch"]["reason"]
+
+
+def test_a_family_rebuilt_whole_is_served_whole_again(own_store: Path, monkeypatch, caplog) -> None:
+    monkeypatch.setenv("FASTINFER_MODEL", "tiles")
+    interrupted_rebuild()
+    for backend in SERVABLE:  # the whole family, from the new source
+        stored(f"tiles-{backend}", backend, labels={"source_hash": NEW_SOURCE})
+    assert start_up(monkeypatch, caplog) == []
+    assert set(json.loads(os.environ[store.PINS_ENV])) == {f"tiles-{b}" for b in SERVABLE}
+    assert json.loads(os.environ[store.UNSERVED_ENV]) == {}
+    assert all(backends.unavailable_reason(b) is None for b in SERVABLE)
+
+
+def test_a_runner_without_its_model_at_start_up_does_not_hold_the_server_s_readiness(
+    own_store: Path, monkeypatch
+) -> None:
+    """A family that lacks a backend (or holds one of another source) is served without it: in a server only a
+    restart could bring it, so its runner reports ready (its backend answers 503) rather than keep /readyz
+    failing for good."""
+    from runners.base import RunnerCore
+
+    monkeypatch.setenv("FASTINFER_MODEL", "tiles")
+    stored("tiles-onnx", "onnx")
+    config.get_settings.cache_clear()
+    monkeypatch.setenv(store.PINS_ENV, json.dumps({"tiles-onnx": str(store.find("onnx").tag)}))
+    runner = RunnerCore("pytorch", workers=1)
+    assert "tiles-pytorch not in the model store" in (runner.failure or "") and runner.lasting
+    assert asyncio.run(runner.__is_ready__())
+    monkeypatch.delenv(store.PINS_ENV)  # outside a server: a retry may find it built since
+    assert not RunnerCore("pytorch", workers=1).lasting

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from fastinfer.catalog import store
+from fastinfer.catalog import holdings
 from fastinfer.catalog.backends import SPECS, open_engine
 from fastinfer.common.errors import RequestTimeout, RunnerNotLoaded
 from fastinfer.serving import deadlines
@@ -47,7 +47,7 @@ def calls_over(core: RunnerCore, tag: str | None = None) -> RunnerCalls:
 def test_the_answer_is_the_engines_and_batches_form_in_the_front(core: RunnerCore) -> None:
     rng = np.random.default_rng(7)
     pixels = rng.integers(0, 256, (3, 224, 224, 3), dtype=np.uint8)
-    expected = open_engine(BACKEND, 1, {None: store.serving(SPECS[BACKEND].artifact).path}).run(pixels)
+    expected = open_engine(BACKEND, 1, {None: holdings.serving(SPECS[BACKEND].artifact).path}).run(pixels)
     calls = calls_over(core)
     before = core.calls["infer_batched"]
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from fastinfer.catalog import store
+from fastinfer.catalog import holdings, store
 from fastinfer.catalog.backends import unavailable_reason
 
 
@@ -23,21 +23,21 @@ def test_pin_resolves_latest_and_skips_what_was_never_built(pinned) -> None:
 
 
 def test_a_server_serves_its_pins_only(pinned, monkeypatch) -> None:
-    assert str(store.serving("onnx").tag) == pinned["resnet50-onnx"]
-    assert store.serving("onnx-int8") is None  # not pinned: not stored when the server started
+    assert str(holdings.serving("onnx").tag) == pinned["resnet50-onnx"]
+    assert holdings.serving("onnx-int8") is None  # not pinned: not stored when the server started
     reason = unavailable_reason("onnx-int8")
     assert reason is not None and "when this server started" in reason
     monkeypatch.setenv(store.PINS_ENV, json.dumps({"resnet50-onnx": "resnet50-onnx:gone0000version"}))
     with pytest.raises(store.PinnedModelGone, match=r"resnet50-onnx:gone0000version.*no longer in the model store"):
-        store.serving("onnx")
-    assert store.serving_or_none("onnx") is None
+        holdings.serving("onnx")
+    assert holdings.serving_or_none("onnx") is None
     assert "resnet50-onnx:gone0000version" in (unavailable_reason("onnx") or "")
 
 
 def test_outside_a_server_latest_serves(built_models, monkeypatch) -> None:
     monkeypatch.delenv(store.PINS_ENV, raising=False)
     assert store.pins() is None
-    assert str(store.serving("onnx-int8").tag) == str(store.find("onnx-int8").tag)
+    assert str(holdings.serving("onnx-int8").tag) == str(store.find("onnx-int8").tag)
 
 
 @pytest.mark.parametrize("raw", ["{bad", '"x"', '{"resnet50-onnx": 5}', "[]"])

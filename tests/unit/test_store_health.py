@@ -23,7 +23,7 @@ from bentoml.exceptions import ServiceUnavailable
 from build_models import VerificationError, build
 from build_models import __main__ as build_cli
 from fastinfer import cli
-from fastinfer.catalog import store, store_check
+from fastinfer.catalog import holdings, store, store_check
 from fastinfer.catalog.backends import SPECS, open_engine
 from fastinfer.common.errors import RunnerNotLoaded, without_paths
 from fastinfer.engines import EngineUnavailable
@@ -192,7 +192,7 @@ def test_a_runner_refuses_a_stored_model_whose_files_differ(built_models, monkey
     copy = stored_copy("onnx-int8", tmp_path)
     altered_in_place(copy / "model.onnx")
     altered = bentoml.models.Model.from_path(copy)
-    monkeypatch.setattr(store, "serving", lambda artifact, batch=None: altered)
+    monkeypatch.setattr(holdings, "serving", lambda artifact, batch=None: altered)
     runner = runner_over("onnx-int8", monkeypatch)
     error = runner.describe()["error"]
     assert f"CorruptModel: {altered.tag} is corrupt: model.onnx differs from what was built (sha256)" in error, error

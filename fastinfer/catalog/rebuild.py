@@ -1,0 +1,72 @@
+"""The command that builds a model family again as its stored models were built: what every message about
+a model missing, corrupt or not served says to run.
+
+A family's source hash covers its weights, labels and preprocessing (build_models.context.family_hash), so
+a command that names the weights and labels but not the preprocessing builds another family under the same
+name. The command carries the family's stored preprocessing where it differs from the defaults; where it
+needs a file the store does not keep (the weights, the labels: a PATH), it rebuilds the whole family, never
+``--only`` some backends: a partial build from a file not quite the family's would mix two sources.
+"""
+
+from __future__ import annotations
+
+from fastinfer.catalog.store import DEFAULT_FAMILY, PreprocessSpec
+
+WEIGHTS_ARGUMENT = {"imagenet": "imagenet", "random-init": "random"}
+"""A stored ``weights`` label → the ``--weights`` that builds the same again (a file: its path)."""
+WHOLE_FAMILY = "the whole family, without --only"
+
+
+def _channels(values: tuple[float, float, float]) -> str:
+    return ",".join(repr(float(v)) for v in values)  # repr: the shortest text that reads back as the same float
+
+
+def preprocess_args(spec: PreprocessSpec | None) -> str:
+    """``--mean``/``--std``/``--resize``/``--crop`` for each value of ``spec`` that is not the default ("" for none)."""
+    if spec is None:
+        return ""
+    default = PreprocessSpec()
+    flags = [
+        f"--mean {_channels(spec.mean)}" if tuple(spec.mean) != tuple(default.mean) else "",
+        f"--std {_channels(spec.std)}" if tuple(spec.std) != tuple(default.std) else "",
+        f"--resize {spec.resize_size}" if spec.resize_size != default.resize_size else "",
+        f"--crop {spec.crop_size}" if spec.crop_size != default.crop_size else "",
+    ]
+    return " ".join(flag for flag in flags if flag)
+
+
+def source_args(family: str, weights: str | None, spec: PreprocessSpec | None) -> str:
+    """The build arguments naming a family's source: its weights (``weights``: their stored label; None: not
+    known, a file for a family of its own), its labels, name and preprocessing (``spec``: what is stored)."""
+    default_family = family in ("", DEFAULT_FAMILY)
+    if weights:
+        weights_arg = f"--weights {WEIGHTS_ARGUMENT.get(weights, 'PATH')}"
+    else:
+        weights_arg = "" if default_family else "--weights PATH"
+    labels = "" if default_family or weights in WEIGHTS_ARGUMENT else "--labels PATH"
+    name = "" if default_family else f"--name {family}"
+    return " ".join(part for part in (weights_arg, labels, name, preprocess_args(spec)) if part)
+
+
+def needs_files(args: str) -> bool:
+    """Whether build arguments name a file the store does not keep: then only the whole family is safe."""
+    return "PATH" in args
+
+
+def family_weights(family: str, weights: str | None) -> str | None:
+    """The stored ``weights`` label a rebuild of the whole family names: none for the default family's own
+    (the build picks ImageNet's, else a random init; all of it is built either way), else ``weights``."""
+    return None if family in ("", DEFAULT_FAMILY) and weights in (*WEIGHTS_ARGUMENT, None) else weights
+
+
+def build_command(
+    family: str, weights: str | None = None, spec: PreprocessSpec | None = None, whole: bool = False
+) -> str:
+    """The command that builds ``family`` as its stored models were built (``weights`` and ``spec``, when it has
+    some), quoted for a message; said to build the whole family where it needs files, or when ``whole``."""
+    args = source_args(family, family_weights(family, weights), spec)
+    if not args:
+        said = WHOLE_FAMILY if whole else "ImageNet's weights; `--weights PATH --labels PATH` for your own"
+        return f"`fastinfer build` ({said})"
+    command = f"`fastinfer build {args}`"
+    return f"{command} ({WHOLE_FAMILY})" if whole or needs_files(args) else command

@@ -1,0 +1,133 @@
+"""A family whose stored models are of two sources, served (review finding on issue 34).
+
+A rebuild with other labels, interrupted after PyTorch and ONNX, leaves those two from the new source and the
+rest from the old under one family's names. Served together, they answered the same image with different
+labels and said nothing. The family is what its newest model was built from: a real ``bentoml serve`` pins
+only the models of that source, says once at start-up which it does not serve, and each of those backends
+answers 503 saying why and how to rebuild the whole family — and the server is still ready, serving the rest.
+
+The interrupted rebuild is made exactly: the old source built into one store, the new one (the labels
+reversed) into another, and the new PyTorch and ONNX versions moved into the first as a build stores them
+(their version folder, then the ``latest`` pointer), after the old ones were stored.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from load_tests.service import ROOT, Server, stop_server
+from tests.family_data import Family, images
+from tests.integration.test_own_family import run_build
+from tests.servers import NO_CACHE, start_server
+
+pytestmark = pytest.mark.integration
+
+OLD = ("pytorch", "onnx", "onnx-int8-dynamic")  # built from the old source: quick, no calibration needed
+NEW = ("pytorch", "onnx")  # then rebuilt from the new one before the rebuild was cut short
+
+
+@dataclass(frozen=True)
+class Mixed:
+    home: Path
+    name: str
+    old_hash: str
+    new_hash: str
+    new_labels: list[str]
+
+
+def source_args(family: Family, labels: Path) -> list[str]:
+    """The family's build flags (its weights, preprocessing and name) with ``labels``."""
+    return [
+        *("--weights", str(family.weights), "--labels", str(labels), "--name", family.name),
+        *("--mean", ",".join(map(str, family.mean)), "--std", ",".join(map(str, family.std))),
+        *("--resize", str(family.resize), "--crop", str(family.crop)),
+    ]
+
+
+def latest(home: Path, name: str) -> tuple[str, dict]:
+    folder = home / "models" / name
+    version = (folder / "latest").read_text().strip()
+    return version, yaml.safe_load((folder / version / "model.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def mixed(own_family: Family, tmp_path_factory) -> Mixed:
+    work = tmp_path_factory.mktemp("mixed-family")
+    old_home, new_home = work / "old", work / "new"
+    done = run_build(old_home, [*source_args(own_family, own_family.labels), "--only", ",".join(OLD)])
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    reversed_labels = work / "reversed.txt"
+    reversed_labels.write_text("\n".join(reversed(own_family.classes)) + "\n")
+    done = run_build(new_home, [*source_args(own_family, reversed_labels), "--only", ",".join(NEW)])
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    for backend in NEW:  # as the interrupted rebuild stored them: the version, then the pointer to it
+        name = f"{own_family.name}-{backend}"
+        version, _ = latest(new_home, name)
+        shutil.copytree(new_home / "models" / name / version, old_home / "models" / name / version)
+        (old_home / "models" / name / "latest").write_text(version)
+    old_hash = latest(old_home, f"{own_family.name}-onnx-int8-dynamic")[1]["labels"]["source_hash"]
+    new_hash = latest(old_home, f"{own_family.name}-onnx")[1]["labels"]["source_hash"]
+    assert old_hash != new_hash
+    return Mixed(old_home, own_family.name, old_hash, new_hash, list(reversed(own_family.classes)))
+
+
+@pytest.fixture(scope="module")
+def mixed_server(mixed: Mixed, tmp_path_factory) -> Server:
+    log = tmp_path_factory.mktemp("mixed-serve") / "serve.log"
+    # Ready although two runners hold nothing to serve: one model of another source, others never built.
+    srv = start_server(mixed.home, log, {"FASTINFER_MODEL": mixed.name, "FASTINFER_CACHE": "memory"})
+    yield srv
+    stop_server(srv)
+
+
+def test_a_server_of_a_mixed_family_serves_only_its_newest_source_and_says_so(
+    mixed: Mixed, mixed_server: Server, own_family: Family
+) -> None:
+    with httpx.Client(base_url=mixed_server.url, timeout=120) as client:
+        listed = client.get("/backends").json()
+        available = sorted(b["name"] for b in listed["backends"] if b["available"])
+        assert available == sorted(NEW), listed["backends"]
+        assert listed["family"]["labels"] == mixed.new_labels, listed["family"]
+        (apart,) = [b for b in listed["backends"] if b["name"] == "onnx-int8-dynamic"]
+        reason = apart["reason"]
+        assert "built from other weights, labels or preprocessing" in reason and "not served" in reason, reason
+        assert f"source hash {mixed.old_hash}" in reason and f"source hash {mixed.new_hash}" in reason, reason
+        mean = ",".join(map(repr, map(float, own_family.mean)))
+        assert f"--name {mixed.name} --mean {mean}" in reason and f"--crop {own_family.crop}" in reason, reason
+        assert "(the whole family, without --only), then restart the server" in reason, reason
+
+        photo, _ = images(own_family.heldout)[0]
+        sent = {"image": (photo.name, photo.read_bytes(), "image/jpeg" if photo.suffix == ".jpg" else "image/png")}
+        compared = client.post("/compare", files=sent).json()
+        assert [r["backend"] for r in compared["results"]] == list(NEW), compared
+        assert "onnx-int8-dynamic" in compared["summary"]["unavailable"], compared
+        assert compared["summary"]["all_agree_top1"] and compared["results"][0]["class"] in mixed.new_labels
+        refused = client.post("/classify", data={"backend": "onnx-int8-dynamic"}, files=sent, headers=NO_CACHE)
+        assert refused.status_code == 503 and refused.json()["error"]["message"] == reason, refused.text
+
+    # Said once at start-up (the deployment hook), not by each worker or runner.
+    lines = [line for line in mixed_server.log.read_text().splitlines() if "holds models of two sources" in line]
+    assert len(lines) == 1 and "WARNING" in lines[0], lines
+
+
+def test_doctor_names_the_models_of_another_source(mixed: Mixed) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "fastinfer.cli", "doctor"],
+        cwd=ROOT,
+        env={**os.environ, "BENTOML_HOME": str(mixed.home), "FASTINFER_MODEL": mixed.name},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if line.strip().startswith("onnx-int8-dynamic")]
+    assert "unavailable" in line and f"source hash {mixed.old_hash}" in line, line
