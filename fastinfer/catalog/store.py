@@ -198,11 +198,6 @@ def latest(names: list[str]) -> dict[str, Model]:
     return resolved
 
 
-def pin(names: list[str]) -> dict[str, str]:
-    """Resolve each stored name's ``:latest`` now, for a server about to start its workers."""
-    return {name: str(model.tag) for name, model in latest(names).items()}
-
-
 UNSERVED_ENV = "FASTINFER_UNSERVED_MODELS"
 """Set beside PINS_ENV at start-up: store name → why this server does not serve it, though it is stored (built
 from another source than the rest of its family: fastinfer.catalog.holdings)."""

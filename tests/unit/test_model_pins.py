@@ -13,7 +13,7 @@ from fastinfer.catalog.backends import unavailable_reason
 
 @pytest.fixture()
 def pinned(built_models, monkeypatch) -> dict[str, str]:
-    pins = store.pin(["resnet50-onnx", "resnet50-never-built"])
+    pins, _ = holdings.pin(["resnet50-onnx", "resnet50-never-built"], "resnet50")
     monkeypatch.setenv(store.PINS_ENV, json.dumps(pins))
     return pins
 
