@@ -4,11 +4,8 @@
 [--mean R,G,B --std R,G,B --resize N --crop N] [--only NAME,...] [--force]``
 
 A family is one set of weights with its labels and preprocessing; its models are stored as
-``<family>-<backend>[-b<N>]``. Every argument is checked before anything is exported; so is that a build of
-some backends only (``--only``, ``--if-missing``) does not leave the family's models built from two sources.
-
-Every ONNX export is run against PyTorch on real photos; one that diverges beyond its artifact's
-tolerance fails the build and is not stored.
+``<family>-<backend>[-b<N>]``. Every argument is checked before anything is exported. Every export is run
+against PyTorch on real photos; one that diverges beyond its artifact's tolerance is not stored.
 """
 
 from __future__ import annotations
@@ -44,8 +41,7 @@ if TYPE_CHECKING:
     from bentoml import Model
 
 
-VERIFICATION_PHOTOS = 8
-"""Real photos every verified export is compared on against PyTorch."""
+VERIFICATION_PHOTOS = 8  # real photos every verified export is compared on against PyTorch
 
 
 class VerificationError(RuntimeError):
@@ -71,14 +67,10 @@ class Artifact:
     name: str
     precision: str
     export: Callable[..., dict[str, Any]]
-    # Run on real photos against PyTorch (by its backend's engine, with ``verify_options``); beyond
-    # this the build fails and stores nothing. None: not checked at build time (pytorch is the
-    # reference; CoreML predicts only on macOS).
-    tolerance: Gate | None = None
+    tolerance: Gate | None = None  # vs PyTorch on real photos; None: not checked (the reference; CoreML: macOS)
     verify_options: Mapping[str, Any] = field(default_factory=dict)
     requires: Callable[[], str | None] = anywhere  # None when this machine can build it, else why not
-    # Beside the weights' hash and the build format: is a stored model still what this build would
-    # make? (The INT8 models also depend on the calibration, and openvino-int8 on onnx-int8's file.)
+    # Beyond the source hash: the INT8 models also depend on the calibration, openvino-int8 on onnx-int8's file.
     still_current: Callable[[BuildContext, Model], bool] = lambda ctx, model: True
     batches: tuple[int | None, ...] = (None,)
 
@@ -105,8 +97,7 @@ ARTIFACTS: dict[str, Artifact] = {
             tolerance=INT8_TOLERANCE,
             verify_options=ONNX_CPU,
         ),
-        # The IR is verified at f32: the export must be the same graph. BF16 is a run-time choice,
-        # gated by fidelity (tests/unit/test_fidelity.py).
+        # The IR is verified at f32: BF16 is a run-time choice, gated by fidelity (tests/unit/test_fidelity.py).
         Artifact(
             "openvino",
             "fp32",
@@ -144,9 +135,7 @@ class BadPreprocessing(ValueError):
     """Preprocessing no model could be built for (a zero std, a crop larger than the resize...): one line."""
 
 
-MIN_STD = 1e-3
-"""The smallest std: pixels are divided by it, and below this one grey level is already 4 units apart
-(1/255/0.001) and a graph's activations run to the float range's end: a mistake, not a model."""
+MIN_STD = 1e-3  # pixels are divided by it: below, one grey level is 4 units apart, a mistake, not a model
 
 
 def preprocess_spec(
@@ -155,10 +144,7 @@ def preprocess_spec(
     resize_size: int | None = None,
     crop_size: int | None = None,
 ) -> PreprocessSpec:
-    """A family's preprocessing, each value not given the default family's (ImageNet's: mean 0.485,0.456,0.406,
-    std 0.229,0.224,0.225, resize 232, crop 224, as torchvision's IMAGENET1K_V2 transforms). BadPreprocessing
-    names the first value that cannot be: pixels are scaled to 0..1 before normalising, so a mean is in
-    0..1 and a std at least MIN_STD; MIN_INPUT_SIZE <= crop <= resize <= MAX_INPUT_SIZE."""
+    """A family's preprocessing, each value not given ImageNet's; BadPreprocessing names the first bad value."""
     default = PreprocessSpec()
     mean = tuple(default.mean if mean is None else mean)
     std = tuple(default.std if std is None else std)
@@ -181,57 +167,24 @@ def preprocess_spec(
             f"--resize {resize}: the shorter side is resized to it, then cropped to --crop {crop}, so it must be "
             f"{crop} to {MAX_INPUT_SIZE}"
         )
-    r, g, b = mean
-    sr, sg, sb = std
+    (r, g, b), (sr, sg, sb) = mean, std
     return PreprocessSpec(resize_size=resize, crop_size=crop, mean=(r, g, b), std=(sr, sg, sb))
 
 
-def warn_generic_calibration(family: str, progress: Callable[[str], None]) -> None:
-    """Say plainly that a user's model is about to be calibrated on photos that are not the user's."""
-    message = (
-        f"WARNING: family {family}: static INT8 will be calibrated on the bundled generic photos "
-        "(scikit-image samples), not on your own images, so its accuracy on your classes may suffer; "
-        "pass --calibration-dir DIR with a few hundred of your images (your training folder will do)"
-    )
-    progress(message)
-
-
-def warn_default_family(progress: Callable[[str], None]) -> None:
-    """Say plainly that a model of one's own is about to replace ImageNet's models in the default family."""
-    progress(
-        f"WARNING: family {store.DEFAULT_FAMILY} is the default family (ImageNet's, served when FASTINFER_MODEL "
-        f"is not set): your model replaces its models in the store; pass --name NAME to build it as a family of "
-        "its own instead"
-    )
-
-
 class MixedSources(ValueError):
-    """A build of some backends of a family whose other stored models come from other weights, labels or
-    preprocessing: it would leave the family of two sources."""
-
-
-def other_sources(family: str, source_hash: str, artifacts: Sequence[str]) -> list[str]:
-    """The stored models of ``family``'s ``artifacts`` (every batch) built from another source than
-    ``source_hash`` (other weights, labels or preprocessing)."""
-    found = []
-    for name in artifacts:
-        for size in ARTIFACTS[name].batches:
-            model = store.find(name, size, family_name=family)
-            if model is not None and model.info.labels.get("source_hash") != source_hash:
-                found.append(str(model.tag))
-    return found
+    """A partial build that would leave a family's models built from two sources."""
 
 
 def check_one_source(family: str, source_hash: str, names: Sequence[str], if_missing: bool) -> None:
-    """MixedSources when a build of some of ``family``'s backends only (``names``, or ``if_missing``: only
-    those missing or corrupt) would leave stored models of another source beside its own. A build of every
-    backend this machine can build replaces them all: it stays allowed."""
+    """MixedSources when a build of some backends only (``names``, or ``if_missing``) would leave stored models
+    of another source beside its own; a build of every backend this machine can build replaces them all."""
     buildable = [name for name, artifact in ARTIFACTS.items() if artifact.requires() is None]
     if not if_missing and set(buildable) <= set(names):
         return
     # --if-missing rebuilds whatever is not current: all of a family of another source, which it is not for.
     left = ARTIFACT_NAMES if if_missing else [name for name in ARTIFACT_NAMES if name not in names]
-    others = other_sources(family, source_hash, left)
+    found = (store.find(name, size, family_name=family) for name in left for size in ARTIFACTS[name].batches)
+    others = [str(m.tag) for m in found if m is not None and m.info.labels.get("source_hash") != source_hash]
     if others:
         partial = "--if-missing" if if_missing else f"--only {','.join(names)}"
         shown = ", ".join(others[:SHOWN]) + (f" and {len(others) - SHOWN} more" if len(others) > SHOWN else "")
@@ -244,23 +197,14 @@ def check_one_source(family: str, source_hash: str, names: Sequence[str], if_mis
 
 
 def verification_batch(spec: PreprocessSpec, own: np.ndarray | None = None) -> np.ndarray:
-    """Real photos through the service's own preprocessing: what the models will see. The family's own
-    photos where the build has them (``own``: its eval or calibration photos), evenly spread over them:
-    on photos unlike the ones it was trained and calibrated on, a fine-tuned head's INT8 logits stray
-    far more than on its own (measured: max |diff| 21.7 on the bundled photos, 2.4 on its held-out ones)."""
+    """Real photos through the service's preprocessing: ``own`` (the family's eval or calibration photos, spread
+    evenly) where given, since a fine-tuned head's INT8 logits stray far more on unlike photos (21.7 vs 2.4)."""
     if own is not None and len(own):
         picks = np.linspace(0, len(own) - 1, min(VERIFICATION_PHOTOS, len(own))).round().astype(int)
         return np.stack([own[i] for i in picks])
     return np.stack(
         [prepare(photos.photo_jpeg(name), spec, 10**9).pixels for name in photos.PHOTOS[:VERIFICATION_PHOTOS]]
     )
-
-
-def own_photos(ctx: BuildContext, gate: AccuracyGate | None) -> np.ndarray | None:
-    """A family's own photos: its eval set, else its calibration set, else None."""
-    if gate is not None:
-        return gate.images.pixels
-    return np.stack(ctx.calibration_images()) if ctx.calibration_dir is not None else None
 
 
 def build(
@@ -278,22 +222,12 @@ def build(
     accuracy_json: Path = DEFAULT_JSON,
     if_missing: bool = False,
 ) -> list[BuildResult]:
-    """Build (or confirm current) every artifact named in ``only`` (default: all) of the model family
-    ``family``: ``weights_choice``'s weights, named by ``labels_path`` (default: ImageNet's, for 1000
-    classes), with ``preprocess`` (default: ImageNet's).
+    """Build (or confirm current) every artifact in ``only`` (default: all) of ``family``.
 
-    ``force`` rebuilds every one from the weights; ``calibration_dir`` / ``int8_activations`` (default
-    u8), when given, rebuild the INT8 models calibrated otherwise. A bad family name, preprocessing, weights
-    file or labels raise (BadFamilyName, BadPreprocessing, NotResNet50Weights, BadLabels) before anything is
-    exported; so does MixedSources, when ``only`` leaves out a backend this machine builds, or ``if_missing``
-    (the build only fills gaps, --if-missing) is set, and the family holds models of another source.
-    Raises :class:`VerificationError` when an export diverges from PyTorch beyond its tolerance; that
-    artifact is not stored (a previous version stays).
-
-    ``eval_dir`` (labelled photos, one folder per label): every model built or kept is measured on it beside
-    PyTorch (build_models/accuracy_gate.py), the table written to ``accuracy_json``; an INT8/BF16 export whose
-    top-1 falls more than ``max_accuracy_drop`` points below PyTorch's is not stored, said at once, and the
-    build goes on with the others, then raises AccuracyRefused naming every one refused.
+    Bad arguments raise (BadFamilyName, BadPreprocessing, NotResNet50Weights, BadLabels, MixedSources) before
+    anything is exported; an export diverging from PyTorch raises VerificationError and is not stored. With
+    ``eval_dir``, an export whose top-1 falls more than ``max_accuracy_drop`` points below PyTorch's is not
+    stored, and the build goes on, then raises AccuracyRefused naming every one refused.
     """
     import torch
 
@@ -320,19 +254,19 @@ def build(
     check_one_source(family, family_hash(weights.source_hash, labels, spec), names, if_missing)
     not_imagenet = labels_path is not None or weights.num_classes != IMAGENET_CLASSES
     if not_imagenet and family == store.DEFAULT_FAMILY:
-        warn_default_family(progress)
-    ctx = BuildContext(
-        weights,
-        spec,
-        resnet50(weights.state_dict, spec.mean, spec.std),
-        calibration_dir,
-        int8_activations,
-        force,
-        family=family,
-        categories=labels,
-    )
+        progress(
+            f"WARNING: family {store.DEFAULT_FAMILY} is the default family (ImageNet's, served when FASTINFER_MODEL "
+            f"is not set): your model replaces its models in the store; pass --name NAME to build it as a family of "
+            "its own instead"
+        )
+    model = resnet50(weights.state_dict, spec.mean, spec.std)
+    ctx = BuildContext(weights, spec, model, calibration_dir, int8_activations, force, family=family, categories=labels)
     if not_imagenet and calibration_dir is None and {"onnx-int8", "openvino-int8"} & set(names):
-        warn_generic_calibration(family, progress)
+        progress(
+            f"WARNING: family {family}: static INT8 will be calibrated on the bundled generic photos "
+            "(scikit-image samples), not on your own images, so its accuracy on your classes may suffer; "
+            "pass --calibration-dir DIR with a few hundred of your images (your training folder will do)"
+        )
     # In the table's order, whatever the order of --only: openvino-int8 converts onnx-int8's result.
     jobs = [(a, b) for a in ARTIFACTS.values() if a.name in names for b in a.batches]
     batch: np.ndarray | None = None
@@ -358,9 +292,7 @@ def build(
                     gate.not_measured(name, f"not built here: {cannot}")
                 continue
             if not force and store.is_current(existing, ctx.source_hash) and artifact.still_current(ctx, existing):
-                # Up to date only if its files are still what was built (store_check): labels alone
-                # call a truncated copy current.
-                health = ctx.health(existing)
+                health = ctx.health(existing)  # labels alone would call a truncated copy current
                 if health.intact:
                     progress(f"{step}: up to date ({existing.tag}; its files match their sha256), skipped")
                     prune(name, str(existing.tag), step, progress)  # what a server kept while it ran
@@ -382,8 +314,11 @@ def build(
                 kept = f"; {existing.tag} stays" if existing is not None else ""
                 if artifact.tolerance is not None:
                     if batch is None:
-                        # ImageNet's tolerances were set on the bundled photos: its own, for a family of yours.
-                        batch = verification_batch(spec, own_photos(ctx, gate) if not_imagenet else None)
+                        # ImageNet's tolerances were set on the bundled photos; a family of yours: its own.
+                        own = None
+                        if not_imagenet and (gate is not None or ctx.calibration_dir is not None):
+                            own = gate.images.pixels if gate is not None else np.stack(ctx.calibration_images())
+                        batch = verification_batch(spec, own)
                         with torch.inference_mode():
                             reference = ctx.model(torch.from_numpy(batch)).numpy()
                     try:
@@ -412,9 +347,7 @@ def build(
                     progress(f"{step}: verified vs PyTorch {found}")
                 elif artifact.name == "coreml" and not hardware.is_macos():
                     progress(f"{step}: converted; CoreML prediction needs macOS, so it is verified there (fidelity)")
-                # On the user's photos, as served; an INT8/BF16 model losing too much is refused, unstored,
-                # and the other backends are built still: the refusals end the build (gate.refusal()).
-                try:
+                try:  # a refused model is not stored; the others are built still
                     measured = None if gate is None else gate.check(name, artifact.name, size, tmp, kept)
                 except AccuracyRefused as exc:
                     progress(f"{step}: REFUSED: {str(exc).removeprefix(f'{name}: ')}")
@@ -459,9 +392,7 @@ def build(
                 import bentoml
 
                 with bentoml.models.create(name, labels=labels, metadata=metadata) as stored:
-                    for f in Path(tmp).iterdir():
-                        # Not Path.rename, which cannot cross filesystems: where BentoML stages a new
-                        # model is its own business (1.4 stages it in TMPDIR, then copies it to the store).
+                    for f in Path(tmp).iterdir():  # not Path.rename: BentoML may stage across filesystems
                         shutil.move(f, Path(stored.path) / f.name)
                 # The copy in the store, read back: a disk that fills up mid-copy leaves it short.
                 copied = store_check.check(bentoml.models.get(stored.tag))
@@ -487,10 +418,8 @@ def build(
 
 
 def prune(name: str, current: str, step: str, progress: Callable[[str], None]) -> None:
-    """Delete every version of ``name`` but ``current`` (not only the last: a build killed before it
-    stored leaves one), with its compiled OpenVINO models: the store does not grow. Except a version
-    a running server serves (it pinned it at start-up, fastinfer.catalog.store.in_use): it stays, so that the
-    server's runners can still (re)load it, and goes with the first build after that server stops."""
+    """Delete every version of ``name`` but ``current``, with its compiled OpenVINO models, except one a
+    running server pinned (store.in_use): its runners may still reload it; a later build removes it."""
     import bentoml
 
     in_use = store.in_use()
@@ -507,8 +436,7 @@ def prune(name: str, current: str, step: str, progress: Callable[[str], None]) -
 
 
 def unusable(family: str = store.DEFAULT_FAMILY) -> dict[str, str]:
-    """Store names of a family's models that are not in the store, or whose files cannot be trusted (corrupt,
-    or stored by a build that recorded no sha256), of those this machine can build → why."""
+    """Store name → why, for each model this machine can build that is missing, corrupt or unverifiable."""
     found: dict[str, str] = {}
     for artifact in ARTIFACTS.values():
         if artifact.requires() is not None:

@@ -28,12 +28,11 @@ class WithoutEvalDir(ValueError):
     """A flag of --eval-dir's given without it: a measurement asked for that would not happen."""
 
 
+# What the build refuses with a reason: said in one line, no traceback, exit status 1.
 ONE_LINE = (NotResNet50Weights, BadLabels, BadFamilyName, BadPreprocessing, FileNotFoundError, VerificationError)
 ONE_LINE += (MixedSources, WithoutEvalDir, EvalDirError, AccuracyRefused, BadAccuracyDrop)
-"""What the build refuses with a reason: said in one line, no traceback, exit status 1."""
 DEFAULTS = PreprocessSpec()
-EVAL_ONLY = {"--max-accuracy-drop": "max_accuracy_drop", "--accuracy-json": "accuracy_json"}
-"""Flags that mean something only with --eval-dir → their argparse names."""
+EVAL_ONLY = {"--max-accuracy-drop": "max_accuracy_drop", "--accuracy-json": "accuracy_json"}  # need --eval-dir
 
 
 def channels(flag: str, text: str) -> tuple[float, ...]:

@@ -1,14 +1,9 @@
 """``--eval-dir``: every backend the build makes or keeps, measured on the user's labelled photos beside
 PyTorch's, and the INT8/BF16 models that lose more than ``--max-accuracy-drop`` refused.
 
-The build loop only calls :class:`AccuracyGate`: :meth:`~AccuracyGate.check` on a fresh export before it is
-stored (its figures go into the stored model's metadata under ``accuracy``; a refusal raises
-:class:`AccuracyRefused`, so nothing is stored and the previous version stays, as on a failed verification;
-the build says it and goes on with the other backends, then fails naming every one refused:
-:meth:`~AccuracyGate.refusal`),
-:meth:`~AccuracyGate.report_stored` on a model kept as up to date (measured and reported only: a stored
-BentoML model is immutable, so its metadata keeps the figures of the build that made it), and
-:meth:`~AccuracyGate.finish` at the end (the table, printed and written as JSON).
+The build calls :meth:`~AccuracyGate.check` on a fresh export before it is stored (a refusal stores nothing, and
+the build goes on, then fails naming every one refused), :meth:`~AccuracyGate.report_stored` on a model kept as
+up to date (reported only: a stored model is immutable), and :meth:`~AccuracyGate.finish` at the end.
 """
 
 from __future__ import annotations
@@ -31,9 +26,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_DROP_PP = 1.0
 DEFAULT_JSON = Path("artifacts") / "accuracy.json"
-GATED_PRECISIONS = ("int8", "bf16")
-"""What the drop limit holds: the reduced precisions. An FP32 export is the same graph, held to its
-verification tolerance instead; CoreML's FP16 cannot run here to be measured."""
+GATED_PRECISIONS = ("int8", "bf16")  # FP32 is held to its verification tolerance; CoreML cannot run here
 REFERENCE = "PyTorch FP32 (the build's reference)"
 
 
@@ -64,8 +57,7 @@ def served_backend(artifact: str, batch: int | None) -> str:
 
 
 def open_served(backend: str, dirs: Mapping[int | None, str | Path]) -> Engine:
-    """The engine as a server runs it (OpenVINO at its runtime precision, not the f32 the build verifies
-    at), on model files outside the store: no compiled-model cache, which is keyed by the store's paths."""
+    """The engine as a server runs it, on model files outside the store (so no compiled-model cache)."""
     overrides = {"cache_dir": None} if "cache_dir" in SPECS[backend].options() else {}
     return open_engine(backend, dirs=dirs, **overrides)
 
@@ -90,9 +82,7 @@ class AccuracyGate:
         json_path: Path = DEFAULT_JSON,
         say: Callable[[str], None] = print,
     ) -> AccuracyGate:
-        """The eval photos through the family's preprocessing, and PyTorch's accuracy on them (ctx.model,
-        the weights as loaded). EvalDirError (one line) before anything is built when the folder does
-        not match the family's labels or holds no decodable image."""
+        """The eval photos, and PyTorch's accuracy on them; EvalDirError before anything is built."""
         import torch
 
         ticker = accuracy.printer(say)
@@ -131,16 +121,14 @@ class AccuracyGate:
         return precision, result
 
     def _over(self, result: Accuracy) -> float | None:
-        """The drop in percentage points when it exceeds the limit, else None."""
         drop = accuracy.top1_drop_pp(self.reference.top1, result.top1)
         return drop if drop > self.max_drop_pp else None
 
     def check(
         self, name: str, artifact: str, batch: int | None, path: str | Path, kept: str = ""
     ) -> dict[str, Any] | None:
-        """Measure a fresh export (``path``: its folder) before it is stored: the stored model's ``accuracy``
-        metadata, or None when it cannot run here (recorded as not measured). AccuracyRefused when it runs
-        at a reduced precision and loses more than the limit (``kept``: what stays in the store)."""
+        """Measure a fresh export before it is stored: its ``accuracy`` metadata, or None when it cannot run
+        here; AccuracyRefused when it runs at a reduced precision and loses more than the limit."""
         measured = self._measure(name, artifact, batch, path)
         if isinstance(measured, str):
             return self.not_measured(name, measured)
@@ -170,14 +158,12 @@ class AccuracyGate:
         }
 
     def report_stored(self, name: str, artifact: str, batch: int | None, path: str | Path) -> None:
-        """Measure a model kept as up to date, for the table only: its metadata stays as stored. One over the
-        limit is reported as such (it was stored before this gate saw it); ``--force`` rebuilds and gates it."""
+        """Measure a model kept as up to date, for the table only (one over the limit is reported)."""
         measured = self._measure(name, artifact, batch, path)
         if isinstance(measured, str):
             self.not_measured(name, measured)
             return
         precision, result = measured
-        note = "up to date, not rebuilt: measured, its stored metadata unchanged"
         if precision in GATED_PRECISIONS and (over := self._over(result)) is not None:
             self.rows.append(Row.of(name, precision, result, self.reference, status="over the limit",
                                     note="stored before this build; --force rebuilds and gates it"))  # fmt: skip
@@ -187,16 +173,15 @@ class AccuracyGate:
                 "before this build (--force rebuilds it, and refuses it if it still loses that much)"
             )
             return
+        note = "up to date, not rebuilt: measured, its stored metadata unchanged"
         self.rows.append(Row.of(name, precision, result, self.reference, note=note))
 
     def refused(self) -> list[str]:
-        """The models :meth:`check` refused so far, in build order."""
         return [row.backend for row in self.rows if row.status == "refused"]
 
     def refusal(self) -> AccuracyRefused | None:
-        """The build's last word when it refused any model (each said when it was): one line naming them all."""
-        names = self.refused()
-        if not names:
+        """The build's last word when it refused any model: one line naming them all."""
+        if not (names := self.refused()):
             return None
         return AccuracyRefused(
             f"{len(names)} model(s) refused, losing more top-1 than --max-accuracy-drop {self.max_drop_pp:g} on "

@@ -29,10 +29,7 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 
 
 def sample_calibration_images(spec: PreprocessSpec) -> list[np.ndarray]:
-    """The bundled sample set: each scikit-image photo, whole and as two deterministic crops and a flip.
-
-    48 images of varied content and framing, through the service's own preprocessing.
-    """
+    """The bundled sample set: each photo whole, as two deterministic crops and a flip, preprocessed as served."""
     out: list[np.ndarray] = []
     for name in photos.PHOTOS:
         img = photos.load(name)
@@ -64,8 +61,7 @@ def stored_int8_sha256(family_name: str) -> str | None:
 
 
 def family_hash(weights_hash: str, categories: list[str], spec: PreprocessSpec) -> str:
-    """What a family's stored models are built from, as 16 hex digits (their ``source_hash`` label): the
-    weights, and the labels and preprocessing that travel with them, so that changing any one rebuilds."""
+    """A family's ``source_hash`` label: weights, labels and preprocessing, so that changing any one rebuilds."""
     source = {
         "weights": weights_hash,
         "categories": categories,
@@ -105,8 +101,7 @@ class BuildContext:
         return family_hash(self.weights.source_hash, self.categories, self.spec)
 
     def current_and_intact(self, model: Model | None) -> bool:
-        """A stored model whose file an export may start from: built from this source and intact (a
-        corrupt copy would be caught, if at all, only by the export's own verification)."""
+        """A stored model whose file an export may start from: built from this source, and intact."""
         return model is not None and store.is_current(model, self.source_hash) and self.health(model).intact
 
     @property
@@ -118,11 +113,8 @@ class BuildContext:
         return str(self.calibration_dir) if self.calibration_dir else "bundled scikit-image photos (+crops, flips)"
 
     def onnx_fp32(self) -> Path:
-        """The FP32 ONNX file for these weights, in this build's own temp dir, made at most once.
-
-        A copy of the stored one when current (and not forcing), else a fresh export. Never the
-        stored file itself: rebuilding ``onnx`` deletes the version it supersedes mid-build.
-        """
+        """The FP32 ONNX file, made at most once: a copy of the stored one when current (never the stored file
+        itself, which rebuilding ``onnx`` deletes mid-build), else a fresh export."""
         if self._onnx is None:
             from fastinfer.engines.onnx import MODEL_FILE
 
@@ -136,12 +128,8 @@ class BuildContext:
         return self._onnx
 
     def onnx_int8(self, fresh: bool = False) -> tuple[Path, dict[str, Any]]:
-        """The calibrated static QDQ INT8 ONNX file and its calibration metadata, made at most once.
-
-        ``onnx-int8`` stores it (``fresh``: it is being rebuilt, so calibrate); ``openvino-int8``
-        converts the one of this build, else the stored one when it is current and calibrated as
-        asked (even under ``--force``: one calibration for both runtimes).
-        """
+        """The static INT8 ONNX file and its calibration metadata, made at most once: calibrated when ``fresh``,
+        else the stored one when current and calibrated as asked (one calibration for both runtimes)."""
         if self._onnx_int8 is None:
             from fastinfer.engines.onnx import MODEL_FILE
 
@@ -176,10 +164,10 @@ class BuildContext:
 
     def calibration_images(self) -> list[np.ndarray]:
         if self._calibration is None:
-            if self.calibration_dir:
-                self._calibration = directory_images(self.calibration_dir, self.spec)
-            else:
-                self._calibration = sample_calibration_images(self.spec)
+            directory = self.calibration_dir
+            self._calibration = (
+                directory_images(directory, self.spec) if directory else sample_calibration_images(self.spec)
+            )
         return self._calibration
 
     def close(self) -> None:

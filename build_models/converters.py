@@ -1,8 +1,4 @@
-"""The ONNX files other exports start from: FP32 from the torch module, static INT8 from FP32.
-
-Plain functions of their inputs, below both the build's context (which makes each at most once) and
-the exporters (which store them).
-"""
+"""The ONNX files other exports start from: FP32 from the torch module, static INT8 from FP32."""
 
 from __future__ import annotations
 
@@ -41,8 +37,7 @@ def quiet(*loggers: str) -> Iterator[None]:
 
 
 def write_onnx_fp32(model: Any, path: Path, crop_size: int) -> None:
-    """ONNX FP32 with a dynamic batch dimension and the family's ``crop_size`` square images; cast and
-    normalisation are in the graph."""
+    """ONNX FP32 with a dynamic batch dimension and the family's ``crop_size`` square images."""
     import torch
 
     example = torch.zeros((2, crop_size, crop_size, 3), dtype=torch.uint8)
@@ -65,13 +60,8 @@ def write_onnx_fp32(model: Any, path: Path, crop_size: int) -> None:
 def write_onnx_int8_static(
     fp32: Path, images: Sequence[np.ndarray], activation_type: str, path: Path
 ) -> dict[str, Any]:
-    """Static QDQ INT8, per-channel weights, calibrated (MinMax) on ``images``; returns its metadata (the
-    scheme, the number of calibration images).
-
-    Activations are uint8 by default (U8S8): measured on ORT 1.32 / AVX-512 VNNI, S8S8 QDQ left 20 of
-    53 convolutions unfused in FP32 and ran no faster than FP32 (33.6 vs 31.6 ms), while U8S8 fused all
-    53 into QLinearConv (14.8 ms). ``--int8-activations s8`` builds S8S8 for machines where it fuses.
-    """
+    """Static QDQ INT8, per-channel weights, calibrated (MinMax) on ``images``; returns its metadata. Activations
+    are u8 by default: S8S8 left 20 of 53 convolutions unfused here and ran no faster than FP32."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         CalibrationMethod,

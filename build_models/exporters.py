@@ -1,9 +1,5 @@
-"""One function per artifact: write the model files into a directory, return extra metadata.
-
-Each takes the :class:`build_models.context.BuildContext` (weights, the PyTorch model, the FP32
-ONNX file, calibration photos) and the directory to fill. A new backend adds one function here
-and one row in ``ARTIFACTS`` (build_models/__init__.py).
-"""
+"""One function per artifact: write the model files into a directory, return extra metadata. A new backend adds
+one function here and one row in ``ARTIFACTS`` (build_models/__init__.py)."""
 
 from __future__ import annotations
 
@@ -51,11 +47,7 @@ def export_onnx_int8_dynamic(ctx: BuildContext, out_dir: Path) -> dict[str, Any]
 
 
 def export_coreml(ctx: BuildContext, out_dir: Path, batch: int) -> dict[str, Any]:
-    """CoreML FP16 mlprogram at one static batch size (ComputeUnit.ALL: ANE, GPU or CPU).
-
-    CoreML multi-arrays have no uint8 type, so the declared input is int32 holding 0..255; the
-    engine casts the uint8 batch. Cast, normalisation and NHWC→NCHW stay inside the program.
-    """
+    """CoreML FP16 mlprogram at one static batch size; its input is int32 holding 0..255 (CoreML has no uint8)."""
     import coremltools as ct
     import torch
     from coremltools.converters.mil.mil import types
@@ -83,9 +75,8 @@ def export_coreml(ctx: BuildContext, out_dir: Path, batch: int) -> dict[str, Any
 
 
 def write_openvino(onnx_file: Path, out_dir: Path) -> str:
-    """Convert an ONNX model to OpenVINO IR (model.xml + model.bin), weights kept as they are; returns
-    OpenVINO's version. ``ov.save_model`` would halve FP32 weights to FP16 by default: not here, so that
-    the runtime (not the file) decides the precision (FASTINFER_OPENVINO_PRECISION)."""
+    """Convert an ONNX model to OpenVINO IR, weights kept as they are (the runtime decides the precision, not the
+    file); returns OpenVINO's version."""
     from fastinfer.engines.openvino import import_openvino
 
     ov = import_openvino()  # without its usage telemetry

@@ -1,9 +1,5 @@
-"""A family's class names, in the order of its final layer's rows: from ``--labels PATH``, or ImageNet's
-for the default 1000-class weights.
-
-``--labels`` takes a text file (one label a line), JSON (a list of names, or an object index → name, as
-TorchServe's index_to_name.json), or a directory laid out for torchvision's ImageFolder, whose class folder
-names, sorted as ImageFolder sorts them, are the labels: the order the model was trained in.
+"""A family's class names, in the order of its final layer's rows: from ``--labels PATH`` (a text file, JSON, or
+an ImageFolder training directory), or ImageNet's for the default 1000-class weights.
 """
 
 from __future__ import annotations
@@ -15,13 +11,9 @@ from collections import Counter
 from pathlib import Path
 
 IMAGENET_CLASSES = 1000
-"""The default family's class count: ImageNet's weights (``--weights auto|imagenet|random``) have 1000."""
 SHOWN = 3  # names quoted in a refusal: enough to find them, short enough for one line
-MAX_LABEL = 200
-"""The longest label, in characters: a class name, not a paragraph (every answer and table repeats it)."""
-UNPRINTABLE = {"Cc", "Zl", "Zp"}
-"""Unicode categories a label may not hold: control characters (NUL, tab, escape...) and line or paragraph
-separators, which would break the one-line messages, tables and logs that print labels."""
+MAX_LABEL = 200  # characters: a class name, not a paragraph (every answer repeats it)
+UNPRINTABLE = {"Cc", "Zl", "Zp"}  # control characters and line separators would break one-line messages
 
 
 class BadLabels(ValueError):
@@ -36,8 +28,7 @@ def imagenet_categories() -> list[str]:
 
 
 def family_labels(path: Path | None, num_classes: int) -> list[str]:
-    """The labels of a model whose final layer has ``num_classes`` rows: read from ``path``, else ImageNet's
-    (1000 classes only). BadLabels when they cannot name them: another count, duplicates, empty names."""
+    """The labels of a model whose final layer has ``num_classes`` rows, from ``path`` or ImageNet's; else BadLabels."""
     if path is None:
         if num_classes == IMAGENET_CLASSES:
             return imagenet_categories()
@@ -64,9 +55,8 @@ def read_labels(path: Path) -> list[str]:
 
 
 def text_labels(text: str) -> list[str]:
-    """One label a line, whitespace stripped; blank lines at the end do not count (an editor's final newline).
-    Lines end at "\n" (a "\r" before it is stripped with the rest), not at every separator str.splitlines
-    knows (U+2028, U+0085, form feed...): those stay inside the label, for check_labels to refuse."""
+    """One label a line, stripped, trailing blank lines dropped; only "\n" ends a line (not str.splitlines' other
+    separators: those stay inside the label, for check_labels to refuse)."""
     lines = [line.strip() for line in text.split("\n")]
     while lines and not lines[-1]:
         lines.pop()
@@ -105,8 +95,7 @@ def _name(value: object, path: Path) -> str:
 
 
 def folder_labels(directory: Path) -> list[str]:
-    """The class folders' names, ordered as torchvision's ImageFolder orders its classes (its find_classes:
-    ``sorted`` names of the entries that are directories, symlinks followed, hidden ones included)."""
+    """The class folders' names, ordered as torchvision's ImageFolder's find_classes orders them."""
     with os.scandir(directory) as entries:
         classes = sorted(entry.name for entry in entries if entry.is_dir())
     if not classes:
@@ -115,8 +104,7 @@ def folder_labels(directory: Path) -> list[str]:
 
 
 def check_labels(labels: list[str], num_classes: int, source: Path) -> None:
-    """One label per class, none empty, none twice, each printable on one line and at most MAX_LABEL
-    characters: else BadLabels naming what is wrong."""
+    """One label per class, none empty, none twice, each printable on one line and at most MAX_LABEL characters."""
     if len(labels) != num_classes:
         raise BadLabels(
             f"--labels {source} names {len(labels)} classes, but the weights' final layer has {num_classes}"

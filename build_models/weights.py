@@ -1,9 +1,7 @@
 """Where the ResNet-50 weights come from: ImageNet (torchvision), a local file, or a seeded random init.
 
-Pretrained weights may be impossible to fetch (an offline machine). ``auto`` then falls back
-to a seeded random init, loudly; the kind travels as a label into the store, ``/backends``
-and every response, so nobody mistakes a random model's answers for ImageNet's. A file in the
-torch.hub cache is only called ImageNet once its sha256 matches the prefix in its name.
+Offline, ``auto`` falls back to a seeded random init, loudly; the kind travels as a label into the store and every
+response, so nobody mistakes a random model's answers for ImageNet's.
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ logger = logging.getLogger(__name__)
 
 RANDOM_SEED = 0
 WEIGHTS_ENUM = "ResNet50_Weights.IMAGENET1K_V2"
-FEATURES = 2048
-"""The width of ResNet-50's pooled features: its final layer's weight is [classes, FEATURES]."""
+FEATURES = 2048  # ResNet-50's pooled features: its final layer's weight is [classes, FEATURES]
 
 
 @dataclass(frozen=True)
@@ -55,7 +52,6 @@ def imagenet_url() -> str:
 
 
 def hub_file(url: str) -> Path:
-    """Where torch.hub keeps (or would download) the file at ``url``."""
     return Path(torch.hub.get_dir()) / "checkpoints" / Path(urlparse(url).path).name
 
 
@@ -64,11 +60,7 @@ class WeightsHashMismatch(ValueError):
 
 
 def verify_hub_file(path: Path) -> None:
-    """Check a cached file against the sha256 prefix in its name (``<name>-<8+ hex>.pth``).
-
-    torch.hub checks that prefix only when it downloads; a file already in the cache is loaded
-    unverified, so anything saved under torchvision's file name would pass for ImageNet.
-    """
+    """Check a cached file against the sha256 prefix in its name: torch.hub checks it only when it downloads."""
     match = torch.hub.HASH_REGEX.search(path.name)
     expected = match.group(1) if match else ""
     if len(expected) < 8:
@@ -95,25 +87,17 @@ def _imagenet() -> dict[str, torch.Tensor]:
         socket.setdefaulttimeout(previous)
 
 
-def _random() -> dict[str, torch.Tensor]:
-    from torchvision.models import resnet50
-
-    torch.manual_seed(RANDOM_SEED)
-    return resnet50(weights=None).state_dict()
-
-
 class NotResNet50Weights(ValueError):
     """A weights file that does not hold a ResNet-50 state_dict; the message says what is wrong."""
 
 
-CHECKPOINT_KEYS = ("state_dict", "model")
-"""Where a training checkpoint (a dict of state_dict, optimizer, epoch...) keeps the model's weights."""
+CHECKPOINT_KEYS = ("state_dict", "model")  # where a training checkpoint keeps the model's weights
 UNSAFE_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
 
 
 def _file(path: Path) -> tuple[dict[str, torch.Tensor], int]:
-    """A ResNet-50 state_dict from a file and its class count: a plain state_dict, or a checkpoint holding
-    one under a CHECKPOINT_KEYS key, ``module.`` prefixes (DataParallel's) stripped."""
+    """A ResNet-50 state_dict from a file (or a checkpoint holding one), ``module.`` prefixes stripped, and its
+    class count."""
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # empty, truncated, not a torch file, or unsafe to unpickle
@@ -134,9 +118,7 @@ def _file(path: Path) -> tuple[dict[str, torch.Tensor], int]:
 
 
 def final_layer_classes(state: dict[str, object], source: Path) -> int:
-    """The class count N of the final layer's weight (fc.weight [N, 2048]), N >= 2; without one,
-    ImageNet's (check_resnet50 then says it is missing). NotResNet50Weights when it is not a 2-D tensor of
-    at least 2 rows: said as such, not as the fc.bias it then disagrees with."""
+    """The class count N >= 2 of the final layer's weight (fc.weight [N, 2048]); ImageNet's without one."""
     fc = state.get("fc.weight")
     if fc is None:
         return IMAGENET_CLASSES
@@ -155,9 +137,8 @@ def final_layer_classes(state: dict[str, object], source: Path) -> int:
 
 
 def check_resnet50(state: dict[str, object], source: Path) -> int:
-    """Every tensor torchvision's ResNet-50 has, with its shape, and nothing else, every value finite: said
-    in one line. The final layer may have any number N >= 2 of classes (fc.weight [N,2048], fc.bias [N]):
-    returns N."""
+    """Every tensor torchvision's ResNet-50 has, with its shape, and nothing else, every value finite, else
+    NotResNet50Weights in one line; returns the final layer's class count."""
     from torchvision.models import resnet50
 
     classes = final_layer_classes(state, source)
@@ -182,9 +163,7 @@ def check_resnet50(state: dict[str, object], source: Path) -> int:
         problems.append(f"{len(misshapen)} of the wrong shape (e.g. {name} {shape}, expected {list(expected[name])})")
     if problems:
         raise NotResNet50Weights(f"{source} is not a ResNet-50 state_dict: tensors {'; '.join(problems)}")
-    # A NaN or infinity (a diverged fine-tune) passes PyTorch's export and fails only a later backend's
-    # verification, after the earlier ones are stored: refused here, before anything is.
-    for name in expected:
+    for name in expected:  # a NaN (a diverged fine-tune) would fail only a later backend's verification
         tensor = state[name]
         if tensor.is_floating_point() and not (finite := torch.isfinite(tensor)).all():
             bad = int((~finite).sum())
@@ -196,7 +175,10 @@ def check_resnet50(state: dict[str, object], source: Path) -> int:
 
 
 def _random_init(fallback_reason: str | None = None) -> Weights:
-    state = _random()
+    from torchvision.models import resnet50
+
+    torch.manual_seed(RANDOM_SEED)
+    state = resnet50(weights=None).state_dict()
     description = f"seeded random init (seed {RANDOM_SEED})"
     if fallback_reason:  # says why in the store too, not only in this build's log
         description += f"; {fallback_reason}"
@@ -204,8 +186,7 @@ def _random_init(fallback_reason: str | None = None) -> Weights:
 
 
 def load_weights(choice: str) -> Weights:
-    """``auto`` | ``imagenet`` | ``random`` (ImageNet's 1000 classes) | a path to a ``.pth`` state_dict of
-    a ResNet-50 with any number of classes."""
+    """``auto`` | ``imagenet`` | ``random`` | a path to a ``.pth`` state_dict of a ResNet-50 of any class count."""
     if choice in ("auto", "imagenet"):
         try:
             state = _imagenet()

@@ -28,8 +28,7 @@ def _available() -> dict[str, str | None]:
 
 
 def _runnable(command: str, exclude: tuple[str, ...] = ()) -> list[str] | None:
-    """The backends that can run here (but ``exclude``), or None after saying in one line that none can
-    and where the models were looked for."""
+    """The backends that can run here (but ``exclude``), or None after saying in one line that none can."""
     reasons = {name: why for name, why in _available().items() if name not in exclude}
     if runnable := [name for name, why in reasons.items() if why is None]:
         return runnable
@@ -53,9 +52,8 @@ def _write_json(path: Path | None, data: Any) -> None:
 
 
 def placement_lines(entry: dict[str, Any]) -> list[str]:
-    """What doctor prints under a backend about where its work runs, each line saying what its number
-    is: the precision OpenVINO was told to compute float layers in is not the precision the layers
-    ended up in (an INT8 model's convolutions run in u8 whatever the hint), so the two are told apart."""
+    """What doctor prints under a backend about where its work runs; OpenVINO's precision hint and the
+    precision its layers ended up in (an INT8 model's run in u8 whatever the hint) are told apart."""
     lines = []
     if "precision_requested" in entry:  # OpenVINO: the compiled model's INFERENCE_PRECISION_HINT
         how = (
@@ -75,8 +73,7 @@ def placement_lines(entry: dict[str, Any]) -> list[str]:
 
 
 def _per_precision(summary: str) -> str:
-    """OpenVINO's per-layer summary ``"u8 50/53, f32 3/53"`` as ``"u8: 50 of 53, f32: 3 of 53"``
-    (a summary in another form is kept as it is)."""
+    """OpenVINO's per-layer summary ``"u8 50/53, f32 3/53"`` as ``"u8: 50 of 53, f32: 3 of 53"``."""
     parts = [re.fullmatch(r"(\S+) (\d+)/(\d+)", part) for part in summary.split(", ")]
     if not all(parts):
         return summary
@@ -146,8 +143,7 @@ def doctor(args: argparse.Namespace) -> int:
     default = choice.choose_default(settings.default_backend, hw, available, measured, named_by=named_by, unit=unit)
     report["default"] = default.as_dict()
     report["configuration"] = choice.configuration(settings, default)
-    report["tuned"] = settings.tuned
-    tuned = settings.tuned
+    tuned = report["tuned"] = settings.tuned
     print(f"default backend of a server started here: {default.describe()}")
     print(f"tuned configuration ({tuned.get('path') or 'off'}): {tuned.get('status')}"
           + (f" — {tuned['why']}" if tuned.get("why") else ""))  # fmt: skip
@@ -285,9 +281,8 @@ def tune_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def tune(args: argparse.Namespace) -> int:
-    """The tuner starts servers and the load generator, so it lives with them (load_tests/, the layer above
-    this one); this process becomes it (as `make bench` runs `python -m load_tests`), so that Ctrl-C and
-    SIGTERM reach the tuner itself, which stops its servers before it exits."""
+    """The tuner lives with the servers and load it starts (load_tests/, the layer above); this process becomes
+    it, so that Ctrl-C and SIGTERM reach the tuner itself, which stops its servers before it exits."""
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-m", TUNER, *args.argv])
@@ -298,9 +293,8 @@ THREADS_HELP = "intra-op threads per model (default: the cores this process may 
 
 
 def parser() -> argparse.ArgumentParser:
-    """``fastinfer``'s arguments: every command with a one-line help (listed by ``fastinfer --help``), a
-    description (``fastinfer <command> --help``) and a help for every option. Plain text, not
-    reStructuredText: argparse prints it as written."""
+    """``fastinfer``'s arguments: every command with a one-line help, a description and a help for every option
+    (plain text: argparse prints it as written)."""
     top = argparse.ArgumentParser(
         prog="fastinfer",
         description="FastInfer's command line: build the models, check this machine, measure every backend.",
@@ -308,8 +302,18 @@ def parser() -> argparse.ArgumentParser:
     )
     sub = top.add_subparsers(dest="command", required=True, title="commands")
 
-    def command(name: str, help: str, description: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help, description=description)
+    def command(name: str, help: str, description: str, func: Any = None) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=description)
+        p.set_defaults(func=func)
+        return p
+
+    def output(p: argparse.ArgumentParser, flag: str, default: Path, help: str) -> None:
+        p.add_argument(flag, type=Path, default=default, help=f"{help} (default: %(default)s)")
+
+    def timing(p: argparse.ArgumentParser, what: str, repeats: int, per: str) -> None:
+        p.add_argument("--batches", type=int, nargs="+", default=[1, 8], help=f"batch sizes to {what} (default: 1 8)")
+        p.add_argument("--repeats", type=int, default=repeats, help=f"timed runs per {per} (default: %(default)s)")
+        p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
 
     # Its arguments are build_models' own: `fastinfer build --help` prints them (main() hands over).
     command(
@@ -318,10 +322,9 @@ def parser() -> argparse.ArgumentParser:
         "Build every model into the BentoML store: the same as python -m build_models.",
     )
     p = command(
-        "tune", "find the configuration that serves best here and make it the server's default", TUNE_DESCRIPTION
+        "tune", "find the configuration that serves best here and make it the server's default", TUNE_DESCRIPTION, tune
     )
     tune_arguments(p)
-    p.set_defaults(func=tune)
     p = command(
         "doctor",
         "this machine, each backend's availability and placement, the recommendation",
@@ -330,29 +333,19 @@ def parser() -> argparse.ArgumentParser:
         "and recommend a backend: from measurements of this machine when a bench result exists (served by make "
         "bench, else in process by fastinfer bench), else by rule. Then what a server started here would use: its "
         "default backend, the tuned file's status, and each setting with its source.",
+        doctor,
     )
     p.add_argument("--json", type=Path, help="also write the report as JSON to this file")
-    p.add_argument(
-        "--profile",
-        type=Path,
-        default=BENCH_RESULT,
-        help="a fastinfer bench result to recommend from, when it exists (default: %(default)s)",
-    )
-    p.set_defaults(func=doctor)
+    output(p, "--profile", BENCH_RESULT, "a fastinfer bench result to recommend from, when it exists")
     p = command(
         "fidelity",
         "every available backend against the FP32 PyTorch reference",
         "Run every backend that can run here on real photos and compare its answers with the FP32 PyTorch "
         "reference: top-1 agreement, top-5 overlap, cosine similarity and the largest logit error, each "
         "held to the gate of the precision it runs at (FP32, BF16 or INT8).",
+        fidelity,
     )
-    p.add_argument(
-        "--json",
-        type=Path,
-        default=Path("artifacts/fidelity.json"),
-        help="write the results here (default: %(default)s)",
-    )
-    p.set_defaults(func=fidelity)
+    output(p, "--json", Path("artifacts/fidelity.json"), "write the results here")
     p = command(
         "evaluate",
         "top-1 / top-5 accuracy of every stored backend on your labelled photos",
@@ -361,6 +354,7 @@ def parser() -> argparse.ArgumentParser:
         "model's: in this process, or through a running server with --url. Photos that cannot be decoded are "
         "skipped and counted. Writes the table as JSON and a plot of accuracy against the req/s `make bench` "
         "served on this machine (accuracy per backend alone where it has not run).",
+        evaluate,
     )
     p.add_argument("dir", type=Path, help="the labelled photos: DIR/<label>/<image>")
     p.add_argument("--backends", help="comma-separated backends (default: every one stored and able to run here)")
@@ -370,46 +364,28 @@ def parser() -> argparse.ArgumentParser:
         help="a running server to ask through POST /classify (answers computed for each request: no-cache); "
         "with API keys, set FASTINFER_API_KEY",
     )
-    p.add_argument(
-        "--json", type=Path, default=Path("artifacts/evaluate.json"), help="write the table here (default: %(default)s)"
-    )
-    p.add_argument(
-        "--plot", type=Path, default=Path("artifacts/evaluate.png"), help="draw it here (default: %(default)s)"
-    )
-    p.set_defaults(func=evaluate)
+    output(p, "--json", Path("artifacts/evaluate.json"), "write the table here")
+    output(p, "--plot", Path("artifacts/evaluate.png"), "draw it here")
     p = command(
         "bench",
         "in-process model latency per backend",
         "Time every backend that can run here in this process (no server), at each batch size: median "
         "latency and images per second. doctor recommends from the result.",
+        bench_engines,
     )
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="batch sizes to time (default: 1 8)")
-    p.add_argument(
-        "--repeats", type=int, default=20, help="timed runs per backend and batch size (default: %(default)s)"
-    )
-    p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
-    p.add_argument("--json", type=Path, default=BENCH_RESULT, help="write the results here (default: %(default)s)")
-    p.set_defaults(func=bench_engines)
+    timing(p, "time", 20, "backend and batch size")
+    output(p, "--json", BENCH_RESULT, "write the results here")
     p = command(
         "profile",
         "per-stage costs in-process, and the ceiling they allow",
         "Measure the CPU cost of every stage of a request (decode, preprocess, inference per backend) in this "
         "process, the throughput ceiling they allow on this machine, and which stage binds it.",
+        profile,
     )
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="batch sizes to measure (default: 1 8)")
-    p.add_argument("--repeats", type=int, default=10, help="timed runs per stage and batch size (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=0, help=THREADS_HELP)
-    p.add_argument(
-        "--json",
-        type=Path,
-        default=Path("artifacts/profile.json"),
-        help="write the results here (default: %(default)s)",
-    )
-    p.add_argument(
-        "--plot", type=Path, default=Path("artifacts/profile.png"), help="draw the stages here (default: %(default)s)"
-    )
+    timing(p, "measure", 10, "stage and batch size")
+    output(p, "--json", Path("artifacts/profile.json"), "write the results here")
+    output(p, "--plot", Path("artifacts/profile.png"), "draw the stages here")
     p.add_argument("--load-test", type=Path, help="a load-test result (results.json) to compare with the ceiling")
-    p.set_defaults(func=profile)
     return top
 
 

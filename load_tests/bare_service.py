@@ -1,10 +1,7 @@
 """A bare BentoML service: the baseline that FastInfer's cache-hit path is measured against.
 
-``POST /classify`` takes the same multipart body as FastInfer's (``image`` as BentoML's typed
-``Path``, which spools every upload to a temporary file, and the ``backend`` field the locust body
-carries) and answers only the file's size: no cache, no hashing, no model. What it costs per request
-is what BentoML's HTTP path costs by itself. ``python -m load_tests`` starts it after the main runs
-(``bentoml serve bare_service:Bare`` from this folder) with as many workers as FastInfer's front.
+``POST /classify`` takes the same multipart body as FastInfer's and answers only the file's size: what it costs
+per request is what BentoML's HTTP path costs by itself.
 """
 
 from __future__ import annotations

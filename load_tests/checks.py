@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-BATCH_IMAGES = 8
-"""Images per ``POST /classify/batch`` request in the benchmark: the runners' default max batch size."""
+BATCH_IMAGES = 8  # images per batch request in the benchmark: the runners' default max batch size
 
 
 def batch_failure(status: int, body: dict[str, Any] | None, expected: int) -> str | None:

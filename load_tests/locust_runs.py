@@ -28,38 +28,13 @@ def runner_of(backend: str) -> str:
 
 
 def run_locust(
-    url: str,
-    backend: str,
-    users: int,
-    seconds: float,
-    scenario: str,
-    out: Path,
-    server_pid: int | None = None,
+    url: str, backend: str, users: int, seconds: float, scenario: str, out: Path, server_pid: int | None = None
 ) -> dict[str, Any]:
     """One headless locust run; with ``server_pid``, the CPU each part of the server used per request."""
     prefix = out / f"locust-{scenario}-{backend}-{users}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "locust",
-        "-f",
-        str(LOCUSTFILE),
-        "--headless",
-        "--only-summary",
-        "-u",
-        str(users),
-        "-r",
-        str(users),
-        "-t",
-        f"{seconds:g}s",
-        "--host",
-        url,
-        "--csv",
-        str(prefix),
-        "--stop-timeout",
-        "10",
-        USER_CLASSES[scenario],
-    ]
+    cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary", "-u", str(users)]
+    cmd += ["-r", str(users), "-t", f"{seconds:g}s", "--host", url, "--csv", str(prefix), "--stop-timeout", "10"]
+    cmd.append(USER_CLASSES[scenario])
     summary_file = prefix.with_name(prefix.name + "_summary.json")
     summary_file.unlink(missing_ok=True)
     env = {
@@ -76,8 +51,7 @@ def run_locust(
         raise RuntimeError(f"locust wrote no stats (exit {done.returncode}): {done.stderr[-2000:]}")
     with stats.open() as f:
         row = next(r for r in csv.DictReader(f) if r["Name"] == "Aggregated")
-    # locust's own final totals where it wrote them: its CSV can miss the last second's requests, and
-    # dividing the server's CPU by too few requests would overstate the cost of each
+    # locust's own final totals where it wrote them: its CSV can miss the last second's requests
     final = json.loads(summary_file.read_text()) if summary_file.exists() else {}
     count = int(final.get("requests", row["Request Count"]))
     failures = int(final.get("failures", row["Failure Count"]))

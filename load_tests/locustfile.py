@@ -1,21 +1,12 @@
 """Locust users for FastInfer.
 
-* ``InferenceUser`` posts photos drawn from a pool of 60 distinct JPEGs (small, 1.5 MP and ~8 MP
-  phone-size; see fastinfer.measure.photos.benchmark_pool) to one backend, with the cache bypassed: every
-  request is decoded and inferred. A response that says ``cached`` counts as a failure.
-* ``RepeatUser`` posts one photo again and again without bypass: the cache-hit path, always
-  reported apart from inference (and, against ``load_tests/bare_service.py``, the bare BentoML
-  baseline: the same body).
-* ``BatchUser`` posts ``BATCH_IMAGES`` distinct pool photos per request to ``POST /classify/batch`` (field
-  ``images`` repeated), cache bypassed. A non-200, a result count that is not ``BATCH_IMAGES``, or any item
-  that is an error or says ``cached`` counts as a failure.
+* ``InferenceUser`` posts photos of the benchmark pool to one backend, cache bypassed (a cached answer fails).
+* ``RepeatUser`` posts one photo again and again: the cache-hit path (and the bare BentoML baseline).
+* ``BatchUser`` posts ``BATCH_IMAGES`` pool photos per ``POST /classify/batch``, cache bypassed.
 
 Environment: ``FASTINFER_BENCH_BACKEND`` (default onnx), ``FASTINFER_BENCH_IMAGES`` (pool cache dir),
-``FASTINFER_BENCH_SUMMARY`` (where to write, on quitting, the final totals, which the ``--csv`` stats
-file can miss: it was seen ~15% short, its last write coming before the last second's requests; and
-this process's CPU seconds between test start and stop: the load generator's own cost, without its
-start-up). Bodies are encoded once at start-up, so the client spends its CPU on sending, not on
-encoding.
+``FASTINFER_BENCH_SUMMARY`` (where to write, on quitting, the final totals, which the ``--csv`` file can miss,
+and this process's CPU seconds during the test). Bodies are encoded once, at start-up.
 """
 
 from __future__ import annotations
@@ -75,8 +66,7 @@ REPEAT_BODY = multipart(POOL[len(POOL) // 2][1], {"backend": BACKEND})
 
 @cache
 def batch_bodies() -> list[tuple[bytes, str]]:
-    """Bodies of BATCH_IMAGES distinct photos each, windows over the pool (every photo in two of them), built
-    once and only by the users that send batches (~2× the pool's 17 MB)."""
+    """Bodies of BATCH_IMAGES distinct photos each (every photo in two), built only by the users that send batches."""
     step = BATCH_IMAGES // 2
     return [
         multipart([POOL[(start + j) % len(POOL)][1] for j in range(BATCH_IMAGES)], {"backend": BACKEND}, name="images")
@@ -106,12 +96,9 @@ class RepeatUser(FastHttpUser):
     @task
     def classify_again(self) -> None:
         body, ctype = REPEAT_BODY
+        headers = {"Content-Type": ctype, **AUTH}
         with self.client.post(
-            "/classify",
-            data=body,
-            headers={"Content-Type": ctype, **AUTH},
-            name=f"repeat {BACKEND}",
-            catch_response=True,
+            "/classify", data=body, headers=headers, name=f"repeat {BACKEND}", catch_response=True
         ) as response:
             if response.status_code != 200:
                 response.failure(f"HTTP {response.status_code}")

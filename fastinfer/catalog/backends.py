@@ -1,9 +1,8 @@
 """The one table of backends: what each is, where it can run, how to open it, how it is served.
 
-A backend is one row of :data:`SPECS` (plus its engine class and its build step in build_models).
-Everything else derives from this table: the API's backend names, the batching settings, the
-runners and the front's dependencies on them, the profiler, fidelity, doctor and the benchmarks.
-Nothing heavy is imported here: an engine's module is imported only when the engine is opened.
+A backend is one row of :data:`SPECS` (plus its engine class and its build step in build_models); the API's
+names, the batching settings, the runners and the tools derive from it. An engine's module is imported only
+when the engine is opened.
 """
 
 from __future__ import annotations
@@ -47,9 +46,7 @@ def openvino_cache_dir() -> str:
 
 
 def openvino_precision() -> str:
-    """FASTINFER_OPENVINO_PRECISION (the FP32 model's OpenVINO precision), or ValueError naming the choices.
-
-    Read here rather than from the settings: the settings are built from this table."""
+    """FASTINFER_OPENVINO_PRECISION, or ValueError (read here: the settings are built from this table)."""
     value = os.environ.get("FASTINFER_OPENVINO_PRECISION", "auto").strip().lower() or "auto"
     if value not in OPENVINO_PRECISIONS:
         raise ValueError(f"FASTINFER_OPENVINO_PRECISION must be one of {', '.join(OPENVINO_PRECISIONS)}")
@@ -57,8 +54,7 @@ def openvino_precision() -> str:
 
 
 def _cpu_only() -> dict[str, Any]:
-    # INT8 kernels exist on the CPU EP; only FP32 goes to the CoreML / CUDA EPs.
-    return {"cpu_only": True}
+    return {"cpu_only": True}  # INT8 kernels exist on the CPU EP only
 
 
 def _openvino(expect: str) -> Callable[[], dict[str, Any]]:
@@ -80,10 +76,7 @@ class BackendSpec:
     platform: Callable[[], str | None] = anywhere  # None when this machine can run it, else why not
     runner: str = ""  # the backend whose runner serves this one ("" = its own)
     batching: tuple[bool, int, int] = (True, 8, 0)  # default (enabled, max batch size, max latency ms)
-    # False when a row's result depends on the other rows of its batch (dynamic INT8 computes its
-    # activation scales over the whole batch): its runner then runs each image on its own, so that an
-    # answer never depends on whose images happened to share a batch with it.
-    rows_independent: bool = True
+    rows_independent: bool = True  # False: scales per batch (dynamic INT8), so each image runs on its own
 
     def model_names(self) -> list[str]:
         return [store.model_name(self.artifact, b) for b in self.static_batches]
@@ -99,9 +92,7 @@ ONNX = "fastinfer.engines.onnx:OnnxEngine"
 COREML = "fastinfer.engines.coreml:CoreMLEngine"
 OPENVINO = "fastinfer.engines.openvino:OpenVinoEngine"
 
-# Batching defaults measured (README "Batching"): max_latency_ms is how long a request arriving at an
-# idle model lingers for companions; under load batches form without it, from the requests that
-# queue while the model is busy.
+# Batching defaults measured (docs: batching); under load batches form from the requests queued meanwhile.
 SPECS: dict[str, BackendSpec] = {
     s.name: s
     for s in (
@@ -154,11 +145,8 @@ SPECS: dict[str, BackendSpec] = {
     )
 }
 
-BACKENDS: tuple[str, ...] = tuple(SPECS)
-"""Backend names, in the order they are shown. They are API values."""
-
-RUNNERS: tuple[str, ...] = tuple(dict.fromkeys(s.runner_name for s in SPECS.values()))
-"""Backends that own a runner process; the others are served by one of these."""
+BACKENDS: tuple[str, ...] = tuple(SPECS)  # API values, in the order they are shown
+RUNNERS: tuple[str, ...] = tuple(dict.fromkeys(s.runner_name for s in SPECS.values()))  # those owning a runner
 
 
 def runs_here(runner: str) -> bool:
@@ -167,8 +155,7 @@ def runs_here(runner: str) -> bool:
 
 
 def unavailable_reason(name: str) -> str | None:
-    """None when the backend can run on this machine, else why not (the platform first: where it
-    cannot run, building its models is not the fix)."""
+    """None when the backend can run on this machine, else why not (the platform first)."""
     spec = SPECS[name]
     reason = spec.platform()
     try:
@@ -183,7 +170,6 @@ def unavailable_reason(name: str) -> str | None:
         stored = "" if missing else f"; the models are built and stored ({', '.join(spec.model_names())})"
         return reason + stored
     if missing:
-        # None of the family stored at all: say which families the store holds, and how to build this one.
         if len(missing) == len(spec.static_batches) and (no_family := holdings.missing_reason()) is not None:
             return no_family
         if store.pins() is not None:  # a server: what it serves was fixed when it started
@@ -196,8 +182,7 @@ def unavailable_reason(name: str) -> str | None:
 
 
 def served_models() -> dict[str, StoredModelInfo]:
-    """Backend → the stored model answering its batch-1 requests (the pinned version in a server), for
-    each backend whose model is stored; the table's order."""
+    """Backend → the stored model answering its batch-1 requests, for each backend whose model is stored."""
     return {
         name: store.describe(model)
         for name, spec in SPECS.items()
@@ -234,10 +219,7 @@ def engine_class(name: str) -> Any:
 def open_engine(
     name: str, threads: int = 0, dirs: Mapping[int | None, str | Path] | None = None, **overrides: Any
 ) -> Engine:
-    """Load a backend's engine in this process, from the store (or from ``dirs``).
-
-    ``overrides`` replace the table's engine options (the build verifies an OpenVINO export at f32).
-    """
+    """Load a backend's engine in this process, from the store (or ``dirs``), ``overrides`` over its options."""
     spec = SPECS[name]
     dirs = {b: str(d) for b, d in (dirs or model_dirs(name)).items()}
     return engine_class(name).open(dirs, threads, **{**spec.options(), **overrides})

@@ -1,10 +1,6 @@
-"""Which backend this machine should serve by default, and why: measured here when a measurement of
-this machine exists (served by `make bench`, else in process by `fastinfer bench`), else by a rule over
-what it has (ISA, accelerators).
-
-``FASTINFER_DEFAULT_BACKEND`` is ``auto`` unless the operator names a backend; ``auto`` resolves here,
-once per process, among the backends that can run on this machine (their models stored, their runtime
-able to run here: each passed its fidelity gate when it was built).
+"""Which backend this machine should serve by default, and why: measured here where a bench of this machine
+exists (served by `make bench`, else in process by `fastinfer bench`), else by a rule over its ISA and
+accelerators. ``FASTINFER_DEFAULT_BACKEND=auto`` resolves here, once per process, among the backends that can run.
 """
 
 from __future__ import annotations
@@ -27,20 +23,15 @@ from fastinfer.common.home import project_root
 
 AUTO = "auto"
 LAST_RESORT = "onnx"  # what `auto` names when nothing can run here: its 503 then says why
-# `fastinfer bench` writes it (in-process images/s per backend and batch, beside the machine it ran on).
-BENCH_RESULT = Path("artifacts") / "bench.json"
-# `make bench` writes it (each backend served under locust, beside the machine it ran on).
-SERVED_RESULT = Path("artifacts") / "bench" / "results.json"
+BENCH_RESULT = Path("artifacts") / "bench.json"  # written by `fastinfer bench`
+SERVED_RESULT = Path("artifacts") / "bench" / "results.json"  # written by `make bench`
 SERVED_USERS = 10  # the clients README's first example is judged at (issue "Hardware-aware by default")
 SERVED_UNIT = f"req/s served at {SERVED_USERS} clients by `make bench`"
 IN_PROCESS_UNIT = "img/s in process by `fastinfer bench`"
 
 
 def _rules(hw: dict[str, Any]) -> list[tuple[str, bool, str]]:
-    """(backend, whether it applies here, why), best first. The x86 INT8 rule stands on measurements:
-    OpenVINO's static INT8 ran ~1.4× ONNX Runtime's static INT8 in process on an AVX-512 VNNI EPYC,
-    and on an AVX2-only EPYC (no VNNI) still 1.3× ONNX Runtime's INT8 and ~1.7× either FP32 engine
-    (BENCHMARKS.md's single-client table: 54 vs 72, 92 and 96 ms)."""
+    """(backend, whether it applies here, why), best first; the x86 INT8 rule stands on BENCHMARKS.md's figures."""
     isa = set(hw.get("isa", []))
     x86 = hw.get("machine") in ("x86_64", "AMD64") or bool(isa & {"avx2", "avx512f", "avx512_vnni", "avx_vnni"})
     int8_units = bool(isa & {"avx512_vnni", "avx_vnni", "amx_int8"})
@@ -63,20 +54,16 @@ def _rules(hw: dict[str, Any]) -> list[tuple[str, bool, str]]:
 def recommend(
     hw: dict[str, Any], available: list[str], measured: dict[str, float] | None = None, unit: str = "img/s"
 ) -> dict[str, str]:
-    """The backend to use here, why, and where that came from (``measured`` or ``rule``): the highest
-    measured throughput when ``measured`` (backend → ``unit`` on this machine) names one that can run,
-    else the first rule that applies to this machine and names one that can (a measurement that does
-    not include the rule's pick cannot overrule it: `make bench --backends onnx` must not make onnx it)."""
-    rule = next((name for name, applies, _ in _rules(hw) if applies and name in available), None)
+    """The backend to use here, why, and its source: the highest ``measured`` throughput among ``available``,
+    else the first rule that applies here (a measurement that left out the rule's pick cannot overrule it)."""
+    rules = [(name, why) for name, applies, why in _rules(hw) if applies and name in available]
     measured = {name: rate for name, rate in (measured or {}).items() if name in available}
-    # A measurement that left out the rule's pick cannot overrule it.
-    if measured and (rule is None or rule in measured):
+    if measured and (not rules or rules[0][0] in measured):
         best = max(measured, key=lambda n: measured[n])
         return {"backend": best, "why": f"highest measured throughput here ({measured[best]:.1f} {unit})",
                 "source": "measured"}  # fmt: skip
-    for name, applies, why in _rules(hw):
-        if applies and name in available:
-            return {"backend": name, "why": why, "source": "rule"}
+    if rules:
+        return {"backend": rules[0][0], "why": rules[0][1], "source": "rule"}
     if not available:
         return {"backend": "", "why": "no backend can run here: each says why", "source": "rule"}
     # No rule names one of those available (onnx is missing, say): the first, said as what it is.
@@ -85,9 +72,8 @@ def recommend(
 
 
 def measured_here(path: Path | None, hw: dict[str, Any]) -> tuple[dict[str, float] | None, str]:
-    """Backend → its best in-process images/s from a ``fastinfer bench`` result, if that result was
-    measured on a machine like this one; else None. Second: why it was used or not, in words (a file
-    that is missing, unreadable or from another machine is a reason, never an error)."""
+    """Backend → its best in-process images/s from a ``fastinfer bench`` of a machine like this one, else None;
+    and why (a bad or foreign file is a reason, never an error)."""
 
     def rows(result: dict[str, Any]) -> list[tuple[Any, Any]]:
         return [(row["backend"], row["images_per_s"]) for row in result["engines"]]
@@ -99,8 +85,7 @@ def served_here(
     path: Path | None, hw: dict[str, Any], family_name: str | None = None
 ) -> tuple[dict[str, float] | None, str]:
     """Backend → req/s it served at SERVED_USERS clients without an error in a ``make bench`` of a machine
-    like this one; else None, and why (a reason, never an error). ``family_name``: only a bench of that
-    model family counts (one that recorded none was of resnet50's, from before families)."""
+    like this one (of ``family_name``, if given); else None; and why."""
 
     def rows(result: dict[str, Any]) -> list[tuple[Any, Any]]:
         return [
@@ -120,8 +105,7 @@ def _rates_here(
     used: str,
     family_name: str | None = None,
 ) -> tuple[dict[str, float] | None, str]:
-    """Each backend's best rate among ``rows`` of the JSON result at ``path``, if it was measured on a
-    machine like ``hw`` (and of model family ``family_name``, when given); else None, and why."""
+    """Each backend's best rate among ``rows`` of the result at ``path``, if it matches ``hw``; else None; and why."""
     if path is None or not path.is_file():
         return None, f"no {what} ({path})" if path else f"no {what}"
     try:
@@ -145,9 +129,8 @@ def _rates_here(
 
 
 def measurements(hw: dict[str, Any]) -> tuple[dict[str, float] | None, str]:
-    """This machine's measured throughput per backend and its unit: served (``make bench``, the product's
-    own question) where one exists, else in process (``fastinfer bench``), else (None, why not). In
-    process the fastest engine need not serve fastest: its share of the HTTP path differs."""
+    """This machine's measured throughput per backend and its unit: served (``make bench``) where one exists,
+    else in process (``fastinfer bench``), else (None, why not)."""
     served, _ = served_here(served_result(), hw)
     measured, why = measured_here(bench_result(), hw)
     if served and set(measured or {}) <= set(served):  # a bench of fewer backends does not hide the others
@@ -183,8 +166,7 @@ def choose_default(
     named_by: str = "environment",
     unit: str = "img/s",
 ) -> DefaultChoice:
-    """``requested`` as it stands unless it is ``auto``; ``auto`` → the recommendation among ``available``.
-    ``named_by``: where a named backend came from (``environment``, or ``tuned``: the tuned file)."""
+    """``requested`` as it stands (``named_by``: environment or tuned) unless ``auto``: then the recommendation."""
     if requested != AUTO:
         why = "measured best by `fastinfer tune` on this machine" if named_by == "tuned" else "named by the operator"
         return DefaultChoice(requested, requested, named_by, why)
@@ -196,14 +178,12 @@ def choose_default(
 
 def bench_result() -> Path | None:
     """Where ``fastinfer bench`` leaves its result in this project (None outside a source checkout)."""
-    root = project_root()
-    return root / BENCH_RESULT if root is not None else None
+    return None if (root := project_root()) is None else root / BENCH_RESULT
 
 
 def served_result() -> Path | None:
     """Where ``make bench`` leaves its result in this project (None outside a source checkout)."""
-    root = project_root()
-    return root / SERVED_RESULT if root is not None else None
+    return None if (root := project_root()) is None else root / SERVED_RESULT
 
 
 @lru_cache(maxsize=8)
@@ -225,10 +205,8 @@ def default_choice() -> DefaultChoice:
 def default_now(
     chosen: DefaultChoice, hw: dict[str, Any], backends: list[str], cannot_answer: Callable[[str], str | None]
 ) -> DefaultChoice:
-    """The default as it stands now: ``chosen`` at start-up, unless this machine chose it (not the
-    operator) and it cannot answer now (``cannot_answer``: why a backend cannot, e.g. its engine failed to
-    load on this CPU): then the next choice among the backends that can, rather than a 503 for every
-    request that names none."""
+    """``chosen`` at start-up, unless this machine chose it and it cannot answer now (its engine failed to load,
+    say): then the next choice among the backends that can, rather than a 503 for every request naming none."""
     if chosen.source == "environment" or (why := cannot_answer(chosen.backend)) is None:
         return chosen
     instead = recommend(hw, [name for name in backends if cannot_answer(name) is None])["backend"]
@@ -238,8 +216,8 @@ def default_now(
 
 
 def configuration(settings: Settings, default: DefaultChoice) -> dict[str, dict[str, str]]:
-    """The settings that decide served throughput, each with its value in force and where that came
-    from: ``tuned`` (the tuned file), ``environment``, ``rule`` (decided from this machine) or ``default``."""
+    """The settings that decide served throughput, each with its value and source (tuned, environment, rule,
+    default)."""
 
     def source(name: str, rule: bool = False) -> str:
         return settings.sources.get(name) or ("rule" if rule else "default")

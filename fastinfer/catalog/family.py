@@ -1,24 +1,18 @@
-"""The family a server serves, as people are told it: its name, class count, where its weights came from,
-its preprocessing, its labels and the accuracy its build measured (``/backends``, the API page, the
-dashboard, doctor, ``/metrics``). What the store holds of it, and how to build it, is
-fastinfer.catalog.holdings's.
-
-One family per server (``FASTINFER_MODEL``, fastinfer.catalog.store.family). Everything here is read from
-the stored models themselves: nothing about ImageNet is assumed, its 1000 classes and 224-pixel crop are
-only what the default family's models say of themselves.
+"""The family a server serves, as people are told it (``/backends``, the API page, the dashboard, doctor,
+``/metrics``): read from the stored models themselves, nothing about ImageNet assumed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fastinfer.catalog.holdings import missing_reason
 from fastinfer.catalog.store import StoredModelInfo
 
+# What /backends and doctor show of a stored model's ``accuracy`` (its eval folder's path is the builder's).
 ACCURACY_KEYS = ("top1", "top5", "reference_top1", "reference_top5", "precision", "images", "skipped")
-"""What /backends and doctor show of a stored model's ``accuracy`` (its eval folder's path is the builder's)."""
 
 
 def classes(info: StoredModelInfo) -> int:
@@ -27,9 +21,7 @@ def classes(info: StoredModelInfo) -> int:
 
 
 def shows_top5(num_classes: int | None) -> bool:
-    """Whether top-5 accuracy means anything for a family of this many classes: with 5 or fewer, the top 5
-    hold every class, so it is 100% whatever the model does. Not shown then (doctor, the API page, the
-    dashboard, /metrics); a class count not known: shown."""
+    """Whether top-5 accuracy means anything: with 5 classes or fewer it is 100% whatever the model does."""
     return num_classes is None or num_classes > 5
 
 
@@ -48,17 +40,7 @@ class FamilyInfo:
     labels: list[str] = field(default_factory=list)  # its class names, in index order
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "stored": self.stored,
-            "num_classes": self.num_classes,
-            "weights": self.weights,
-            "weights_description": self.weights_description,
-            "preprocess": self.preprocess,
-            "accuracy": self.accuracy,
-            "missing": self.missing,
-            "labels": self.labels,
-        }
+        return asdict(self)
 
     def weights_line(self) -> str:
         """Where the weights came from, in words: kind, and the build's description of them."""
@@ -67,8 +49,7 @@ class FamilyInfo:
         return f"{self.weights} ({self.weights_description})" if self.weights_description else self.weights
 
     def accuracy_line(self) -> str:
-        """The accuracy the build measured, per backend, in one line ("" when it measured none); top-5 only
-        where it means something (:func:`shows_top5`)."""
+        """The accuracy the build measured, per backend, in one line ("" when it measured none)."""
         top5 = shows_top5(self.num_classes)
         return "; ".join(
             f"{backend} top-1 {100 * a['top1']:.1f}%"

@@ -1,15 +1,10 @@
-"""What the model store holds of a model family, and which of it may be served: whether the family is there
-at all (what the store holds instead, how to build it), and whether its models are of one source.
+"""What the model store holds of a model family, and which of it may be served.
 
-A family is one source (weights + labels + preprocessing: the ``source_hash`` label), built into every
-backend. A build interrupted after some backends, or a partial one from other files, leaves models of two
-sources under one family's names: served together they answer the same image differently with no sign of
-why. The family is what its most recently created model was built from; a model of another source is not
-served (:func:`one_source`: at a server's start-up, and for the tools and doctor outside one), and every
-message says how to rebuild the whole family.
+A family is one source (the ``source_hash`` label: weights + labels + preprocessing). An interrupted or partial
+build can leave models of two sources under one family's names, which would answer the same image differently:
+the family is what its newest model was built from, and a model of another source is not served.
 
-``python -m fastinfer.catalog.holdings NAME`` is ``make serve``'s and ``make bento``'s check that the store
-holds family NAME.
+``python -m fastinfer.catalog.holdings NAME`` is ``make serve``'s check that the store holds family NAME.
 """
 
 from __future__ import annotations
@@ -17,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from fastinfer.catalog import rebuild, store
@@ -33,8 +28,7 @@ _scans: dict[tuple[tuple[str, str], ...], dict[str, Model]] = {}  # the latest p
 
 
 def held() -> dict[str, list[str]]:
-    """The families the model store holds → their store names ({} when it cannot be listed). In a
-    server, read once: what it serves was fixed when it started."""
+    """The families the model store holds → their store names ({} when it cannot be listed); once in a server."""
     pins = os.environ.get(store.PINS_ENV)
     if pins is not None and pins in _held_by_pins:
         return _held_by_pins[pins]
@@ -48,26 +42,29 @@ def held() -> dict[str, list[str]]:
     return found
 
 
-def missing_reason(name: str | None = None) -> str | None:
-    """Why family ``name`` (default: this process's) cannot be served at all: the store holds no model of
-    it. Says which families it holds and how to build this one. None when the store holds some of it."""
+def missing_reason(
+    name: str | None = None, verb: str = "serve", named: Callable[[str], str] | None = None
+) -> str | None:
+    """Why family ``name`` (default: this process's) cannot be used at all: the store holds no model of it.
+    Says which families it holds and how to build this one (``named``: how the user names a family)."""
     name = name or store.family()
+    named = named or (lambda family: f"{store.FAMILY_ENV}={family}")
     found = held()
     if name in found:
         return None
     others = ", ".join(f"{family} ({len(names)} models)" for family, names in found.items() if family != name)
     holds = f"it holds {others}" if others else "it holds no model family at all"
-    serve_other = f", or serve one it holds ({store.FAMILY_ENV}={next(iter(found))})" if others else ""
+    use_other = f", or {verb} one it holds ({named(next(iter(found)))})" if others else ""
     restart = ", then restart the server" if os.environ.get(store.PINS_ENV) is not None else ""
     return (
-        f"the model store holds no model of family {name!r} ({store.FAMILY_ENV}={name}); {holds}. "
-        f"Build it with {rebuild.build_command(name)}{serve_other}{restart}"
+        f"the model store holds no model of family {name!r} ({named(name)}); {holds}. "
+        f"Build it with {rebuild.build_command(name)}{use_other}{restart}"
     )
 
 
 def family_names(name: str | None = None) -> list[str]:
-    """The store names that may hold family ``name``'s models (default: this process's): those its name
-    starts (another family's, "shop-x-onnx" for "shop", are left out by their label: :func:`latest`)."""
+    """The store names that may hold family ``name``'s models: those its name starts (:func:`latest` checks
+    the label: "shop-x-onnx" may be family "shop-x"'s)."""
     folder = bentoml_home() / "models"
     prefix = f"{name or store.family()}-"
     if not folder.is_dir():
@@ -76,8 +73,7 @@ def family_names(name: str | None = None) -> list[str]:
 
 
 def _pointer(name: str) -> str:
-    """The version a store name's ``:latest`` names now, read from BentoML's ``latest`` file ("" if none):
-    cheap, where reading a model's model.yaml costs tens of milliseconds."""
+    """The version a store name's ``:latest`` names, from BentoML's ``latest`` file: cheaper than model.yaml."""
     try:
         return (bentoml_home() / "models" / name / "latest").read_text().strip()
     except OSError:
@@ -107,7 +103,6 @@ def _source(model: Model) -> str:
 
 
 def rebuild_whole(newest: Model, family: str) -> str:
-    """The command that rebuilds the whole family as its newest model was built."""
     info = store.describe(newest)
     return rebuild.build_command(family, info.weights, info.preprocess, whole=True)
 
@@ -115,9 +110,8 @@ def rebuild_whole(newest: Model, family: str) -> str:
 def one_source(
     models: Mapping[str, Model], family: str, restart: bool = False
 ) -> tuple[dict[str, Model], dict[str, str]]:
-    """``models`` (a family's latest, by store name) split into those built from the source of its most
-    recently created model, which are served, and the others → why each is not (its source, the family's,
-    the newest model, how to rebuild the whole family; ``restart``: then restart the server)."""
+    """``models`` (a family's latest, by store name) split into those built from the source of its newest
+    model, which are served, and the others → why each is not, and how to rebuild the whole family."""
     if not models:
         return {}, {}
     newest = _newest(models)
@@ -147,8 +141,7 @@ def mixed_warning(kept: Mapping[str, Model], apart: Mapping[str, str], family: s
 
 
 def pin(names: list[str], family: str) -> tuple[dict[str, str], dict[str, str]]:
-    """At a server's start-up: the tags it serves (the latest of ``names`` built from the family's source)
-    and the stored ones it does not serve → why (logged here, in one line)."""
+    """At a server's start-up: the tags it serves, and the stored ones it does not serve → why (logged)."""
     kept, apart = one_source(store.latest(names), family, restart=True)
     if apart:
         logger.warning("%s", mixed_warning(kept, apart, family))
@@ -162,8 +155,7 @@ def apart_now(name: str | None = None) -> dict[str, str]:
 
 
 def build_hint(name: str | None = None) -> str:
-    """What a message about a model missing from family ``name`` (default: this process's) says to run: the
-    command that builds it again as its stored models were built (their weights, labels and preprocessing)."""
+    """What to run for a model missing from family ``name``: the build of it as its stored models were built."""
     name = name or store.family()
     models = latest(name)
     if not models:
@@ -176,9 +168,8 @@ def build_hint(name: str | None = None) -> str:
 
 
 def serving(backend: str, batch: int | None = None) -> Model | None:
-    """The model a server serves for a store name: its pinned version (PinnedModelGone when that was
-    deleted), or the latest stored outside a server; NotServed for one built from another source than its
-    family's newest model. None when never built."""
+    """The model served for a store name: the pinned version in a server (PinnedModelGone when deleted), else
+    the latest; NotServed for one of another source than its family's newest. None when never built."""
     import bentoml
     from bentoml.exceptions import NotFound
 
@@ -220,8 +211,7 @@ def serving_or_none(backend: str, batch: int | None = None) -> Model | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m fastinfer.catalog.holdings NAME``: 0 when the model store holds family NAME, else 1 after
-    one line saying what it holds and how to build NAME (``make serve`` / ``make bento`` check so first)."""
+    """``python -m fastinfer.catalog.holdings NAME``: 0 when the store holds family NAME, else 1 and why."""
     args = sys.argv[1:] if argv is None else argv
     try:
         name = store.check_family(args[0] if args else store.family())

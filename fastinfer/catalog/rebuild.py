@@ -1,19 +1,13 @@
-"""The command that builds a model family again as its stored models were built: what every message about
-a model missing, corrupt or not served says to run.
-
-A family's source hash covers its weights, labels and preprocessing (build_models.context.family_hash), so
-a command that names the weights and labels but not the preprocessing builds another family under the same
-name. The command carries the family's stored preprocessing where it differs from the defaults; where it
-needs a file the store does not keep (the weights, the labels: a PATH), it rebuilds the whole family, never
-``--only`` some backends: a partial build from a file not quite the family's would mix two sources.
+"""The command that builds a model family again as its stored models were built (weights, labels and
+preprocessing: its source hash), for every message about a model missing, corrupt or not served. Where it
+needs a file the store does not keep (a PATH), it rebuilds the whole family, never ``--only`` some backends.
 """
 
 from __future__ import annotations
 
 from fastinfer.catalog.store import DEFAULT_FAMILY, PreprocessSpec
 
-WEIGHTS_ARGUMENT = {"imagenet": "imagenet", "random-init": "random"}
-"""A stored ``weights`` label → the ``--weights`` that builds the same again (a file: its path)."""
+WEIGHTS_ARGUMENT = {"imagenet": "imagenet", "random-init": "random"}  # stored label → --weights
 WHOLE_FAMILY = "the whole family, without --only"
 
 
@@ -36,8 +30,7 @@ def preprocess_args(spec: PreprocessSpec | None) -> str:
 
 
 def source_args(family: str, weights: str | None, spec: PreprocessSpec | None) -> str:
-    """The build arguments naming a family's source: its weights (``weights``: their stored label; None: not
-    known, a file for a family of its own), its labels, name and preprocessing (``spec``: what is stored)."""
+    """The build arguments naming a family's source: weights (their stored label), labels, name, preprocessing."""
     default_family = family in ("", DEFAULT_FAMILY)
     if weights:
         weights_arg = f"--weights {WEIGHTS_ARGUMENT.get(weights, 'PATH')}"
@@ -54,16 +47,14 @@ def needs_files(args: str) -> bool:
 
 
 def family_weights(family: str, weights: str | None) -> str | None:
-    """The stored ``weights`` label a rebuild of the whole family names: none for the default family's own
-    (the build picks ImageNet's, else a random init; all of it is built either way), else ``weights``."""
+    """The ``weights`` a rebuild of the whole family names: none for the default family's own, else ``weights``."""
     return None if family in ("", DEFAULT_FAMILY) and weights in (*WEIGHTS_ARGUMENT, None) else weights
 
 
 def build_command(
     family: str, weights: str | None = None, spec: PreprocessSpec | None = None, whole: bool = False
 ) -> str:
-    """The command that builds ``family`` as its stored models were built (``weights`` and ``spec``, when it has
-    some), quoted for a message; said to build the whole family where it needs files, or when ``whole``."""
+    """The command that builds ``family`` as its stored models were built, quoted for a message."""
     args = source_args(family, family_weights(family, weights), spec)
     if not args:
         said = WHOLE_FAMILY if whole else "ImageNet's weights; `--weights PATH --labels PATH` for your own"

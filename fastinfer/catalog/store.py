@@ -1,10 +1,7 @@
 """The BentoML model store as FastInfer uses it: names, labels, metadata, lookups.
 
-Models are named ``<family>-<backend>[-b<N>]`` and labelled with family, backend, precision, batch,
-weights and source hash. A family is one set of weights with its labels and preprocessing, built into
-every backend: ``resnet50`` (ImageNet's) by default, or a user's own fine-tuned ResNet-50. Their
-metadata carries the I/O contract, the preprocessing parameters and the class names, so that serving
-needs nothing but the store.
+Models are named ``<family>-<backend>[-b<N>]`` and labelled with family, backend, precision, batch, weights and
+source hash; their metadata carries the I/O contract, preprocessing and class names, so serving needs only the store.
 """
 
 from __future__ import annotations
@@ -27,13 +24,10 @@ logger = logging.getLogger("fastinfer.store")
 if TYPE_CHECKING:
     from bentoml import Model
 
-BUILD_FORMAT = "2"
-"""Bumped when an export changes, so that stored models from an older build are rebuilt (2: families,
-their source hash covering labels and preprocessing, the crop size in every export)."""
+BUILD_FORMAT = "2"  # bumped when an export changes, so that models of an older build are rebuilt
 
 
 def input_spec(crop_size: int) -> dict[str, Any]:
-    """The stored models' input, for a family whose crop size is ``crop_size``."""
     return {"name": "images", "dtype": "uint8", "shape": ["N", crop_size, crop_size, 3], "layout": "NHWC RGB"}
 
 
@@ -43,10 +37,8 @@ def output_spec(num_classes: int) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class PreprocessSpec:
-    """The preprocessing a model's weights expect before its uint8 input (torchvision's
-    ImageClassification), recorded with each stored model: the front resizes and crops this way
-    (fastinfer/serving/preprocess.py); the model's graph normalises by ``mean`` and ``std``. The defaults
-    are the default family's (ImageNet's)."""
+    """The preprocessing a model's weights expect (torchvision's ImageClassification; default ImageNet's): the
+    front resizes and crops, the model's graph normalises by ``mean`` and ``std``."""
 
     resize_size: int = 232
     crop_size: int = DEFAULT_INPUT_SIZE
@@ -54,8 +46,7 @@ class PreprocessSpec:
     std: tuple[float, float, float] = IMAGENET_STD
 
 
-FAMILY_ENV = "FASTINFER_MODEL"
-"""The family a server serves (one per server) and the tools measure (a build names its own: ``--name``)."""
+FAMILY_ENV = "FASTINFER_MODEL"  # the family a server serves and the tools measure
 DEFAULT_FAMILY = "resnet50"
 # A BentoML model name is at most 63 characters; the longest suffix a backend adds is 18 (-onnx-int8-dynamic).
 _FAMILY_NAME = re.compile(r"[a-z0-9](?:[a-z0-9_.-]{0,38}[a-z0-9])?")
@@ -103,8 +94,7 @@ class StoredModelInfo:
 
 
 def find(backend: str, batch: int | None = None, family_name: str | None = None) -> Model | None:
-    """The latest stored model for a backend of a family (default: this process's), or None if it was
-    never built."""
+    """The latest stored model for a backend of a family (default: this process's), or None."""
     import bentoml
     from bentoml.exceptions import NotFound
 
@@ -119,8 +109,7 @@ def find(backend: str, batch: int | None = None, family_name: str | None = None)
 
 
 def families() -> dict[str, list[str]]:
-    """The families the store holds → their store names, read from the models' ``family`` label (a store
-    name from before families is ``resnet50``'s)."""
+    """The families the store holds → their store names."""
     import bentoml
 
     found: dict[str, list[str]] = {}
@@ -138,8 +127,7 @@ def family_of(model: Model) -> str | None:
 
 
 def unreadable(name: str) -> dict[str, str]:
-    """Stored versions of ``name`` that BentoML cannot read (model.yaml deleted or garbled) → why. No
-    process can load them, and BentoML refuses to store a new version beside them."""
+    """Stored versions of ``name`` whose model.yaml is deleted or garbled → why (BentoML stores nothing beside them)."""
     import bentoml
     from bentoml.exceptions import NotFound
 
@@ -155,18 +143,16 @@ def unreadable(name: str) -> dict[str, str]:
 
 
 def versions(name: str) -> list[str]:
-    """Every stored version of a store name, as tags, readable or not (BentoML's own listing stops at
-    the first version whose model.yaml is gone)."""
+    """Every stored version of a store name, readable or not (BentoML's listing stops at a broken one)."""
     folder = bentoml_home() / "models" / name
     if not folder.is_dir():
         return []
     return sorted(f"{name}:{p.name}" for p in folder.iterdir() if p.is_dir())
 
 
+# Set by the server at start-up, inherited by every worker: store name → the tag resolved then, so that every
+# process of one server serves those versions, never whatever ``:latest`` is when it (re)starts.
 PINS_ENV = "FASTINFER_PINNED_MODELS"
-"""Set by the server at start-up (service.py's deployment hook), inherited by every worker: store name
-→ the exact tag resolved then. Every process of one server (front workers, runners, restarted or
-not) loads and names those versions, never whatever ``:latest`` is when it happens to (re)start."""
 
 
 def pins() -> dict[str, str] | None:
@@ -198,9 +184,7 @@ def latest(names: list[str]) -> dict[str, Model]:
     return resolved
 
 
-UNSERVED_ENV = "FASTINFER_UNSERVED_MODELS"
-"""Set beside PINS_ENV at start-up: store name → why this server does not serve it, though it is stored (built
-from another source than the rest of its family: fastinfer.catalog.holdings)."""
+UNSERVED_ENV = "FASTINFER_UNSERVED_MODELS"  # beside PINS_ENV: store name → why it is stored but not served
 
 
 def unserved() -> dict[str, str]:
@@ -213,34 +197,26 @@ def unserved() -> dict[str, str]:
 
 
 class PinnedModelGone(LookupError):
-    """The version this server would serve cannot be: deleted from the store (by a rebuild) since it
-    pinned it at start-up, or not served at all (:class:`NotServed`)."""
+    """The version this server pinned at start-up is gone from the store, or not served (:class:`NotServed`)."""
 
 
 class NotServed(PinnedModelGone):
-    """A stored model not served: built from other weights, labels or preprocessing than its family's newest
-    model (fastinfer.catalog.holdings); a rebuild of the whole family is what heals it."""
+    """A stored model built from another source than its family's newest (fastinfer.catalog.holdings)."""
 
 
+# One ``.fastinfer-pinned-<supervisor pid>-<random>.json`` per running server in the models folder, listing the
+# tags it pinned so a rebuild keeps them: a lease (fastinfer.common.leases) held while any process of it lives.
 PIN_PREFIX = ".fastinfer-pinned-"
-"""In the models folder itself (the store a build prunes, wherever a symlink puts it; BentoML lists only
-its folders): one ``.fastinfer-pinned-<supervisor pid>-<random>.json`` per running server (containers on
-one store may each be pid 1), listing the tags it
-pinned, so that a rebuild keeps them instead of deleting them under it. A lease (fastinfer.common.leases):
-in use while any process of that server lives, its supervisor or, after a ``kill -9`` of it, a worker."""
-PIN_FILE_ENV = "FASTINFER_PIN_FILE"
-"""Set by the server at start-up beside PINS_ENV: the pin file its workers hold (:func:`hold_pins`)."""
+PIN_FILE_ENV = "FASTINFER_PIN_FILE"  # the pin file a server's workers hold (:func:`hold_pins`)
 
 
 def models_folder() -> Path:
-    """The model store's folder as a build prunes it: symlinks resolved, so that every home sharing one
-    store (by a symlink of ``models``, or of the home) names the same folder."""
+    """The model store's folder, symlinks resolved: every home sharing one store names the same folder."""
     return (bentoml_home() / "models").resolve()
 
 
 def record_pins(pinned: dict[str, str]) -> Path:
-    """Say, for builds to see, which versions the server supervised by this process uses; the file is
-    this process's lease, which its workers join (:func:`hold_pins`)."""
+    """Record, for builds to see, the versions this server serves, as a lease its workers join."""
     path = models_folder() / f"{PIN_PREFIX}{os.getpid()}-{secrets.token_hex(6)}.json"
     leases.create(path, json.dumps(sorted(pinned.values())))
     os.environ[PIN_FILE_ENV] = str(path)
@@ -248,13 +224,11 @@ def record_pins(pinned: dict[str, str]) -> Path:
 
 
 def _supervisor(pin_file: Path) -> int:
-    """The process id of the server's supervisor that wrote ``pin_file``, from its name."""
     return int(pin_file.stem.removeprefix(PIN_PREFIX).split("-")[0])
 
 
 def hold_pins() -> None:
-    """In a server's worker: hold its pin file, so that it stays in use while this worker lives, even if
-    its supervisor is killed later. Outside a server, nothing."""
+    """In a server's worker: hold its pin file while this worker lives, even if its supervisor is killed."""
     if not (path := os.environ.get(PIN_FILE_ENV)):
         return
     if not leases.hold(Path(path), _supervisor(Path(path))):
@@ -263,13 +237,12 @@ def hold_pins() -> None:
 
 
 def in_use() -> dict[str, int]:
-    """Tags pinned by servers that still run → the process id their supervisor had. A pin file that no
-    live process holds was left by a server that is gone (even by a ``kill -9``): it is removed here."""
+    """Tags pinned by servers that still run → their supervisor's pid; pin files no process holds are removed."""
     used: dict[str, int] = {}
-    folder = models_folder()
-    if folder.is_dir():
-        leases.sweep_drafts(folder)
-    for path in sorted(folder.glob(f"{PIN_PREFIX}*.json")) if folder.is_dir() else []:
+    if not (folder := models_folder()).is_dir():
+        return used
+    leases.sweep_drafts(folder)
+    for path in sorted(folder.glob(f"{PIN_PREFIX}*.json")):
         if not leases.held(path):
             path.unlink(missing_ok=True)
             continue
@@ -309,8 +282,7 @@ def describe(model: Model) -> StoredModelInfo:
 
 
 def family_spec(family_name: str | None = None) -> PreprocessSpec:
-    """The preprocessing the stored models of a family (default: this process's) expect: what the tools
-    that measure them outside a server (fidelity, bench, profile) feed them. The default's when none is stored."""
+    """The preprocessing a family's stored models expect, for the tools that feed them outside a server."""
     for model in (find(backend, None, family_name) for backend in ("pytorch", "onnx")):
         if model is not None:
             return describe(model).preprocess
@@ -323,8 +295,7 @@ def _triple(values: Any) -> tuple[float, float, float]:
 
 
 def is_current(model: Model | None, source_hash: str) -> bool:
-    """True when a stored model was built from this source (its family's weights, labels and preprocessing:
-    build_models.context.source_hash) by this build format."""
+    """True when a stored model was built from this source hash by this build format."""
     if model is None:
         return False
     labels = model.info.labels

@@ -1,13 +1,8 @@
 """Store health: every stored model's files against the size and sha256 recorded when it was built.
 
-A truncated or altered file (a copy cut short, a full disk, a bad sector, a hand edit) otherwise
-looks current: its labels still name the right weights and build format, and only loading it fails
-— or, worse, it loads and answers wrongly. So ``build_models`` records every file it stores
-(:func:`record`, in the model's metadata) and calls a stored model up to date only once its files
-match (:func:`check`); a runner refuses to load a model whose files do not match; ``fastinfer
-doctor`` lists what is corrupt and the command that rebuilds it.
-
-Checking reads every file: ~0.35 s for the whole store (~590 MB, warm page cache; AMD EPYC).
+A truncated or altered file otherwise looks current by its labels, and may load and answer wrongly. So
+``build_models`` records every file it stores (:func:`record`) and calls a model up to date only once its files
+match (:func:`check`); a runner refuses a model whose files do not match. Checking the whole store takes ~0.35 s.
 """
 
 from __future__ import annotations
@@ -25,14 +20,9 @@ if TYPE_CHECKING:
 
     from fastinfer.catalog.store import PreprocessSpec
 
-FILES_KEY = "files"
-"""The metadata key: {relative POSIX path: {"bytes": size, "sha256": hex}} for every stored file."""
-
+FILES_KEY = "files"  # metadata: {relative POSIX path: {"bytes": size, "sha256": hex}}
 NOT_RECORDED = "no sha256 recorded for its files (stored by an older build)"
-
-# What BentoML writes into a model's directory itself: not the build's output, and model.yaml
-# holds the record (it cannot hold its own hash).
-BENTOML_FILES = frozenset({"model.yaml", "custom_objects.pkl"})
+BENTOML_FILES = frozenset({"model.yaml", "custom_objects.pkl"})  # BentoML's own, not the build's output
 
 
 class CorruptModel(RuntimeError):
@@ -82,10 +72,7 @@ def _megabytes(size: int) -> str:
 
 
 def compare(directory: Path, recorded: dict[str, Any]) -> list[str]:
-    """What differs between a directory's files and their record ([] when all match).
-
-    Files beyond the record are not looked at: nothing loads what the build did not write.
-    """
+    """What differs between a directory's recorded files and their record ([] when all match)."""
     problems: list[str] = []
     for name, expected in recorded.items():
         path = directory / name
@@ -119,8 +106,7 @@ def check(model: Model) -> Health:
 
 
 def artifact_of(name: str) -> str:
-    """The build step of a store name ``<family>-<artifact>[-b<N>]`` (for a model without a ``backend``
-    label): the longest artifact of the backend table it ends with; else the name after its first '-'."""
+    """The build step of a store name ``<family>-<artifact>[-b<N>]`` without a ``backend`` label."""
     from fastinfer.catalog.backends import SPECS
 
     for artifact in sorted({spec.artifact for spec in SPECS.values()}, key=len, reverse=True):
@@ -129,23 +115,15 @@ def artifact_of(name: str) -> str:
     return name.partition("-")[2] or name
 
 
-def _source(health: Health) -> str:
-    """``build_models`` arguments naming the source a model was built from: its weights and, for a family
-    of its own, its labels, name and preprocessing (a PATH where the store does not keep the file)."""
-    from fastinfer.catalog import rebuild
-
-    return rebuild.source_args(health.family, health.weights or None, health.preprocess)
-
-
 def rebuild_command(unhealthy: Iterable[Health]) -> str:
-    """The command that rebuilds these models from the source they were built from (one per source): only
-    them (``--only``) where the command names the source exactly, else the whole family (a weights or labels
-    file named PATH: a partial build from another file would mix two sources in one family)."""
+    """The command that rebuilds these models from their source: only them (``--only``) where the command names
+    the source exactly, else the whole family (a partial build from another file would mix two sources)."""
     from fastinfer.catalog import rebuild
 
     by_source: dict[str, list[str]] = {}
     for health in unhealthy:
-        artifacts = by_source.setdefault(_source(health), [])
+        source = rebuild.source_args(health.family, health.weights or None, health.preprocess)
+        artifacts = by_source.setdefault(source, [])
         if health.artifact not in artifacts:
             artifacts.append(health.artifact)
     return " && ".join(
@@ -170,10 +148,7 @@ def stored_health() -> dict[str, Health]:
 
 
 def require_intact(models: Iterable[Model]) -> None:
-    """Raise :class:`CorruptModel` for the first model whose files differ from their record.
-
-    A model without a record (an older build's) passes: the build rebuilds it, serving need not wait.
-    """
+    """Raise :class:`CorruptModel` for the first model whose files differ from their record (none: passes)."""
     for model in models:
         health = check(model)
         if health.corrupt:
@@ -191,8 +166,7 @@ def unhealthy_reason(backend: str, health: dict[str, Health]) -> str | None:
 
 
 def summary(health: dict[str, Health], seconds: float) -> list[str]:
-    """``fastinfer doctor``'s lines about the store: a count when all is well, else each model at
-    fault and the command that rebuilds them."""
+    """``fastinfer doctor``'s lines about the store: a count, or each model at fault and how to rebuild it."""
     unhealthy = [h for h in health.values() if not h.intact]
     if not unhealthy:
         return [f"{len(health)} stored, every file matches its recorded sha256 (checked in {seconds:.1f}s)"]

@@ -1,7 +1,5 @@
-"""What ``fastinfer tune`` chooses from: the backends it measures, the settings it varies and their
-values. Defined here once: the tuner walks this space (load_tests/tuning/search.py) and writes one of
-its configurations; the server takes a tuned file only if its settings are one of them (tuned.py).
-"""
+"""What ``fastinfer tune`` chooses from, defined once: the tuner walks this space and the server takes a tuned
+file only if its settings are one of its configurations."""
 
 from __future__ import annotations
 
@@ -20,8 +18,7 @@ PLAIN = {"FASTINFER_IN_FRONT": "", "FASTINFER_FRONT_WORKERS": "1", "FASTINFER_TH
 
 @dataclass(frozen=True)
 class Point:
-    """One configuration of the space: the backend and the settings that decide its served throughput
-    (None / 0: the table's value or the rule's)."""
+    """One configuration: the backend and the settings that decide its throughput (None / 0: the table's)."""
 
     backend: str
     in_front: bool = False
@@ -50,8 +47,7 @@ class Point:
 
 
 def dimensions(backend: str, cores: int, goal: str) -> dict[str, list[Any]]:
-    """The values the tuner may give each setting of ``backend`` on ``cores`` for ``goal`` (one of
-    GOALS), the table's (or the rule's) first."""
+    """The values the tuner may give each setting of ``backend`` on ``cores`` for ``goal``, the table's first."""
     spec = SPECS[backend]
     batching_on, table_batch, table_wait = spec.batching
     dims: dict[str, list[Any]] = {"in_front": [False, True]}
@@ -66,16 +62,14 @@ def dimensions(backend: str, cores: int, goal: str) -> dict[str, list[Any]]:
 
 
 def points(backend: str, cores: int, goal: str) -> list[Point]:
-    """Every configuration of ``backend`` in the space: each value of every dimension, an engine in the
-    front only with the one front worker (each front worker would load its own engine)."""
+    """Every configuration of ``backend``; an engine in the front only with one front worker."""
     dims = dimensions(backend, cores, goal)
     every = (Point(backend, **dict(zip(dims, values, strict=True))) for values in itertools.product(*dims.values()))
     return [point for point in every if not (point.in_front and point.front_workers != 1)]
 
 
 def written(settings: dict[str, str]) -> dict[str, str]:
-    """Settings as a tuned file holds them: values as the environment reads them (stripped), without the
-    plain ones."""
+    """Settings as a tuned file holds them: stripped, without the plain ones."""
     stripped = {name: value.strip() for name, value in settings.items()}
     return {name: value for name, value in stripped.items() if PLAIN.get(name) != value}
 

@@ -1,14 +1,9 @@
 """The tuned configuration: what ``fastinfer tune`` measured best on this machine, as settings.
 
-``fastinfer tune`` writes ``$BENTOML_HOME/tuned/tuned.json``: the ``FASTINFER_*`` values it chose, the
-measurements behind each, and a fingerprint of the machine it ran on (CPU, instruction sets, usable
-cores, runtime versions, the model versions it served). Every process of a server reads it with its
-other settings; it is in force only where the fingerprint matches this machine and this store, and
-an environment variable set by the operator still wins over any value in it. A file that is missing,
-corrupt, unreachable (a symlink loop, a name too long, a folder it may not read), from another machine,
-for models no longer stored, naming a backend that cannot run here, or holding anything but one of the
-configurations the tuner chooses from (tune_space.py) is ignored with one line saying why: never a
-failed start.
+``fastinfer tune`` writes ``$BENTOML_HOME/tuned/tuned.json``: the ``FASTINFER_*`` values it chose and a fingerprint
+of the machine, runtimes and model versions it measured. It is in force only where the fingerprint matches, and an
+environment variable still wins over it. Any file that does not hold here is ignored with one line saying why:
+never a failed start.
 """
 
 from __future__ import annotations
@@ -34,17 +29,14 @@ RESOLVED_ENV = "FASTINFER_TUNED_RESOLVED"  # set by `bentoml serve`'s parent for
 FORMAT = 1
 MAX_BYTES = 1024 * 1024  # a tuned file is a few KB; a huge one is not ours
 MAX_WHY = 300  # characters of a reason to ignore it
-# The settings tuning is about: what decides served throughput, nothing about access or limits. A tuned
-# file holds fewer: only those the tuner varies, at the values it chooses from (tune_space.why_not).
+# The settings that decide served throughput; a tuned file holds only the values the tuner chooses from.
 _KEYS = "|".join(env_key(backend) for backend in BACKENDS)
 TUNABLE = re.compile(
     rf"FASTINFER_(DEFAULT_BACKEND|FRONT_WORKERS|RUNNER_WORKERS|THREADS|IN_FRONT"
     rf"|(BATCHING|MAX_BATCH_SIZE|MAX_LATENCY_MS)_({_KEYS}))"
 )
 RUNTIMES = ("fastinfer", "bentoml", "onnxruntime", "openvino", "torch", "coremltools")
-# What makes two machines the same for a measurement (a tuned file, a bench result): the architecture,
-# the CPU, how many cores this process may use, the instruction sets that decide which engine is fast.
-MACHINE_KEYS = ("machine", "cpu", "cores", "isa")
+MACHINE_KEYS = ("machine", "cpu", "cores", "isa")  # what makes two machines the same for a measurement
 
 
 def default_path() -> Path:
@@ -109,8 +101,8 @@ def _mismatch(recorded: dict[str, Any], here: dict[str, Any]) -> list[str]:
 def check(
     data: Any, here: dict[str, Any], stored: dict[str, str | None], can_run: dict[str, str | None]
 ) -> tuple[dict[str, str], str]:
-    """The settings of a parsed tuned file if it holds here, else ({}, why not). ``stored``: model name →
-    the tag this store serves now (None: not stored); ``can_run``: backend → None, or why it cannot."""
+    """The settings of a parsed tuned file if it holds here, else ({}, why not). ``stored``: model name → the
+    tag served now; ``can_run``: backend → None, or why it cannot."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         return {}, f"not a tuned file of format {FORMAT}"
     settings, recorded = data.get("settings"), data.get("fingerprint")
@@ -128,8 +120,7 @@ def check(
         return {}, f"tuned on another machine or runtime ({', '.join(differs)})"
     if gone := [name for name, tag in recorded["models"].items() if stored.get(name) != tag]:
         return {}, f"tuned for models no longer served here ({', '.join(sorted(gone))}); run `fastinfer tune` again"
-    # One value the tuner never chose leaves the whole file out, not that setting alone: a tuned file is one
-    # measured combination, and its other values without that one were never measured ("tuned" would lie).
+    # One value the tuner never chose leaves the whole file out: its other values were measured only with it.
     cores = here.get("cores") if isinstance(here.get("cores"), int) else 1
     if why := tune_space.why_not(settings, cores):
         return {}, why
@@ -176,8 +167,8 @@ def _unreadable(exc: Exception) -> str:
 
 
 def _read(where: Path) -> str:
-    """The file's text: a regular file of at most MAX_BYTES (a FIFO would block start-up, a device never end)."""
-    fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open itself
+    """The file's text: a regular file (a FIFO would block start-up) of at most MAX_BYTES."""
+    fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError("not a regular file")
@@ -201,8 +192,7 @@ def shown_path(where: Path) -> str:
 
 
 def model_tags(names: list[str] | None = None) -> dict[str, str | None]:
-    """Store name (e.g. ``resnet50-onnx-int8``) → the tag this process serves for it, None if none; every
-    backend's models when ``names`` is None."""
+    """Store name → the tag this process serves for it, or None; every backend's models when ``names`` is None."""
     from fastinfer.catalog import holdings
     from fastinfer.catalog.backends import SPECS
 
@@ -226,9 +216,8 @@ def warn_ignored(where: str, why: str) -> None:
 
 
 def here() -> Tuned:
-    """This process's tuned configuration. Under ``bentoml serve`` every process takes what the server's
-    parent process read (RESOLVED_ENV, set at deployment): the front and the runners never serve with two
-    versions of a file that changed while they started. Elsewhere the file, read when asked."""
+    """This process's tuned configuration: under ``bentoml serve``, what the server's parent read (RESOLVED_ENV),
+    so that no two processes serve with two versions of the file; elsewhere the file, read when asked."""
     if resolved := os.environ.get(RESOLVED_ENV):
         try:
             fields = json.loads(resolved)
@@ -238,11 +227,8 @@ def here() -> Tuned:
             ):
                 raise TypeError("settings a tuned file cannot hold")  # a value copied from elsewhere, not the parent's
             text = {key: fields[key] for key in ("path", "status", "why", "created", "goal")}
-            if not all(isinstance(v, str) for v in text.values()) or text["status"] not in (
-                "in force",
-                "ignored",
-                "none",
-            ):
+            statuses = ("in force", "ignored", "none")
+            if not all(isinstance(v, str) for v in text.values()) or text["status"] not in statuses:
                 raise TypeError("fields a tuned file's reading cannot have")
             return Tuned(
                 text["path"], settings, text["status"], text["why"], _plain(text["created"]), _plain(text["goal"])

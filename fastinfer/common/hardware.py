@@ -1,7 +1,6 @@
 """Which device and execution providers a backend should use on this machine, and how many threads.
 
-Kept free of heavy imports at module level: torch and onnxruntime are imported only by the
-functions that need them, so the HTTP front never loads them.
+torch and onnxruntime are imported only inside the functions that need them: the HTTP front never loads them.
 """
 
 from __future__ import annotations
@@ -18,12 +17,8 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class CpuBudget:
-    """How many threads this process should size its pools for, and where the figure came from.
-
-    ``count`` is min(CPU affinity, the cgroup CPU quota rounded up), at least 1; ``quota`` is the
-    tightest quota in CPUs (e.g. 1.5) or None when no cgroup limits the CPU time; ``source`` says it
-    in words (shown as ``cores_source`` by GET /backends and ``fastinfer doctor``).
-    """
+    """How many threads this process should size its pools for: min(CPU affinity, the tightest cgroup CPU quota
+    rounded up); ``quota`` in CPUs or None; ``source`` says it in words (``cores_source``)."""
 
     count: int
     affinity: int
@@ -51,8 +46,7 @@ class _Limit:
         return f"cgroup v1 cpu.cfs_quota_us/cpu.cfs_period_us {self.quota}/{self.period}{where}"
 
 
-# Where the hierarchies usually are when /proc/self/mountinfo does not say.
-_CGROUP_ROOT = "/sys/fs/cgroup"  # where v2 is mounted, and v1's hierarchies under it
+_CGROUP_ROOT = "/sys/fs/cgroup"  # where the hierarchies usually are when /proc/self/mountinfo does not say
 _V1_FALLBACKS = ("/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu")
 
 
@@ -76,8 +70,7 @@ def _inside(root: Path, absolute: str) -> Path:
 
 
 def _own_cgroups(text: str | None) -> tuple[str | None, str | None]:
-    """This process's cgroup paths from /proc/self/cgroup: the v2 one (``0::/path``) and the v1 one
-    whose controllers include ``cpu``."""
+    """This process's cgroup paths from /proc/self/cgroup: the v2 one and the v1 one with the ``cpu`` controller."""
     v2 = v1 = None
     for line in (text or "").splitlines():
         parts = line.strip().split(":", 2)
@@ -99,8 +92,7 @@ def _unescape(field: str) -> str:
 
 
 def _mounts(text: str | None) -> tuple[tuple[str, str] | None, tuple[str, str] | None]:
-    """(mount point, root of the mount in the hierarchy) of the cgroup v2 hierarchy and of the v1
-    hierarchy that holds the ``cpu`` controller, from /proc/self/mountinfo."""
+    """(mount point, root of the mount) of the cgroup v2 and the v1 ``cpu`` hierarchies, from mountinfo."""
     v2: list[tuple[str, str]] = []
     v1: list[tuple[str, str]] = []
     for line in (text or "").splitlines():
@@ -119,16 +111,14 @@ def _mounts(text: str | None) -> tuple[tuple[str, str] | None, tuple[str, str] |
 
 
 def _usual(mounts: list[tuple[str, str]]) -> tuple[str, str] | None:
-    """The mount under /sys/fs/cgroup where there are several (a host's hierarchy bind-mounted into a
-    container elsewhere, e.g. /host/sys/fs/cgroup, is not this process's), else the first."""
+    """The mount under /sys/fs/cgroup where there are several (a host's, bind-mounted elsewhere, is not ours)."""
     usual = [m for m in mounts if m[0] == _CGROUP_ROOT or m[0].startswith(_CGROUP_ROOT + "/")]
     return (usual or mounts or [None])[0]
 
 
 def _chain(mount: Path, mount_root: str, cgroup: str) -> list[tuple[Path, str]]:
-    """The process's cgroup folder and every ancestor up to the mount point, deepest first, each
-    with the cgroup path it stands for. A cgroup outside the mounted part (no cgroup namespace, the
-    container's own cgroup mounted) starts at the mount point: that is the nearest cgroup visible."""
+    """The process's cgroup folder and every ancestor up to the mount point, deepest first, with the cgroup path
+    each stands for. A cgroup outside the mounted part starts at the mount point: the nearest one visible."""
     root_parts = [p for p in mount_root.split("/") if p]
     parts = [p for p in cgroup.split("/") if p]
     if ".." in parts or parts[: len(root_parts)] != root_parts:
@@ -140,63 +130,47 @@ def _chain(mount: Path, mount_root: str, cgroup: str) -> list[tuple[Path, str]]:
     ]
 
 
-def _positive(text: str) -> int | None:
-    value = int(text)
-    return value if value > 0 else None
+def _limit(version: int, cgroup: str, quota: str, period: str) -> _Limit | None:
+    """Anything but two positive integers is no limit."""
+    try:
+        q, p = int(quota), int(period)
+    except ValueError:
+        return None
+    return _Limit(version, cgroup, q, p) if q > 0 and p > 0 else None
 
 
 def _v2_limit(folder: Path, cgroup: str) -> _Limit | None:
-    """``cpu.max``: "QUOTA PERIOD", or "max PERIOD" for no limit. Anything else: no limit."""
+    """``cpu.max``: "QUOTA PERIOD", or "max PERIOD" for no limit."""
     fields = (_read(folder / "cpu.max") or "").split()
-    if len(fields) != 2 or fields[0] == "max":
-        return None
-    try:
-        quota, period = _positive(fields[0]), _positive(fields[1])
-    except ValueError:
-        return None
-    return _Limit(2, cgroup, quota, period) if quota and period else None
+    return _limit(2, cgroup, *fields) if len(fields) == 2 and fields[0] != "max" else None
 
 
 def _v1_limit(folder: Path, cgroup: str) -> _Limit | None:
-    """``cpu.cfs_quota_us`` (-1: no limit) over ``cpu.cfs_period_us``. Anything else: no limit."""
+    """``cpu.cfs_quota_us`` (-1: no limit) over ``cpu.cfs_period_us``."""
     quota, period = _read(folder / "cpu.cfs_quota_us"), _read(folder / "cpu.cfs_period_us")
-    if quota is None or period is None:
-        return None
-    try:
-        q, p = _positive(quota.strip()), _positive(period.strip())
-    except ValueError:
-        return None
-    return _Limit(1, cgroup, q, p) if q and p else None
+    return None if quota is None or period is None else _limit(1, cgroup, quota.strip(), period.strip())
 
 
 def _cgroup_limits(root: Path) -> list[_Limit]:
-    """Every CPU quota on the way from this process's cgroups up to their hierarchies' roots (limits
-    nest: the tightest one binds), in v2 and in v1 (a hybrid machine has both)."""
+    """Every CPU quota from this process's cgroups up to their roots (the tightest binds), in v2 and v1."""
     proc = _inside(root, "/proc/self")
     v2_path, v1_path = _own_cgroups(_read(proc / "cgroup"))
     v2_mount, v1_mount = _mounts(_read(proc / "mountinfo"))
+    if v2_path is not None and v2_mount is None:
+        v2_mount = (_CGROUP_ROOT, "/")
+    if v1_path is not None and v1_mount is None:
+        v1_mount = (next((p for p in _V1_FALLBACKS if _inside(root, p).is_dir()), _V1_FALLBACKS[-1]), "/")
     limits: list[_Limit] = []
-    if v2_path is not None:
-        point, mount_root = v2_mount or (_CGROUP_ROOT, "/")
-        chain = _chain(_inside(root, point), mount_root, v2_path)
-        limits += [limit for folder, cgroup in chain if (limit := _v2_limit(folder, cgroup))]
-    if v1_path is not None:
-        if v1_mount is None:
-            found = next((p for p in _V1_FALLBACKS if _inside(root, p).is_dir()), _V1_FALLBACKS[-1])
-            v1_mount = (found, "/")
-        point, mount_root = v1_mount
-        chain = _chain(_inside(root, point), mount_root, v1_path)
-        limits += [limit for folder, cgroup in chain if (limit := _v1_limit(folder, cgroup))]
+    for path, mount, limit_of in ((v2_path, v2_mount, _v2_limit), (v1_path, v1_mount, _v1_limit)):
+        if path is not None and mount is not None:
+            chain = _chain(_inside(root, mount[0]), mount[1], path)
+            limits += [limit for folder, cgroup in chain if (limit := limit_of(folder, cgroup))]
     return limits
 
 
 def probe_cpu_budget(root: Path = Path("/"), affinity: int | None = None) -> CpuBudget:
-    """The CPU budget, read afresh: CPU affinity capped by the tightest cgroup CPU quota (rounded up).
-
-    ``root`` is where /proc and /sys are looked for, and ``affinity`` replaces the process's own
-    CPU affinity: tests lay cgroup files out in a temporary folder. An unreadable or garbled cgroup
-    file is no limit, never an error; on macOS there are no cgroups and the core count stands.
-    """
+    """The CPU budget, read afresh under ``root`` (tests lay cgroup files out in a folder); a garbled cgroup
+    file is no limit, never an error."""
     if affinity is None:
         cores, what = _affinity()
     else:
@@ -324,11 +298,8 @@ def _sysctl(name: str) -> str:
 
 
 def probe(check_torch: bool = False) -> dict[str, object]:
-    """OS, CPU, cores, the ISA features that matter, Apple chip/Neural Engine, MPS and CUDA.
-
-    ``check_torch`` imports torch to ask it about MPS and CUDA; without it CUDA is inferred from
-    the device files and MPS from the platform (the HTTP front never imports torch).
-    """
+    """OS, CPU, cores, the ISA features that matter, Apple chip/Neural Engine, MPS and CUDA (asking torch
+    only with ``check_torch``: the HTTP front never imports it)."""
     system = platform.system()
     arm = platform.machine().lower() in ("arm64", "aarch64")
     if system == "Darwin":

@@ -9,17 +9,14 @@ PROJECT_STORE = "bentoml_home"  # the folder, in the project, where `make` keeps
 
 
 def project_root() -> Path | None:
-    """The source checkout this package runs from (an editable install: `make venv`'s), or None where
-    it was installed elsewhere (a bento, a wheel): there only BENTOML_HOME (or BentoML's ~/bentoml) says."""
+    """The source checkout this package runs from (an editable install), or None (a bento, a wheel)."""
     root = Path(__file__).resolve().parents[2]
     return root if (root / "pyproject.toml").is_file() and (root / "service.py").is_file() else None
 
 
 def use_project_store() -> Path:
-    """Point BENTOML_HOME at the project's store (``./bentoml_home``) unless it is set already, and
-    return the home in force. Every command calls it first, so that ``fastinfer …``, ``python -m
-    build_models`` and ``python -m load_tests`` use the store ``make`` does wherever they run from,
-    rather than build a second one in ~/bentoml. BentoML reads BENTOML_HOME on its first store access."""
+    """Point BENTOML_HOME at the project's store unless it is set, and return the home in force: every command
+    calls it first, so that all use the store ``make`` does wherever they run from."""
     if not os.environ.get("BENTOML_HOME") and (root := project_root()) is not None:
         os.environ["BENTOML_HOME"] = str(root / PROJECT_STORE)
     return bentoml_home()
@@ -31,8 +28,7 @@ def bentoml_home() -> Path:
 
 
 def home_roots() -> list[str]:
-    """The home as written and as resolved (a symlink), longest first, without a trailing slash; never
-    the filesystem root: what a path on this server starts with when it is under the home."""
+    """The home as written and as resolved, longest first, without a trailing slash (never the root)."""
     home = str(bentoml_home())
     roots = {home.rstrip("/"), os.path.realpath(home).rstrip("/")}
     return sorted((root for root in roots if root), key=len, reverse=True)

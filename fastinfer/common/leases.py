@@ -1,11 +1,8 @@
 """Leases: a file that every process of one server holds a shared ``flock`` on while it lives.
 
-A server is a supervisor (``bentoml serve``) and its workers. Whether it still runs is not whether its
-supervisor's pid answers: after a ``kill -9`` of the supervisor its workers keep serving, unsupervised,
-and a pid can be reused by an unrelated process. The kernel knows the answer: a lock goes when the last
-process holding it exits, however it exits. So the supervisor creates the lease already locked, each
-worker takes the same shared lock at start, and another process asks whether anyone holds it by trying
-an exclusive lock without waiting.
+A pid says too little (after a ``kill -9`` of the supervisor its workers keep serving, and pids are reused); a
+lock goes when the last process holding it exits, however it exits. So the supervisor creates the lease locked,
+each worker takes the same shared lock, and another process asks by trying an exclusive lock without waiting.
 """
 
 from __future__ import annotations
@@ -18,14 +15,11 @@ import time
 from pathlib import Path
 
 _held: dict[str, int] = {}  # path → the descriptor that holds its lock, open for the life of the process
-
-
 DRAFT = ".draft"  # a lease being written; one left by a process killed meanwhile is swept (sweep_drafts)
 
 
 def create(path: Path, text: str) -> Path:
-    """Write ``text`` at ``path`` (a name of its own: it replaces what is there), held by this process
-    before it appears: no one ever sees it unheld."""
+    """Write ``text`` at ``path``, held by this process before it appears: no one ever sees it unheld."""
     path.parent.mkdir(parents=True, exist_ok=True)
     draft = path.with_name(f".{path.name}.{secrets.token_hex(8)}{DRAFT}")
     fd = os.open(draft, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
@@ -42,11 +36,9 @@ def create(path: Path, text: str) -> Path:
 
 
 def hold(path: Path, owner: int) -> bool:
-    """Hold the lease at ``path`` for the rest of this process's life (a worker of the server whose
-    supervisor, ``owner``, created it); False when it is gone, cannot be opened, or ``owner`` is no longer
-    this process's parent: a worker that starts as its server stops must not bring a lease back that no
-    one held meanwhile (a build may have taken it for dead). The supervisor holds it all its life, so a
-    parent still alive once the lock is taken held it throughout."""
+    """Hold the lease at ``path`` for the rest of this worker's life; False when it is gone, cannot be opened,
+    or ``owner`` (its supervisor) is no longer this process's parent: a lease no one held meanwhile may have
+    been taken for dead, and must not come back."""
     if str(path) in _held:
         return True
     try:
@@ -62,13 +54,11 @@ def hold(path: Path, owner: int) -> bool:
 
 
 def held(path: Path) -> bool:
-    """Whether a live process holds the lease at ``path`` (this one included). A file that cannot be
-    opened to ask is held, unless it is gone: what cannot be checked is never taken for dead."""
+    """Whether a live process holds the lease at ``path``; what cannot be checked is never taken for dead."""
     if str(path) in _held:
         return True
     try:
-        # Read-write where it may (NFS emulates flock with POSIX locks, whose LOCK_EX needs it), else read-only:
-        # another user's lease, which locally is asked just as well.
+        # Read-write where it may (NFS's emulated LOCK_EX needs it), else read-only: another user's lease.
         fd = os.open(path, os.O_RDWR)
     except PermissionError:
         try:

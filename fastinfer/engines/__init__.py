@@ -1,9 +1,5 @@
-"""One plain class per runtime: load an artifact from the store, run a uint8 batch → logits; and the
-model contract they share (input shape, the batch check).
-
-No BentoML, no HTTP: runners, the profiler, fidelity and build verification all use these. Imports
-common/ only (the backend table above names each engine class by its import path).
-"""
+"""One plain class per runtime (load an artifact, run a uint8 batch → logits) and the contract they share.
+No BentoML, no HTTP: runners, the profiler, fidelity and build verification all use these."""
 
 from __future__ import annotations
 
@@ -14,12 +10,8 @@ import numpy as np
 
 
 class Engine(Protocol):
-    """A loaded model that honours the contract uint8 [N,S,S,3] → float32 [N,C]: S its family's crop
-    size (``input_size``), C its family's class count.
-
-    Each engine class also has ``open(dirs, threads, **options)``: its stored model directories
-    (``{None: dir}``, or one per static batch size) and the options of its row in fastinfer/catalog/backends.py.
-    """
+    """A loaded model: uint8 [N,S,S,3] → float32 [N,C] (S: ``input_size``, C: the class count). Each engine class
+    also has ``open(dirs, threads, **options)``: ``{None: dir}`` or one dir per static batch size."""
 
     input_size: int  # S: read from the model itself where its runtime says it, so that nothing assumes 224
 
@@ -30,40 +22,26 @@ class Engine(Protocol):
         ...
 
     def identity(self) -> str:
-        """What decides its numbers beside the model: the runtime and its version, the device or execution
-        providers, the precision it actually computes at. Two engines with the same model and identity
-        answer the same (the response cache shares their answers; fastinfer/serving/cache.py)."""
+        """What decides its numbers beside the model (runtime, version, device, precision): the cache shares
+        answers between engines of the same model and identity."""
         ...
 
 
 class EngineUnavailable(RuntimeError):
-    """This machine cannot run this engine (its runtime crashes here, or lacks what was asked for).
-
-    Not a defect of the model: the build skips the artifact with the reason, a runner reports it.
-    """
+    """This machine cannot run this engine: not a defect of the model (the build skips it, a runner says so)."""
 
 
-# The default family's values (torchvision's ResNet50_Weights.IMAGENET1K_V2 transforms): defaults only. A
-# family's own travel with its stored models (fastinfer.catalog.store.PreprocessSpec, in the model graph).
+# The default family's values (torchvision's IMAGENET1K_V2 transforms); a family's own travel with its models.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 DEFAULT_INPUT_SIZE = 224
-MIN_INPUT_SIZE, MAX_INPUT_SIZE = 32, 1024
-"""The crop sizes a model may take: ResNet-50 downsamples by 32; beyond 1024 one image is ~12 MB of uint8
-and a batch of them no workload here."""
-
-
-MAX_ROWS = 256
-"""The most images one engine call takes: a batch beyond it is a caller's bug, not a workload."""
+MIN_INPUT_SIZE, MAX_INPUT_SIZE = 32, 1024  # ResNet-50 downsamples by 32; beyond 1024, no workload here
+MAX_ROWS = 256  # the most images one engine call takes: beyond, a caller's bug
 
 
 def check_batch(images: object, size: int | None = None) -> np.ndarray:
-    """The contract's input (uint8 [N,S,S,3], 1 <= N <= MAX_ROWS), or ValueError saying what is wrong.
-    ``size``: the S the model takes (its ``input_size``); None: any square S it could take.
-
-    Runners check at their door, so that a malformed array is refused with a clear message
-    instead of failing inside a batch with other callers' images.
-    """
+    """The contract's input (uint8 [N,S,S,3], 1 <= N <= MAX_ROWS, S ``size`` or any), else ValueError: runners
+    check at their door, rather than fail inside a batch with other callers' images."""
     if not isinstance(images, np.ndarray):
         raise ValueError(f"images must be a numpy array, not {type(images).__name__}")
     if images.dtype != np.uint8:
@@ -85,8 +63,7 @@ def warm_up(engine: Engine, batch_sizes: tuple[int, ...] = (1,)) -> None:
 
 
 def square_side(shape: Sequence[int | str | None]) -> int:
-    """S of a model input declared [N,S,S,3] (the batch may be symbolic), or ValueError: the runtimes
-    report the exported shape, which is the family's crop size."""
+    """S of a model input declared [N,S,S,3] (the batch may be symbolic), or ValueError."""
     dims = list(shape)
     if len(dims) != 4 or dims[3] != 3 or not isinstance(dims[1], int) or dims[1] != dims[2]:
         raise ValueError(f"the model's input is {dims}, not [N,S,S,3] with a fixed S")

@@ -1,9 +1,7 @@
 """CoreML FP16 engine over static-batch mlprograms (b1/b2/b4/b8).
 
-A batch of n images runs on the smallest static model >= n, padded with zeros; the answer is
-sliced back to n rows. More than the largest size is split into chunks. The choose/pad/slice
-logic is plain Python over ``predictors`` so it is tested on any OS with a stand-in model;
-real CoreML prediction needs macOS.
+A batch of n images runs on the smallest static model >= n, padded with zeros, and is sliced back to n rows;
+more than the largest is split. Plain Python over ``predictors``: tested anywhere with a stand-in model.
 """
 
 from __future__ import annotations
@@ -18,12 +16,10 @@ from fastinfer.engines import DEFAULT_INPUT_SIZE, square_side
 
 PACKAGE_DIR = "model.mlpackage"
 
-Predictor = Callable[[np.ndarray], np.ndarray]
-"""A static-batch model: [b,S,S,3] uint8 → [b,C] float32, for exactly its own b."""
+Predictor = Callable[[np.ndarray], np.ndarray]  # [b,S,S,3] uint8 → [b,C] float32, for exactly its own b
 
 
 def choose_batch(n: int, sizes: list[int]) -> int:
-    """The smallest static batch size >= n (the largest, if n exceeds them all)."""
     fitting = [s for s in sizes if s >= n]
     return min(fitting) if fitting else max(sizes)
 

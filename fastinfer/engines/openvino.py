@@ -1,25 +1,12 @@
 """OpenVINO engine: one compiled model over a stored IR directory (``model.xml`` + ``model.bin``).
 
-On x86 servers OpenVINO is the runtime made for the silicon: BF16 where the CPU has AVX-512 BF16 or
-AMX, VNNI/AMX kernels for the static QDQ INT8 model. Its "no silent fallbacks" report is the runtime
-precision of each layer, read from the compiled model; layers not running as intended become sentences.
+BF16 where the CPU has AVX-512 BF16 or AMX, VNNI/AMX kernels for the static INT8 model; the runtime precision of
+each layer is read from the compiled model, and layers not running as intended become sentences.
 
-Settings, chosen by measurement (2-core AMD EPYC, AVX-512 VNNI + BF16, OpenVINO 2026.4.1, 2 threads):
-
-* One stream, ``PERFORMANCE_HINT=LATENCY``, the whole batch in one request. The alternative, two streams of
-  one thread with the batch split across two concurrent requests, is 1.5-2x slower at batch 1 (INT8 23 vs
-  15 ms, BF16 45 vs 22 ms: one core idles) and only 5-10% faster at batches 2-8 (INT8 b8 10.2 vs 11.3 ms/img;
-  BF16 b8 21.6 vs 23.3). With a JPEG decoder busy on the same cores, the split's edge at b4-b8 came from
-  taking CPU away from the decoder (decodes/s 28 vs 34), so it did not raise the work done in total.
-* Against ORT (CPU EP, 2 threads, no spinning), ms/img in one run: INT8 b1 13.1 vs 24.2, b8 12.0 vs 17.6;
-  the FP32 model b1 23.5 (bf16) / 46.3 (forced f32) vs 52.1, b8 26.9 / 40.9 vs 53.1. Numbers move by 10-30%
-  between runs on this VM; the ratios hold.
-* ``ENABLE_CPU_PINNING=False``: LATENCY pins its threads to cores by default; with the decoder beside it,
-  the FP32 model (bf16) at b8 took 48.8 ms/img pinned and left the decoder 20 decodes/s, unpinned 43.3 ms/img
-  and 35 decodes/s.
-* Idle threads do not spin (about 1 ms of CPU per idle 0.5 s), unlike ORT's default: nothing to turn off.
-* A compiled-model cache (``cache_dir``) imports instead of recompiling: FP32 0.08 s -> 0.04 s, INT8
-  0.21 s -> 0.045 s here (the first run writes it: 98 MB / 25 MB). Small, but free after the first start.
+Settings, measured on a 2-core AVX-512 EPYC: one stream, ``PERFORMANCE_HINT=LATENCY``, the whole batch in one
+request (two half-batch streams were 1.5-2x slower at b1 and gained only by starving the JPEG decoder);
+``ENABLE_CPU_PINNING=False`` (pinned threads left the decoder 20 decodes/s instead of 35); a compiled-model
+cache (``cache_dir``) that imports instead of recompiling.
 """
 
 from __future__ import annotations
@@ -46,25 +33,15 @@ MODEL_FILE = "model.xml"
 PRECISIONS = ("auto", "bf16", "f32")  # FASTINFER_OPENVINO_PRECISION's values (fastinfer.catalog.config)
 EXPECTS = ("float", "int8")
 REPORTED_LAYERS = ("Convolution", "FullyConnected", "MatMul", "Pooling")
-COMPUTE_LAYERS = ("Convolution", "FullyConnected", "MatMul")
-"""The layers whose precision decides speed: the ones the fallback check looks at."""
+COMPUTE_LAYERS = ("Convolution", "FullyConnected", "MatMul")  # whose precision decides speed
 PREFLIGHT_TIMEOUT_S = 120
-MAX_REQUEST_ROWS = 32
-"""Rows per inference call: the reused request keeps the buffers of its largest batch (a 256-row batch
-left ~900 MB resident in BF16), and beyond 8-16 rows a bigger batch is no faster per image."""
-CPU_SIGNALS = {signal.SIGFPE, signal.SIGILL, signal.SIGSEGV, signal.SIGBUS}
-"""A child killed by one of these crashed on an instruction: about this CPU. Others (SIGKILL: out of
-memory, most likely) are about the moment."""
+MAX_REQUEST_ROWS = 32  # the reused request keeps its largest batch's buffers; beyond 8-16 rows no faster
+CPU_SIGNALS = {signal.SIGFPE, signal.SIGILL, signal.SIGSEGV, signal.SIGBUS}  # a crash about this CPU
 
 
 def import_openvino() -> Any:
-    """``import openvino`` without its usage telemetry.
-
-    ``import openvino`` itself (not only ``convert_model``) starts openvino_telemetry, which, unless
-    ``~/intel/openvino_telemetry`` holds "0" (``opt_in_out --opt_out``) or ``CI=true`` is set, writes
-    a client id under ``~/intel`` and forks a child process that posts to Google Analytics. When that
-    package cannot be imported, openvino uses its own no-op stub, so we make it unimportable here.
-    """
+    """``import openvino`` without its usage telemetry (which writes under ``~/intel`` and forks a child that
+    posts it): openvino uses a no-op stub when openvino_telemetry cannot be imported."""
     if "openvino" not in sys.modules:
         sys.modules.setdefault("openvino_telemetry", None)
     import openvino
@@ -73,8 +50,7 @@ def import_openvino() -> Any:
 
 
 def compile_config(threads: int, precision: str) -> dict[str, Any]:
-    """The CPU plugin properties this engine compiles with (the preflight child uses the same ones,
-    so that its cached blob is the parent's cache hit)."""
+    """The CPU plugin properties (the preflight child's too, so that its cached blob is the parent's hit)."""
     config: dict[str, Any] = {
         "PERFORMANCE_HINT": "LATENCY",
         "INFERENCE_NUM_THREADS": threads,
@@ -126,18 +102,13 @@ class OpenVinoEngine:
         self.input_size = square_side([d.get_length() if d.is_static else None for d in dims])  # the crop size
         self.runtime = f"OpenVINO {core.get_versions('CPU')['CPU'].build_number}"
         self.cpu = str(core.get_property("CPU", "FULL_DEVICE_NAME"))
-        # One request, reused (its buffers stay allocated); the lock makes concurrent callers take turns,
-        # which is all one stream could do anyway.
+        # One request, reused; concurrent callers take turns, which is all one stream could do anyway.
         self._request = self.compiled.create_infer_request()
         self._lock = threading.Lock()
 
     @classmethod
     def open(cls, dirs: Mapping[int | None, str], threads: int = 0, **options: Any) -> OpenVinoEngine:
-        """``dirs[None]`` is the model directory; options are passed through (precision, cache_dir, expect).
-
-        ``preflight=True`` first compiles in a child process (see :func:`preflight`), so that a crash of
-        OpenVINO on this CPU becomes an exception with the reason instead of a dead process.
-        """
+        """``dirs[None]`` is the model directory; ``preflight=True`` first compiles in a child (:func:`preflight`)."""
         model_dir = dirs[None]
         if options.get("cache_dir"):
             options["cache_dir"] = str(Path(cache_folder(options["cache_dir"], model_dir)) / content_key(model_dir))
@@ -183,8 +154,7 @@ class OpenVinoEngine:
 
 
 def check_precision(core: Any, precision: str) -> None:
-    """Refuse bf16 on a CPU without native BF16: OpenVINO would take the hint silently, emulated (slower
-    than f32) on AVX-512 or ignored (f32) on AVX2. Neither is what was asked for."""
+    """Refuse bf16 on a CPU without native BF16, which OpenVINO would emulate (slower) or ignore silently."""
     capabilities = core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
     if precision == "bf16" and "BF16" not in capabilities:
         raise EngineUnavailable(
@@ -194,23 +164,18 @@ def check_precision(core: Any, precision: str) -> None:
 
 
 def cache_folder(cache_root: str | Path, model_dir: str | Path) -> str:
-    """One cache folder per stored model version (``<root>/<name>/<version>``): a rebuild starts a new
-    one, and the build removes the superseded version's folder with the model (OpenVINO keys its
-    blobs by the model's path too, so old ones would otherwise pile up)."""
+    """One cache folder per stored model version (``<root>/<name>/<version>``), removed with the model."""
     return str(Path(cache_root) / Path(model_dir).parent.name / Path(model_dir).name)
 
 
 def content_key(model_dir: str | Path) -> str:
-    """The IR's files' content, as a cache sub-folder name. OpenVINO keys its blobs by the model's path
-    and compile settings, not by the weights: new weights under the same path (a store restored, a tag
-    re-imported) were served from the old blob (0.64 logits off the files on disk)."""
+    """The IR's files' content, as a cache sub-folder name: OpenVINO keys its blobs by path, not by weights."""
     xml = Path(model_dir) / MODEL_FILE
     return (file_sha256(xml)[:8] + file_sha256(xml.with_suffix(".bin"))[:8]) if xml.is_file() else "none"
 
 
 def usable_cache_dir(cache_dir: str | Path | None) -> str | None:
-    """The cache folder, created, or None where it cannot be written (a read-only container home):
-    the model then compiles at every start, which costs well under a second, rather than failing."""
+    """The cache folder, created, or None where it cannot be written: then it compiles at every start."""
     if not cache_dir:
         return None
     try:
@@ -230,8 +195,7 @@ def layer_precision(runtime_model: Any) -> dict[str, Counter[str]]:
     return dict(counts)
 
 
-def _text(value: Any) -> str:
-    # rt_info values are OVAny: str() gives "<OVAny class>", astype(str) the text.
+def _text(value: Any) -> str:  # rt_info values are OVAny: astype(str) gives the text
     return value.astype(str) if hasattr(value, "astype") else str(value)
 
 
@@ -242,11 +206,7 @@ def summary(counts: Counter[str]) -> str:
 
 
 def fallbacks(counts: Mapping[str, Counter[str]], expect: str, precision: str) -> list[str]:
-    """Human sentences for the compute layers that do not run at the intended precision.
-
-    INT8 model: Convolution / FullyConnected / MatMul must run in u8 or i8. Float model: in the compiled
-    precision when that is a reduced one (bf16); a forced or default f32 is what was asked for.
-    """
+    """Sentences for the compute layers not running at the intended precision (u8/i8, or a reduced float one)."""
     if expect == "int8":
         wanted, intent = {"u8", "i8"}, "INT8"
     elif precision in ("bf16", "f16"):
@@ -301,17 +261,9 @@ except Exception as e:
 def preflight(
     model_dir: str | Path, threads: int = 0, precision: str = "auto", cache_dir: str | Path | None = None
 ) -> None:
-    """Compile the model and run one image in a child process; raise why not, if it fails.
-
-    OpenVINO has crashed the whole process on some CPUs (a SIGFPE in compile_model on some AMD EPYC
-    models, in some releases); in a child, that becomes a reason instead of a dead runner. The child
-    fills ``cache_dir`` with the same properties as the engine, so the engine's own compile is then a
-    cache hit. Costs about 0.6 s (FP32) / 0.7 s (INT8) here: interpreter, import, compile, one image.
-
-    Raises :class:`EngineUnavailable` when the child crashed on an instruction (about this CPU: the
-    build skips the artifact, a runner does not retry), ``RuntimeError`` for anything else (a bad
-    model, a timeout, memory: a build fails, a runner retries later).
-    """
+    """Compile the model and run one image in a child process (~0.7 s), filling ``cache_dir`` for the engine:
+    OpenVINO has crashed whole processes on some CPUs (SIGFPE on some EPYCs). Raises EngineUnavailable for a
+    crash on an instruction (about this CPU: not retried), RuntimeError for anything else."""
     xml = Path(model_dir) / MODEL_FILE
     if not xml.is_file():
         raise FileNotFoundError(f"no OpenVINO IR at {xml}; run `python -m build_models`")

@@ -1,8 +1,7 @@
 """Eager PyTorch ResNet-50 (state_dict in the store, architecture from torchvision).
 
-Beside the state_dict, ``normalisation.json`` holds what the other runtimes carry in their graph: the
-family's mean and std, and the crop size its model takes. A model stored before families has none: it
-was built with the default family's (ImageNet's).
+Beside the state_dict, ``normalisation.json`` holds what the other runtimes carry in their graph: the family's
+mean, std and crop size (ImageNet's where missing).
 """
 
 from __future__ import annotations

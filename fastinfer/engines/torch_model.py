@@ -1,8 +1,7 @@
 """The uint8 model contract in PyTorch: ``uint8 [N,S,S,3] RGB → float32 logits [N,C]``.
 
-Cast, normalisation (the family's mean and std) and NHWC→NCHW live inside the module, so every export
-of it (ONNX, CoreML) carries them too and the front never normalises. Imports torch: keep this module
-out of the HTTP front.
+Cast, normalisation and NHWC→NCHW live inside the module, so every export carries them and the front never
+normalises. Imports torch: keep it out of the HTTP front.
 """
 
 from __future__ import annotations
@@ -19,10 +18,7 @@ class Uint8Classifier(nn.Module):
     """Wraps an NCHW float classifier so that it takes uint8 NHWC pixels."""
 
     def __init__(
-        self,
-        backbone: nn.Module,
-        mean: Sequence[float] = IMAGENET_MEAN,
-        std: Sequence[float] = IMAGENET_STD,
+        self, backbone: nn.Module, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD
     ) -> None:
         super().__init__()
         self.backbone = backbone
@@ -38,12 +34,9 @@ class Uint8Classifier(nn.Module):
 
 
 def resnet50(
-    state_dict: Mapping[str, torch.Tensor],
-    mean: Sequence[float] = IMAGENET_MEAN,
-    std: Sequence[float] = IMAGENET_STD,
+    state_dict: Mapping[str, torch.Tensor], mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD
 ) -> Uint8Classifier:
-    """torchvision's ResNet-50 with ``state_dict``'s weights behind the uint8 contract, in eval mode, with as
-    many classes as its final layer has (fc.weight [classes, 2048]): no class count is assumed here."""
+    """torchvision's ResNet-50 with ``state_dict``'s weights (any class count) behind the uint8 contract, in eval."""
     from torchvision.models import resnet50 as tv_resnet50
 
     backbone = tv_resnet50(weights=None, num_classes=int(state_dict["fc.weight"].shape[0]))

@@ -1,17 +1,9 @@
 """Top-1 and top-5 accuracy of a model family's backends on the user's own labelled photos.
 
-The photos are an ImageFolder-layout directory: one sub-folder per class, named as one of the family's
-labels (a label with no folder is simply not evaluated). Every image goes through the service's own
-preprocessing (fastinfer.serving.preprocess.prepare with the family's PreprocessSpec), so a backend is
-measured on exactly the pixels it would be served. An image that cannot be decoded, or has more
-pixels than the server takes (FASTINFER_MAX_PIXELS, :func:`pixel_limit`: the same files are skipped in
-process and through a server), is skipped and counted, never a crash; so are dangling symlinks and
-symlinked sub-folders (not followed). Memory: the prepared photos are held for every backend to run on,
-crop × crop × 3 bytes per image (150 kB at a 224-pixel crop: 5,000 photos take 750 MB), so an eval folder
-is a sample, not a whole dataset. Decoding takes one photo at a time up to ~12 bytes per pixel of it
-(about 600 MB at the default 50 M pixel limit; a JPEG less, decoded at a reduced scale). The build gates
-INT8/BF16 models on it (build_models/accuracy_gate.py); ``fastinfer evaluate`` measures what is stored,
-in process or through a running server.
+The photos are an ImageFolder-layout directory: one sub-folder per class, named as one of the family's labels.
+Every image goes through the service's own preprocessing, so a backend is measured on the pixels it would be
+served; one that cannot be decoded or exceeds FASTINFER_MAX_PIXELS is skipped and counted, never a crash. The
+prepared photos are held in memory (150 kB each at a 224 crop), so an eval folder is a sample, not a dataset.
 """
 
 from __future__ import annotations
@@ -31,14 +23,11 @@ from fastinfer.common.errors import ImageTooLarge, InvalidImage
 from fastinfer.engines import Engine
 from fastinfer.serving.preprocess import prepare
 
-BATCH = 16
-"""Images per engine call: OpenVINO gains nothing beyond 8-16 rows (fastinfer/engines/openvino.py)."""
+BATCH = 16  # images per engine call: OpenVINO gains nothing beyond 8-16 rows
 TOP_K = 5
-LISTED = 8
-"""Names listed in a one-line error before "and N more"."""
+LISTED = 8  # names listed in a one-line error before "and N more"
 
-Progress = Callable[[str, int, int], None]
-"""``(what, done, total)``: called after each batch, e.g. ("onnx-int8", 64, 120)."""
+Progress = Callable[[str, int, int], None]  # (what, done, total), after each batch
 
 
 class EvalDirError(ValueError):
@@ -91,15 +80,9 @@ def _listed(names: Sequence[str]) -> str:
 
 
 def scan(root: Path, labels: Sequence[str] | None) -> EvalFolder:
-    """The files of an ImageFolder-layout directory, each with its class's index in ``labels`` (None: the
-    labels are not known here, as from a server that does not list them; every class folder is then a
-    label, indexed in sorted order).
-
-    EvalDirError (one line) when the directory is missing or holds no class folder or no file, or when
-    a class folder's name is not one of the labels. Hidden files and folders (``.DS_Store``,
-    ``.ipynb_checkpoints``) are not photos and are ignored, as ImageFolder's loader would not read them.
-    Anything else that is not a photo to read is counted in ``skipped`` with why: a file outside any class
-    folder, a dangling symlink, a symlinked sub-folder (not followed: it may loop), a FIFO or socket."""
+    """The files of an ImageFolder-layout directory, each with its class's index in ``labels`` (None: every
+    class folder is a label, in sorted order). EvalDirError (one line) when it cannot be measured. Hidden
+    entries are ignored, as ImageFolder does; anything else that is no photo is counted in ``skipped``."""
     where = f"eval folder {root}"
     if not root.exists():
         raise EvalDirError(f"{where} does not exist")
@@ -132,14 +115,8 @@ def scan(root: Path, labels: Sequence[str] | None) -> EvalFolder:
     if not files:
         raise EvalDirError(f"{where}: its {len(folders)} class folder(s) hold no files")
     present = {p.name for p in folders}
-    return EvalFolder(
-        root=root,
-        files=files,
-        targets=targets,
-        unevaluated=[label for label in labels if label not in present],
-        labels=list(labels),
-        skipped=skipped,
-    )
+    unevaluated = [label for label in labels if label not in present]
+    return EvalFolder(root, files, targets, unevaluated, list(labels), skipped)
 
 
 def _not_read(path: Path) -> str | None:
@@ -156,8 +133,7 @@ def _hidden(path: Path, top: Path) -> bool:
 
 
 def pixel_limit() -> int:
-    """The most pixels an eval photo may have: the server's FASTINFER_MAX_PIXELS (50 M by default), so that
-    a photo the server would refuse is skipped in process too, before a 31000×31000 PNG takes 4 GB."""
+    """The server's FASTINFER_MAX_PIXELS: a photo the server would refuse is skipped in process too."""
     from fastinfer.catalog.config import get_settings
 
     try:
@@ -173,9 +149,7 @@ def load(
     progress: Progress | None = None,
     max_pixels: int | None = None,
 ) -> EvalSet:
-    """:func:`scan`, then every file through the service's preprocessing; undecodable files, and those of
-    more than ``max_pixels`` (default: :func:`pixel_limit`), are skipped and counted. EvalDirError when not
-    one file could be decoded."""
+    """:func:`scan`, then every file through the service's preprocessing, skipping those it refuses."""
     folder = scan(root, labels)
     limit = pixel_limit() if max_pixels is None else max_pixels
     skipped = list(folder.skipped)
@@ -198,21 +172,12 @@ def load(
     if not pixels:
         raise EvalDirError(f"eval folder {root}: none of its {total} file(s) could be decoded as an image "
                            f"(first: {skipped[-1].path}: {skipped[-1].why})")  # fmt: skip
-    return EvalSet(
-        root=root,
-        pixels=np.stack(pixels),
-        targets=np.asarray(targets, dtype=np.int64),
-        files=kept,
-        skipped=skipped,
-        unevaluated=folder.unevaluated,
-        labels=list(labels),
-    )
+    targets_array = np.asarray(targets, dtype=np.int64)
+    return EvalSet(root, np.stack(pixels), targets_array, kept, skipped, folder.unevaluated, list(labels))
 
 
 def ranked(logits: np.ndarray, k: int = TOP_K) -> np.ndarray:
-    """Each image's ``k`` best classes (all C of them when C < k), best first, ranked as the service ranks
-    its answers (fastinfer.serving.postprocess.top_k: ties towards the lower class index), so that the
-    figure in process and the one through HTTP agree."""
+    """Each image's ``k`` best classes, best first, ties towards the lower index as the service ranks them."""
     logits = np.asarray(logits)
     if logits.ndim != 2:
         raise ValueError(f"logits must be [N, C], not {list(logits.shape)}")
@@ -227,8 +192,7 @@ def topk_hits(best: Sequence[Sequence[int]] | np.ndarray, targets: Sequence[int]
 
 
 def ranked_accuracy(best: Sequence[Sequence[int]] | np.ndarray, targets: Sequence[int] | np.ndarray) -> Accuracy:
-    """Top-1 and top-5 accuracy from each image's best classes (a server's ``top_k`` answers, or
-    :func:`ranked` logits) against its class index."""
+    """Top-1 and top-5 accuracy from each image's best classes against its class index."""
     if len(targets) == 0:
         raise ValueError("no images to measure accuracy on")
     return Accuracy(
@@ -239,14 +203,11 @@ def ranked_accuracy(best: Sequence[Sequence[int]] | np.ndarray, targets: Sequenc
 
 
 def accuracy(logits: np.ndarray, targets: Sequence[int] | np.ndarray) -> Accuracy:
-    """Top-1 and top-5 accuracy of ``logits`` [N, C] against class indices ``targets`` [N]."""
     return ranked_accuracy(ranked(logits), targets)
 
 
 def top1_drop_pp(reference_top1: float, top1: float) -> float:
-    """How many percentage points ``top1`` falls below ``reference_top1`` (negative: above it), the one figure
-    the table shows and the build's --max-accuracy-drop holds; rounded to 6 places, so that 1 image in 100
-    is exactly 1 point, not 1.0000000000000009."""
+    """Percentage points ``top1`` falls below ``reference_top1``, rounded so that 1 image in 100 is exactly 1."""
     return round((reference_top1 - top1) * 100, 6)
 
 
@@ -257,8 +218,7 @@ def run(
     progress: Progress | None = None,
     batch: int = BATCH,
 ) -> np.ndarray:
-    """``predict`` (an engine's ``run``, or the build's PyTorch model) over ``pixels`` in batches, with
-    progress after each: the logits [N, C]."""
+    """``predict`` over ``pixels`` in batches, with progress after each: the logits [N, C]."""
     out = []
     for start in range(0, len(pixels), batch):
         out.append(np.asarray(predict(pixels[start : start + batch])))
@@ -270,16 +230,13 @@ def run(
 def measure(
     name: str, engine: Engine, images: EvalSet, progress: Progress | None = None, rows_independent: bool = True
 ) -> Accuracy:
-    """One engine's accuracy on the set. ``rows_independent=False`` (dynamic INT8: its scales are per
-    batch) runs one image per call, as it is served."""
+    """One engine's accuracy; ``rows_independent=False`` (dynamic INT8) runs one image per call, as served."""
     logits = run(name, engine.run, images.pixels, progress, BATCH if rows_independent else 1)
     return accuracy(logits, images.targets)
 
 
 def run_precision(backend: str, described: dict[str, Any]) -> str:
-    """The precision an engine actually computes in: int8 for the quantized models, else what it says
-    (OpenVINO: its runtime precision, bf16 or f32, written fp32 here), else fp32 (ONNX Runtime and
-    PyTorch run the graph as it is)."""
+    """The precision an engine actually computes in: int8, else what it says, else fp32."""
     if "int8" in backend:
         return "int8"
     if not described.get("precision") and "CoreMLExecutionProvider" in described.get("execution_providers", []):
@@ -380,8 +337,7 @@ def _pct(value: float | None) -> str:
 
 
 def printer(write: Callable[[str], None] | None = None, every_s: float = 2.0) -> Progress:
-    """A progress callback that writes ``"onnx-int8: 64/120 images"`` (to stderr by default) at most every
-    ``every_s`` seconds per task, and always its last step."""
+    """A progress callback writing ``"onnx-int8: 64/120 images"`` at most every ``every_s`` s, and the last step."""
     out = write or (lambda line: print(line, file=sys.stderr, flush=True))
     last: dict[str, float] = {}
 

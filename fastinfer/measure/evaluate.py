@@ -1,15 +1,9 @@
 """``fastinfer evaluate``: the accuracy of what is stored for a family, on the user's labelled photos.
 
-In process (each backend's engine opened from this machine's store, as ``fastinfer fidelity`` does), or
-through a running server's ``POST /classify`` (``--url``): every answer is then computed by the server for
-this request (``Cache-Control: no-cache``; ``no-store`` keeps the eval photos out of its cache), the photos
-are decoded and preprocessed by the server itself, and each answer is scored by the label names it
-returns against its photo's folder name, checked against the labels the server lists (GET /backends'
-``family.labels``): no local store is needed, and a server whose labels differ from this machine's is
-scored by its own. The drop is measured against the PyTorch model's figure on the same photos (the stored
-one, or the server's). The speed beside it is what ``make bench`` served of this family on this machine,
-where it ran. Photos of more pixels than FASTINFER_MAX_PIXELS are skipped in process as the server skips
-them (memory per photo: fastinfer.measure.accuracy).
+In process (each backend's engine opened from this machine's store), or through a running server's
+``POST /classify`` (``--url``, uncached): answers are then scored by the label names they return against the
+photo's folder, so no local store is needed. The drop is measured against PyTorch on the same photos; the speed
+beside it is what ``make bench`` served of this family on this machine, where it ran.
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from fastinfer.catalog import choice, holdings, rebuild, store
+from fastinfer.catalog import choice, holdings, store
 from fastinfer.catalog.backends import SPECS, open_engine
 from fastinfer.catalog.store import PreprocessSpec, StoredModelInfo
 from fastinfer.common import hardware
@@ -28,15 +22,12 @@ from fastinfer.measure import accuracy
 from fastinfer.measure.accuracy import EvalFolder, EvalSet, Progress, Report, Row, Skipped
 
 REFERENCE_BACKEND = "pytorch"
-HTTP_CLIENTS = 4
-"""Concurrent requests in ``--url`` mode: enough to keep a small server's batches full, few enough that
-the client leaves it the cores."""
+HTTP_CLIENTS = 4  # enough to keep a small server's batches full, few enough to leave it the cores
 HTTP_TIMEOUT_S = 120
+# A server's answers about the file itself (a proxy may answer 413/415 without our body): the photo is skipped.
+# Any other failure is the server's, and the backend is not measured.
 PHOTO_CODES = ("invalid_image", "image_too_large", "payload_too_large", "unsupported_media_type")
 PHOTO_STATUSES = (413, 415)
-"""A server's answers about the file itself, by its error code (or by a status only a file earns, as a
-proxy in front may answer without FastInfer's body): the photo is skipped and counted, as in process. Any
-other failure is the server's, and the backend is not measured."""
 
 
 class EvaluateError(RuntimeError):
@@ -48,24 +39,13 @@ def _named(name: str, by_option: bool) -> str:
     return f"--model {name}" if by_option else f"{store.FAMILY_ENV}={name}"
 
 
-def no_family(name: str, by_option: bool) -> str:
-    """The store holds no model of family ``name``: what it holds, how to build it, what to evaluate instead."""
-    found = holdings.held()
-    others = [f for f in found if f != name]
-    holds = ", ".join(f"{f} ({len(found[f])} models)" for f in others) or "no model family at all"
-    instead = f", or evaluate one it holds ({_named(others[0], by_option)})" if others else ""
-    return (f"the model store holds no model of family {name!r} ({_named(name, by_option)}); it holds {holds}. "
-            f"Build it with {rebuild.build_command(name)}{instead}")  # fmt: skip
-
-
 def family_info(name: str, by_option: bool = False) -> StoredModelInfo:
-    """Labels and preprocessing of a family, from one of its stored models (PyTorch's where stored: all of
-    a family's models carry the same). EvaluateError saying what the store holds when it has none of it."""
+    """Labels and preprocessing of a family, from one of its stored models (PyTorch's first)."""
     import bentoml
 
     names = holdings.held().get(name, [])
     if not names:
-        raise EvaluateError(no_family(name, by_option))
+        raise EvaluateError(str(holdings.missing_reason(name, "evaluate", lambda n: _named(n, by_option))))
     for stored in sorted(names, key=lambda n: n != store.model_name(REFERENCE_BACKEND, family_name=name)):
         try:
             return store.describe(bentoml.models.get(f"{stored}:latest"))
@@ -75,8 +55,7 @@ def family_info(name: str, by_option: bool = False) -> StoredModelInfo:
 
 
 def chosen_backends(asked: str | None, known: Sequence[str]) -> list[str] | None:
-    """``--backends a,b`` checked against ``known`` (EvaluateError naming the unknown ones, or saying none
-    was named); None when not given."""
+    """``--backends a,b`` checked against ``known``; None when not given."""
     if asked is None:
         return None
     names = [n.strip() for n in asked.split(",") if n.strip()]
@@ -88,8 +67,7 @@ def chosen_backends(asked: str | None, known: Sequence[str]) -> list[str] | None
 
 
 def with_reference(report: Report, reference: str) -> Report:
-    """Each measured row's top-1 drop against the PyTorch row's (``reference``: what that row is), when
-    PyTorch was measured."""
+    """Each measured row's top-1 drop against the PyTorch row's, when PyTorch was measured."""
     ref = next((r for r in report.rows if r.backend == REFERENCE_BACKEND and r.top1 is not None), None)
     for row in report.rows:
         if ref is not None and ref.top1 is not None and row.top1 is not None:
@@ -99,8 +77,7 @@ def with_reference(report: Report, reference: str) -> Report:
 
 
 def with_speed(report: Report) -> Report:
-    """Each row's req/s served at choice.SERVED_USERS clients by ``make bench`` on this machine, where it
-    measured this report's family (a bench of another family's models is not this one's speed)."""
+    """Each row's req/s served by ``make bench`` on this machine, where it measured this report's family."""
     name = str(report.extra.get("family") or store.DEFAULT_FAMILY)
     rates, why = choice.served_here(choice.served_result(), hardware.probe(), name)
     for row in report.rows:
@@ -110,9 +87,7 @@ def with_speed(report: Report) -> Report:
 
 
 def in_process(root: Path, backends: Sequence[str] | None, progress: Progress, name: str, by_option: bool) -> Report:
-    """Each backend of family ``name`` opened from the store and run on the photos. A backend that cannot
-    run here or fails to load is a row saying why. The family is passed to every lookup: this process's
-    FASTINFER_MODEL is left as it is."""
+    """Each backend of family ``name`` opened from the store and run on the photos (or a row saying why not)."""
     info = family_info(name, by_option)
     sets: dict[tuple[tuple[str, ...], PreprocessSpec], EvalSet] = {}
 
@@ -190,10 +165,8 @@ def through_server(
     family_name: str | None = None,
     clients: int = HTTP_CLIENTS,
 ) -> Report:
-    """Each backend of a running server, asked about every photo by ``POST /classify`` (the server decodes
-    and preprocesses it). The folder is checked against the labels the server lists for its family
-    (``family_name`` when given: the server must serve it); each answer is scored by the labels it returns.
-    Nothing of this machine's model store is read."""
+    """Each backend of a running server, asked about every photo by ``POST /classify``, the folder checked
+    against the labels the server lists. Nothing of this machine's model store is read."""
     import httpx
 
     url = url.rstrip("/")
@@ -246,17 +219,13 @@ def _ask_all(
     progress: Progress,
     skipped: dict[str, Skipped],
 ) -> tuple[list[list[int]], list[int], str | None]:
-    """Every photo of ``folder`` to ``backend`` through ``POST /classify``, ``clients`` at a time: each answered
-    photo's ranked labels, as indices into ``folder.labels`` (-1: a label not among them), and its target,
-    and the first failure that is the server's (then the backend is not measured). A photo the server
-    refuses as such (not an image, too large) goes into ``skipped``."""
+    """Every photo of ``folder`` to ``backend``, ``clients`` at a time: each answer's ranked label indices (-1:
+    unknown), its target, and the server's first failure; a photo the server refuses goes into ``skipped``."""
     import httpx
 
     index = {label: i for i, label in enumerate(folder.labels)}
 
-    def ask(path: Path) -> tuple[str, Any]:
-        """("ok", the answer's labels, best first), ("photo", why the server refused this file), or
-        ("failed", what went wrong)."""
+    def ask(path: Path) -> tuple[str, Any]:  # ("ok", labels) | ("photo", why refused) | ("failed", why)
         try:
             answer = client.post(f"{url}/classify", files={"image": (path.name, path.read_bytes())},
                                  data={"backend": backend, "top_k": str(k)})  # fmt: skip
@@ -304,8 +273,7 @@ def evaluate(
     progress: Progress | None = None,
     family_name: str | None = None,
 ) -> Report:
-    """The accuracy report of a family (``family_name``, the --model option; default: this process's) on
-    ``root``; ``url``: through that server. EvaluateError when not one backend could be measured."""
+    """The accuracy report of a family on ``root`` (through the server at ``url``, if given)."""
     progress = progress or accuracy.printer()
     names = chosen_backends(backends, list(SPECS))
     chosen = store.check_family(family_name) if family_name else None

@@ -1,7 +1,4 @@
-"""Real photos shipped by scikit-image, for verification, calibration, tests and load tests.
-
-No network: these files are part of the installed package.
-"""
+"""Real photos shipped by scikit-image (no network), for verification, calibration, tests and load tests."""
 
 from __future__ import annotations
 
@@ -11,7 +8,7 @@ from pathlib import Path
 
 from PIL import Image
 
-PHOTOS: tuple[str, ...] = (
+PHOTOS: tuple[str, ...] = (  # natural photos (colour and greyscale) in scikit-image's data directory
     "astronaut.png",
     "chelsea.png",
     "coffee.png",
@@ -25,7 +22,6 @@ PHOTOS: tuple[str, ...] = (
     "camera.png",
     "brick.png",
 )
-"""Natural photos (colour and greyscale) in scikit-image's data directory."""
 
 
 def photo_dir() -> Path:
@@ -36,7 +32,6 @@ def photo_dir() -> Path:
 
 
 def load(name: str) -> Image.Image:
-    """One sample photo as an RGB image."""
     with Image.open(photo_dir() / name) as img:
         return img.convert("RGB")
 
@@ -67,9 +62,8 @@ def size_class(width: int, height: int) -> str:
 
 
 def benchmark_pool(directory: Path | None = None) -> list[tuple[str, bytes]]:
-    """60 distinct JPEGs: each of the 12 photos whole, as a 1.5 MP rescale, as an ~8.3 MP phone-size
-    rescale (3520 px wide), as a 60% centre crop and re-encoded at quality 75. Deterministic; cached
-    in ``directory`` when given (generating the phone-size ones takes a few seconds)."""
+    """60 distinct JPEGs: each photo whole, at 1.5 MP, at ~8.3 MP (a phone's), a 60% centre crop and at quality 75.
+    Deterministic; cached in ``directory`` when given."""
     if directory is not None and directory.is_dir():
         files = sorted(directory.glob("*.jpg"))
         if len(files) == len(PHOTOS) * 5:

@@ -106,8 +106,7 @@ def plot_stages(sequential: list[dict[str, Any]], path: Path) -> None:
 
 
 def plot_served(splits: list[dict[str, Any]], path: Path) -> None:
-    """Per served run: the CPU per request of decode and inference (in-process figures), then the server's
-    CPU beyond them by cause; the req/s served and the share of the ceiling without HTTP at the bar's end."""
+    """Per served run: the CPU per request of decode and inference, then the server's CPU beyond them by cause."""
     plt = pyplot()
     names = [
         f"{s['backend']} ({'in front' if s['placement'] == 'front worker' else 'runner'}"
@@ -140,9 +139,8 @@ def plot_served(splits: list[dict[str, Any]], path: Path) -> None:
 
 
 def plot_accuracy(rows: list[dict[str, Any]], path: Path, family: str, images: int, speed_source: str = "") -> None:
-    """Top-1 accuracy against the req/s ``make bench`` served of this family, one point per backend, where both
-    were measured (the trade a user picks a backend on); else top-1 (and top-5) per backend as bars, titled
-    with why there is no speed (``speed_source``: e.g. a bench of another family, ignored)."""
+    """Top-1 accuracy against the req/s ``make bench`` served, per backend, where both were measured; else top-1
+    and top-5 per backend as bars, titled with why there is no speed."""
     plt = pyplot()
     measured = [r for r in rows if r.get("top1") is not None]
     paired = [r for r in measured if r.get("req_per_s")]

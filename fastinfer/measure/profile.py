@@ -1,15 +1,8 @@
 """The cost of each stage of a request, measured in-process, and the ceiling they allow.
 
-For each stage we measure CPU time (``time.process_time``: every thread of this process), because
-on a CPU-only machine the front's decoding and the runner's inference share the same cores: the
-ceiling is ``cores / CPU-seconds per request``, and the binding stage is the one that costs the
-most CPU. Decode and preprocess are measured per image size class and over the whole benchmark
-pool (the mix locust sends, each photo equally often); inference per backend and batch size.
-
-What the HTTP path costs beyond these stages cannot be measured in-process. ``python -m load_tests``
-measures it on a live server (:func:`http_cost`: the CPU the front and the runner processes used per
-request, less the in-process stages) and recomputes the ceilings with it; ``fastinfer profile`` alone
-has no server and uses :data:`HTTP_OVERHEAD_MS`, an estimate, and says so.
+Each stage is measured in CPU time (every thread of this process): on a CPU-only machine decoding and inference
+share the cores, so the ceiling is ``cores / CPU-seconds per request``. The HTTP path's cost is measured on a
+live server by ``python -m load_tests`` (:func:`http_cost`); ``fastinfer profile`` alone uses an estimate.
 """
 
 from __future__ import annotations
@@ -18,6 +11,7 @@ import io
 import math
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -31,18 +25,12 @@ from fastinfer.measure import photos
 from fastinfer.serving.postprocess import top_k
 from fastinfer.serving.preprocess import decode, resize_and_crop
 
-# What the HTTP path costs beyond the stages (receiving and parsing the body, the front→runner hop
-# with 150 KB each way, JSON) when no server was measured. An ESTIMATE: `make bench` measured 5–13
-# CPU ms per request for the backends whose runner overhead is not lost in noise (BENCHMARKS.md,
-# "The HTTP path, measured", AMD EPYC, 2026-12-03); we count 8. The bench replaces it per backend.
+# The HTTP path's CPU per request when no server was measured: an ESTIMATE (`make bench` measured 5–13 ms).
 HTTP_OVERHEAD_MS = 8.0
-POOL = "pool"
-"""The detail of the stages measured over the whole benchmark pool: the mix locust sends."""
-PHOTO = "benchmark photo"
-"""The detail of the stages measured on photos.benchmark_photo(): what the sequential step sends."""
+POOL = "pool"  # stages measured over the benchmark pool: the mix locust sends
+PHOTO = "benchmark photo"  # stages measured on photos.benchmark_photo(): what the sequential step sends
 SIZE_CLASSES = ("small", "medium", "phone")
-POOL_PILLOW = "pool, Pillow alone"
-"""The pool's decode by Pillow alone, without the libjpeg-turbo path: what it is compared with."""
+POOL_PILLOW = "pool, Pillow alone"  # the pool's decode without the libjpeg-turbo path
 
 
 def cpu_and_wall(fn: Callable[[], Any], repeats: int) -> tuple[float, float]:
@@ -80,12 +68,8 @@ class Ceiling:
 
 @dataclass
 class HttpCost:
-    """The HTTP path's CPU per request for one backend, measured on a live server.
-
-    front_overhead = the front workers' CPU per request − in-process decode + preprocess + postprocess
-    of the same pool; runner_overhead = the runner's CPU per request − in-process inference CPU per
-    image at ``batch``. http_ms = their sum, clamped at 0; each part is kept as measured (a negative
-    part says the in-process figure over-counts what the server does, e.g. larger batches)."""
+    """The HTTP path's CPU per request for one backend, measured on a live server: each process's CPU per
+    request less its in-process stages; http_ms is their sum, clamped at 0."""
 
     backend: str
     users: int
@@ -102,8 +86,7 @@ class HttpCost:
 
 
 def profile_front(pool: list[tuple[str, bytes]], spec: PreprocessSpec, repeats: int) -> list[StageCost]:
-    """Decode and preprocess costs, one image at a time: per size class, over the whole pool (mean per
-    image, each photo once: the mix locust sends) and for the sequential step's photo; postprocess."""
+    """Decode and preprocess costs per image: per size class, over the pool, for the benchmark photo; postprocess."""
     by_class: dict[str, list[bytes]] = {}
     for _, data in pool:
         by_class.setdefault(_size_class(data), []).append(data)
@@ -131,12 +114,7 @@ def _size_class(data: bytes) -> str:
 
 
 def pool_sizes(pool: list[tuple[str, bytes]]) -> dict[str, int]:
-    """How many photos of each size class the pool holds."""
-    counts: dict[str, int] = {}
-    for _, data in pool:
-        cls = _size_class(data)
-        counts[cls] = counts.get(cls, 0) + 1
-    return dict(sorted(counts.items()))
+    return dict(sorted(Counter(_size_class(data) for _, data in pool).items()))
 
 
 def profile_inference(engines: dict[str, Any], batches: list[int], repeats: int) -> list[StageCost]:
@@ -153,11 +131,14 @@ def _stage(costs: list[StageCost], stage: str, detail: str, what: str = "cpu_ms"
     return next((getattr(c, what) for c in costs if c.stage == stage and c.detail == detail), None)
 
 
+def _post(costs: list[StageCost]) -> float:
+    return next((c.cpu_ms for c in costs if c.stage == "postprocess"), 0.0)
+
+
 def front_stages_ms(costs: list[StageCost], detail: str = POOL) -> float | None:
     """In-process CPU of decode + preprocess + postprocess per image of ``detail`` (None if not measured)."""
     decode_ms, prep_ms = _stage(costs, "decode", detail), _stage(costs, "preprocess", detail)
-    post = next((c.cpu_ms for c in costs if c.stage == "postprocess"), 0.0)
-    return None if decode_ms is None or prep_ms is None else decode_ms + prep_ms + post
+    return None if decode_ms is None or prep_ms is None else decode_ms + prep_ms + _post(costs)
 
 
 def in_process_latency_ms(costs: list[StageCost], backend: str) -> float | None:
@@ -180,10 +161,8 @@ def _per_image(costs: list[StageCost], backend: str) -> list[tuple[int, float]]:
 
 
 def inference_at(costs: list[StageCost], backend: str, batch: float) -> float | None:
-    """In-process inference CPU per image at a mean batch size (rows ÷ model calls): the profiled size
-    itself, else ``a + o / batch`` through the profiled sizes around it (a per-image cost plus a per-call
-    one shared by the batch's images), clamped to them. With calls of sizes b_i that model's mean per image
-    is exactly a + o × calls ÷ rows, so the mean batch is all it needs. None if nothing was profiled."""
+    """In-process inference CPU per image at a mean batch size: ``a + o / batch`` (a per-image cost plus a
+    per-call one) through the profiled sizes around it, clamped to them. None if nothing was profiled."""
     per_image = _per_image(costs, backend)
     if not per_image:
         return None
@@ -199,18 +178,9 @@ def inference_at(costs: list[StageCost], backend: str, batch: float) -> float | 
 @dataclass
 class ServedSplit:
     """One served run against the engine's ceiling without HTTP, and the server's CPU beyond decode and
-    inference, by cause (CPU ms per request; the causes sum to ``beyond_ms``).
-
-    base = in-process decode + preprocess (the pool's mix) + postprocess + inference per image at the
-    batch the runner formed (:func:`inference_at`); where the run's own decode or engine threads spent
-    less per request than that (the machine ran faster than while profiling), the run's figure
-    (``base_from_run``; down to :data:`DRIFT` of the profile), so that neither the share nor "beyond" is
-    flattered more than by the profile. Causes (empty where the threads were not read, as off Linux),
-    from each server thread's CPU (load_tests/cpu.py):
-    the front's event loop (HTTP, middleware, cache, JSON, the client side of the hop) less postprocess;
-    the runner's event loop (the hop's server side: HTTP, unpickling, the batcher); decode threads beyond
-    the in-process decode (contention, copies); engine threads beyond the in-process inference (a parallel
-    region whose thread is preempted waits: contention with decode); other processes and threads."""
+    inference, by cause (CPU ms per request, from each server thread's CPU; the causes sum to ``beyond_ms``).
+    Where the run's own decode or engine threads spent less than profiled (down to :data:`DRIFT`), the run's
+    figure is the base (``base_from_run``)."""
 
     backend: str
     users: int
@@ -229,20 +199,16 @@ class ServedSplit:
     missed_processes: int = 0  # server processes the run's first CPU reading missed: its figures understate
 
 
-DRIFT = 0.75
-"""A run's decode or engine threads may spend this share of the profiled figure and still be the same
-work at another speed: this VM's per-request CPU moved 15–35% between runs of one configuration."""
+DRIFT = 0.75  # a run may spend this share of the profiled CPU and still be the same work (VMs drift 15–35%)
 
 
 def served_split(
     costs: list[StageCost], cores: int, run: Mapping[str, Any], placement: str = "runner process"
 ) -> ServedSplit | None:
-    """:class:`ServedSplit` of one locust run (its ``cpu`` with per-thread figures); None where the run or
-    the profile lacks what it needs."""
+    """:class:`ServedSplit` of one locust run; None where the run or the profile lacks what it needs."""
     cpu = run.get("cpu") or {}
     threads = cpu.get("threads_ms_per_request") or {}
-    decode_ms, prep_ms = _stage(costs, "decode", POOL), _stage(costs, "preprocess", POOL)
-    post = next((c.cpu_ms for c in costs if c.stage == "postprocess"), 0.0)
+    decode_ms, prep_ms, post = _stage(costs, "decode", POOL), _stage(costs, "preprocess", POOL), _post(costs)
     batching = run.get("batching") or {}
     batch = float(batching.get("mean_batch") or 1.0) if batching.get("enabled", True) else 1.0
     inference = inference_at(costs, run["backend"], batch)
@@ -259,11 +225,8 @@ def served_split(
         served_engine = runner.get("engine and other threads", 0.0) + (
             front.get("engine and other threads", 0.0) if placement == "front worker" else 0.0
         )
-        # The machine's speed drifts between the profile and a run: where the run itself spent less per
-        # image than the profile says, by no more than such drift, its own figure is the base. The
-        # ceiling is then never below what that run proved possible, and a cheaper-than-profiled engine
-        # cannot cancel overhead in "beyond". Further below, the threads were not told apart (their CPU
-        # went elsewhere): the profile stands, and the negative cause withholds the verdict.
+        # The ceiling is never below what the run proved possible; further below DRIFT, the threads were not
+        # told apart: the profile stands, and the negative cause withholds the verdict.
         if DRIFT * decode_ms <= served_decode < decode_ms:
             decode_ms, from_run = served_decode, [*from_run, "decode"]
         if DRIFT * inference <= served_engine < inference:
@@ -298,12 +261,8 @@ def served_split(
 
 
 def subtracted_batch(costs: list[StageCost], backend: str, batching: bool, max_batch: int = 8) -> int | None:
-    """The in-process batch size whose per-image inference CPU stands for what the runner spends.
-
-    A batching runner forms batches of up to ``max_batch`` under load, and a batch costs less per
-    image than one image alone: the cheapest per-image CPU among the profiled sizes within that bound
-    (b8 in practice) is the least the model can have cost, so subtracting it never hides HTTP cost in
-    "inference" (the overhead is not understated). A runner without batching runs b1."""
+    """The in-process batch size whose per-image inference CPU stands for what the runner spends: the cheapest
+    within ``max_batch`` (never hiding HTTP cost in "inference"), b1 without batching."""
     per_image = dict(_per_image(costs, backend))
     if not batching:
         return 1 if 1 in per_image else None
@@ -322,9 +281,7 @@ def http_cost(
     max_batch: int = 8,
     mean_batch: float | None = None,
 ) -> HttpCost | None:
-    """The measured HTTP cost of one backend's run (CPU ms per request of the front and of the runner,
-    from the server's processes) against the in-process stages of the same pool. None when the
-    profile lacks the stages to subtract."""
+    """The measured HTTP cost of one backend's run against the in-process stages; None if they were not profiled."""
     stages = front_stages_ms(costs, POOL)
     batch = subtracted_batch(costs, backend, batching, max_batch)
     inference = None if batch is None else _stage(costs, "inference", f"{backend} b{batch}")
@@ -351,19 +308,15 @@ def http_cost(
 def ceilings(
     costs: list[StageCost], cores: int, size_class: str = POOL, http: Mapping[str, float] | None = None
 ) -> list[Ceiling]:
-    """Per backend and batch size: the req/s the stages allow on ``cores`` for one image mix (the
-    pool locust sends by default, or one size class). ``http`` maps a backend to its measured HTTP
-    cost per request; a backend not in it is charged the estimate HTTP_OVERHEAD_MS, and labelled so."""
+    """Per backend and batch size: the req/s the stages allow on ``cores`` for one image mix, with ``http``'s
+    measured HTTP cost per backend, else the estimate HTTP_OVERHEAD_MS."""
     front = {c.stage: c.cpu_ms for c in costs if c.detail == size_class and c.stage in ("decode", "preprocess")}
-    post = next((c.cpu_ms for c in costs if c.stage == "postprocess"), 0.0)
     measured = http or {}
     out = []
-    for c in costs:
-        if c.stage != "inference":
-            continue
+    for c in (c for c in costs if c.stage == "inference"):
         backend, batch = c.detail.rsplit(" b", 1)
         http_ms = measured.get(backend, HTTP_OVERHEAD_MS)
-        parts = {**front, "postprocess": post, "http": http_ms, "inference": c.cpu_ms}
+        parts = {**front, "postprocess": _post(costs), "http": http_ms, "inference": c.cpu_ms}
         total = sum(parts.values())
         out.append(
             Ceiling(

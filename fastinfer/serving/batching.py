@@ -1,17 +1,9 @@
 """Greedy micro-batching for one model in one process.
 
-Why not BentoML's adaptive batching (``@bentoml.api(batchable=True)``)? Its dispatcher learns
-a "wait" from the queueing delays it observes and then corks every later request for about
-that long; after one burst of load the learned wait stays, because it is only re-estimated
-from batches that themselves waited that long. Measured here (ONNX FP32, back-to-back single
-requests after a 10-client burst): 160 ms of runner time per request with BentoML's dispatcher,
-58 ms with this batcher — the same as before the burst — at equal 10-client throughput.
-
-This batcher never waits when the model is idle (unless ``max_latency_ms`` asks it to linger for
-companions), and under load batches form by themselves: requests that arrive while a batch runs
-are taken together, up to ``max_batch_size`` rows. All model calls — batched or not — run on one
-dedicated thread, so a runner process never runs two inferences at once and oversubscribes its
-cores.
+Not BentoML's adaptive batching: its dispatcher learns a "wait" from observed queueing and keeps it after a burst
+(160 ms of runner time per lone request after a 10-client burst, against 58 ms here). This batcher never waits
+when the model is idle (unless ``max_latency_ms`` asks it to); under load, requests that arrive while a batch runs
+are taken together, up to ``max_batch_size`` rows. Every model call runs on one dedicated thread.
 """
 
 from __future__ import annotations
@@ -29,8 +21,7 @@ from fastinfer.serving.cpu import MODEL_THREAD, name_os_thread
 
 
 class Expired(TimeoutError):
-    """The caller's deadline passed before the model took its images: its request was already
-    answered (504), so the model does not spend time on it."""
+    """The caller's deadline passed (answered 504) before the model took its images."""
 
 
 @dataclass
@@ -60,8 +51,7 @@ class MicroBatcher:
         self.expired_rows = 0  # images dropped because their deadline passed before the model took them
 
     async def run_now(self, images: np.ndarray, deadline: float = 0.0) -> np.ndarray:
-        """One model call with exactly these images (no batching), on the model thread; Expired when
-        ``deadline`` (time.monotonic(), 0 = none) has passed by the time the thread takes it."""
+        """One model call with exactly these images, on the model thread; Expired past ``deadline`` (0: none)."""
 
         def run() -> np.ndarray:
             if 0.0 < deadline < time.monotonic():
@@ -72,8 +62,7 @@ class MicroBatcher:
         return await asyncio.get_running_loop().run_in_executor(self._executor, run)
 
     async def submit(self, images: np.ndarray, deadline: float = 0.0) -> np.ndarray:
-        """Queue ``images`` ([n,...]) to be run in a batch with others; returns their n outputs. Expired
-        when ``deadline`` (time.monotonic(), 0 = none) passes before a batch takes them."""
+        """Queue ``images`` ([n,...]) to run in a batch with others: their n outputs; Expired past ``deadline``."""
         if getattr(images, "ndim", 0) < 1 or len(images) < 1:
             raise ValueError("submit needs an array of at least one row")
         loop = asyncio.get_running_loop()

@@ -1,47 +1,21 @@
 """Response cache: Redis (shared by every worker and server) or a bounded in-process LRU.
 
-Keys: ``fastinfer:v<format>:<model tag>:<backend>:<top_k>:<engine>:<sha256 of the image bytes>``, where
-``<engine>`` is a digest of the engine's identity (runtime and version, device, the precision it computes
-at, the CPU's instruction sets: runners/base.py engine_identity), so that an answer is shared only between
-engines that compute it alike (an OpenVINO model at BF16 and at f32 answer differently); values
-are ``{"v": <format>, "mac": <HMAC or null>, "body": <response body>}`` as JSON, in Redis and in
-memory alike. Redis is fail-open: every call has a short timeout, an error is counted, logged at
-most once per interval, and turns the cache off for a moment (a circuit breaker) instead of failing
-or slowing the request; the client reconnects by itself when Redis returns.
+Keys: ``fastinfer:v<format>:<model tag>:<backend>:<top_k>:<engine digest>:<sha256 of the image>``; the engine's
+identity (runners/base.py engine_identity) is in the key because engines at other precisions answer differently.
+Values: ``{"v": <format>, "mac": <HMAC or null>, "body": <response body>}`` as JSON, in Redis and in memory alike.
 
-A Redis that answers but refuses to store (``OOM`` under ``maxmemory`` + ``noeviction``,
-``READONLY`` on a replica, ``MISCONF``, ``NOREPLICAS``) is no outage: its reads still work, so only
-writes back off (for ``retry_after_s``, then one is tried again) and every lookup still reads. It
-is counted (``writes_refused``) and said in ``degraded`` ("writes refused: ..."). Before this, a
-full Redis opened the breaker, which skipped the reads of entries it still held: a repeated photo
-was never served from the cache while ``hit_rate`` said 0.9995 (errors were left out of the rate;
-now ``hit_rate`` is hits / (hits + misses + errors), over every lookup that was tried).
+Redis is fail-open: each call has a short timeout; an error is counted, logged at most once per 30 s, and opens a
+circuit breaker for ``retry_after_s``. A Redis that answers but refuses to store (OOM, READONLY, MISCONF,
+NOREPLICAS) is no outage: only writes back off, reads go on (``writes_refused``, ``degraded``).
 
-Every read is validated (format version, keys and types, top_k length, backend and model equal to
-the key's): a shared Redis may hold another version's entries during a rolling deploy, or one
-written by hand. A bad entry is an ``invalid`` lookup, counted as a miss too: the request runs
-inference and its SET overwrites the entry. It is never an error, so it never opens the breaker.
-Reads are bounded: Redis is asked for at most ``MAX_ENTRY_BYTES`` + 1 bytes (GETRANGE, as cheap as
-GET on the hit path), so a huge value under our key is refused without being read whole.
+Every read is validated (a shared Redis may hold another version's entries, or one written by hand) and bounded to
+``MAX_ENTRY_BYTES`` + 1 bytes (GETRANGE); a bad entry is an ``invalid`` miss that the next SET overwrites, never an
+error. With ``FASTINFER_CACHE_HMAC_KEY``, each entry carries an HMAC over its key and body text, checked on the
+stored bytes before parsing (the body is the value's last field, so its text is a slice).
 
-Validation cannot catch an entry that is consistent but wrong (another photo's answer, written by
-anyone who can write to Redis). With ``FASTINFER_CACHE_HMAC_KEY`` set, each entry carries an
-HMAC-SHA256 over its Redis key and its body's text, and an entry without a valid one is
-``invalid``: never served, overwritten. The key is in the MAC, so a valid entry copied under another
-key fails too. The MAC is checked on the stored bytes before they are parsed (the body is the
-value's last field, so its text is a slice): a signed hit costs one HMAC more, +2-5 µs of CPU
-per read at top_k 5-20 (AMD EPYC; re-encoding the parsed body to check it cost several times that).
-
-Key count (``/cache/stats``, polled by every dashboard tab) without SCAN: each SET also adds the
-key to a sorted set ``fastinfer:v<format>:index`` scored by its expiry time, in the same pipeline
-(one round trip). Counting drops the expired members (each is dropped once: amortised O(log n))
-and counts the live ones (ZCOUNT from now: O(log n), and a read, so a replica answers it too). Not
-DBSIZE: that is only right on a database of our own, which a shared Redis may not give us. The
-index stays bounded without anyone counting: every SET drops its expired members and refreshes its
-TTL, so it vanishes when writes stop. Caveats: the count is of
-entries this service wrote and that have not expired; one evicted by ``maxmemory`` or deleted by
-hand stays counted until its TTL, and expiry uses the writer's clock (skew of a few seconds
-between servers shifts the count by the entries expiring within it).
+Key count without SCAN or DBSIZE (a shared Redis is not our own database): each SET also adds the key to the sorted
+set ``fastinfer:v<format>:index`` scored by its expiry, drops expired members and refreshes the index's TTL in
+the same pipeline. The count is of entries this service wrote that have not expired, by the writer's clock.
 """
 
 from __future__ import annotations
@@ -62,9 +36,7 @@ from urllib.parse import urlsplit
 
 logger = logging.getLogger("fastinfer.cache")
 
-CACHE_FORMAT = "4"
-"""Bumped when the cached value's shape changes, so old entries are never served (2: ``{v, body}``;
-3: ``{v, mac, body}``; 4: the key and the body name the engine)."""
+CACHE_FORMAT = "4"  # bumped when the value's shape changes, so old entries are never served
 NAMESPACE = "fastinfer"
 INDEX_KEY = f"{NAMESPACE}:v{CACHE_FORMAT}:index"
 ENTRY_KEYS = frozenset({"v", "mac", "body"})
@@ -90,8 +62,7 @@ def engine_digest(engine: str) -> str:
 
 
 def redact_url(url: str) -> str:
-    """``url`` as it may be shown (log, /cache/stats): no ``user:password@``, no query (redis-py also
-    reads ``?password=`` there)."""
+    """``url`` without ``user:password@`` or query (redis-py reads ``?password=`` there), for logs and stats."""
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -108,15 +79,13 @@ class WriteRefused(Exception):
 
 
 def entry_mac(hmac_key: bytes, key: str, body_text: str | bytes) -> str:
-    """HMAC-SHA256 over the entry's Redis key and its body's exact text: a valid entry copied under
-    another key fails, and the reader checks the bytes it is about to parse, with no re-encoding."""
+    """HMAC-SHA256 over the Redis key (an entry copied under another key fails) and the body's exact text."""
     text = body_text.encode() if isinstance(body_text, str) else body_text
     return hmac.new(hmac_key, key.encode() + b"\n" + text, hashlib.sha256).hexdigest()
 
 
 def encode_entry(body: dict[str, Any], key: str = "", hmac_key: bytes = b"") -> str:
-    """The stored value of ``body`` under ``key``, signed when there is an ``hmac_key``. JSON, laid out
-    as ``{"v":"3","mac":<"hex" | null>,"body":<body>}``: the body last, so that its text is a slice."""
+    """The stored value of ``body`` under ``key``, signed with ``hmac_key`` if any; the body last, as a slice."""
     text = json.dumps(body)  # the body's own order: a hit answers in it
     mac = f'"{entry_mac(hmac_key, key, text)}"' if hmac_key else "null"
     return f'{{"v":"{CACHE_FORMAT}","mac":{mac},"body":{text}}}'
@@ -141,8 +110,7 @@ def _signed_body(raw: str | bytes, key: str, hmac_key: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class Expected:
-    """What an entry under a key must say: the key's backend, model, engine and top_k, and that model's
-    weights kind and class names (so that no entry can relabel a random-init model, or a class)."""
+    """What an entry under a key must say, weights kind and class names included (no entry may relabel them)."""
 
     backend: str
     model_tag: str
@@ -152,15 +120,12 @@ class Expected:
     categories: Sequence[str] = ()
 
 
+# An entry of ours is ~2 KB at top_k 20; reading or parsing a much larger value would stall the event loop.
 MAX_ENTRY_BYTES = 16 * 1024
-"""An entry of ours is ~2 KB at top_k 20. Anything much larger is not ours: Redis is asked for no
-more than this + 1 byte (a 200 MB value read whole timed out and opened the breaker), and parsing
-it would hold the event loop (a 10 MB value held concurrent cache hits for 350 ms)."""
 
 
 def decode_entry(raw: str | bytes, expected: Expected, key: str = "", hmac_key: bytes = b"") -> dict[str, Any]:
-    """The response body stored in ``raw`` under ``key``, checked against what the key promises
-    (and its MAC when there is an ``hmac_key``); else ValueError."""
+    """The body stored in ``raw`` under ``key``, checked against ``expected`` (and its MAC); else ValueError."""
     if len(raw) > MAX_ENTRY_BYTES:
         raise InvalidEntry(f"more than {MAX_ENTRY_BYTES:,} bytes, larger than any entry of ours")
     if hmac_key:  # the MAC first: nothing of an entry is believed, or parsed, before it is checked
@@ -232,8 +197,7 @@ def _is_prediction(value: Any) -> bool:
 
 
 def describe_error(exc: BaseException, timeout_s: float | None = None) -> str:
-    """What went wrong, in words, whatever the exception says: ``asyncio.wait_for``'s TimeoutError
-    says nothing at all ("redis SET failed: TimeoutError: " was a whole message)."""
+    """What went wrong, in words, even for ``asyncio.wait_for``'s TimeoutError, which has no message."""
     if isinstance(exc, TimeoutError):  # asyncio.TimeoutError is this one since 3.11
         return f"timed out after {timeout_s * 1000:g} ms" if timeout_s else "timed out"
     text = " ".join(str(exc).split())  # one line
@@ -255,10 +219,7 @@ class CacheStats:
     degraded: str | None = None  # why the cache is not working right now
 
     def as_dict(self, keys: int | None) -> dict[str, Any]:
-        # Every lookup that was tried: an error is a request the cache did not answer, so it counts
-        # against the rate (left out, a cache whose reads were all failing reported 0.9995). A bypass
-        # is no lookup: the client asked not to be answered from the cache.
-        lookups = self.hits + self.misses + self.errors
+        lookups = self.hits + self.misses + self.errors  # an error is a lookup the cache did not answer
         return {
             "mode": self.mode,
             "healthy": self.degraded is None,
@@ -278,13 +239,8 @@ class CacheStats:
 
 
 class ResponseCache:
-    """Fail-open lookups and stores around a backend's ``_get``/``_set`` (which may raise).
-
-    An error is counted, logged at most once per 30 s, and opens a circuit breaker: for
-    ``retry_after_s`` the cache is skipped (an "error" lookup, no waiting), then tried again. A
-    refused write (``_set`` raising WriteRefused) opens no breaker: writes alone back off for
-    ``retry_after_s``, and reads go on. The base class itself is the ``off`` cache: every lookup misses.
-    """
+    """Fail-open lookups and stores around a store's ``_get``/``_set``, with the breaker and write back-off
+    described above. The base class itself is the ``off`` cache: every lookup misses."""
 
     mode = "off"
     timeout_s: float | None = None  # the limit on each call to the store, for the messages
@@ -298,15 +254,10 @@ class ResponseCache:
         self._writes_until = 0.0  # the write back-off: no writes before this
         self._outage: str | None = None  # why the store does not answer
         self._refusal: str | None = None  # why it answers but will not store
-        self._last_log = 0.0
-        self._last_refusal_log = 0.0
-        self._last_invalid_log = 0.0
+        self._last_log: dict[str, float] = {}  # kind of warning → when it was last logged
 
     async def lookup(self, key: str, expected: Expected) -> tuple[dict[str, Any] | None, str]:
-        """The cached body (or None) and the event: ``hit``, ``miss``, ``invalid`` or ``error``.
-
-        ``expected`` is what ``key`` was made from: the entry must match it.
-        """
+        """The cached body (or None) and the event: ``hit``, ``miss``, ``invalid`` or ``error``."""
         if time.monotonic() < self._open_until:
             self.stats.errors += 1
             return None, "error"
@@ -373,31 +324,31 @@ class ResponseCache:
         reason = describe_error(exc, self.timeout_s)
         self._outage = f"{self.mode} {op} failed: {reason}"[:300]
         self._update_degraded()
-        now = time.monotonic()
-        self._open_until = now + self.retry_after_s
-        if now - self._last_log > 30:  # one line per 30 s, however many requests fail
-            self._last_log = now
-            logger.warning("cache degraded, serving without it (retry every %gs): %s", self.retry_after_s, self._outage)
+        self._open_until = time.monotonic() + self.retry_after_s
+        self._warn(
+            "outage", "cache degraded, serving without it (retry every %gs): %s", self.retry_after_s, self._outage
+        )
 
     def _refused(self, exc: WriteRefused) -> None:
         self.stats.writes_refused += 1
         retry = f"reads still served, a write tried again every {self.retry_after_s:g} s"
         self._refusal = f"writes refused: {' '.join(str(exc).split())[:240]} ({retry})"
         self._update_degraded()
-        now = time.monotonic()
-        self._writes_until = now + self.retry_after_s
-        if now - self._last_refusal_log > 30:
-            self._last_refusal_log = now
-            logger.warning("cache degraded, new answers not stored: %s", self._refusal)
+        self._writes_until = time.monotonic() + self.retry_after_s
+        self._warn("refusal", "cache degraded, new answers not stored: %s", self._refusal)
 
     def _invalid(self, key: str, exc: BaseException) -> None:
         # The store answered: a bad entry is the entry's fault, not an outage (no breaker).
         self.stats.misses += 1
         self.stats.invalid += 1
+        self._warn("invalid", "cache entry %s ignored (%s): %s", key, type(exc).__name__, exc)
+
+    def _warn(self, kind: str, message: str, *args: Any) -> None:
+        """Log at most one line of each kind per 30 s, however many requests fail."""
         now = time.monotonic()
-        if now - self._last_invalid_log > 30:
-            self._last_invalid_log = now
-            logger.warning("cache entry %s ignored (%s): %s", key, type(exc).__name__, exc)
+        if now - self._last_log.get(kind, 0.0) > 30:
+            self._last_log[kind] = now
+            logger.warning(message, *args)
 
     def _answered(self) -> None:
         """The store answered: no outage (a refusal of writes is cleared only by a stored write)."""
@@ -423,11 +374,8 @@ class ResponseCache:
 
 
 class MemoryCache(ResponseCache):
-    """A bounded LRU in this process (not shared between workers or servers).
-
-    It keeps the encoded entry, as Redis does, so both are read through the same validation and
-    a hit hands out a fresh dict, never one another request could change.
-    """
+    """A bounded LRU in this process. It keeps the encoded entry, as Redis does: the same validation, and a
+    hit hands out a fresh dict."""
 
     mode = "memory"
 
@@ -458,9 +406,7 @@ class MemoryCache(ResponseCache):
         return len(self._data)
 
 
-REFUSALS = ("OOM", "READONLY", "MISCONF", "NOREPLICAS")
-"""Replies of a Redis that is up and reading but will not store: full under ``noeviction``, a
-replica, a failed snapshot with ``stop-writes-on-bgsave-error``, too few replicas."""
+REFUSALS = ("OOM", "READONLY", "MISCONF", "NOREPLICAS")  # Redis up and reading, but not storing
 
 
 def _refusal(exc: BaseException) -> WriteRefused | None:
@@ -501,14 +447,10 @@ class RedisCache(ResponseCache):
         from redis.exceptions import ResponseError
 
         try:
-            # GETRANGE, not GET: at most MAX_ENTRY_BYTES + 1 bytes cross the wire, however large the
-            # value, in the same one round trip (measured on the hit path: GET 73.3 µs, GETRANGE 74.9 µs
-            # per call; a pipelined STRLEN + GETRANGE 111.8 µs, a Lua STRLEN-then-GET 85.5 µs).
+            # GETRANGE: bounded, and as cheap as GET on the hit path (74.9 vs 73.3 µs).
             raw = await asyncio.wait_for(self.client.getrange(key, 0, MAX_ENTRY_BYTES), self.timeout_s)
         except ResponseError as exc:
-            # WRONGTYPE: a list, hash or set under our key. Redis answered: no outage, just a bad
-            # entry, which the SET after inference replaces (SET overwrites any type).
-            if "WRONGTYPE" in str(exc):
+            if "WRONGTYPE" in str(exc):  # another type under our key: a bad entry, not an outage
                 raise InvalidEntry(f"not a string value: {exc}") from exc
             raise
         if not raw:  # GETRANGE answers "" for a missing key (and for an empty value: no entry of ours either)
@@ -547,9 +489,7 @@ class RedisCache(ResponseCache):
 async def open_cache(
     mode: str, redis_url: str, ttl_s: float, timeout_s: float, max_entries: int, *, hmac_key: str | bytes = b""
 ) -> ResponseCache:
-    """``redis`` | ``memory`` | ``off`` | ``auto`` (Redis when it answers now, else memory).
-
-    With ``hmac_key``, entries are signed and an entry without a valid MAC is never served."""
+    """``redis`` | ``memory`` | ``off`` | ``auto`` (Redis when it answers now, else memory)."""
     if mode == "off":
         cache: ResponseCache = ResponseCache()
     elif mode == "memory":

@@ -1,11 +1,8 @@
 """A bounded pool for the front's CPU work (reading, hashing, decoding), one thread per core.
 
-Why not ``anyio.to_thread.run_sync`` with a CapacityLimiter? When the awaiting request is
-cancelled (a 504), anyio abandons the thread *and releases its token*, so the next request
-starts another thread while the abandoned decode still runs: repeated timeouts piled up threads
-beyond the core count. Here a started job keeps its worker until it ends (Pillow cannot be
-interrupted), a job that has not started is dropped when its caller is cancelled, and there are
-never more threads than workers — the work behind timed-out requests is bounded.
+Not anyio's ``to_thread`` with a CapacityLimiter: a cancelled caller (a 504) releases its token while its decode
+still runs, so timeouts piled up threads. Here a started job keeps its worker until it ends, one not started is
+dropped, and there are never more threads than workers.
 """
 
 from __future__ import annotations
@@ -21,16 +18,14 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+# OS names of the threads that decode and that call the model: the benchmark reads each one's CPU from /proc.
 DECODE_THREAD = "fi-decode"
 MODEL_THREAD = "fi-model"
-"""OS names of the threads that decode and that call the model: the benchmark reads each thread's CPU from
-/proc and tells the causes apart by them (Python 3.11 names its threads for Python only)."""
 _PR_SET_NAME = 15
 
 
 def name_os_thread(name: str) -> None:
-    """Give the calling thread ``name`` (at most 15 bytes) where the OS shows it to others: Linux's
-    /proc/<pid>/task/<tid>/comm, ps, top -H. Elsewhere nothing happens."""
+    """Give the calling thread ``name`` (at most 15 bytes) in Linux's /proc, ps and top -H; elsewhere nothing."""
     if not sys.platform.startswith("linux"):
         return
     try:

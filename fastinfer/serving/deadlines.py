@@ -1,10 +1,7 @@
 """The current request's deadline, for the work it starts in other processes.
 
-The front (fastinfer/front/http.py) answers 504 at its deadline and cancels its handler, but a runner
-it already called cannot see that: it would still run the images, for nobody. So the front sets the
-deadline here for the request's task, the runner call sends the seconds left, and the runner drops
-work whose time is up before its model takes it (fastinfer/serving/batching.py). Seconds left, not a time
-of day: each process measures on its own monotonic clock, which a clock step cannot move.
+A runner the front already called cannot see its 504; so the runner call sends the seconds left (each process
+measures on its own monotonic clock), and the runner drops work whose time is up before its model takes it.
 """
 
 from __future__ import annotations
@@ -22,8 +19,7 @@ def set_within(seconds: float) -> None:
 
 
 def remaining() -> float:
-    """Seconds left to answer the current request (at least a microsecond once it is due); 0.0 when no
-    deadline was set (an in-process call)."""
+    """Seconds left to answer the current request (at least a microsecond once due); 0.0 when none was set."""
     deadline = _DEADLINE.get()
     return 0.0 if deadline == 0.0 else max(_AT_LEAST, deadline - time.monotonic())
 

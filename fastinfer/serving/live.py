@@ -18,8 +18,7 @@ class LiveStats:
         self._window = window
 
     def record(self, backend: str, total_ms: float, *, inferred: bool, images: int = 1, cached_images: int = 0) -> None:
-        """One request: whether inference ran for it, how many ``images`` it held and ``cached_images`` of
-        them the response cache answered."""
+        """One request: whether inference ran, its ``images`` and how many of them the cache answered."""
         self.served += 1
         self.images += images
         self.cached += cached_images

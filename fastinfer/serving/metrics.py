@@ -1,8 +1,6 @@
 """FastInfer's Prometheus metrics, beside BentoML's own on ``/metrics``.
 
-``bentoml serve`` points every process (front workers and runners) at one
-``PROMETHEUS_MULTIPROC_DIR``; metrics created with ``prometheus_client`` write there and BentoML's
-``/metrics`` aggregates them, so the numbers are right with any number of workers.
+Every process of ``bentoml serve`` writes to one ``PROMETHEUS_MULTIPROC_DIR``, which ``/metrics`` aggregates.
 """
 
 from __future__ import annotations
@@ -40,10 +38,7 @@ BATCH_SIZE = Histogram(
 )
 
 
-# The family served, as labels of gauges rather than of every series above: one family per server, so a
-# `family` label on each histogram would only repeat this one. prometheus_client's Info is not kept across
-# processes (PROMETHEUS_MULTIPROC_DIR): a gauge at 1 whose labels say it is what works there. Every front
-# worker sets the same values: "max" reads them as one.
+# The family served, as a gauge at 1 with labels (Info is not kept across processes); every worker sets the same.
 MODEL_FAMILY = Gauge(
     "fastinfer_model_family_info",
     "The model family this server serves (value 1): its name, class count, and where its weights came from",
@@ -60,8 +55,7 @@ DESCRIPTION_MAX = 200  # characters of the weights' description in a label: it i
 
 
 def record_family(family: FamilyInfo) -> None:
-    """The served family's gauges: its identity always, its accuracy where the build measured it (top-5 only
-    for more than 5 classes: with fewer it holds every class, 100% whatever the model does)."""
+    """The served family's gauges: its identity, and its accuracy where the build measured it."""
     classes = "" if family.num_classes is None else str(family.num_classes)
     description = (family.weights_description or "")[:DESCRIPTION_MAX]
     MODEL_FAMILY.labels(family.name, classes, family.weights or "", description).set(1)

@@ -1,14 +1,10 @@
 """The request pipeline behind every form of the image APIs: one image, a batch, a comparison.
 
-bytes → sha256 → response cache, keyed by the image, the model, its engine's identity and top_k (a hit
-answers here) → decode at reduced JPEG scale and resize/crop to uint8 S×S×3, as the stored model's
-preprocessing says (on the CPU pool, off the event loop) → the backend's runner → softmax/top-k over the
-family's classes, named by its labels → response body with per-stage timings → cache SET (fail-open).
+bytes → sha256 → response cache (a hit answers here) → decode and resize/crop on the CPU pool → the backend's
+runner → softmax/top-k named by the family's labels → body with per-stage timings → cache SET (fail-open).
 
-It knows nothing of HTTP or BentoML: the runner is an async callable, so the whole path runs in a
-test without a server. The HTTP forms (multipart, raw body, the original FastInfer API's routes,
-the batch route) are adapters over it (fastinfer/front/image_api.py); bodies are plain dicts in the
-shape of :class:`fastinfer.common.schemas.ClassifyResponse`, so that answering needs no model validation.
+It knows nothing of HTTP or BentoML (the runner is an async callable), so the whole path runs in a test without
+a server; bodies are plain dicts in the shape of :class:`fastinfer.common.schemas.ClassifyResponse`.
 """
 
 from __future__ import annotations
@@ -34,15 +30,11 @@ from fastinfer.serving.live import LiveStats
 from fastinfer.serving.postprocess import top_k as rank
 from fastinfer.serving.preprocess import Prepared, prepare
 
+# (backend, uint8 [N,S,S,3], batched (None: the backend's setting), engine identity) → float32 logits [N,C];
+# raises RunnerNotLoaded or BackendUnavailable when the runner cannot answer, or computes otherwise.
 Infer = Callable[[str, np.ndarray, "bool | None", str], Awaitable[np.ndarray]]
-"""(backend, uint8 [N,S,S,3], batched: None = the backend's setting, engine: the identity the answer
-will name) → float32 logits [N,C] computed by that engine (S: the family's crop size, C: its class
-count). Raises RunnerNotLoaded or BackendUnavailable when the runner cannot answer, or computes otherwise."""
-
+# backend → the identity of the engine computing its answers (runners/base.py engine_identity): in every cache key.
 EngineOf = Callable[[str], Awaitable[str]]
-"""backend → the identity of the engine that computes its answers (runtime and version, device, precision,
-instruction sets: runners/base.py engine_identity). Part of every cache key and answer: two servers share
-an answer only where their engines compute alike. Raises as Infer does when the runner cannot say."""
 
 NO_BACKEND = "No backend can run here; see GET /backends for why."
 HASH_INLINE_MAX = 256 * 1024  # hashing more than this (~0.15 ms) goes to the CPU pool, off the event loop
@@ -51,8 +43,7 @@ STAGES = tuple(Timings.model_fields)
 
 @dataclass(frozen=True)
 class Image:
-    """One uploaded image, its bytes in memory (no temporary file), as the client sent them: a
-    view into the request body where it came in a multipart part (no copy)."""
+    """One uploaded image's bytes, as sent: a view into the request body where it came in a multipart part."""
 
     data: bytes | memoryview
     filename: str = ""
@@ -62,28 +53,17 @@ def _digest(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+@dataclass
 class Pipeline:
-    def __init__(
-        self,
-        backends: Sequence[str],
-        models: Mapping[str, StoredModelInfo],
-        unavailable: Callable[[str], str | None],
-        infer: Infer,
-        engine_of: EngineOf,
-        cache: ResponseCache,
-        cpu: CpuPool,
-        live: LiveStats,
-        max_pixels: int,
-    ) -> None:
-        self.backends = list(backends)  # every valid name, in the table's order
-        self.models = models  # backend → the stored model answering it (tag, weights, classes, preprocessing)
-        self.unavailable = unavailable  # backend → why it cannot answer now, or None
-        self.infer = infer
-        self.engine_of = engine_of
-        self.cache = cache
-        self.cpu = cpu
-        self.live = live
-        self.max_pixels = max_pixels
+    backends: Sequence[str]  # every valid name, in the table's order
+    models: Mapping[str, StoredModelInfo]  # backend → the stored model answering it
+    unavailable: Callable[[str], str | None]  # backend → why it cannot answer now, or None
+    infer: Infer
+    engine_of: EngineOf
+    cache: ResponseCache
+    cpu: CpuPool
+    live: LiveStats
+    max_pixels: int
 
     def check(self, backend: str) -> StoredModelInfo:
         """The backend's model, or the 400/503 that says why it cannot answer."""
@@ -96,8 +76,7 @@ class Pipeline:
         return self.models[backend]
 
     def top_k_refused(self, said: str) -> ApiError:
-        """The 400 for a ``top_k`` (``said``: as sent) that is not a whole number from 1 to what an answer here
-        may rank: TOP_K_MAX, or the family's class count where it has fewer, named as such."""
+        """The 400 for a ``top_k`` (as sent) that is not a whole number from 1 to TOP_K_MAX or the class count."""
         n = min((classes(info) for info in self.models.values()), default=0)
         most = str(TOP_K_MAX)
         if 0 < n < TOP_K_MAX:
@@ -106,8 +85,7 @@ class Pipeline:
 
     @staticmethod
     def ranked(k: int | None, models: Sequence[StoredModelInfo]) -> int:
-        """How many classes an answer of these models ranks: ``k``, or DEFAULT_TOP_K (None: not asked,
-        then at most every class); the 400 that names the class count when ``k`` is more than it."""
+        """How many classes an answer ranks: ``k`` (a 400 beyond the class count), or DEFAULT_TOP_K at most."""
         n = min((classes(info) for info in models), default=0) or None  # 0: labels not stored, not capped
         if k is None:
             return min(DEFAULT_TOP_K, n or DEFAULT_TOP_K)
@@ -130,8 +108,7 @@ class Pipeline:
         store: bool = True,
         batched: bool | None = None,
     ) -> dict[str, Any]:
-        """One image → a ClassifyResponse-shaped body (from the cache unless ``bypass``; stored in it
-        unless ``bypass`` or not ``store``: Cache-Control: no-store). ``k`` None: the default top-k."""
+        """One image → a ClassifyResponse-shaped body, from the cache unless ``bypass``, stored if ``store``."""
         started = time.perf_counter()
         info = self.check(backend)
         k = self.ranked(k, [info])
@@ -151,10 +128,8 @@ class Pipeline:
     async def classify_many(
         self, images: list[Image], backend: str, k: int | None, *, bypass: bool = False, store: bool = True
     ) -> list[dict[str, Any]]:
-        """Several images → one body per image, in order: a prediction, or ``{"error": ...}`` for an
-        image that cannot be classified. Cache per image; the misses are decoded in parallel on the
-        CPU pool and sent to the runner as one batch. The same bytes sent twice are looked up, decoded
-        and inferred once. Recorded in /stats/live and the stage histograms as one request."""
+        """Several images → one body per image, in order (or ``{"error": ...}``): cache per image, the misses
+        decoded in parallel and inferred as one batch, duplicates once; recorded as one request."""
         started = time.perf_counter()
         info = self.check(backend)
         k = self.ranked(k, [info])
@@ -177,8 +152,7 @@ class Pipeline:
                 answers[i] = self._respond(backend, cached, timings[i], started, record=False)
             else:
                 todo.append(i)
-        # In parallel, but at most one decode per core for this request: the pool's queue is first come,
-        # first served, and 32 costly images queued at once would make every other request wait behind them.
+        # At most one decode per core for this request: the pool's queue is FIFO, others must not wait behind it.
         fair = asyncio.Semaphore(self.cpu.workers)
 
         async def prepare(i: int) -> Prepared:
@@ -211,9 +185,8 @@ class Pipeline:
         return slots
 
     async def compare(self, image: Image, k: int | None, backends: list[str]) -> tuple[list[dict[str, Any]], list[str]]:
-        """One image through each of ``backends`` that can answer, one after another (decoded once,
-        never from the cache, so that the timings compare backends). Returns the bodies and the
-        backends that could not answer (cannot run here, or their runner could not load its model)."""
+        """One image through each of ``backends`` that can answer (decoded once, never cached, so that the
+        timings compare): the bodies, and the backends that could not answer."""
         names = [n for n in backends if self.unavailable(n) is None and n in self.models]
         if not names:
             raise BackendUnavailable(NO_BACKEND)
@@ -236,13 +209,10 @@ class Pipeline:
             raise BackendUnavailable(NO_BACKEND)
         return results, skipped
 
-    async def _hash(self, data: bytes | memoryview) -> str:
-        return _digest(data) if len(data) <= HASH_INLINE_MAX else await self.cpu.run(lambda: _digest(data))
-
     async def _hash_timed(self, data: bytes | memoryview, timings: dict[str, float]) -> str:
         """The sha256 of an image, its time observed as ``read``."""
         t0 = time.perf_counter()
-        digest = await self._hash(data)
+        digest = _digest(data) if len(data) <= HASH_INLINE_MAX else await self.cpu.run(lambda: _digest(data))
         timings["read"] = (time.perf_counter() - t0) * 1000
         return digest
 
@@ -256,9 +226,7 @@ class Pipeline:
         timings: dict[str, float],
         bypass: bool,
     ) -> tuple[str, dict[str, Any] | None]:
-        """The image's cache key and its cached body (None on a miss). A bypass needs no key: nothing is
-        read from or written to the cache, and ``read`` is observed (as 0 where nothing was hashed) so
-        that every stage counts every request."""
+        """The image's cache key and its cached body (None on a miss); a bypass still observes ``read``."""
         if bypass:
             self.cache.bypassed()
             metrics.CACHE_EVENTS.labels(event="bypass").inc()
@@ -286,8 +254,7 @@ class Pipeline:
         return logits
 
     def _record(self, backend: str, timings: dict[str, float], *, inferred: bool, images: int, from_cache: int) -> None:
-        """One request in the stage histograms and /stats/live: its stages (for a batch, the sum over its
-        images but the one runner call), whether inference ran, how many images, how many the cache answered."""
+        """One request in the stage histograms and /stats/live (a batch's stages summed over its images)."""
         metrics.observe_stages(backend, timings)
         self.live.record(backend, timings["total"], inferred=inferred, images=images, cached_images=from_cache)
 
@@ -309,8 +276,7 @@ class Pipeline:
     def _respond(
         self, backend: str, body: dict[str, Any], timings: dict[str, float], started: float, *, record: bool = True
     ) -> dict[str, Any]:
-        """The body with its timings (ClassifyResponse's keys, in its order); ``record``: observed in the
-        metrics and /stats/live as a request of one image (a batch records itself once)."""
+        """The body with its timings (ClassifyResponse's keys, in its order), ``record``-ed as one image."""
         timings.setdefault("total", (time.perf_counter() - started) * 1000)
         cached = bool(body.get("cached", False))
         if record:

@@ -1,17 +1,10 @@
-"""Image bytes → uint8 HWC S×S×3 RGB, as the weights' own transforms would produce: resized and
-centre-cropped as the stored model's PreprocessSpec says (S its crop size: 224 for ImageNet's; the
-model's graph normalises by the family's mean and std).
+"""Image bytes → uint8 HWC S×S×3 RGB, resized and centre-cropped as the stored model's PreprocessSpec says
+(the model's graph normalises).
 
-JPEG decoding dominates preprocessing, so JPEGs are decoded at the smallest DCT scale
-(1/2, 1/4, 1/8) that still leaves the shorter side >= the resize target (``Image.draft`` picks it).
-Colour and greyscale JPEGs are decoded by libjpeg-turbo through simplejpeg at that same scale, with
-the same settings as Pillow's own libjpeg-turbo (simplejpeg 1.9.0 bundles 3.1.2, Pillow 13.0.0 3.2.0):
-the same pixels (tests/unit/test_jpeg_decode.py holds it), a few % less decode CPU (about 4% on the
-benchmark pool; Pillow's chunked reading in Python is all it saves). It also reads
-arithmetic-coded JPEGs, which Pillow's incremental reading refuses beyond its first buffer. Pillow
-decodes everything else (other formats, CMYK JPEGs) and every JPEG simplejpeg refuses, so that a
-broken file gets Pillow's verdict. The EXIF orientation is read once, after the decode.
-Everything here is CPU-bound and synchronous: callers off the event loop run it in a thread.
+JPEGs are decoded at the smallest DCT scale that leaves the shorter side >= the resize target (``Image.draft``).
+Colour and greyscale JPEGs go through simplejpeg (libjpeg-turbo) at that scale: the same pixels as Pillow
+(tests/unit/test_jpeg_decode.py), ~4% less CPU, and arithmetic-coded JPEGs read. Pillow decodes everything else
+and every JPEG simplejpeg refuses, so a broken file gets Pillow's verdict. CPU-bound and synchronous.
 """
 
 from __future__ import annotations
@@ -45,8 +38,7 @@ class Prepared:
 
 
 def decode(data: bytes | memoryview, max_pixels: int, target_short_side: int, fast_jpeg: bool = True) -> Image.Image:
-    """Decode to an RGB image, at reduced JPEG scale when the target allows it; ``fast_jpeg=False``: Pillow
-    alone (what the benchmark compares the libjpeg-turbo path with)."""
+    """Decode to an RGB image, at reduced JPEG scale when the target allows it; ``fast_jpeg=False``: Pillow alone."""
     if not data:
         raise InvalidImage("The image is empty (0 bytes).")
     try:
@@ -67,8 +59,7 @@ def decode(data: bytes | memoryview, max_pixels: int, target_short_side: int, fa
                 if fast_jpeg and (fast := decode_jpeg_turbo(data, img)) is not None:
                     return upright(fast, orientation(img))  # a JPEG's header holds its EXIF: nothing is decoded
             img.load()
-            # After loading: reading some formats' EXIF decodes them (PNG), and Pillow's TIFF loader turns
-            # the picture upright itself (and drops the tag), so that it is not turned twice.
+            # After loading: reading PNG's EXIF decodes it, and Pillow's TIFF loader turns the picture upright.
             return to_rgb(upright(img, orientation(img)))
     except (InvalidImage, ImageTooLarge):
         raise
@@ -78,8 +69,7 @@ def decode(data: bytes | memoryview, max_pixels: int, target_short_side: int, fa
         raise InvalidImage(f"The image could not be decoded: {exc}") from exc
 
 
-JPEG_FORMATS = ("JPEG", "MPO")
-"""A phone's multi-picture file (MPO) is a JPEG followed by others: its first picture is the photo."""
+JPEG_FORMATS = ("JPEG", "MPO")  # a phone's MPO is a JPEG followed by others: the first is the photo
 
 
 def upright(img: Image.Image, orientation: int) -> Image.Image:
@@ -89,9 +79,8 @@ def upright(img: Image.Image, orientation: int) -> Image.Image:
 
 
 def orientation(img: Image.Image) -> int:
-    """An image's EXIF orientation (Pillow reads EXIF, else XMP's tiff:Orientation); 1 where there is none
-    or it is malformed: a broken metadata block costs a picture its rotation, never its answer (Pillow's
-    ``exif_transpose`` raised on some, rewriting the block we discard anyway)."""
+    """An image's EXIF orientation; 1 where there is none or it is malformed (never an error, unlike
+    Pillow's ``exif_transpose``)."""
     try:
         value = img.getexif().get(ExifTags.Base.Orientation, 1)
     except Exception:
@@ -99,17 +88,12 @@ def orientation(img: Image.Image) -> int:
     return value if isinstance(value, int) else 1
 
 
-TURBO_MODES = ("RGB", "L")
-"""JPEG colour spaces (as Pillow opens them: YCbCr/RGB, greyscale) that libjpeg-turbo turns into RGB
-exactly as Pillow does; CMYK and YCCK are Pillow's (Adobe's inverted CMYK needs its handling)."""
+TURBO_MODES = ("RGB", "L")  # JPEG modes libjpeg-turbo turns into RGB exactly as Pillow does (not CMYK/YCCK)
 
 
 def decode_jpeg_turbo(data: bytes | memoryview, header: Image.Image) -> Image.Image | None:
-    """A JPEG decoded by libjpeg-turbo (simplejpeg) at the DCT scale Pillow's ``draft`` chose for
-    ``header`` (opened, not loaded), as stored (not yet upright); None where Pillow should decode it
-    instead: simplejpeg missing, a mode it does not take, or any complaint (a truncated or corrupt
-    file: Pillow then decides whether it can be read, and says why not; such a file is decoded
-    twice, at most twice the CPU of one decode under FASTINFER_MAX_PIXELS)."""
+    """A JPEG decoded by simplejpeg at the DCT scale Pillow's ``draft`` chose for ``header``, not yet upright;
+    None where Pillow should decode it instead (simplejpeg missing, another mode, any complaint)."""
     if simplejpeg is None or header.mode not in TURBO_MODES:
         return None
     width, height = header.size  # the draft's scaled size: the smallest libjpeg-turbo gives at >= it
@@ -122,7 +106,7 @@ def decode_jpeg_turbo(data: bytes | memoryview, header: Image.Image) -> Image.Im
     return Image.fromarray(pixels)
 
 
-ORIENTATION_TRANSPOSE = {
+ORIENTATION_TRANSPOSE = {  # EXIF orientation → the transpose that shows the picture upright
     2: Image.Transpose.FLIP_LEFT_RIGHT,
     3: Image.Transpose.ROTATE_180,
     4: Image.Transpose.FLIP_TOP_BOTTOM,
@@ -131,20 +115,14 @@ ORIENTATION_TRANSPOSE = {
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
-"""EXIF orientation → the transpose that shows the picture upright (Pillow's ``exif_transpose`` table)."""
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
-    """Any Pillow mode → 8-bit RGB. Transparency is composited onto white.
-
-    Written to keep few full-size copies (memory per pixel bounds what one decode may cost): at
-    most the decoded image, one RGBA or float32 copy and the RGB result.
-    """
+    """Any Pillow mode → 8-bit RGB, transparency composited onto white, with at most one full-size copy between."""
     if img.mode == "RGB":
         return img
     if img.mode in ("I;16", "I;16B", "I;16L", "I;16N"):
-        # 16-bit greyscale: scaled to 8 bits and rounded (round(v / 257), in integers and in place),
-        # instead of Pillow's clipping at 255.
+        # 16-bit greyscale: round(v / 257) in integers and in place, instead of Pillow's clipping at 255.
         v = np.array(img, dtype=np.uint32)
         v *= 2
         v += 257
@@ -168,20 +146,13 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
-# Resizing the whole image is exact (torchvision's own pixels) and cheap while the resized image
-# is no larger than the source or than this many crops; beyond it only the crop is resampled (see below).
-WHOLE_RESIZE_MAX_CROPS = 16
+WHOLE_RESIZE_MAX_CROPS = 16  # beyond this many crops (or the source's size) only the crop is resampled
 
 
 def resize_and_crop(img: Image.Image, spec: PreprocessSpec) -> np.ndarray:
-    """Shorter side to ``resize_size`` (bilinear, antialiased), then a centre crop.
-
-    An extreme aspect ratio would make the resized image huge before the crop (a 1×20000 PNG
-    asked for 232×4.6 M pixels: 4.5 GB, 17 s), so there only the region that survives the crop is
-    resampled (Pillow's ``box``), straight to crop×crop: the cost is then bounded by the decoded
-    image, whatever its shape. Pillow passes the box as 32-bit floats, which moves some pixels by
-    one grey level, so ordinary images keep the whole resize and match torchvision exactly.
-    """
+    """Shorter side to ``resize_size`` (bilinear, antialiased), then a centre crop. Where an extreme aspect ratio
+    would make the resized image huge, only the region the crop keeps is resampled (Pillow's ``box``; off by a
+    grey level at most, so ordinary images keep the whole resize and match torchvision exactly)."""
     width, height = img.size
     crop = spec.crop_size
     # torchvision's arithmetic: the short side becomes resize_size, the long one is truncated.
