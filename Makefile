@@ -13,7 +13,7 @@ MODEL ?= $(or $(FASTINFER_MODEL),resnet50)
 # The model store lives in the project unless you point BENTOML_HOME elsewhere.
 export BENTOML_HOME ?= $(CURDIR)/bentoml_home
 
-.PHONY: serve test system-deps models lint clean-models bento container bench tune tune-check
+.PHONY: serve test system-deps models lint clean-models bento container bench tune tune-check docs
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ test: system-deps models
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/deptry .
+
+# The docs site (mkdocs.yml, docs/) into site/; --strict: a broken link or anchor fails it.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean-models:
 	rm -rf $(BENTOML_HOME)/models

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psutil
 
+from fastinfer.compat.bentoml import worker_service
 from fastinfer.serving.cpu import DECODE_THREAD
 
 FRONT = "front"
@@ -38,12 +39,10 @@ THREAD_KINDS = (LOOP, DECODE, ENGINE)
 
 def role(cmdline: list[str]) -> str:
     """``front``, ``runner-<backend>`` or ``other``, from a process's command line."""
-    if not any("_bentoml_impl.worker" in part for part in cmdline):
+    name = worker_service(cmdline)  # "": a worker of a one-service server may carry no name
+    if name is None:
         return OTHER
-    if "--service-name" in cmdline[:-1]:
-        name = cmdline[cmdline.index("--service-name") + 1]
-        return name if name.startswith("runner-") else FRONT
-    return FRONT  # a worker of a one-service server may carry no name
+    return name if name.startswith("runner-") else FRONT
 
 
 @dataclass

@@ -28,6 +28,7 @@ from fastinfer.catalog.backends import SPECS, open_engine
 from fastinfer.catalog.config import get_settings
 from fastinfer.common import hardware
 from fastinfer.common.errors import under_home, without_paths
+from fastinfer.compat import bentoml as bentoml_compat
 from fastinfer.engines import Engine, EngineUnavailable, check_batch, warm_up
 from fastinfer.serving import deadlines
 from fastinfer.serving.batching import Expired, MicroBatcher
@@ -266,7 +267,6 @@ def tracing_configured() -> bool:
     or an exporter, at the top level, under ``services`` or under one service (BentoML 1.4 layers them per
     service when a worker starts, after this module is imported). True when unknown: spans are never
     dropped by mistake."""
-    from bentoml._internal.configuration.containers import BentoMLContainer
 
     def turned_on(node: Any) -> bool:
         if not isinstance(node, dict):
@@ -277,7 +277,7 @@ def tracing_configured() -> bool:
         return any(turned_on(value) for value in node.values())
 
     try:
-        return turned_on(BentoMLContainer.config.get())
+        return turned_on(bentoml_compat.configuration())
     except Exception:  # an unreadable value, or BentoML's internals moved: keep its default behaviour
         return True
 

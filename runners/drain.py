@@ -33,6 +33,8 @@ from typing import Any
 
 import psutil
 
+from fastinfer.compat.bentoml import socket_fd, worker_service
+
 logger = logging.getLogger("fastinfer.runner")
 
 
@@ -49,22 +51,19 @@ def front_workers_alive() -> bool:
             args = proc.cmdline()
         except psutil.Error:  # exited meanwhile
             continue
-        if "--service-name" in args[:-1]:
-            name = args[args.index("--service-name") + 1]
-            if not name.startswith("runner-"):
-                return True
+        if (name := worker_service(args)) and not name.startswith("runner-"):
+            return True
     return False
 
 
 def listening_socket_path() -> str | None:
-    """The file of the Unix socket this worker serves (circus passes it as ``--fd N``), if any."""
-    args = sys.argv
-    if "--fd" not in args[:-1]:
+    """The file of the Unix socket this worker serves, if any."""
+    if (fd := socket_fd(sys.argv)) is None:
         return None
     try:
-        with socket.socket(fileno=os.dup(int(args[args.index("--fd") + 1]))) as sock:
+        with socket.socket(fileno=os.dup(fd)) as sock:
             name = sock.getsockname() if sock.family == socket.AF_UNIX else None
-    except (OSError, ValueError):
+    except OSError:
         return None
     return name if isinstance(name, str) and name else None
 

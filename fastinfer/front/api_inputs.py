@@ -5,7 +5,7 @@ Over HTTP the image APIs are parsed by fastinfer/front/image_api.py (same fields
 ``file`` and raw ``image/*`` bodies); the limits here and there are the same.
 
 A client's invalid input is its mistake, not the server's: BentoML logs every failed API call as
-"Exception on <path>" at ERROR with its traceback (``log_exception``, bentoml/_internal/server/http_app.py),
+"Exception on <path>" at ERROR with its traceback (``log_exception``, fastinfer/compat/bentoml.py),
 a malformed /analyze body included, and answers a multipart body it cannot parse 500.
 :func:`quiet_input_errors` makes the first one INFO line, and :class:`AnalyzeInput` the second a 400.
 """
@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from _bentoml_sdk.io_models import IODescriptor  # BentoML's base for typed API inputs
+from bentoml import IODescriptor  # BentoML's base for typed API inputs
 from bentoml.exceptions import BadInput, BentoMLException
 from pydantic import Field, ValidationError
 from starlette.exceptions import HTTPException
@@ -26,6 +26,7 @@ from starlette.requests import Request
 from fastinfer.catalog.choice import default_choice
 from fastinfer.catalog.config import BACKENDS, get_settings
 from fastinfer.common.schemas import TOP_K_MAX
+from fastinfer.compat.bentoml import API_ERROR_LOGGER
 
 BackendName = Literal[BACKENDS]  # type: ignore[valid-type]  # rendered as an enum in Swagger
 TopK = Annotated[
@@ -89,8 +90,6 @@ class AnalyzeInput(IODescriptor):
             raise BadInput("A field of the request is not UTF-8 text.") from exc
 
 
-# BentoML's log_exception logs to its module's logger (bentoml/_internal/server/http_app.py).
-_BENTOML_API_LOGGER = "bentoml._internal.server.http_app"
 _INPUT_MODELS = frozenset(c.__name__ for c in (ImageInput, ClassifyInput, CompareInput, BatchInput, AnalyzeInput))
 
 
@@ -119,6 +118,6 @@ class _InputErrorsQuiet(logging.Filter):
 def quiet_input_errors() -> None:
     """Log a client's invalid input to a BentoML API as one INFO line (what was wrong), not as a server
     error with a traceback. Idempotent."""
-    logger = logging.getLogger(_BENTOML_API_LOGGER)
+    logger = logging.getLogger(API_ERROR_LOGGER)
     if not any(isinstance(f, _InputErrorsQuiet) for f in logger.filters):
         logger.addFilter(_InputErrorsQuiet())

@@ -1,8 +1,7 @@
 """The front's connections, bounded before a request reaches any ASGI code.
 
-BentoML 1.4.40's worker (``_bentoml_impl/worker/service.py``) builds its own ``uvicorn.Config`` with
-``http="auto"`` — uvicorn's httptools protocol — and exposes none of these limits (only
-``bentoml serve --timeout-keep-alive``). Out of the box that protocol:
+BentoML's worker serves uvicorn's httptools protocol, and no public setting gives it these limits
+(fastinfer/compat/uvicorn.py says why). Out of the box that protocol:
 
 * arms its keep-alive timer only after a response, so a connection that never sends a byte, or
   that sends one byte of its next request and then nothing, stays open for ever;
@@ -13,7 +12,8 @@ BentoML 1.4.40's worker (``_bentoml_impl/worker/service.py``) builds its own ``u
 
 FastInfer's API keys and limits (fastinfer/front/http.py) are read after the headers, too late for any of
 it. So :func:`install_front_protocol` points uvicorn's ``"auto"`` HTTP protocol at :class:`FrontProtocol`, a
-subclass of uvicorn's httptools protocol that adds, per front worker:
+subclass of uvicorn's httptools protocol (what it relies on: fastinfer/compat/uvicorn.py) that adds, per front
+worker:
 
 * idle connections closed: no byte within ``keepalive_s`` after connecting or after a response;
 * a request's headers must all arrive within ``header_timeout_s`` of its first byte (else 408);
@@ -47,13 +47,15 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import httptools
 from prometheus_client import Counter
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from fastinfer.common.errors import error_body
+from fastinfer.compat.bentoml import in_dependency
+from fastinfer.compat.uvicorn import HttpToolsProtocol, Protocol, use_http_protocol
 
 if TYPE_CHECKING:
     from fastinfer.catalog.config import Settings
@@ -128,8 +130,6 @@ def install_front_protocol(settings: Settings) -> ConnectionLimits:
     towards the hard one to hold them, and where even that is short, ``max_connections`` is lowered
     with a warning, since running out of descriptors is what the cap exists to prevent.
     """
-    import uvicorn.config
-
     limits = limits_from(settings)
     needed = 2 * limits.max_connections + FD_RESERVE
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -151,7 +151,7 @@ def install_front_protocol(settings: Settings) -> ConnectionLimits:
         )
         limits = replace(limits, max_connections=allowed)
     FrontProtocol.limits = limits
-    uvicorn.config.HTTP_PROTOCOLS["auto"] = f"{__name__}:FrontProtocol"
+    use_http_protocol(f"{__name__}:FrontProtocol")
     return limits
 
 
@@ -224,21 +224,14 @@ def _shared(server_state: Any) -> _Shared:
     return shared
 
 
-def _is_front() -> bool:
-    """False in the runners' processes (BentoML marks them before uvicorn starts); True in the entry
-    service and wherever the protocol is used outside ``bentoml serve`` (tests)."""
-    from bentoml._internal.context import server_context
-
-    return server_context.service_type != "service"
-
-
-class FrontProtocol(HttpToolsProtocol):
+class FrontProtocol(Protocol):
     """uvicorn's httptools protocol with the front's limits (see the module docstring)."""
 
     limits: ClassVar[ConnectionLimits] = ConnectionLimits()
 
     def __new__(cls, *args: Any, **kwargs: Any) -> HttpToolsProtocol:
-        if not _is_front():  # a runner: uvicorn's own protocol, untouched
+        # A runner (BentoML marks its processes before uvicorn starts): uvicorn's own protocol, untouched.
+        if in_dependency():
             return HttpToolsProtocol(*args, **kwargs)
         return super().__new__(cls)
 
@@ -273,7 +266,7 @@ class FrontProtocol(HttpToolsProtocol):
             )
             return
         self._become_idle()
-        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+        self.arm_keepalive()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.shared.idle.pop(self, None)
@@ -285,20 +278,14 @@ class FrontProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self.answered:
             return  # read before the pause took effect: dropped
-        self._unset_keepalive_if_required()
+        self.disarm_keepalive()
         if self.in_head:
             # Counted as it arrives: httptools buffers a header whole before handing it over. A read
             # that ends one request and starts the next is counted for neither (one read at most).
             self.head_bytes += len(data)
             self._arm_head_timer()  # any byte, even the blank lines llhttp skips between requests
         try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
-            return
+            self.feed(data)
         except httptools.HttpParserError as exc:
             if self.refusal is not None:
                 self._answer(*self.refusal, delay=REFUSAL_DELAY_S)
@@ -470,7 +457,7 @@ class FrontProtocol(HttpToolsProtocol):
             return
         self.answered = True
         self._cancel_head_timer()
-        self._unset_keepalive_if_required()
+        self.disarm_keepalive()
         self.shared.idle.pop(self, None)
         self.connections.discard(self)  # not counted against the cap while it lingers
         self.shared.incidents.add(event, self.loop, self.limits)
@@ -489,7 +476,8 @@ class FrontProtocol(HttpToolsProtocol):
             self.transport.close()
             return
         body = json.dumps(error_body(code, message)).encode()
-        head = [STATUS_LINE[status], b"content-type: application/json\r\n", b"connection: close\r\n"]
+        head = [b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode())]
+        head += [b"content-type: application/json\r\n", b"connection: close\r\n"]
         if retry_after:
             head.append(b"retry-after: 1\r\n")
         head.append(b"content-length: %d\r\n\r\n" % len(body))

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import bentoml
-from _bentoml_sdk.io_models import IODescriptor
 from pydantic import BaseModel
 
 from fastinfer.common.schemas import BatchResponse, ClassifyResponse, CompareResponse, summarise
@@ -67,7 +66,7 @@ class ImageRoute:
         return (BATCH_FIELD,) if self.kind == "batch" else FILE_FIELDS
 
     @property
-    def input_spec(self) -> type[IODescriptor]:
+    def input_spec(self) -> type[bentoml.IODescriptor]:
         if self.kind == "batch":
             return BatchInput
         if self.kind == "compare":

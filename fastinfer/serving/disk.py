@@ -32,17 +32,15 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 
-import prometheus_client.values
-from prometheus_client.mmap_dict import _INITIAL_MMAP_SIZE, MmapedDict
-
 from fastinfer.common import leases
 from fastinfer.common.home import bentoml_home
+from fastinfer.compat.bentoml import set_prometheus_dir
+from fastinfer.compat.prometheus import HEADER, INITIAL_MMAP_SIZE, MmapedDict, use_mmaped_dict
 
 logger = logging.getLogger("fastinfer.disk")
 
 RETRY_S = 5.0  # a file held in memory tries to get its blocks back at most this often
 CHECK_S = 1.0  # free space is looked up at most this often (each /readyz asks)
-_HEADER = 8  # a metric file's first 8 bytes: how much of it is used, then padding
 _FILE_NAME = re.compile(r"(?P<kind>[a-z_]+)_(?P<pid>\d+)\.db")
 
 
@@ -135,7 +133,8 @@ def _allocate(fd: int, size: int) -> None:
 
 
 class GuardedMmapedDict(MmapedDict):
-    """prometheus_client's MmapedDict, but never mapping a page without a disk block behind it; when
+    """prometheus_client's MmapedDict (what it relies on: fastinfer/compat/prometheus.py), but never mapping a
+    page without a disk block behind it; when
     the disk has none, the values are held in anonymous memory instead (see the module docstring).
 
     prometheus_client calls every method but ``__init__`` under its own lock, so the switches between
@@ -149,17 +148,17 @@ class GuardedMmapedDict(MmapedDict):
         try:
             fd = os.open(filename, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError as exc:  # no room even for the file's name
-            self._to_memory(filename, _INITIAL_MMAP_SIZE, b"", {}, exc)
+            self._to_memory(filename, INITIAL_MMAP_SIZE, b"", {}, exc)
             return
         size = 0
         try:
             size = os.fstat(fd).st_size
-            _allocate(fd, max(size, _INITIAL_MMAP_SIZE))  # all of it: a file made before the disk filled has holes
+            _allocate(fd, max(size, INITIAL_MMAP_SIZE))  # all of it: a file made before the disk filled has holes
         except OSError as exc:
             if size == 0:  # ours, empty: not left behind for /metrics to read
                 with contextlib.suppress(OSError):
                     os.unlink(filename)
-            self._to_memory(filename, _INITIAL_MMAP_SIZE, b"", {}, exc)
+            self._to_memory(filename, INITIAL_MMAP_SIZE, b"", {}, exc)
             return
         finally:
             os.close(fd)
@@ -210,8 +209,8 @@ class GuardedMmapedDict(MmapedDict):
             self._m[: len(contents)] = contents
             self._used = len(contents)
         else:
-            self._used = _HEADER
-            self._m[0:4] = struct.pack("i", _HEADER)
+            self._used = HEADER
+            self._m[0:4] = struct.pack("i", HEADER)
         self._positions = dict(positions)
         self._retry_at = time.monotonic() + RETRY_S
         HEALTH.moved_to_memory(self, filename, exc)
@@ -230,8 +229,8 @@ class GuardedMmapedDict(MmapedDict):
             return
         mapped = mmap.mmap(file.fileno(), self._capacity)
         # Entries first, the used count last: a /metrics scrape reading meanwhile sees old or new, whole.
-        mapped[_HEADER : self._used] = self._m[_HEADER : self._used]
-        mapped[0:_HEADER] = self._m[0:_HEADER]
+        mapped[HEADER : self._used] = self._m[HEADER : self._used]
+        mapped[0:HEADER] = self._m[0:HEADER]
         self._f, self._m = file, mapped
         HEALTH.back_on_disk(self)
 
@@ -273,7 +272,7 @@ def _alive(pid: int) -> bool:
 def _holds_nothing(path: str) -> bool:
     with open(path, "rb") as f:
         head = f.read(4)
-    return len(head) < 4 or struct.unpack("i", head)[0] <= _HEADER
+    return len(head) < 4 or struct.unpack("i", head)[0] <= HEADER
 
 
 METRICS_ROOT = "fastinfer-metrics"
@@ -294,11 +293,8 @@ def own_metrics_dir() -> None:
     given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if given and Path(given).parent == root:
         return
-    # No public setting: BentoML's serve reads this provider (bentoml/serving.py ensure_prometheus_dir).
-    from bentoml._internal.configuration.containers import BentoMLContainer
-
     _own_dir = root / str(os.getpid())
-    BentoMLContainer.prometheus_multiproc_dir.set(str(_own_dir))
+    set_prometheus_dir(str(_own_dir))
 
 
 def claim_metrics_dir() -> None:
@@ -322,7 +318,7 @@ def guard_metric_files(min_free_bytes: int) -> DiskHealth:
 
     Call before the process records any metric (a file already open keeps prometheus_client's class)."""
     HEALTH.min_free_bytes = min_free_bytes
-    prometheus_client.values.MmapedDict = GuardedMmapedDict  # looked up there each time a file is opened
+    use_mmaped_dict(GuardedMmapedDict)
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if directory:
         if _is_pid(Path(directory).name):  # a worker keeps its server's metrics while it lives

@@ -19,15 +19,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-NOT_LAYERED = ("tests",)  # the tests may import any layer; no layer imports them
+NOT_LAYERED = ("tests", "docs")  # the tests and the docs site's hooks may import any layer; no layer imports them
 CLASS_PATH = re.compile(r"([A-Za-z_][\w.]*):[A-Za-z_][\w.]*")  # "a.b:Class" or "a.b:Class.attr"
 LOADERS = ("import_module", "__import__", "resolve_name")  # called with a module's (or a name's) path
 
-# Bottom to top, numbered as README's Layout numbers them (checked below). A module may import its own
+# Bottom to top, numbered as docs/architecture.md's Layout numbers them (checked below). A module may import its own
 # package and the layers below its own; packages that share a layer are peers and import neither each other.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("fastinfer",),  # the package's __init__ alone: its version
     ("fastinfer.common",),
+    ("fastinfer.compat",),  # the frameworks' private names, one adapter each (checked below)
     ("fastinfer.engines",),
     ("fastinfer.catalog",),
     ("fastinfer.serving",),
@@ -140,7 +141,7 @@ def layer_of(module: str, layers: tuple[tuple[str, ...], ...] = LAYERS) -> tuple
             if inside and (best is None or len(package) > len(best[1])):
                 best = (index, package)
     if best is None:
-        raise AssertionError(f"{module} is in no layer: add its package to LAYERS (and to README's Layout)")
+        raise AssertionError(f"{module} is in no layer: add its package to LAYERS (and to docs/architecture.md)")
     return best
 
 
@@ -205,19 +206,19 @@ def test_the_graph_is_read_whole() -> None:
     assert len(graph) > 60
 
 
-def readme_layers() -> dict[str, int]:
-    """README's Layout table: folder or file → its layer number."""
-    text = (ROOT / "README.md").read_text()
+def documented_layers() -> dict[str, int]:
+    """docs/architecture.md's Layout table: folder or file → its layer number."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
     block = text.split("## Layout", 1)[1].split("```", 2)[1]
     rows = (re.match(r"(\d+)\s+(\S+)", line) for line in block.splitlines())
     return {row[2]: int(row[1]) for row in rows if row}
 
 
-def test_readme_layout_numbers_the_same_layers() -> None:
+def test_the_documented_layout_numbers_the_same_layers() -> None:
     def package(where: str) -> str:
         return where.removesuffix("/").removesuffix(".py").replace("/", ".")
 
-    documented = {package(where): number for where, number in readme_layers().items()}
+    documented = {package(where): number for where, number in documented_layers().items()}
     tested = {name: index for index, names in enumerate(LAYERS) for name in names if name != "fastinfer"}
     assert documented == tested
 
@@ -297,3 +298,89 @@ def test_an_upward_import_is_seen_however_it_is_written(case: str, tmp_path: Pat
     )
     wrong = upward_imports(graph)
     assert wrong and all(line.startswith(f"fastinfer.serving.{case} imports ") for line in wrong), wrong
+
+
+# The frameworks' private names are used in fastinfer/compat/ only, one adapter per framework, each stating
+# its assumptions (tests/unit/test_compat_*.py): an upgrade then reads three files, not the whole tree.
+ADAPTERS = "fastinfer.compat"
+FRAMEWORKS = ("bentoml", "_bentoml_sdk", "_bentoml_impl", "bentoml_cli", "uvicorn", "prometheus_client")
+# Private whole: BentoML's implementation packages, and uvicorn, which FastInfer never runs itself (BentoML does).
+PRIVATE_PACKAGES = ("_bentoml_sdk", "_bentoml_impl", "bentoml_cli", "uvicorn")
+PRIVATE_MODULES = ("prometheus_client.mmap_dict", "prometheus_client.values")  # no leading underscore, not public
+DOTTED = re.compile(r"\b_?[A-Za-z]\w*(?:\.\w+)+|\b_bentoml_\w+")  # a dotted name in a string, or a bare private one
+
+
+def private_name(dotted: str) -> bool:
+    """Whether a dotted name is a private one of BentoML, uvicorn or prometheus_client."""
+    parts = dotted.split(".")
+    if parts[0] not in FRAMEWORKS:
+        return False
+    private_part = any(part.startswith("_") and not part.startswith("__") for part in parts[1:])
+    return (
+        parts[0] in PRIVATE_PACKAGES or private_part or any(f"{dotted}.".startswith(f"{m}.") for m in PRIVATE_MODULES)
+    )
+
+
+def private_uses(path: Path, root: Path = ROOT) -> list[str]:
+    """Each private framework name ``path`` imports, reaches by attribute or writes in a string (not a docstring)."""
+    tree = ast.parse(path.read_text(), str(path))
+    where = path.relative_to(root)
+    docstrings = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}  # bare strings: prose
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or "", *(f"{node.module}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.Attribute):
+            names = [_dotted(node)[1]]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            names = DOTTED.findall(node.value)
+        else:
+            continue
+        found += [f"{where}:{node.lineno} uses {name}" for name in names if private_name(name)]
+    return sorted(set(found))
+
+
+def test_only_the_adapters_use_the_frameworks_private_names() -> None:
+    used = [line for name, path in project_modules().items() if not name.startswith(ADAPTERS)
+            for line in private_uses(path)]  # fmt: skip
+    assert used == [], "move these into fastinfer/compat/ (one adapter per framework), with a test per assumption"
+
+
+PRIVATE_USES = {
+    "from_internal": "from bentoml._internal.context import server_context\n",
+    "import_impl": "import _bentoml_impl.worker\n",
+    "sdk": "from _bentoml_sdk.io_models import IODescriptor\n",
+    "private_module_name": "from bentoml import _internal\n",
+    "mmap_dict": "from prometheus_client.mmap_dict import MmapedDict\n",
+    "values_as_name": "from prometheus_client import values\n",
+    "underscore_name": "from prometheus_client.utils import _floatToGoString\n",
+    "any_uvicorn": "import uvicorn\n",
+    "attribute_chain": "import bentoml\nCONTEXT = bentoml._internal.context.server_context\n",
+    "assignment": "import prometheus_client\nprometheus_client.values.MmapedDict = dict\n",
+    "logger_name": 'import logging\nlogging.getLogger("bentoml._internal.server.http_app")\n',
+    "command_line": 'def worker(cmdline):\n    return any("_bentoml_impl.worker" in part for part in cmdline)\n',
+    "loader": 'import importlib\nimportlib.import_module("uvicorn.config")\n',
+}
+
+
+@pytest.mark.parametrize("case", sorted(PRIVATE_USES))
+def test_a_private_name_is_seen_however_it_is_written(case: str, tmp_path: Path) -> None:
+    path = tmp_path / "fastinfer" / "front" / f"{case}.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(PRIVATE_USES[case])
+    used = private_uses(path, tmp_path)
+    assert used and all(line.startswith(f"fastinfer/front/{case}.py:") for line in used), used
+
+
+def test_public_names_and_prose_are_not_private_uses(tmp_path: Path) -> None:
+    path = tmp_path / "service.py"
+    path.write_text(
+        '"""Served by _bentoml_impl.worker (BentoML), through uvicorn.protocols."""\n'
+        "import bentoml\nfrom bentoml.exceptions import BadInput\nfrom prometheus_client import Counter\n"
+        "from prometheus_client.multiprocess import mark_process_dead\n"
+        'VERSION = bentoml.__version__\nSAID = "uvicorn\'s keep-alive, bentoml.depends"\n'
+        'def f():\n    """Like prometheus_client.values."""\n'
+    )
+    assert private_uses(path, tmp_path) == []

@@ -1,0 +1,1 @@
+"""Adapters: the only modules that touch the frameworks' private names (one per framework)."""

@@ -1,0 +1,75 @@
+"""What FastInfer uses of BentoML beyond its public API, in one place. Written against bentoml==1.4.40.
+
+Where a public setting does the job it is used instead: the front's workers, timeout (``traffic``), access
+log and environment are ``@bentoml.service`` settings (service.py; BentoML's own concurrency limit answers in
+another shape than the project's errors, so FrontMiddleware keeps that); ``bentoml.IODescriptor`` and
+``bentoml.server_context`` are public. What remains has no public equivalent. Assumptions, one test each
+(tests/unit/test_compat_bentoml.py):
+
+1. fastinfer/front/openapi.py edits the spec BentoML generates, so it builds with BentoML's own spec classes
+   and tags: ``APP_TAG``, ``INFRA_TAG`` (``bentoml._internal.service.openapi``) and ``Contact``,
+   ``OpenAPISpecification``, ``PathItem``, ``Tag`` (``…openapi.specification``).
+2. ``server_context.service_type`` is ``"service"`` in the workers of a dependency (a runner) only.
+3. A failed API call is logged, with its traceback, to the logger :data:`API_ERROR_LOGGER` (``log_exception``).
+4. ``bentoml serve`` reads the Prometheus directory from ``BentoMLContainer.prometheus_multiproc_dir``
+   (``ensure_prometheus_dir``): no setting or variable names it.
+5. ``BentoMLContainer.config`` holds the configuration as a dict: ``tracing`` (``sample_rate``,
+   ``exporter_type``) at its top and, where an operator sets them, under ``services``.
+6. A worker's command line is ``python -m _bentoml_impl.worker.service <bento> --service-name <name> --fd <n>``
+   (``--fd``: the socket circus hands it).
+7. An API's typed input is parsed by the classmethod ``IODescriptor.from_http_request(request, serde)``
+   (fastinfer/front/api_inputs.py overrides it).
+8. ``Service.dependencies`` maps each attribute set to ``bentoml.depends(...)`` to it; its ``on`` is the service
+   (service.py's /readyz asks each runner).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from bentoml import server_context
+from bentoml._internal.service.openapi import APP_TAG, INFRA_TAG
+from bentoml._internal.service.openapi.specification import Contact, OpenAPISpecification, PathItem, Tag
+
+__all__ = ["APP_TAG", "INFRA_TAG", "Contact", "OpenAPISpecification", "PathItem", "Tag", "server_context"]
+
+API_ERROR_LOGGER = "bentoml._internal.server.http_app"
+WORKER_MODULE = "_bentoml_impl.worker"
+
+
+def in_dependency() -> bool:
+    """Whether this process is a worker of a dependency service (a runner), not of the entry service."""
+    return server_context.service_type == "service"
+
+
+def set_prometheus_dir(path: str) -> None:
+    """The Prometheus directory ``bentoml serve`` prepares and hands its workers; call before it does."""
+    from bentoml._internal.configuration.containers import BentoMLContainer
+
+    BentoMLContainer.prometheus_multiproc_dir.set(path)
+
+
+def configuration() -> Any:
+    """BentoML's configuration, as its processes see it."""
+    from bentoml._internal.configuration.containers import BentoMLContainer
+
+    return BentoMLContainer.config.get()
+
+
+def worker_service(cmdline: Sequence[str]) -> str | None:
+    """The service a ``bentoml serve`` worker serves, from its command line: its ``--service-name``, "" when
+    it names none (a one-service server), None for a process that is no worker (the supervisor, others)."""
+    if not any(WORKER_MODULE in part for part in cmdline):
+        return None
+    return _option(cmdline, "--service-name") or ""
+
+
+def socket_fd(argv: Sequence[str]) -> int | None:
+    """The descriptor of the socket this worker serves (circus passes it as ``--fd N``), if any."""
+    given = _option(argv, "--fd")
+    return int(given) if given is not None and given.isdigit() else None
+
+
+def _option(cmdline: Sequence[str], name: str) -> str | None:
+    return cmdline[list(cmdline).index(name) + 1] if name in cmdline[:-1] else None

@@ -1,0 +1,122 @@
+"""Each assumption fastinfer/compat/bentoml.py makes about BentoML (its docstring numbers them), checked
+against the installed BentoML: an upgrade that breaks one fails here, naming it."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import bentoml
+import pytest
+from _bentoml_impl.server import app as server_app
+from _bentoml_impl.server import serving as bentoml_serving
+from _bentoml_impl.worker import service as worker
+from bentoml.serving import ensure_prometheus_dir
+
+from fastinfer.compat import bentoml as compat
+
+
+def test_1_the_spec_is_built_of_bentomls_own_classes_and_tags() -> None:
+    @bentoml.service
+    class Probe:
+        @bentoml.api
+        def echo(self, x: int) -> int:
+            return x
+
+    spec = Probe.openapi_spec
+    assert isinstance(spec, compat.OpenAPISpecification), (
+        "assumption 1: BentoML's generated spec is an OpenAPISpecification (bentoml._internal.service.openapi)"
+    )
+    assert compat.APP_TAG in spec.tags and compat.INFRA_TAG in spec.tags, (
+        "assumption 1: the generated spec's tags are APP_TAG (the APIs) and INFRA_TAG (the probes)"
+    )
+    assert all(isinstance(item, compat.PathItem) for item in spec.paths.values()), (
+        "assumption 1: the spec's paths are PathItem objects"
+    )
+    assert isinstance(spec.info.contact, compat.Contact), "assumption 1: the spec's info.contact is a Contact"
+
+
+def test_2_only_a_dependency_worker_has_service_type_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    source = inspect.getsource(worker)
+    assert 'server_context.service_type = "service"' in source and '"entry_service"' in source, (
+        "assumption 2: BentoML's worker sets server_context.service_type to \"service\" in a dependency's "
+        'workers and to "entry_service" in the entry service\'s'
+    )
+    monkeypatch.setattr(compat.server_context, "service_type", "service")
+    assert compat.in_dependency()
+    monkeypatch.setattr(compat.server_context, "service_type", "entry_service")
+    assert not compat.in_dependency()
+
+
+def test_3_a_failed_api_call_is_logged_to_api_error_logger(caplog: pytest.LogCaptureFixture) -> None:
+    request = SimpleNamespace(url=SimpleNamespace(path="/analyze"), method="POST")
+    with caplog.at_level(logging.ERROR, logger=compat.API_ERROR_LOGGER):
+        server_app.log_exception(request, exc_info=None)  # what BentoML's app calls when an API fails
+    assert [r.name for r in caplog.records] == [compat.API_ERROR_LOGGER], (
+        f"assumption 3: BentoML logs a failed API call to the logger {compat.API_ERROR_LOGGER!r}"
+    )
+
+
+def test_4_bentoml_serve_takes_the_prometheus_directory_from_the_container(tmp_path: Path) -> None:
+    from bentoml._internal.configuration.containers import BentoMLContainer
+
+    before = BentoMLContainer.prometheus_multiproc_dir.get()
+    try:
+        compat.set_prometheus_dir(str(tmp_path / "metrics"))
+        assert ensure_prometheus_dir() == str(tmp_path / "metrics"), (
+            "assumption 4: bentoml serve's ensure_prometheus_dir reads BentoMLContainer.prometheus_multiproc_dir"
+        )
+    finally:
+        BentoMLContainer.prometheus_multiproc_dir.set(before)
+    assert "ensure_prometheus_dir()" in inspect.getsource(bentoml_serving), (
+        "assumption 4: bentoml serve (_bentoml_impl/server/serving.py) calls ensure_prometheus_dir"
+    )
+
+
+def test_5_the_configuration_is_a_dict_with_tracing_on_top() -> None:
+    config = compat.configuration()
+    assert isinstance(config, dict) and {"sample_rate", "exporter_type"} <= set(config["tracing"]), (
+        "assumption 5: BentoMLContainer.config holds a dict with tracing.sample_rate and tracing.exporter_type"
+    )
+
+
+def test_6_a_worker_runs_the_worker_module_with_service_name_and_fd() -> None:
+    assert bentoml_serving._SERVICE_WORKER_SCRIPT.startswith(compat.WORKER_MODULE), (
+        f"assumption 6: bentoml serve runs each worker as python -m {compat.WORKER_MODULE}..."
+    )
+    options = {opt for param in worker.main.params for opt in param.opts}
+    assert {"--service-name", "--fd"} <= options, "assumption 6: the worker takes --service-name and --fd"
+    source = inspect.getsource(bentoml_serving.create_dependency_watcher)
+    assert '"--service-name",\n        svc.name,\n        "--fd",' in source, (
+        "assumption 6: each dependency's worker is given --service-name <its name> and --fd <its socket>"
+    )
+    line = ["python", "-m", bentoml_serving._SERVICE_WORKER_SCRIPT, ".", "--service-name", "runner-x", "--fd", "7"]
+    assert (compat.worker_service(line), compat.socket_fd(line)) == ("runner-x", 7)
+    assert compat.worker_service(["bentoml", "serve", "--service-name", "x"]) is None
+
+
+def test_7_typed_inputs_are_parsed_by_from_http_request() -> None:
+    method = inspect.getattr_static(bentoml.IODescriptor, "from_http_request")
+    assert isinstance(method, classmethod), "assumption 7: IODescriptor.from_http_request is a classmethod"
+    assert list(inspect.signature(bentoml.IODescriptor.from_http_request).parameters) == ["request", "serde"], (
+        "assumption 7: IODescriptor.from_http_request takes (request, serde)"
+    )
+    assert ".input_spec.from_http_request(request, serde)" in inspect.getsource(server_app), (
+        "assumption 7: BentoML's app parses an API's input with input_spec.from_http_request(request, serde)"
+    )
+
+
+def test_8_service_dependencies_name_each_depended_on_service() -> None:
+    @bentoml.service
+    class Runner:
+        pass
+
+    @bentoml.service
+    class Front:
+        runner = bentoml.depends(Runner)
+
+    assert Front.dependencies["runner"].on is Runner, (
+        "assumption 8: Service.dependencies maps each bentoml.depends attribute to it, .on the service"
+    )
