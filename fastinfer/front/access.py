@@ -60,22 +60,25 @@ class ApiKeys:
         """The caller's identity (which key: ``key-<n>``), or the 401 to answer."""
         values = [value for name, value in scope.get("headers", []) if name.lower() == b"authorization"]
         if not values:
-            return _unauthorized("This server needs an API key: send it as 'Authorization: Bearer <key>'.")
+            return unauthorized(NO_KEY)
         scheme, _, token = values[0].strip().partition(b" ")
         token = token.strip()
         if len(values) > 1 or scheme.lower() != b"bearer" or not token or b" " in token:
-            return _unauthorized("The Authorization header must be exactly one 'Bearer <key>'.")
+            return unauthorized("The Authorization header must be exactly one 'Bearer <key>'.")
         digest = hashlib.sha256(token).digest()
         match = -1
         for number, known in enumerate(self._digests):  # no early exit: every key is compared every time
             if hmac.compare_digest(digest, known):
                 match = number
         if match < 0:
-            return _unauthorized("The API key was not accepted.", invalid=True)
+            return unauthorized("The API key was not accepted.", invalid=True)
         return f"key-{match + 1}"
 
 
-def _unauthorized(message: str, invalid: bool = False) -> Refusal:
+NO_KEY = "This server needs an API key: send it as 'Authorization: Bearer <key>'."
+
+
+def unauthorized(message: str, invalid: bool = False) -> Refusal:
     challenge = b'Bearer realm="fastinfer"' + (b', error="invalid_token"' if invalid else b"")
     return Refusal(401, error_body("unauthorized", message), [(b"www-authenticate", challenge)])
 
@@ -188,7 +191,7 @@ class Access:
         client = client or _peer(scope)
         wait = guard.wait(client)
         if wait is not None:
-            return _rate_limited(guard, path, wait)
+            return rate_limited(guard, path, wait)
         scope.setdefault("state", {})[GUARDED] = (guard, client, path)
         return None
 
@@ -205,10 +208,10 @@ def spend(scope: Scope) -> Refusal | None:
         return None
     guard, client, path = guarded
     wait = guard.admit(client)
-    return None if wait is None else _rate_limited(guard, path, wait)
+    return None if wait is None else rate_limited(guard, path, wait)
 
 
-def _rate_limited(guard: RateGuard, path: str, wait: float) -> Refusal:
+def rate_limited(guard: RateGuard, path: str, wait: float) -> Refusal:
     retry = max(1, math.ceil(wait))
     return Refusal(429, error_body("rate_limited", guard.message(path, retry)), [(b"retry-after", str(retry).encode())])
 

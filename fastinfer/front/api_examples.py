@@ -4,13 +4,21 @@ The answers were recorded from a real ``bentoml serve`` of this project (AMD EPY
 2026-12-03) and only shortened (scores rounded, lists cut). Its models had random-init weights,
 so the labels are meaningless while the timings are real; the API page says so (api_page.md). The /analyze text
 is written for the example: Groq cannot be reached where they were recorded.
-tests/unit/test_openapi.py validates every answer against its response model.
+tests/unit/test_api_page.py validates every answer against its response model. The error examples are the
+bodies the server answers (:func:`errors`).
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+from fastinfer.catalog.config import Settings
+from fastinfer.common.errors import BackendUnavailable, ImageTooLarge, InvalidImage
+from fastinfer.front import http, image_api
+from fastinfer.front.access import ANALYZE_ROUTE, NO_KEY, analyze_guard, rate_limited, unauthorized
+from fastinfer.front.analysis import GroqFailed, GroqTimeout, GroqUnavailable
+from fastinfer.front.image_routes import ROUTES
 
 BASE_URL = "http://127.0.0.1:3000"
 ORT_ENGINE = "ONNX Runtime 1.32.0 on CPUExecutionProvider; CPU instructions avx2+avx512+avx512_bf16+avx512_vnni"
@@ -290,3 +298,41 @@ def curl(route: str, method: str, image_route: bool, key: bool) -> str:
     if image_route:
         return f"curl{auth} -F image=@cat.jpg -F top_k=1 {url}"
     return f"curl{auth} -X {method.upper()} {url}"
+
+
+def errors(settings: Settings) -> dict[tuple[str, str], dict[str, Any]]:
+    """(status, case) → the body this server answers in that case, from the constructor it answers with: the
+    spec's error examples. Where the server writes a message in place (serving/preprocess.py, fastinfer/front/
+    analysis.py, BentoML's validation), it is written out here; tests/unit/test_spec_examples.py has the server
+    answer every case and compares."""
+    limit = settings.max_batch_images
+    batch = next(route for route in ROUTES.values() if route.kind == "batch")
+    return {
+        ("400", "invalid_field"): http.validation_error(
+            [{"loc": ["question"], "msg": "String should have at most 500 characters"}]
+        ),
+        ("400", "invalid_image"): InvalidImage("The body is not an image format this service can read.").body(),
+        ("400", "too_many_images"): image_api.too_many_images(limit + 1, limit).body(),
+        ("401", "no_key"): unauthorized(NO_KEY).body,
+        ("408", "slow_body"): http.slow_body(settings.body_idle_s, settings.request_timeout_s),
+        ("413", "too_large"): http.too_large(25_000_000, settings.max_bytes),
+        ("413", "get_body"): http.no_body("GET", "/backends"),
+        ("413", "image_too_large"): ImageTooLarge(
+            f"The image is 12000×10000 = 120,000,000 pixels; the limit is {settings.max_pixels:,} "
+            "(FASTINFER_MAX_PIXELS). It was not decoded."
+        ).body(),
+        ("415", "unsupported"): image_api.unsupported("text/csv", ROUTES["/classify"]).body(),
+        ("415", "unsupported_batch"): image_api.unsupported("text/csv", batch).body(),
+        ("429", "overloaded"): http.overloaded(settings.max_concurrency, settings.max_uploads),
+        ("429", "rate_limited"): rate_limited(analyze_guard(settings), ANALYZE_ROUTE, 42).body,
+        ("500", "failed"): http.normalise_error(500, b""),  # BentoML's 500, reshaped
+        ("500", "image_failed"): image_api.FAILED,
+        ("502", "groq_failed"): GroqFailed("Groq answered HTTP 500; try again later.").body(),
+        ("503", "unavailable"): http.UNAVAILABLE,
+        ("503", "backend_unavailable"): BackendUnavailable(BACKENDS["backends"][1]["reason"]).body(),
+        ("503", "groq_unavailable"): GroqUnavailable(
+            "AI analysis is off: set GROQ_API_KEY or GROQ_API_KEY_FILE (and restart the service) to enable it."
+        ).body(),
+        ("504", "timeout"): http.timed_out(settings.request_timeout_s),
+        ("504", "groq_timeout"): GroqTimeout(f"Groq did not answer within {settings.groq.timeout_s:g} s.").body(),
+    }

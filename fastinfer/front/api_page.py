@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import bentoml
-from bentoml._internal.context import server_context
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fastinfer import __version__
@@ -31,6 +30,7 @@ from fastinfer.catalog.backends import served_models, unavailable_reason
 from fastinfer.catalog.choice import configuration, default_choice
 from fastinfer.catalog.config import Settings
 from fastinfer.common.schemas import TOP_K_MAX
+from fastinfer.compat.bentoml import server_context
 from fastinfer.front.access import analyze_guard
 
 TITLE = "FastInfer"

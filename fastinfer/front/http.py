@@ -83,7 +83,7 @@ def normalise_error(status: int, body: bytes) -> dict[str, Any]:
             return data
         detail = data.get("detail")
         if isinstance(detail, list) and detail and isinstance(detail[0], dict):
-            return _validation_error(detail)
+            return validation_error(detail)
         message = error if isinstance(error, str) else detail if isinstance(detail, str) else None
     else:
         message = None
@@ -94,7 +94,7 @@ def normalise_error(status: int, body: bytes) -> dict[str, Any]:
     return error_body(_STATUS_CODES.get(status, "error"), message)
 
 
-def _validation_error(detail: list[dict[str, Any]]) -> dict[str, Any]:
+def validation_error(detail: list[dict[str, Any]]) -> dict[str, Any]:
     parts, code = [], "invalid_request"
     for err in detail:
         loc = [str(p) for p in err.get("loc", []) if p not in ("body", "query")]
@@ -103,6 +103,41 @@ def _validation_error(detail: list[dict[str, Any]]) -> dict[str, Any]:
             code = _FIELD_CODES[field]
         parts.append(f"{'.'.join(loc) or 'request'}: {err.get('msg', 'invalid')}")
     return error_body(code, "; ".join(parts))
+
+
+# The bodies of the front's own refusals, also the spec's examples of them (fastinfer/front/api_examples.py).
+def overloaded(max_concurrency: int, max_uploads: int) -> dict[str, Any]:
+    return error_body(
+        "overloaded",
+        f"The server is at its limit of {max_concurrency} concurrent requests "
+        f"(FASTINFER_MAX_CONCURRENCY) or {max_uploads} uploads; retry shortly.",
+    )
+
+
+def too_large(length: int | None, max_bytes: int) -> dict[str, Any]:
+    size = f"{length:,} bytes" if length is not None else "larger than the limit"
+    return error_body(
+        "payload_too_large", f"The request body is {size}; the limit is {max_bytes:,} bytes (FASTINFER_MAX_BYTES)."
+    )
+
+
+def slow_body(body_idle_s: float, timeout_s: float) -> dict[str, Any]:
+    return error_body(
+        "request_timeout",
+        f"The request body stalled for {body_idle_s:g} s or did not arrive within "
+        f"{timeout_s:g} s (FASTINFER_BODY_IDLE_S, FASTINFER_TIMEOUT_S).",
+    )
+
+
+def timed_out(timeout_s: float) -> dict[str, Any]:
+    return error_body("timeout", f"The request did not finish within {timeout_s:g} s (FASTINFER_TIMEOUT_S).")
+
+
+def no_body(method: str, path: str) -> dict[str, Any]:
+    return error_body("payload_too_large", f"{method} {path} takes no request body.")
+
+
+UNAVAILABLE = error_body("unavailable", "The server could not take this request now (logged); retry shortly.")
 
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -185,11 +220,13 @@ class FrontMiddleware:
             # plain-text 500 only after timeout_s + 5 s.
             if _disk_full(exc):  # said once per episode (fastinfer/serving/disk.py logs it too), not per request
                 self._log_disk_full(path, exc)
-                message = "The server's disk is full and this request needs it (logged); retry later."
+                refused = error_body(
+                    "unavailable", "The server's disk is full and this request needs it (logged); retry later."
+                )
             else:
                 logger.exception("front: failed before answering %s", path)
-                message = "The server could not take this request now (logged); retry shortly."
-            await send_json(recorder, 503, error_body("unavailable", message))
+                refused = UNAVAILABLE
+            await send_json(recorder, 503, refused)
         finally:
             if path in self.route_backends and recorder.status is not None:
                 backend = state.get("fastinfer_backend") or self.route_backends[path]
@@ -209,7 +246,7 @@ class FrontMiddleware:
                 if body is None:  # answered (413, 408, 429), or the client has gone
                     return
             if self.in_flight >= self.max_concurrency:
-                await send_json(send, 429, self._overloaded(), [(b"retry-after", b"1")])
+                await send_json(send, 429, overloaded(self.max_concurrency, self.max_uploads), [(b"retry-after", b"1")])
                 return
             if body is not None:
                 lane = self.lanes.get(scope["path"]) if scope.get("method") == "POST" else None
@@ -235,13 +272,15 @@ class FrontMiddleware:
         body of known length."""
         length = _content_length(scope)
         if length is not None and length > self.max_bytes:
-            await send_json(send, 413, self._too_large(length), CLOSE)
+            await send_json(send, 413, too_large(length, self.max_bytes), CLOSE)
             return None
         if self.uploading >= self.max_uploads:
             # A body of known, allowed length is left for the server to drain (bounded), so that the
             # client, still sending, reads its 429 instead of a reset connection; any other is cut off.
             close = [] if length is not None else CLOSE
-            await send_json(send, 429, self._overloaded(), [(b"retry-after", b"1"), *close])
+            await send_json(
+                send, 429, overloaded(self.max_concurrency, self.max_uploads), [(b"retry-after", b"1"), *close]
+            )
             return None
         self.uploading += 1
         loop = asyncio.get_running_loop()
@@ -254,14 +293,14 @@ class FrontMiddleware:
                     async with asyncio.timeout(max(wait, 0.0)):  # no task per chunk, unlike wait_for
                         message = await receive()
                 except TimeoutError:
-                    await send_json(send, 408, self._slow_body(), CLOSE)
+                    await send_json(send, 408, slow_body(self.body_idle_s, self.timeout_s), CLOSE)
                     break
                 if message["type"] == "http.disconnect":  # the client left: nobody to answer
                     await _answer_nobody(send)
                     break
                 chunk = message.get("body", b"")
                 if body.size + len(chunk) > self.max_bytes:
-                    await send_json(send, 413, self._too_large(length), CLOSE)
+                    await send_json(send, 413, too_large(length, self.max_bytes), CLOSE)
                     break
                 body.write(chunk)
                 if not message.get("more_body", False):
@@ -290,11 +329,7 @@ class FrontMiddleware:
         gate.close()
         task.cancel()
         task.add_done_callback(_retrieve)
-        await send_json(
-            send,
-            504,
-            error_body("timeout", f"The request did not finish within {self.timeout_s:g} s (FASTINFER_TIMEOUT_S)."),
-        )
+        await send_json(send, 504, timed_out(self.timeout_s))
 
     async def _ready(self, scope: Scope, receive: Receive, send: Send) -> None:
         """/readyz: 503 with the reason (a full disk, a runner not ready or not answering), else 200."""
@@ -357,27 +392,6 @@ class FrontMiddleware:
         if now - self.disk_full_logged >= DISK_FULL_LOG_S:
             self.disk_full_logged = now
             logger.error("front: %s answered 503: no space left on the disk (%s); said once a minute", path, exc)
-
-    def _overloaded(self) -> dict[str, Any]:
-        return error_body(
-            "overloaded",
-            f"The server is at its limit of {self.max_concurrency} concurrent requests "
-            f"(FASTINFER_MAX_CONCURRENCY) or {self.max_uploads} uploads; retry shortly.",
-        )
-
-    def _too_large(self, length: int | None) -> dict[str, Any]:
-        size = f"{length:,} bytes" if length is not None else "larger than the limit"
-        return error_body(
-            "payload_too_large",
-            f"The request body is {size}; the limit is {self.max_bytes:,} bytes (FASTINFER_MAX_BYTES).",
-        )
-
-    def _slow_body(self) -> dict[str, Any]:
-        return error_body(
-            "request_timeout",
-            f"The request body stalled for {self.body_idle_s:g} s or did not arrive within "
-            f"{self.timeout_s:g} s (FASTINFER_BODY_IDLE_S, FASTINFER_TIMEOUT_S).",
-        )
 
 
 DISK_FULL_LOG_S = 60.0
@@ -492,7 +506,7 @@ def _unwanted_body(scope: Scope) -> tuple[int, dict[str, Any]] | None:
     has_body = chunked or bool(length)
     # The open paths too: a caller without a key must not hold upload slots with bodies nobody reads.
     if has_body and (scope.get("method") not in BODY_METHODS or is_open(scope["path"])):
-        return 413, error_body("payload_too_large", f"{scope.get('method')} {scope['path']} takes no request body.")
+        return 413, no_body(str(scope.get("method")), scope["path"])
     return None
 
 

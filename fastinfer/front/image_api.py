@@ -42,6 +42,7 @@ logger = logging.getLogger("fastinfer.image_api")
 
 RAW_TYPES = ("image/", "application/octet-stream")  # a prefix where it ends in "/", else the exact type
 MAX_TEXT_FIELD = 1024  # bytes; backend names and top_k are short
+FAILED = error_body("internal_error", "The server failed to handle this request (logged).")  # a bug, not the client
 
 
 @dataclass
@@ -106,7 +107,7 @@ def parse(scope: dict[str, Any], body: bytes, route: ImageRoute, rules: FormRule
     elif not body or ctype in (b"", b"application/json", b"application/x-www-form-urlencoded", b"text/plain"):
         raise BadRequest(_how_to_send(route))
     else:
-        raise UnsupportedMediaType(f"Content-Type {ctype.decode('latin-1')!r} is not taken here. {_how_to_send(route)}")
+        raise unsupported(ctype.decode("latin-1"), route)
     for name, value in query.items():
         if name in form.fields:
             raise BadRequest(f"'{name}' is given both as a form field and as a query parameter.")
@@ -119,6 +120,14 @@ def parse(scope: dict[str, Any], body: bytes, route: ImageRoute, rules: FormRule
 def _is_raw(ctype: str) -> bool:
     """A media type this API reads as the image itself (RAW_TYPES)."""
     return any(ctype.startswith(t) if t.endswith("/") else ctype == t for t in RAW_TYPES)
+
+
+def unsupported(ctype: str, route: ImageRoute) -> UnsupportedMediaType:
+    return UnsupportedMediaType(f"Content-Type {ctype!r} is not taken here. {_how_to_send(route)}")
+
+
+def too_many_images(count: int, limit: int) -> BadRequest:
+    return BadRequest(f"The batch has {count} images; the limit is {limit} (FASTINFER_MAX_BATCH_IMAGES).")
 
 
 def _how_to_send(route: ImageRoute) -> str:
@@ -216,9 +225,7 @@ def _parse_multipart(body: bytes, boundary: bytes, route: ImageRoute, rules: For
     if route.kind != "batch" and len(form.images) > 1:
         raise BadRequest("Send one image per request ('image' or 'file', once); several go to POST /classify/batch.")
     if len(form.images) > max_files:
-        raise BadRequest(
-            f"The batch has {len(form.images)} images; the limit is {max_files} (FASTINFER_MAX_BATCH_IMAGES)."
-        )
+        raise too_many_images(len(form.images), max_files)
 
 
 def _text(name: str, data: bytes | memoryview) -> str:
@@ -277,5 +284,5 @@ async def serve(pipeline: Pipeline, scope: dict[str, Any], body: bytes, send: Se
         status, payload = await answer(pipeline, ROUTES[scope["path"]], scope, body, rules)
     except Exception:  # a bug or a runtime failure, not the client's doing: logged, said plainly
         logger.exception("%s failed", scope["path"])
-        status, payload = 500, error_body("internal_error", "The server failed to handle this request (logged).")
+        status, payload = 500, FAILED
     await send_json(send, status, payload)

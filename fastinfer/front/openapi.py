@@ -25,10 +25,6 @@ from typing import Any, TypeVar
 
 import attrs
 import bentoml
-
-# The spec's own classes: openapi_spec must return one (bento build yaml-dumps it by its type).
-from bentoml._internal.service.openapi import APP_TAG, INFRA_TAG
-from bentoml._internal.service.openapi.specification import Contact, OpenAPISpecification, PathItem, Tag
 from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.routing import Route
@@ -46,8 +42,11 @@ from fastinfer.common.errors import (
     UnsupportedMediaType,
 )
 from fastinfer.common.schemas import TOP_K_MAX, BackendsResponse, BatchResponse, ErrorResponse
+
+# The spec's own classes: openapi_spec must return one (bento build yaml-dumps it by its type).
+from fastinfer.compat.bentoml import APP_TAG, INFRA_TAG, Contact, OpenAPISpecification, PathItem, Tag
 from fastinfer.front import api_examples, api_page
-from fastinfer.front.access import ANALYZE_ROUTE, analyze_guard
+from fastinfer.front.access import ANALYZE_ROUTE
 from fastinfer.front.api_models import CacheStatsResponse, LiveStatsResponse
 from fastinfer.front.image_api import RAW_TYPES
 from fastinfer.front.image_routes import BATCH_FIELD, FILE_FIELDS, ROUTES
@@ -55,7 +54,6 @@ from fastinfer.front.paths import is_open
 
 T = TypeVar("T")
 REF = "#/components/schemas/{model}"
-BATCH_ROUTE = next(path for path, route in ROUTES.items() if route.kind == "batch")  # POST /classify/batch
 STATUS_TAG = Tag(name="Status", description="What the service knows about itself: backends, cache, live traffic.")
 # BentoML's tags keep their names (its operations refer to them); their descriptions say what ours are.
 TAG_DESCRIPTIONS = {
@@ -73,101 +71,82 @@ ORIGINAL_NOTE = (
     "among FastInfer's."
 )
 
-# status → (description, example code, example message). What every typed API can answer:
-# FrontMiddleware (fastinfer/front/http.py) refuses, times out and reshapes errors before any handler.
-ERRORS: dict[str, tuple[str, str, str]] = {
+# status → (description, the case whose body is the example: fastinfer/front/api_examples.py errors). What every
+# typed API can answer: FrontMiddleware (fastinfer/front/http.py) refuses, times out and reshapes errors first.
+ERRORS: dict[str, tuple[str, str]] = {
     "400": (
         f"The request could not be parsed or a field is invalid (`{BadRequest.code}`, `{ApiError.code}`).",
-        BadRequest.code,
-        "question: String should have at most 500 characters",
+        "invalid_field",
     ),
     "408": (
         "`request_timeout`: the body stalled for FASTINFER_BODY_IDLE_S or did not arrive within FASTINFER_TIMEOUT_S.",
-        "request_timeout",
-        "The request body stalled for 10 s or did not arrive within 30 s.",
+        "slow_body",
     ),
     "413": (
         "`payload_too_large`: the body is over FASTINFER_MAX_BYTES (refused from Content-Length before it is read).",
-        PayloadTooLarge.code,
-        "The request body is 25,000,000 bytes; the limit is 20,971,520 bytes (FASTINFER_MAX_BYTES).",
+        "too_large",
     ),
     "429": (
         "`overloaded`: the server is at FASTINFER_MAX_CONCURRENCY requests or FASTINFER_MAX_UPLOADS uploads; "
         "retry after the `Retry-After` header's seconds.",
         "overloaded",
-        "The server is at its limit of 64 concurrent requests (FASTINFER_MAX_CONCURRENCY); retry shortly.",
     ),
-    "500": (
-        "`internal_error`: a server fault (logged); never caused by what a client sends.",
-        "internal_error",
-        "The server failed to handle this request; it has been logged.",
-    ),
+    "500": ("`internal_error`: a server fault (logged); never caused by what a client sends.", "failed"),
     "503": (
         "`unavailable`: the server could not take the request now (e.g. no disk left to hold an upload).",
         "unavailable",
-        "The server could not take this request now (logged); retry shortly.",
     ),
-    "504": (
-        "`timeout`: no answer within FASTINFER_TIMEOUT_S.",
-        "timeout",
-        "The request did not finish within 30 s (FASTINFER_TIMEOUT_S).",
-    ),
+    "504": ("`timeout`: no answer within FASTINFER_TIMEOUT_S.", "timeout"),
 }
 
 # What the image routes add to (or say more precisely than) ERRORS.
-IMAGE_ERRORS: dict[str, tuple[str, str, str]] = {
+IMAGE_ERRORS: dict[str, tuple[str, str]] = {
     "400": (
         f"`{InvalidImage.code}`: not an image, truncated or empty; `{UnknownBackend.code}`: the message lists the "
         f"valid backends; `invalid_top_k`: outside 1..{TOP_K_MAX}, or more than the classes of the model family "
         f"served (the message names their count); `{BadRequest.code}` / `{ApiError.code}`: a "
         "malformed body, an unknown form field, or a text value where the file belongs (URLs are never fetched).",
-        InvalidImage.code,
-        "The body is not an image format this service can read.",
+        "invalid_image",
     ),
     "413": (
         f"`{PayloadTooLarge.code}`: the body is over FASTINFER_MAX_BYTES; `{ImageTooLarge.code}`: the image has more "
         "pixels than FASTINFER_MAX_PIXELS (read from its header, never decoded).",
-        ImageTooLarge.code,
-        "The image is 12000×10000 = 120,000,000 pixels; the limit is 50,000,000 (FASTINFER_MAX_PIXELS).",
+        "image_too_large",
     ),
     "415": (
         f"`{UnsupportedMediaType.code}`: the body is neither multipart/form-data nor an image "
         "(`Content-Type: image/*`).",
-        UnsupportedMediaType.code,
-        "Send multipart/form-data with the field 'image', or the image itself with Content-Type: image/*.",
+        "unsupported",
     ),
+    "500": (ERRORS["500"][0], "image_failed"),
     "503": (
         f"`{BackendUnavailable.code}`: the backend cannot run here or its runner is down, with the reason "
         "(see GET /backends); `unavailable`: the server could not take the request now.",
-        BackendUnavailable.code,
-        "CoreML prediction needs macOS; the models are built and stored.",
+        "backend_unavailable",
     ),
 }
 
 # Errors of one route beyond the shared ones (its handler raises them: fastinfer/front/analysis.py).
-ROUTE_ERRORS: dict[str, dict[str, tuple[str, str, str]]] = {
+ROUTE_ERRORS: dict[str, dict[str, tuple[str, str]]] = {
     ANALYZE_ROUTE: {
-        "502": ("`analysis_failed`: Groq answered with an error.", "analysis_failed", "Groq answered 500."),
+        "502": ("`analysis_failed`: Groq answered with an error.", "groq_failed"),
         "503": (
             "`analysis_unavailable`: no Groq API key is configured (GROQ_API_KEY or GROQ_API_KEY_FILE).",
-            "analysis_unavailable",
-            "AI analysis is not configured on this server.",
+            "groq_unavailable",
         ),
-        "504": ("`analysis_timeout`: Groq did not answer in time.", "analysis_timeout", "Groq did not answer in 20 s."),
+        "504": ("`analysis_timeout`: Groq did not answer in time.", "groq_timeout"),
         "429": (
             "`rate_limited`: over FASTINFER_ANALYZE_PER_MINUTE calls from this client or "
             "FASTINFER_ANALYZE_TOTAL_PER_MINUTE from all clients in the last 60 s (each call spends the operator's "
             "Groq quota); `overloaded`: as on every API. Retry after the `Retry-After` header's seconds.",
             "rate_limited",
-            "",  # this server's limits: filled in by extend_spec
         ),
     },
 }
 UNAUTHORIZED = (
     "`unauthorized`: this server sets FASTINFER_API_KEYS and the request has no `Authorization: Bearer <key>` "
     "header, a malformed one, or a key it does not accept.",
-    "unauthorized",
-    "This server needs an API key: send it as 'Authorization: Bearer <key>'.",
+    "no_key",
 )
 SECURITY_SCHEME = {
     "type": "http",
@@ -199,12 +178,8 @@ STATUS_ROUTES: dict[str, tuple[str, str, type[BaseModel]]] = {
         LiveStatsResponse,
     ),
 }
-STATUS_ERRORS: dict[str, tuple[str, str, str]] = {  # FrontMiddleware's, on a GET route
-    "413": (
-        "`payload_too_large`: a GET takes no request body (refused before a byte is read).",
-        PayloadTooLarge.code,
-        "GET /backends takes no request body.",
-    ),
+STATUS_ERRORS: dict[str, tuple[str, str]] = {  # FrontMiddleware's, on a GET route
+    "413": ("`payload_too_large`: a GET takes no request body (refused before a byte is read).", "get_body"),
     "429": ERRORS["429"],
     "504": ERRORS["504"],
 }
@@ -256,15 +231,10 @@ _BUILT: dict[int, tuple[bentoml.Service[Any], Settings, bool, OpenAPISpecificati
 
 def rebuild(spec: OpenAPISpecification, doc: dict[str, Any]) -> OpenAPISpecification:
     """The spec object again, from its JSON form (operations stay plain dicts, as BentoML's own do)."""
+    contact = Contact(**doc["info"]["contact"]) if doc["info"].get("contact") else None
     return attrs.evolve(
         spec,
-        info=attrs.evolve(
-            spec.info,
-            title=doc["info"]["title"],
-            version=doc["info"]["version"],
-            description=doc["info"].get("description"),
-            contact=Contact(**doc["info"]["contact"]) if doc["info"].get("contact") else None,
-        ),
+        info=attrs.evolve(spec.info, **{**doc["info"], "contact": contact}),
         tags=[Tag(**tag) for tag in doc.get("tags", [])],
         paths={path: PathItem(**item) for path, item in doc["paths"].items()},
         components=doc.get("components"),
@@ -289,6 +259,7 @@ def extend_spec(doc: dict[str, Any], svc: bentoml.Service[Any]) -> dict[str, Any
     for model in (ErrorResponse, BatchResponse, CacheStatsResponse, LiveStatsResponse, BackendsResponse):
         add_component(schemas, model)
     max_images = get_settings().max_batch_images
+    examples = api_examples.errors(get_settings())
 
     for api in svc.apis.values():
         op = paths.get(api.route, {}).get("post")
@@ -298,23 +269,20 @@ def extend_spec(doc: dict[str, Any], svc: bentoml.Service[Any]) -> dict[str, Any
         # BentoML keeps the docstring's indentation: Markdown would show an indented paragraph as code.
         op["description"] = inspect.cleandoc(op.get("description") or "")
         errors = {**ERRORS, **ROUTE_ERRORS.get(api.route, {})}
-        if api.route == ANALYZE_ROUTE:
-            description, code, _ = errors["429"]
-            errors["429"] = (description, code, analyze_guard(get_settings()).message(api.route, 42))
         if (route := ROUTES.get(api.route)) is not None and route.original and ORIGINAL_NOTE not in op["description"]:
             op["description"] = (op["description"].rstrip() + "\n\n" + ORIGINAL_NOTE).lstrip()
         fields = getattr(api.input_spec, "model_fields", {})
         if FILE_FIELDS[0] in fields:
             errors.update(IMAGE_ERRORS)
             document_image_route(op)
-        elif api.route == BATCH_ROUTE or BATCH_FIELD in fields:
+        elif BATCH_FIELD in fields:
             errors.update({**IMAGE_ERRORS, **batch_errors(max_images)})
             document_batch_route(op, max_images)
-        op["responses"] = {"200": op["responses"]["200"], **error_responses(errors)}
+        op["responses"] = {"200": op["responses"]["200"], **error_responses(errors, examples)}
 
     for path, (summary, description, model) in STATUS_ROUTES.items():
         if "get" not in paths.get(path, {}):
-            paths.setdefault(path, {})["get"] = status_operation(svc.name, path, summary, description, model)
+            paths.setdefault(path, {})["get"] = status_operation(svc.name, path, summary, description, model, examples)
     for path, method, route in mounted_routes(svc):  # anything else mounted: at least listed
         if method not in paths.get(path, {}):
             paths.setdefault(path, {})[method] = {
@@ -332,7 +300,7 @@ def extend_spec(doc: dict[str, Any], svc: bentoml.Service[Any]) -> dict[str, Any
         }
     document_infra(paths)
     if get_settings().api_keys:
-        require_key(doc)
+        require_key(doc, examples)
 
     if STATUS_TAG.name not in {tag["name"] for tag in doc.setdefault("tags", [])}:
         doc["tags"].append({"name": STATUS_TAG.name})
@@ -371,7 +339,7 @@ def add_examples(paths: dict[str, dict[str, Any]], key: bool) -> None:
                 ok["text/plain"]["example"] = api_examples.METRICS
 
 
-def require_key(doc: dict[str, Any]) -> None:
+def require_key(doc: dict[str, Any], examples: dict[tuple[str, str], Any]) -> None:
     """Keys are on: every operation that is not open says so (Swagger UI's Authorize button sends the key)."""
     doc["components"].setdefault("securitySchemes", {})["apiKey"] = SECURITY_SCHEME
     for path, item in doc["paths"].items():
@@ -380,7 +348,7 @@ def require_key(doc: dict[str, Any]) -> None:
         for method in METHODS:
             if isinstance(op := item.get(method), dict):
                 op["security"] = [{"apiKey": []}]
-                op.setdefault("responses", {}).update(error_responses({"401": UNAUTHORIZED}))
+                op.setdefault("responses", {}).update(error_responses({"401": UNAUTHORIZED}, examples))
 
 
 def document_image_route(op: dict[str, Any]) -> None:
@@ -491,19 +459,21 @@ def batch_description(max_images: int) -> str:
     )
 
 
-def batch_errors(max_images: int) -> dict[str, tuple[str, str, str]]:
+def batch_errors(max_images: int) -> dict[str, tuple[str, str]]:
     return {
         "400": (
             f"The batch itself is invalid: no `{BATCH_FIELD}` (`{InvalidImage.code}`), more than {max_images} "
             f"(FASTINFER_MAX_BATCH_IMAGES), `{UnknownBackend.code}`, `invalid_top_k`, or a malformed body "
             f"(`{BadRequest.code}`). A bad image is not a 400: it gets an error in its place in `results`.",
-            BadRequest.code,
-            f"The batch has {max_images + 8} images; the limit is {max_images} (FASTINFER_MAX_BATCH_IMAGES).",
-        )
+            "too_many_images",
+        ),
+        "415": (IMAGE_ERRORS["415"][0], "unsupported_batch"),
     }
 
 
-def status_operation(service: str, path: str, summary: str, description: str, model: type[BaseModel]) -> dict[str, Any]:
+def status_operation(
+    service: str, path: str, summary: str, description: str, model: type[BaseModel], examples: dict[Any, Any]
+) -> dict[str, Any]:
     return {
         "tags": [STATUS_TAG.name],
         "summary": summary,
@@ -514,7 +484,7 @@ def status_operation(service: str, path: str, summary: str, description: str, mo
                 "description": "Successful Response",
                 "content": {"application/json": {"schema": {"$ref": REF.format(model=model.__name__)}}},
             },
-            **error_responses(STATUS_ERRORS),
+            **error_responses(STATUS_ERRORS, examples),
         },
     }
 
@@ -528,7 +498,6 @@ def document_infra(paths: dict[str, dict[str, Any]]) -> None:
         op.setdefault("summary", summary)
         if not (op.get("description") or "").startswith(description):  # BentoML's: replaced
             op["description"] = description
-        op.setdefault("tags", [INFRA_TAG.name])
     if (metrics := paths.get("/metrics", {}).get("get")) is not None:
         metrics["responses"]["200"].setdefault(
             "content", {"text/plain": {"schema": {"type": "string", "description": "Prometheus text format"}}}
@@ -540,18 +509,19 @@ def document_infra(paths: dict[str, dict[str, Any]]) -> None:
         )
 
 
-def error_responses(errors: dict[str, tuple[str, str, str]]) -> dict[str, Any]:
+def error_responses(errors: dict[str, tuple[str, str]], examples: dict[tuple[str, str], Any]) -> dict[str, Any]:
+    """Each status's description and its example: the body the server answers in that case."""
     return {
         status: {
             "description": description,
             "content": {
                 "application/json": {
                     "schema": {"$ref": REF.format(model=ErrorResponse.__name__)},
-                    "example": {"error": {"code": code, "message": message}},
+                    "example": copy.deepcopy(examples[status, case]),  # not shared: a YAML dump would alias it
                 }
             },
         }
-        for status, (description, code, message) in sorted(errors.items())
+        for status, (description, case) in sorted(errors.items())
     }
 
 
