@@ -15,6 +15,7 @@ sweep server, so an interrupted check keeps its runs; the section says it is inc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -22,12 +23,15 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from fastinfer.common import hardware
 from fastinfer.common.home import use_project_store
 from fastinfer.measure.plots import pyplot, save
+from load_tests.report import Target, machine, render_targets
+from load_tests.report import write_markdown as write_report
 from load_tests.tuning import files
 from load_tests.tuning.search import (
     Config,
@@ -162,51 +166,52 @@ def sweep_result(tuner: Search, tune_s: float, swept: Search | None) -> dict[str
 # ---- saying it -------------------------------------------------------------------------------------
 
 
-def verdict(result: dict[str, Any]) -> list[str]:
-    """The two target lines, each met / NOT met with its numbers (or why it is not judged)."""
-    cpu = f"{result['hardware'].get('cpu')}, {result['hardware'].get('cores')} cores"
+def targets(result: dict[str, Any]) -> list[Target]:
+    """The two targets as rows of BENCHMARKS.md's first table, each with its numbers (or why it is not judged)."""
+    where, name = machine(result["hardware"]), "`fastinfer tune`'s choice vs the sweep's best"
+    both = f">= {TARGET_SHARE:.0%} of the best, in <= 1/4 of the sweep's time"
     tuned, swept, stage = result["tune"]["chosen"], result["sweep"], result["stage"]
     if swept is None or stage == "sweep":
-        return [f"- Not judged: the check was interrupted ({_done(result)}) — {cpu}"]
+        return [Target(name, f"the check was interrupted ({_done(result)})", both, "not judged", where)]
     if swept["best"] is None:
-        return [f"- Not judged: no configuration of the sweep served within the goal — {cpu}"]
-    share_line = f"- The tuned configuration >= {TARGET_SHARE:.0%} of the best:"
-    rows = result["head_to_head"] or []
+        return [Target(name, "no configuration of the sweep served within the goal", both, "not judged", where)]
+    rows, said, figure = result["head_to_head"] or [], "not judged", ""
     if tuned is None:
-        share_line += " **NOT met**: the tune chose nothing"
+        said, figure = "NOT met", "the tune chose nothing"
     elif rows:
         ratio, mine = result["share_head_to_head"], next((r for r in rows if r["tuned"]), None)
         others = [r for r in rows if not r["tuned"]]
         if mine is None or not mine["qualified"]:
-            share_line += " **NOT met**: the tuned configuration failed or broke the goal's limit head to head"
+            said, figure = "NOT met", "the tuned configuration failed or broke the goal's limit head to head"
         elif ratio is not None:
-            share_line += (
-                f" **{'met' if ratio >= TARGET_SHARE else 'NOT met'}**, {ratio:.0%} head to head (means of "
-                f"{len(mine['runs'])} fresh servers each; in the sweep's own runs {_pct(result['share_in_sweep'])})"
-            )
+            said = "met" if ratio >= TARGET_SHARE else "NOT met"
+            figure = (f"{ratio:.0%} head to head (means of {len(mine['runs'])} fresh servers each; in the sweep's "
+                      f"own runs {_pct(result['share_in_sweep'])})")  # fmt: skip
         if failed := [r["label"] for r in others if not r["qualified"]]:
-            share_line += (
-                f"; judged against {len(others) - len(failed)} of the sweep's {len(others)} best: "
-                f"{'; '.join(failed)} failed or broke the goal's limit head to head"
-            )
+            figure += (f"; judged against {len(others) - len(failed)} of the sweep's {len(others)} best: "
+                       f"{'; '.join(failed)} failed or broke the goal's limit head to head")  # fmt: skip
         if stage != "done":
-            share_line += "; the head to head was interrupted after this round"
+            figure += "; the head to head was interrupted after this round"
     elif stage != "done":
-        share_line += (
-            " not judged: the head to head was interrupted before its first round (in the sweep's own runs "
-            f"{_pct(result['share_in_sweep'])})"
-        )
+        figure = ("the head to head was interrupted before its first round (in the sweep's own runs "
+                  f"{_pct(result['share_in_sweep'])})")  # fmt: skip
     else:
         ratio = result["share_in_sweep"]
-        met = "NOT met" if ratio is None or ratio < TARGET_SHARE else "met"
-        share_line += f" **{met}**, {_pct(ratio)} in the sweep's own runs (no head to head)"
+        said = "NOT met" if ratio is None or ratio < TARGET_SHARE else "met"
+        figure = f"{_pct(ratio)} in the sweep's own runs (no head to head)"
     t, s = result["tune"]["elapsed_s"], swept["elapsed_s"]
-    met = "met" if tuned is not None and t <= TARGET_TIME * s else "NOT met"
-    time_line = (
-        f"- In <= 1/4 of the sweep's time: **{met}**, {t / 60:.1f} min (its budget {result['tune']['budget_s'] / 60:g}"
-        f" min) vs {s / 60:.1f} min ({_pct(t / s if s else None)})"
-    )
-    return [f"{share_line} — {cpu}", f"{time_line} — {cpu}"]
+    budget = result["tune"]["budget_s"] / 60
+    took = f"{t / 60:.1f} min (its budget {budget:g} min) vs {s / 60:.1f} min ({_pct(t / s if s else None)})"
+    return [
+        Target(name, figure, f">= {TARGET_SHARE:.0%} of the best", said, where),
+        Target("`fastinfer tune`'s time vs the sweep's", took, "<= 1/4 of the sweep's time",
+               "met" if tuned is not None and t <= TARGET_TIME * s else "NOT met", where),
+    ]  # fmt: skip
+
+
+def verdict(result: dict[str, Any]) -> list[str]:
+    """The target rows as lines, for the terminal."""
+    return [f"- {t.name}, {t.goal}: **{t.verdict}**, {t.figure} — {t.machine}" for t in targets(result)]
 
 
 def _done(result: dict[str, Any]) -> str:
@@ -236,10 +241,7 @@ def section(result: dict[str, Any] | None, plot: str | None) -> list[str]:
         "",
         f"`{result['command']}` on {result['date']}: {result['hardware'].get('cpu')}, "
         f"{result['hardware'].get('cores')} cores usable; goal {result['goal']}; backends "
-        f"{', '.join(result['backends'])}; {result['seconds']:g} s of load per run (locust, the benchmark "
-        "pool, cache bypassed), after a warm-up.",
-        "",
-        *verdict(result),
+        f"{', '.join(result['backends'])}; {result['seconds']:g} s of load per run.",
         "",
         f"- `fastinfer tune` chose **{tuned['label'] if tuned else 'nothing'}** after {tune_part['trials']} "
         f"served trials in {tune_part['elapsed_s'] / 60:.1f} min"
@@ -249,9 +251,8 @@ def section(result: dict[str, Any] | None, plot: str | None) -> list[str]:
     if swept:
         best = swept["best"]
         lines.append(
-            f"- The sweep served {swept['configurations']} configurations on {swept['servers']} servers (those "
-            f"sharing their server-wide settings share a server, each backend its own settings, in rotated "
-            f"order) in {swept['elapsed_s'] / 60:.1f} min; its best run: **{best['label'] if best else 'none'}**."
+            f"- The sweep served {swept['configurations']} configurations on {swept['servers']} servers in "
+            f"{swept['elapsed_s'] / 60:.1f} min; its best run: **{best['label'] if best else 'none'}**."
         )
     if result.get("head_to_head"):
         lines += ["", "Head to head (each on fresh servers, alternating order):", ""]
@@ -280,6 +281,21 @@ def section(result: dict[str, Any] | None, plot: str | None) -> list[str]:
             row = f"| {t['label']}{mark} | {t['req_per_s']} | {t['p50_ms']:g} | {t['p95_ms']:g} | {t['position'] + 1} |"
             lines.append(row)
     return [*lines, ""]
+
+
+def bench_section(result: dict[str, Any] | None, plots: Path, rel: str, cpu: str | None) -> list[str]:
+    """The section as `make bench` shows the last check (it runs for most of an hour: not in every bench), its plot
+    drawn again from it (never an earlier check's), said to be from another machine when it is."""
+    try:
+        drawn = result is not None and plot_sweep(result, plots / "tuning.png")
+        lines = section(result, f"{rel}/tuning.png" if drawn else None)
+    except Exception as exc:  # a hand-edited file: the rest of BENCHMARKS.md is still written
+        drawn, lines = False, [*section(None, None), f"(The saved check could not be read: {type(exc).__name__})"]
+    if not drawn:
+        (plots / "tuning.png").unlink(missing_ok=True)
+    if result and drawn and result["hardware"].get("cpu") != cpu:
+        lines[1:1] = ["", f"**Measured on {result['hardware'].get('cpu')}, not on this run's CPU.**"]
+    return lines
 
 
 def _fig(trial: dict[str, Any]) -> str:
@@ -350,17 +366,39 @@ def load(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def write_markdown(result: dict[str, Any], markdown: Path, plots: Path) -> Path | None:
-    """The plot (or no stale one) and the section of ``markdown``; returns the plot drawn, if any."""
+def write_benchmarks(results: dict[str, Any], markdown: Path, out: Path, plots: Path | None = None) -> None:
+    """BENCHMARKS.md from the bench's ``results`` with the last tune-check (OUT/tuning.json, else the one
+    ``results`` carries): its rows end the targets table, its section ends the report."""
+    plots = plots or markdown.parent / "docs" / "bench"
+    plots.mkdir(parents=True, exist_ok=True)
+    results["tuning"] = tuning = load(out / "tuning.json") or results.get("tuning")
+    rows: list[Target] = []
+    with contextlib.suppress(Exception):  # a hand-edited tune-check file: its section says so
+        rows = targets(tuning) if tuning else []
+    rel = os.path.relpath(plots, markdown.parent)
+    write_report(
+        results, markdown, out, plots, (rows, bench_section(tuning, plots, rel, results["hardware"].get("cpu")))
+    )
+
+
+def write_markdown(result: dict[str, Any], markdown: Path, plots: Path, out: Path | None = None) -> Path | None:
+    """The plot (or no stale one) and ``markdown``: rewritten whole from the bench's results.json beside the
+    plots (its targets table then holds this check's), else only its tuning section, the rows in it. ``out``
+    holds the saved check (tuning.json). Returns the plot drawn, if any."""
     plots.mkdir(parents=True, exist_ok=True)
     png = plots / "tuning.png"
+    if out is not None and (plots / "results.json").exists():
+        write_benchmarks(json.loads((plots / "results.json").read_text()), markdown, out, plots)
+        return png if png.exists() else None
     drawn = plot_sweep(result, png)
     if not drawn:
         png.unlink(missing_ok=True)  # a plot of an earlier check must not illustrate this one
     rel = os.path.relpath(png, markdown.parent) if drawn else None
     old = markdown.read_text() if markdown.exists() else "# FastInfer benchmarks\n"
     markdown.parent.mkdir(parents=True, exist_ok=True)
-    markdown.write_text(replace_section(old, section(result, rel)))
+    new = section(result, rel)
+    new[2:2] = [render_targets([asdict(t) for t in targets(result)]), ""]
+    markdown.write_text(replace_section(old, new))
     return png if drawn else None
 
 
@@ -417,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tune-check: interrupted; every server it started was stopped; what was measured is in {saved}",
               file=sys.stderr)  # fmt: skip
         return 130
-    drawn = write_markdown(result, args.markdown, args.plots)
+    drawn = write_markdown(result, args.markdown, args.plots, args.out)
     print("\n".join(verdict(result)))
     print(f"wrote {saved}{f', {drawn}' if drawn else ''} and the section of {args.markdown}")
     return 0

@@ -1,10 +1,12 @@
-"""BENCHMARKS.md's target lines and sections say what was measured, limit and verdict in the right places,
-and the HTTP cost and the ceilings are the arithmetic the report says they are."""
+"""BENCHMARKS.md's targets are rows judged from the data (met, NOT met, not judged, not measured), its first table
+is results.json's rows, its sections show the data, and the HTTP cost and the ceilings are the arithmetic
+docs/benchmarks.md says they are."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
@@ -12,15 +14,16 @@ from fastinfer.measure import profile as prof
 from fastinfer.measure.profile import PHOTO, POOL, StageCost
 from load_tests.checks import batch_failure
 from load_tests.report import (
+    Target,
     _batch_section,
     _http_section,
-    _openvino_targets,
-    _per_core,
-    _targets,
-    batch_vs_single,
+    _served_section,
+    _share,
     best_backend,
-    cache_vs_bare,
-    write_markdown,
+    render_targets,
+    served_splits,
+    speed_up_targets,
+    targets,
 )
 from load_tests.tuning import check
 
@@ -192,77 +195,6 @@ def bench(runs: list[dict], sequential: list[dict] | None = None, http: dict[str
     }  # fmt: skip
 
 
-def test_best_backend_is_the_fastest_at_10_users_else_at_the_most_users() -> None:
-    assert best_backend(bench([run("inference", "a", 10, 5.0), run("inference", "b", 10, 9.0)])) == "b"
-    assert best_backend(bench([run("inference", "a", 4, 5.0), run("inference", "b", 2, 9.0)])) == "a"
-    assert best_backend(bench([], [{"backend": "c", "median_ms": 3.0}, {"backend": "d", "median_ms": 2.0}])) == "d"
-
-
-def test_cache_hit_target_is_the_ratio_to_bare_bentoml_with_both_figures() -> None:
-    results = bench([
-        run("repeat", "onnx-int8", 10, 260.0, cpu=cpu(5.5, 0.0), cache_hit_share=1.0, cache_mode="redis"),
-        run("bare", "onnx-int8", 10, 200.0, cpu=cpu(3.5, 0.0)),
-    ])  # fmt: skip
-    compared = cache_vs_bare(results)
-    assert compared is not None and compared["ratio"] == 1.3 and compared["met"]
-    (line,) = _targets(results)
-    assert f"Cache-hit path >= 1.3× a bare BentoML API on {CPU}: met.**" in line
-    assert "260.0 req/s vs the bare BentoML API" in line and "200.0 req/s" in line and "= 1.30×" in line
-    assert "Front CPU per request: 5.5 ms (FastInfer) vs 3.5 ms (bare)" in line
-    assert ">= 400 req/s on 2 cores: NOT met" in line
-    results["runs"][1]["req_per_s"] = 201.0
-    (line,) = _targets(results)
-    assert ": NOT met.**" in line and "= 1.29×" in line
-
-
-def test_single_client_target_is_on_the_best_backend_against_the_same_photo_in_process() -> None:
-    # in-process, wall: decode 4.5 + preprocess 1.5 + inference b1 16.0 = 22.0 ms; limit 1.15× = 25.3 ms.
-    runs = [run("inference", "onnx-int8", 10, 50.0), run("inference", "onnx", 10, 20.0)]
-    seq = [{"backend": "onnx-int8", "median_ms": 25.0}, {"backend": "onnx", "median_ms": 50.0}]
-    line = next(x for x in _targets(bench(runs, seq)) if "Single-client" in x)
-    assert "best backend (`onnx-int8`) <= 1.15 × in-process decode + preprocess + inference (b1)" in line
-    assert f"on {CPU}: met.**" in line
-    assert "p50 25.0 ms = 1.14× its in-process 22.0 ms" in line and "limit 25.3 ms" in line
-    assert "decode 4.5 + preprocess 1.5 + inference 16.0 ms" in line
-    assert "`onnx` 1.09×" in line  # 50 / (4.5 + 1.5 + 40.0)
-    seq[0]["median_ms"] = 25.5
-    line = next(x for x in _targets(bench(runs, seq)) if "Single-client" in x)
-    assert ": NOT met.** p50 25.5 ms = 1.16×" in line
-    assert "Per placement" not in line  # one run of one placement: nothing more to say
-
-
-def test_single_client_target_judges_each_placement_by_its_median_run() -> None:
-    """The placement step measures one client on each fresh server too: the engine in the front worker
-    saves the hop, and the target is met where a placement the operator can choose meets it. As for the
-    engine targets, a placement the step ran is judged on its rounds alone."""
-    runs = [run("inference", "onnx-int8", 10, 50.0)]
-    seq = [{"backend": "onnx-int8", "median_ms": 25.5}]  # 1.16×: the runner alone misses
-    results = bench(runs, seq)
-    line = next(x for x in _targets(results) if "Single-client" in x)
-    assert "NOT met.** p50 25.5 ms = 1.16×" in line and "placement step" not in line
-    results["placement"] = [
-        {"placement": where, "round": r, "backend": "onnx-int8", "users": 10, "sequential": {"median_ms": ms}}
-        for where, r, ms in [("runner process", 1, 26.0), ("front worker", 1, 23.0), ("front worker", 2, 25.4),
-                             ("runner process", 2, 25.0)]
-    ]  # fmt: skip
-    line = next(x for x in _targets(results) if "Single-client" in x)
-    # the runner: 26.0, 25.0 → the slower middle, 26.0; the front: 23.0, 25.4 → 25.4 (> 25.3)
-    assert ": NOT met.** engine in the runner process: p50 26 ms = 1.18× (placement step, median of 2 runs)" in line
-    assert "engine in the front worker: p50 25.4 ms = 1.15× (placement step, median of 2 runs); against" in line
-    assert "The sequential step (every backend, one server): p50 25.5 ms = 1.16×." in line
-    results["placement"][2]["sequential"]["median_ms"] = 25.2  # the front worker's slower run now within
-    line = next(x for x in _targets(results) if "Single-client" in x)
-    assert ": met.**" in line and "p50 25.2 ms = 1.15× (placement step, median of 2 runs), met with the engine in " \
-        "the front worker; against its in-process 22.0 ms" in line  # fmt: skip
-    # a round whose one client failed, and rows from before the step measured one client, are left out
-    results["placement"][1]["sequential"] = {"backend": "onnx-int8", "error": "ReadTimeout: timed out"}
-    for row in results["placement"][::3]:
-        del row["sequential"]
-    line = next(x for x in _targets(results) if "Single-client" in x)
-    assert "engine in the runner process: p50 25.5 ms = 1.16× (the sequential step)" in line
-    assert "engine in the front worker: p50 25.2 ms = 1.15× (placement step, one run)" in line
-
-
 def threaded(front: float, runner: float, loops: tuple[float, float], decode: float, engine: float) -> dict:
     """A run's CPU with per-thread figures: the front's event loop and decode threads, the runner's event
     loop and engine threads (CPU ms per request)."""
@@ -353,56 +285,6 @@ def engine_bench(runner_rps: float, front_loop: float = 1.0, failures: int = 0, 
     return bench([in_runner(runner_rps)]) | {"placement": steps}
 
 
-def targets_of(results: dict) -> tuple[str, str]:
-    (ceiling,) = [x for x in _targets(results) if "ceiling without HTTP" in x]
-    (beyond,) = [x for x in _targets(results) if "beyond decode" in x]
-    return ceiling, beyond
-
-
-def test_engine_targets_judge_each_placement_by_its_median_run() -> None:
-    ceiling, beyond = targets_of(engine_bench(95.0))
-    # base 19.5 ms → 102.6 req/s; the runner's runs 95 and 93: the lower middle, 93 = 91%; the front's 96, 97: 96
-    assert f">= 90% of the engine's ceiling without HTTP, zero errors, on {CPU}: met.**" in ceiling
-    assert "`onnx-int8` (0 errors)" in ceiling
-    assert (
-        "runner process (median of 2 runs): 93.0 req/s = 91% of 102.6 (decode + preprocess 4 + inference 15 ms at "
-        "b8), 2.6 ms beyond (front event loop 1," in ceiling
-    )
-    assert "engine in the front worker (median of 2 runs): 96.0 req/s = 94% of 102.6 (decode" in ceiling
-    assert "b8), 2.1 ms beyond" in ceiling
-    assert f"(best backend, 10 clients, zero errors) on {CPU}: met.** 2.6 ms with the engine in the runner" in beyond
-    ceiling, beyond = targets_of(engine_bench(85.0, front_loop=4.0, front_rps=84.0))
-    assert ": NOT met.**" in ceiling and "83.0 req/s = 81%" in ceiling and "84.0 req/s = 82%" in ceiling
-    # the runner's 5.6 ms beyond misses; the front worker's 2.1 ms meets it: a placement the operator can choose
-    assert ": met.** 5.6 ms with the engine in the runner process; 2.1 ms with the engine in the front worker" in beyond
-    ceiling, beyond = targets_of(engine_bench(85.0, front_loop=4.0, front_total=25.0))
-    assert ": NOT met.** 5.6 ms" in beyond  # the front worker's 5.6 ms too
-    (ceiling, _) = targets_of(engine_bench(99.0, failures=1))
-    assert ": NOT met.**" in ceiling and "(1 errors)" in ceiling
-
-
-def test_a_profile_dearer_than_the_run_gives_way_to_the_run_within_drift() -> None:
-    """The in-process inference is measured minutes before; on a shared machine it can cost more than the
-    run's engine threads spent. Within drift the run's own figure is the base: the ceiling rises (the share
-    is not flattered) and the verdict stands on what the run measured. Far below, the threads' CPU went
-    elsewhere (not told apart): the profile stands, and the run carries no verdict."""
-    ceiling, beyond = targets_of(engine_bench(95.0, front_total=18.0))  # front engine 13 >= 0.75 × 15
-    assert (
-        "96.0 req/s = 84% of 114.3 (decode + preprocess 4 + inference 13 ms at b8, inference from the run)" in ceiling
-    )
-    assert "0.6 ms with the engine in the front worker" in beyond and "not judged" not in ceiling
-    ceiling, beyond = targets_of(engine_bench(95.0, front_total=10.0))  # front engine 5: a third of the profile
-    assert "94% of 102.6 (decode + preprocess 4 + inference 15 ms at b8), -9.4 ms beyond" in ceiling
-    assert "engine beyond in-process -10" in ceiling and "not judged" in ceiling
-    assert ": met.**" in ceiling  # judged on the runner's runs alone
-    results = engine_bench(95.0, front_total=10.0)
-    for row in [*results["placement"], results["runs"][0]]:
-        del row["cpu"]["threads_ms_per_request"]  # no threads told apart (off Linux): the totals alone...
-        row["cpu"]["ms_per_request"]["runner"] = 1.0  # ...now below the profile in every run: noise
-    ceiling, beyond = targets_of(results)
-    assert ": not judged.**" in ceiling and ": not judged.**" in beyond
-
-
 def test_decode_from_the_run_within_drift() -> None:
     r = run("inference", "onnx-int8", 10, 92.0, cpu=threaded(8.0, 19.0, (3.5, 2.0), 3.5, 17.0))
     r["batching"] = {"enabled": True, "max_batch_size": 8, "mean_batch": 8.0}
@@ -412,101 +294,6 @@ def test_decode_from_the_run_within_drift() -> None:
     r["cpu"]["threads_ms_per_request"]["front"]["decode"] = 2.0  # half: not told apart, the profile stands
     split = prof.served_split(costs(), 2, r)
     assert split is not None and split.decode_ms == 4.0 and split.causes["decode beyond in-process"] == -2.0
-
-
-def test_a_share_just_below_the_target_never_reads_as_the_target() -> None:
-    ceiling, _ = targets_of(engine_bench(92.0, front_rps=91.9))  # 91.9 / 102.6 = 89.6%
-    assert "NOT met" in ceiling and "91.9 req/s = 89.6% of 102.6" in ceiling and "90.0 req/s = 87.7%" not in ceiling
-    assert "90.0 req/s = 88% of 102.6" in ceiling  # far from the target: whole percents
-
-
-def test_a_run_whose_first_reading_missed_a_process_says_so() -> None:
-    from load_tests.report import _http_section
-
-    results = bench([run("inference", "onnx-int8", 10, 50.0, cpu=cpu(8.0, 20.0))], [], http={"onnx-int8": 11.5})
-    assert "missed a server process" not in "\n".join(_http_section(results))
-    results["runs"][0]["cpu"]["missed_processes"] = 2
-    text = "\n".join(_http_section(results))
-    assert "missed a server process" in text and "inference `onnx-int8` 10 users: 2 process(es)" in text
-
-
-def test_decode_target_compares_the_pool_with_pillow_alone_in_the_same_run() -> None:
-    results = bench([])
-    results["profile"]["stages"] = [*STAGES, stage("decode", prof.POOL_PILLOW, 6.0)]
-    (line,) = [x for x in _targets(results) if "Pillow alone" in x]
-    # (3 + 1) / (6 + 1) = 57%
-    assert f"<= 60% of Pillow alone's, same photos, same run, on {CPU}: met.** 4.00 vs 7.00 CPU ms" in line
-    results["profile"]["stages"][-1] = stage("decode", prof.POOL_PILLOW, 5.0)
-    (line,) = [x for x in _targets(results) if "Pillow alone" in x]
-    assert ": NOT met.**" in line and "= 67%" in line
-
-
-def test_served_section_lists_every_backend_and_the_placement_runs(tmp_path) -> None:
-    from load_tests.report import _served_section, served_splits
-
-    results = engine_bench(93.0)
-    assert [(s["placement"], s["run_round"]) for s in served_splits(results)] == [
-        ("runner process", 0),
-        ("runner process", 1),
-        ("front worker", 1),
-        ("runner process", 2),
-        ("front worker", 2),
-    ]
-    text = "\n".join(_served_section(results, "docs/bench"))
-    assert "## Served vs the engine's ceiling" in text and "docs/bench/served.png" in text
-    assert "| `onnx-int8` | runner process | 10 | 93.0 | 102.6 (4 + 15 ms at b8) | **91%** | 22.1 | **2.6** |" in text
-    assert "| `onnx-int8` | front worker (placement step, round 1) | 10 | 96.0 |" in text
-
-
-def test_http_section_shows_the_split_and_the_cache_hit_front_cpu() -> None:
-    runs = [
-        run("inference", "onnx-int8", 10, 58.0, cpu=cpu(12.0, 19.0, client=3.25)),
-        run("repeat", "onnx-int8", 10, 260.0, cpu=cpu(5.5, 0.0)),
-        run("bare", "onnx-int8", 10, 200.0, cpu=cpu(3.5, 0.0)),
-    ]
-    text = "\n".join(_http_section(bench(runs, http={"onnx-int8": 11.5})))
-    assert "## The HTTP path, measured" in text
-    # backend, users, front, runner, in-process front stages, inference (batch), overheads, HTTP, batch, client
-    assert "| `onnx-int8` | 10 | 12.0 | 19.0 | 4.5 | 15.0 (b8) | 7.5 | 4.0 | **11.5** | — | 3.25 |" in text
-    assert "costs the front **5.5 CPU ms per request**" in text
-    assert "the bare BentoML API, same body, 3.5 CPU ms per request" in text and "= 1.30×" in text
-    assert "Other work shared these cores" not in text
-    runs[0]["cpu"] = cpu(12.0, 19.0) | {"cores_busy": {"server": 1.2, "load_generator": 0.1, "rest_of_machine": 0.6,
-                                                       "steal": 0.0}}  # fmt: skip
-    text = "\n".join(_http_section(bench(runs, http={"onnx-int8": 11.5})))
-    assert "during some runs" in text and "inference `onnx-int8` 10 users: 0.6 cores busy elsewhere" in text
-
-
-def test_http_section_warns_when_the_cache_hit_run_was_not_all_hits() -> None:
-    runs = [
-        run("repeat", "onnx-int8", 10, 14.4, cpu=cpu(11.96, 16.07), cache_hit_share=1.0, cache_errors=3),
-        run("bare", "onnx-int8", 10, 281.2, cpu=cpu(3.52, 0.0)),
-    ]
-    text = "\n".join(_http_section(bench(runs)))
-    assert "the runner used 16.07 CPU ms per request in that run and the cache had 3 errors" in text
-    assert "3 cache errors" in _targets(bench(runs))[0]
-    runs[0].update(cpu=cpu(5.5, 0.0), cache_errors=0)
-    assert "Not every cache-hit request was a hit" not in "\n".join(_http_section(bench(runs)))
-
-
-def test_batch_section_compares_images_per_second_with_single_requests_of_the_same_run() -> None:
-    single = run("inference", "openvino-int8", 10, 50.0, cpu=cpu(12.0, 20.0, client=3.0))
-    batch = run("batch", "openvino-int8", 10, 8.0, images_per_request=8, images_per_s=64.0,
-                cpu=cpu(80.0, 140.0, client=4.0))  # fmt: skip
-    results = bench([single, batch]) | {"batch": {"backend": "openvino-int8", "users": 10}}
-    compared = batch_vs_single(results)
-    assert compared is not None
-    assert (compared["batch_images_per_s"], compared["single_images_per_s"], compared["ratio"]) == (64.0, 50.0, 1.28)
-    assert compared["cpu_ms_per_image"]["batch"] == {"front": 10.0, "runner": 17.5, "load_generator": 0.5}
-    text = "\n".join(_batch_section(results))
-    assert "**64.0 images/s** in batches of 8 vs 50.0 images/s one photo per request" in text
-    assert "= **1.28×**" in text and "0 of 1000 batch requests failed." in text
-    assert "| batches of 8 | 10.0 | 17.5 | 0.5 |" in text
-
-
-def test_a_skipped_batch_step_says_why() -> None:
-    results = bench([]) | {"batch": {"backend": "x", "skipped": "this server has no POST /classify/batch (HTTP 404)"}}
-    assert "Not measured in this run: this server has no POST /classify/batch (HTTP 404)." in _batch_section(results)
 
 
 def test_batch_answers_fail_on_status_count_errors_and_cache_hits() -> None:
@@ -520,7 +307,277 @@ def test_batch_answers_fail_on_status_count_errors_and_cache_hits() -> None:
     assert "image 0: a cache hit" in (batch_failure(200, cached, 8) or "")
 
 
-def test_the_whole_report_renders_the_new_sections(tmp_path) -> None:
+def row(results: dict, name: str) -> Target:
+    """The one target row whose name starts with ``name``."""
+    (found,) = [t for t in targets(results) if t.name.startswith(name)]
+    return found
+
+
+def targets_of(results: dict) -> tuple[Target, Target]:
+    return row(results, "Served / ceiling without HTTP"), row(results, "Server CPU beyond decode + inference")
+
+
+def test_best_backend_is_the_fastest_at_10_users_else_at_the_most_users() -> None:
+    assert best_backend(bench([run("inference", "a", 10, 5.0), run("inference", "b", 10, 9.0)])) == "b"
+    assert best_backend(bench([run("inference", "a", 4, 5.0), run("inference", "b", 2, 9.0)])) == "a"
+    assert best_backend(bench([], [{"backend": "c", "median_ms": 3.0}, {"backend": "d", "median_ms": 2.0}])) == "d"
+
+
+def test_cache_hit_target_is_the_ratio_to_bare_bentoml_with_both_figures() -> None:
+    results = bench([
+        run("repeat", "onnx-int8", 10, 260.0, cpu=cpu(5.5, 0.0), cache_hit_share=1.0, cache_mode="redis"),
+        run("bare", "onnx-int8", 10, 200.0, cpu=cpu(3.5, 0.0)),
+    ])  # fmt: skip
+    ratio, absolute = targets(results)
+    assert ratio == Target("Cache-hit path vs a bare BentoML API", "1.30× (260.0 vs 200.0 req/s), 100% hits, 0 errors",
+                           ">= 1.3×, all hits, zero errors", "met", f"{CPU}, 2 cores")  # fmt: skip
+    assert (absolute.figure, absolute.goal, absolute.verdict) == ("260.0 req/s", ">= 400 req/s", "NOT met")
+    results["runs"][1]["req_per_s"] = 201.0
+    assert (
+        row(results, "Cache-hit path vs").verdict == "NOT met" and "1.29×" in row(results, "Cache-hit path vs").figure
+    )
+    results["runs"][1]["req_per_s"] = 100.0
+    results["runs"][0]["cache_hit_share"] = 0.98  # not all hits: a miss is no cache-hit path
+    assert row(results, "Cache-hit path vs").verdict == "NOT met"
+    del results["runs"][1]
+    assert row(results, "Cache-hit path vs").verdict == "not measured"
+
+
+def test_a_cache_hit_run_that_was_not_all_hits_says_so() -> None:
+    runs = [
+        run("repeat", "onnx-int8", 10, 14.4, cpu=cpu(11.96, 16.07), cache_hit_share=1.0, cache_errors=3),
+        run("bare", "onnx-int8", 10, 281.2, cpu=cpu(3.52, 0.0)),
+    ]
+    figure = row(bench(runs), "Cache-hit path vs").figure
+    assert "3 cache errors, the runner used 16.07 CPU ms per request: not every request was a hit" in figure
+    runs[0].update(cpu=cpu(5.5, 0.0), cache_errors=0)
+    assert "not every request" not in row(bench(runs), "Cache-hit path vs").figure
+
+
+def test_single_client_target_is_on_the_best_backend_against_the_same_photo_in_process() -> None:
+    # in-process, wall: decode 4.5 + preprocess 1.5 + inference b1 16.0 = 22.0 ms; limit 1.15× = 25.3 ms.
+    runs = [run("inference", "onnx-int8", 10, 50.0), run("inference", "onnx", 10, 20.0)]
+    seq = [{"backend": "onnx-int8", "median_ms": 25.0}, {"backend": "onnx", "median_ms": 50.0}]
+    target = row(bench(runs, seq), "Single-client p50")
+    assert target.name == "Single-client p50, best backend (`onnx-int8`)" and target.verdict == "met"
+    assert target.figure == "runner process: 25 ms = 1.14× (sequential step); in process 22.0 ms"
+    assert target.goal == "<= 1.15× in process (25.3 ms)"
+    seq[0]["median_ms"] = 25.5
+    target = row(bench(runs, seq), "Single-client p50")
+    assert target.verdict == "NOT met" and "25.5 ms = 1.16×" in target.figure
+
+
+def test_single_client_target_judges_each_placement_by_its_median_run() -> None:
+    """The placement step measures one client on each fresh server too: the target is met where a placement
+    the operator can choose meets it; a placement the step ran is judged on its rounds alone."""
+    results = bench([run("inference", "onnx-int8", 10, 50.0)], [{"backend": "onnx-int8", "median_ms": 25.5}])
+    results["placement"] = [
+        {"placement": where, "round": r, "backend": "onnx-int8", "users": 10, "sequential": {"median_ms": ms}}
+        for where, r, ms in [("runner process", 1, 26.0), ("front worker", 1, 23.0), ("front worker", 2, 25.4),
+                             ("runner process", 2, 25.0)]
+    ]  # fmt: skip
+    target = row(results, "Single-client p50")
+    # the runner: 26.0, 25.0 → the slower middle, 26.0; the front: 23.0, 25.4 → 25.4 (> 25.3)
+    assert target.verdict == "NOT met"
+    assert target.figure.startswith("runner process: 26 ms = 1.18× (median of 2 runs); front worker: 25.4 ms = 1.15×")
+    results["placement"][2]["sequential"]["median_ms"] = 25.2  # the front worker's slower run now within
+    assert row(results, "Single-client p50").verdict == "met"
+    # a round whose one client failed, and rows from before the step measured one client, are left out
+    results["placement"][1]["sequential"] = {"backend": "onnx-int8", "error": "ReadTimeout: timed out"}
+    for r in results["placement"][::3]:
+        del r["sequential"]
+    target = row(results, "Single-client p50")
+    assert "runner process: 25.5 ms = 1.16× (sequential step); front worker: 25.2 ms = 1.15× (one run)" in target.figure
+    assert "front worker: one client failed in 1 round(s): ReadTimeout: timed out" in target.figure
+    assert target.verdict == "NOT met"  # a placement whose one client failed cannot meet it
+
+
+def test_a_placement_whose_one_client_failed_cannot_meet_the_single_client_target() -> None:
+    results = bench([run("inference", "onnx-int8", 10, 50.0)], [{"backend": "onnx-int8", "median_ms": 25.5}])
+    results["placement"] = [
+        {"placement": "front worker", "round": 1, "backend": "onnx-int8", "users": 10, "sequential": alone}
+        for alone in ({"median_ms": 23.0}, {"backend": "onnx-int8", "error": "ReadTimeout: timed out"},
+                      {"median_ms": float("nan")}, {"median_ms": -1.0})
+    ]  # fmt: skip
+    target = row(results, "Single-client p50")
+    assert target.verdict == "NOT met" and "front worker: 23 ms = 1.05× (one run)" in target.figure
+    assert "front worker: one client failed in 3 round(s): ReadTimeout: timed out; p50 nan; p50 -1.0" in target.figure
+    results["sequential"] = []
+    assert not [t for t in targets(results) if t.name.startswith("Single-client")]  # no sequential step: no row
+
+
+def test_engine_targets_judge_each_placement_by_its_median_run() -> None:
+    ceiling, beyond = targets_of(engine_bench(95.0))
+    # base 19.5 ms → 102.6 req/s; the runner's runs 95 and 93: the lower middle, 93 = 91%; the front's 96, 97: 96
+    assert ceiling.name == "Served / ceiling without HTTP, best backend (`onnx-int8`), 10 clients"
+    assert (ceiling.goal, ceiling.verdict) == (">= 90%, zero errors", "met")
+    assert ceiling.figure == ("runner process (median of 2 runs): 93.0 req/s = 91% of 102.6; front worker (median of "
+                              "2 runs): 96.0 req/s = 94% of 102.6; 0 errors")  # fmt: skip
+    assert beyond.figure == "runner process (median of 2 runs): 2.6 ms; front worker (median of 2 runs): 2.1 ms"
+    assert (beyond.goal, beyond.verdict) == ("<= 3 ms per request, zero errors", "met")
+    ceiling, beyond = targets_of(engine_bench(85.0, front_loop=4.0, front_rps=84.0))
+    assert (
+        ceiling.verdict == "NOT met" and "83.0 req/s = 81%" in ceiling.figure and "84.0 req/s = 82%" in ceiling.figure
+    )
+    # the runner's 5.6 ms beyond misses; the front worker's 2.1 ms meets it: a placement the operator can choose
+    assert beyond.verdict == "met" and "runner process (median of 2 runs): 5.6 ms" in beyond.figure
+    _, beyond = targets_of(engine_bench(85.0, front_loop=4.0, front_total=25.0))
+    assert beyond.verdict == "NOT met"  # the front worker's 5.6 ms too
+    ceiling, _ = targets_of(engine_bench(99.0, failures=1))
+    assert ceiling.verdict == "NOT met" and ceiling.figure.endswith("; 1 errors")
+
+
+def test_a_profile_dearer_than_the_run_gives_way_to_the_run_within_drift() -> None:
+    """Within drift the run's own figure is the base: the ceiling rises and the verdict stands on what the run
+    measured. Far below, the threads' CPU went elsewhere (not told apart): the profile stands, and the run
+    carries no verdict."""
+    results = engine_bench(95.0, front_total=18.0)  # front engine 13 >= 0.75 × 15
+    ceiling, beyond = targets_of(results)
+    assert "front worker (median of 2 runs): 96.0 req/s = 84% of 114.3" in ceiling.figure
+    assert "front worker (median of 2 runs): 0.6 ms" in beyond.figure and "not judged" not in ceiling.figure
+    assert "114.3 (4 + 13 ms at b8, inference from the run)" in "\n".join(_served_section(results, "docs/bench"))
+    results = engine_bench(95.0, front_total=10.0)  # front engine 5: a third of the profile
+    ceiling, beyond = targets_of(results)
+    assert "96.0 req/s = 94% of 102.6, not judged: figures below their base" in ceiling.figure
+    assert ceiling.verdict == "met"  # judged on the runner's runs alone
+    assert "| **-9.4** |" in "\n".join(_served_section(results, "docs/bench"))
+    for r in [*results["placement"], results["runs"][0]]:
+        del r["cpu"]["threads_ms_per_request"]  # no threads told apart (off Linux): the totals alone...
+        r["cpu"]["ms_per_request"]["runner"] = 1.0  # ...now below the profile in every run: noise
+    ceiling, beyond = targets_of(results)
+    assert ceiling.verdict == beyond.verdict == "not judged"
+
+
+def test_an_engine_cheaper_than_profiled_cannot_cancel_real_overhead_into_a_met() -> None:
+    results = engine_bench(95.0)
+    results["placement"] = [p for p in results["placement"] if p["placement"] == "runner process"]
+    for step in results["placement"]:
+        step["cpu"]["threads_ms_per_request"]["runner"]["engine and other threads"] = 12.0  # 3 below inference
+        step["cpu"]["threads_ms_per_request"]["front"]["event loop"] = 6.5  # and 5 more in the event loop
+    ceiling, beyond = targets_of(results)
+    assert ceiling.verdict == "NOT met" and "= 77% of 121.2" in ceiling.figure
+    assert beyond.verdict == "NOT met" and beyond.figure == "runner process (median of 2 runs): 5.6 ms"
+
+
+def test_each_placement_keeps_its_own_runs_whatever_the_step_left_out() -> None:
+    results = engine_bench(95.0)
+    for step in results["placement"]:
+        step.pop("round")  # written before rounds were numbered
+    ceiling, _ = targets_of(results)
+    assert "front worker (median of 2 runs): 96.0 req/s" in ceiling.figure and ceiling.verdict == "met"
+    results = engine_bench(95.0)
+    results["placement"] = [p for p in results["placement"] if p["placement"] == "front worker"][:1]
+    ceiling, _ = targets_of(results)
+    assert "runner process (one run): 95.0 req/s" in ceiling.figure  # the main run
+    assert "front worker (one run): 96.0 req/s" in ceiling.figure
+    results = engine_bench(95.0)
+    results["placement"] = results["placement"][:3]  # runner twice, front once
+    ceiling, _ = targets_of(results)
+    assert "runner process (median of 2 runs)" in ceiling.figure and "front worker (one run)" in ceiling.figure
+
+
+def test_a_run_whose_reading_missed_a_server_process_carries_no_engine_verdict() -> None:
+    results = engine_bench(95.0)
+    for r in [*results["placement"], results["runs"][0]]:
+        r["cpu"]["missed_processes"] = 1
+    ceiling, beyond = targets_of(results)
+    assert ceiling.verdict == beyond.verdict == "not judged"
+    assert "not judged: the CPU reading missed 1 server process(es)" in ceiling.figure
+
+
+def test_a_share_is_never_rounded_up_to_the_target() -> None:
+    assert _share(0.895) == "89.5%" and _share(0.905) == "90.5%" and _share(0.88) == "88%"
+    ceiling, _ = targets_of(engine_bench(80.0, front_rps=92.26))  # 92.26 / (2000 / 19.5) = 0.89954
+    assert ceiling.verdict == "NOT met" and "92.26 req/s = 89.9% of 102.6" in ceiling.figure
+    ceiling, _ = targets_of(engine_bench(92.0, front_rps=91.9))  # 89.6%; far from the target: whole percents
+    assert "91.9 req/s = 89.6% of 102.6" in ceiling.figure and "90.0 req/s = 88% of 102.6" in ceiling.figure
+
+
+def test_decode_target_compares_the_pool_with_pillow_alone_in_the_same_run() -> None:
+    results = bench([])
+    results["profile"]["stages"] = [*STAGES, stage("decode", prof.POOL_PILLOW, 6.0)]
+    target = row(results, "Decode + preprocess")  # (3 + 1) / (6 + 1) = 57%
+    assert (target.figure, target.goal, target.verdict) == ("4.00 vs 7.00 CPU ms per photo = 57%", "<= 60%", "met")
+    results["profile"]["stages"][-1] = stage("decode", prof.POOL_PILLOW, 5.0)
+    assert row(results, "Decode + preprocess").verdict == "NOT met"
+
+
+def test_the_default_backend_target_is_its_10_user_throughput_over_onnx_in_the_same_run() -> None:
+    results = bench([run("inference", "onnx", 10, 10.0), run("inference", "openvino-int8", 10, 31.0),
+                     run("inference", "openvino-int8", 1, 99.0)])  # fmt: skip
+    results["default"] = {"backend": "openvino-int8", "requested": "auto", "source": "rule", "why": "x86"}
+    target = row(results, "Default backend")
+    assert target.figure == "`openvino-int8` (FASTINFER_DEFAULT_BACKEND=auto, rule: x86): 31.0 vs 10.0 req/s = 3.10×"
+    assert target.verdict == "met" and target.machine == f"{CPU}, 2 cores"
+    results["runs"][1]["req_per_s"] = 29.0
+    assert row(results, "Default backend").verdict == "NOT met"
+    del results["default"]  # a run that did not learn the server's default claims nothing
+    assert not [t for t in targets(results) if t.name.startswith("Default")]
+
+
+def test_openvino_targets_are_ratios_of_one_run_with_the_bf16_verdict() -> None:
+    fidelity = [
+        {"backend": "openvino", "precision": "bf16", "gate": "bf16", "gate_passed": True, "top1_agreement": 1.0,
+         "top5_overlap": 0.99, "max_abs_error": 0.39},
+    ]  # fmt: skip
+    rps = {"onnx-int8": 40.0, "openvino-int8": 56.0, "onnx": 20.0, "openvino": 30.0}
+    results = bench([run("inference", b, 10, r) for b, r in rps.items()])
+    results["profile"]["fidelity"] = fidelity
+    int8, bf16 = speed_up_targets(results, "here")
+    assert (int8.name, int8.verdict) == ("`openvino-int8` vs `onnx-int8`, 10 clients", "met")
+    assert int8.goal == ">= 1.3×, zero errors"
+    assert int8.figure.startswith("1.40× (56.0 vs 40.0 req/s, 0 errors)")
+    assert bf16.verdict == "NOT met" and "1.50× (30.0 vs 20.0 req/s" in bf16.figure
+    assert "ran at bf16, BF16 gates passed (top-1 100.0%, top-5 99.0%)" in bf16.figure
+    failing = bench([run("inference", "onnx-int8", 10, 40.0), run("inference", "openvino-int8", 10, 60.0, failures=2)])
+    (int8,) = speed_up_targets(failing, "here")
+    assert int8.verdict == "NOT met" and "2 errors" in int8.figure
+
+
+def test_served_section_lists_every_backend_and_the_placement_runs() -> None:
+    results = engine_bench(93.0)
+    assert [(s["placement"], s["run_round"]) for s in served_splits(results)] == [
+        ("runner process", 0),
+        ("runner process", 1),
+        ("front worker", 1),
+        ("runner process", 2),
+        ("front worker", 2),
+    ]
+    text = "\n".join(_served_section(results, "docs/bench"))
+    assert "## Served vs the engine's ceiling" in text and "docs/benchmarks.md#the-ceiling-without-http" in text
+    assert "| `onnx-int8` | runner process | 10 | 93.0 | 102.6 (4 + 15 ms at b8) | **91%** | 22.1 | **2.6** |" in text
+    assert "| `onnx-int8` | front worker (placement step, round 1) | 10 | 96.0 |" in text
+
+
+def test_http_section_shows_the_split_and_the_noise() -> None:
+    runs = [run("inference", "onnx-int8", 10, 58.0, cpu=cpu(12.0, 19.0, client=3.25))]
+    text = "\n".join(_http_section(bench(runs, http={"onnx-int8": 11.5}), "docs/bench"))
+    assert "## The HTTP path, measured" in text
+    # backend, users, front, runner, in-process front stages, inference (batch), overheads, HTTP, batch, client
+    assert "| `onnx-int8` | 10 | 12.0 | 19.0 | 4.5 | 15.0 (b8) | 7.5 | 4.0 | **11.5** | — | 3.25 |" in text
+    assert "Other work shared these cores" not in text and "missed a server process" not in text
+    runs[0]["cpu"]["cores_busy"] |= {"rest_of_machine": 0.6, "steal": 0.0}
+    runs[0]["cpu"]["missed_processes"] = 2
+    text = "\n".join(_http_section(bench(runs, http={"onnx-int8": 11.5}), "docs/bench"))
+    assert "during some runs: inference `onnx-int8` 10 users: 0.6 cores busy elsewhere, steal 0." in text
+    assert "missed a server process: inference `onnx-int8` 10 users: 2 process(es)." in text
+
+
+def test_batch_section_compares_images_per_second_with_single_requests_of_the_same_run() -> None:
+    single = run("inference", "openvino-int8", 10, 50.0, cpu=cpu(12.0, 20.0, client=3.0))
+    batch = run("batch", "openvino-int8", 10, 8.0, images_per_request=8, images_per_s=64.0,
+                cpu=cpu(80.0, 140.0, client=4.0))  # fmt: skip
+    text = "\n".join(_batch_section(bench([single, batch]) | {"batch": {"backend": "openvino-int8"}}, "docs/bench"))
+    assert "**64.0 images/s** vs 50.0 images/s one per request = **1.28×**; 0 of 1000 batch requests failed." in text
+    assert "| batches of 8 | 10.0 | 17.5 | 0.5 |" in text and "| one per request | 12.0 | 20.0 | 3.0 |" in text
+    results = bench([]) | {"batch": {"backend": "x", "skipped": "this server has no POST /classify/batch (HTTP 404)"}}
+    assert "Not measured in this run: this server has no POST /classify/batch (HTTP 404)." in _batch_section(
+        results, ""
+    )
+
+
+def test_the_first_table_is_the_rows_of_results_json(tmp_path, monkeypatch) -> None:
+    """BENCHMARKS.md opens with the targets table and one plot; the table is results.json's rows, rendered."""
     runs = [
         run("inference", "onnx-int8", 10, 58.0, cpu=cpu(12.0, 19.0)),
         run("repeat", "onnx-int8", 10, 260.0, cpu=cpu(5.5, 0.0), cache_hit_share=1.0, cache_mode="redis"),
@@ -529,22 +586,47 @@ def test_the_whole_report_renders_the_new_sections(tmp_path) -> None:
     seq = [{"backend": "onnx-int8", "median_ms": 25.0, "p95_ms": 30.0,
             "stages_p50_ms": {"decode": 4.0, "preprocess": 1.0, "inference": 16.0}}]  # fmt: skip
     results = bench(runs, seq, http={"onnx-int8": 11.5}) | {"batch": {"skipped": "no endpoint"}}
-    md = tmp_path / "BENCHMARKS.md"
-    write_markdown(results, md, tmp_path, tmp_path / "plots")
-    text = md.read_text()
+    md, plots = tmp_path / "BENCHMARKS.md", tmp_path / "plots"
+    check.write_benchmarks(results, md, tmp_path, plots)
+    text, saved = md.read_text(), json.loads((plots / "results.json").read_text())
+    first = next(block for block in text.split("\n\n") if block.startswith("|"))
+    assert first == render_targets(saved["targets"]) and text.index(first) < text.index("](plots/")
+    cells = [line.split(" | ") for line in first.split("\n")[2:]]
+    assert [(c[0].lstrip("| "), c[3].strip("*")) for c in cells] == [
+        (t["name"], t["verdict"]) for t in saved["targets"]
+    ]
+    assert {t["verdict"] for t in saved["targets"]} == {"met", "NOT met"}
+    assert [t["name"] for t in saved["targets"]][:3] == ["Cache-hit path vs a bare BentoML API",
+                                                          "Cache-hit path, absolute", "Single-client p50, best "
+                                                          "backend (`onnx-int8`)"]  # fmt: skip
     for heading in ("## Targets", "## The HTTP path, measured", "## Batch API", "## Where the time goes"):
         assert heading in text
     assert f"{check.SECTION}\n\nNot run on this machine: `make tune-check`" in text
-    assert not (tmp_path / "plots" / "tuning.png").exists()
+    assert not (plots / "tuning.png").exists()
     # the pool's ceiling, then each size class alone (small: 50 + 50 + 0.5 + 11.5 + 15 = 127 ms → 15.7 req/s)
     assert "| onnx-int8 | 8 | 31.0 | 64.5 | inference (48%) | 11.5 (measured) | 15.7 | 8.8 |" in text
+    assert "| `onnx-int8` | 31.2 | 41.7 | ORT default CPU EP on a Xeon with AMX ~26 |" in text  # 1000 / 16 / 2
+    assert "| onnx-int8 | 25.0 | 30.0 | — | 1.14× | 5.0 | 16.0 |" in text  # 25 ms ÷ 22 ms in process
+    row_ = "| inference | onnx-int8 | 10 | 58.0 | 40.0 | 60.0 | 80.0 | 0 (0.0%) | 0% (bypassed) | 90% | 12, 19, 2 |"
+    assert row_ in text
+    # --report-only renders the same from the results.json beside the plots
+    from load_tests.__main__ import main
+
+    for name, value in (
+        ("BENTOML_HOME", str(tmp_path)),
+        ("FASTINFER_TUNED", "off"),
+        ("FASTINFER_RUNNER_TELEMETRY", ""),
+    ):
+        monkeypatch.setenv(name, value)  # what main sets, undone after the test
+    again = tmp_path / "again.md"
     assert (
-        "| inference | onnx-int8 | 10 | 58.0 | 40.0 | 60.0 | 80.0 | 0 (0.0%) | 0% (bypassed) | 90% | 12, 19, 2 |"
-        in text
+        main(["--report-only", "--out", str(tmp_path / "none"), "--markdown", str(again), "--plots", str(plots)]) == 0
     )
+    assert again.read_text().replace("(plots/", "(") == text.replace("(plots/", "(")
 
 
-def test_the_bench_shows_the_last_tune_check_with_its_own_plot(tmp_path) -> None:
+def tune_check() -> dict:
+    """A saved `make tune-check` (OUT/tuning.json), run on another CPU."""
     trial = {"label": "onnx-int8, runner", "config": {"backend": "onnx-int8"}, "req_per_s": 20.0, "p50_ms": 400,
              "p95_ms": 500, "failures": 0, "requests": 200, "error": "", "position": 0, "qualified": True}  # fmt: skip
     saved = {
@@ -556,125 +638,42 @@ def test_the_bench_shows_the_last_tune_check_with_its_own_plot(tmp_path) -> None
         "sweep": {"elapsed_s": 3000, "estimate_s": 2900, "configurations": 1, "servers": 1, "best": trial,
                   "trials": [trial]},
     }  # fmt: skip
+    return saved
+
+
+def test_the_bench_shows_the_last_tune_check_with_its_own_plot(tmp_path) -> None:
+    saved = tune_check()
     (tmp_path / "tuning.json").write_text(json.dumps(saved))
     results = bench([run("inference", "onnx-int8", 10, 58.0)])
     md = tmp_path / "BENCHMARKS.md"
-    write_markdown(results, md, tmp_path, tmp_path / "plots")
+    check.write_benchmarks(results, md, tmp_path, tmp_path / "plots")
     text = md.read_text()
     assert "**Measured on Other CPU, not on this run's CPU.**" in text and "](plots/tuning.png)" in text
-    assert "In <= 1/4 of the sweep's time: **met**, 4.0 min" in text
-    assert (tmp_path / "plots" / "tuning.png").stat().st_size > 10_000
+    assert "| `fastinfer tune`'s time vs the sweep's | 4.0 min (its budget 7 min) vs 50.0 min (8%) | <= 1/4 of the " \
+        "sweep's time | **met** | Other CPU, 2 cores |" in text  # fmt: skip
+    assert results["tuning"] == saved and (tmp_path / "plots" / "tuning.png").stat().st_size > 10_000
     del saved["tune"]["skipped"]  # a hand-edited file: the bench still writes its report
     (tmp_path / "tuning.json").write_text(json.dumps(saved))
-    write_markdown(results, md, tmp_path, tmp_path / "plots")
+    check.write_benchmarks(results, md, tmp_path, tmp_path / "plots")
     assert "could not be read: KeyError" in md.read_text() and not (tmp_path / "plots" / "tuning.png").exists()
 
 
-# ---- the earlier targets, kept ----------------------------------------------------------------------
+def test_a_tune_check_rewrites_the_report_from_the_bench_results_beside_the_plots(tmp_path) -> None:
+    md, plots = tmp_path / "B.md", tmp_path / "plots"
+    check.write_benchmarks(bench([run("inference", "onnx-int8", 10, 58.0)]), md, tmp_path, plots)
+    first = next(block for block in md.read_text().split("\n\n") if block.startswith("|"))
+    assert "fastinfer tune" not in first
+    (tmp_path / "tuning.json").write_text(json.dumps(tune_check()))  # as the check saves it, then:
+    assert check.write_markdown(tune_check(), md, plots, tmp_path) == plots / "tuning.png"
+    first = next(block for block in md.read_text().split("\n\n") if block.startswith("|"))
+    assert "| `fastinfer tune`'s choice vs the sweep's best | 100% in the sweep's own runs (no head to head) |" in first
 
 
-def at10(rps: dict[str, float], failures: int = 0) -> list[dict]:
-    return [
-        {"scenario": "inference", "backend": b, "users": 10, "req_per_s": r, "failures": failures}
-        for b, r in rps.items()
-    ]
-
-
-def test_openvino_targets_are_ratios_of_one_run_with_the_bf16_verdict() -> None:
-    fidelity = [
-        {"backend": "openvino", "precision": "bf16", "gate": "bf16", "gate_passed": True, "top1_agreement": 1.0,
-         "top5_overlap": 0.99, "max_abs_error": 0.39},
-    ]  # fmt: skip
-    runs = at10({"onnx-int8": 40.0, "openvino-int8": 56.0, "onnx": 20.0, "openvino": 30.0})
-    int8, bf16 = _openvino_targets({"runs": runs, "profile": {"fidelity": fidelity}})
-    assert "`openvino-int8` >= 1.3× `onnx-int8` at 10 clients, zero errors: met.** 56.0 vs 40.0 req/s = 1.40×" in int8
-    assert "zero errors: NOT met.** 30.0 vs 20.0 req/s = 1.50×" in bf16
-    assert "ran in BF16; BF16 fidelity gates passed" in bf16
-    (failing,) = _openvino_targets({"runs": at10({"onnx-int8": 40.0, "openvino-int8": 60.0}, failures=2)})
-    assert "NOT met" in failing and "2 errors" in failing
-
-
-def test_per_core_throughput_is_wall_time_over_cores_beside_the_anchors() -> None:
-    stages = [
-        {"stage": "inference", "detail": "openvino-int8 b1", "wall_ms": 12.5},
-        {"stage": "inference", "detail": "openvino-int8 b8", "wall_ms": 10.0},
-    ]
-    text = "\n".join(_per_core({"profile": {"cores": 2, "stages": stages}}))
-    assert "| `openvino-int8` | 40.0 | 50.0 | Xeon with AMX ~170–200" in text
-
-
-def test_an_engine_cheaper_than_profiled_cannot_cancel_real_overhead_into_a_met() -> None:
-    """A run whose engine threads spent less than the profile says inference costs: the run's figure is the
-    base, so the saving is no negative cause that would cancel the event loops' real overhead."""
-    results = engine_bench(95.0)
-    results["placement"] = [p for p in results["placement"] if p["placement"] == "runner process"]
-    for step in results["placement"]:
-        step["cpu"]["threads_ms_per_request"]["runner"]["engine and other threads"] = 12.0  # 3 below inference
-        step["cpu"]["threads_ms_per_request"]["front"]["event loop"] = 6.5  # and 5 more in the event loop
-    ceiling, beyond = targets_of(results)
-    assert ": NOT met.**" in ceiling and "= 77% of 121.2" in ceiling and "inference from the run" in ceiling
-    assert ": NOT met.** 5.6 ms with the engine in the runner process" in beyond
-
-
-def test_each_placement_keeps_its_own_runs_whatever_the_step_left_out() -> None:
-    """A results.json whose placement rows carry no round (written before rounds were numbered) keeps them;
-    a placement the step did not run falls back to the main run; each placement says how many runs it had."""
-    results = engine_bench(95.0)
-    for step in results["placement"]:
-        step.pop("round")
-    ceiling, _ = targets_of(results)
-    assert "engine in the front worker (median of 2 runs): 96.0 req/s" in ceiling and ": met.**" in ceiling
-    results = engine_bench(95.0)
-    results["placement"] = [p for p in results["placement"] if p["placement"] == "front worker"][:1]
-    ceiling, _ = targets_of(results)
-    assert "engine in the runner process (one run): 95.0 req/s" in ceiling  # the main run
-    assert "engine in the front worker (one run): 96.0 req/s" in ceiling
-    results = engine_bench(95.0)
-    results["placement"] = results["placement"][:3]  # runner twice, front once
-    ceiling, _ = targets_of(results)
-    assert "runner process (median of 2 runs)" in ceiling and "front worker (one run)" in ceiling
-
-
-def test_the_default_backend_target_is_its_10_user_throughput_over_onnx_in_the_same_run() -> None:
-    results = bench([run("inference", "onnx", 10, 10.0), run("inference", "openvino-int8", 10, 31.0),
-                     run("inference", "openvino-int8", 1, 99.0)])  # fmt: skip
-    results["default"] = {"backend": "openvino-int8", "requested": "auto", "source": "rule", "why": "x86"}
-    (line,) = [t for t in _targets(results) if "default backend at 10 clients" in t]
-    assert ": met.**" in line and "31.0 req/s vs `onnx` 10.0 req/s = 3.10×" in line and CPU in line
-    assert "FASTINFER_DEFAULT_BACKEND=auto, rule: x86" in line
-    results["runs"][1]["req_per_s"] = 29.0
-    (line,) = [t for t in _targets(results) if "default backend at 10 clients" in t]
-    assert "NOT met" in line and "2.90×" in line
-    del results["default"]  # a run that did not learn the server's default claims nothing
-    assert not [t for t in _targets(results) if "default backend" in t]
-
-
-def test_a_run_whose_reading_missed_a_server_process_carries_no_engine_verdict() -> None:
-    """Its figures leave that process's CPU out: they understate the server and could read "met"."""
-    results = engine_bench(95.0)
-    for row in results["placement"]:
-        row["cpu"]["missed_processes"] = 1
-    ceiling, beyond = targets_of(results)
-    assert ": not judged.**" in ceiling and ": not judged.**" in beyond
-    assert "the CPU reading missed 1 server process(es), so its figures understate, not judged" in ceiling
-
-
-def test_a_share_is_never_rounded_up_to_the_target() -> None:
-    from load_tests.report import _share
-
-    assert _share(0.895) == "89.5%" and _share(0.905) == "90.5%" and _share(0.88) == "88%"
-    ceiling, _ = targets_of(engine_bench(80.0, front_rps=92.26))  # 92.26 / (2000 / 19.5) = 0.89954
-    assert ": NOT met.**" in ceiling and "92.26 req/s = 89.9% of 102.6" in ceiling
-
-
-def test_a_placement_whose_one_client_failed_cannot_meet_the_single_client_target() -> None:
-    results = bench([run("inference", "onnx-int8", 10, 50.0)], [{"backend": "onnx-int8", "median_ms": 25.5}])
-    results["placement"] = [
-        {"placement": "front worker", "round": 1, "backend": "onnx-int8", "users": 10, "sequential": alone}
-        for alone in ({"median_ms": 23.0}, {"backend": "onnx-int8", "error": "ReadTimeout: timed out"},
-                      {"median_ms": float("nan")}, {"median_ms": -1.0})
-    ]  # fmt: skip
-    line = next(x for x in _targets(results) if "Single-client" in x)
-    assert ": NOT met.**" in line and "engine in the front worker: p50 23 ms = 1.05× (placement step, one run)" in line
-    assert "With the engine in the front worker the one client failed in 3 round(s): ReadTimeout: timed out; " \
-        "p50 nan; p50 -1.0." in line  # fmt: skip
+def test_the_committed_report_opens_with_the_rows_its_results_json_judges() -> None:
+    """BENCHMARKS.md's first table is docs/bench/results.json's rows, and those rows are what the data says."""
+    root = Path(__file__).resolve().parents[2]
+    saved = json.loads((root / "docs" / "bench" / "results.json").read_text())
+    first = next(block for block in (root / "BENCHMARKS.md").read_text().split("\n\n") if block.startswith("|"))
+    assert first == render_targets(saved["targets"])
+    judged = targets(saved) + (check.targets(saved["tuning"]) if saved.get("tuning") else [])
+    assert [asdict(t) for t in judged] == saved["targets"]

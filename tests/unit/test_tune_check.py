@@ -132,23 +132,25 @@ def test_a_tuned_choice_that_fails_head_to_head_is_not_met_not_judged_on_its_swe
 
     result = check.compare(tuner, 60.0, swept, 2, failing) | ABOUT
     assert result["share_in_sweep"] == 1.0 and result["share_head_to_head"] is None
-    assert "**NOT met**: the tuned configuration failed" in check.verdict(result)[0]
+    share = check.targets(result)[0]
+    assert share.verdict == "NOT met" and share.figure.startswith("the tuned configuration failed")
 
 
 def test_nothing_chosen_nothing_swept_and_interrupted_checks_say_so(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr("fastinfer.common.hardware.cpu_count", lambda: 2)
     tuner, swept, _ = _searches(tmp_path, {})
     partial = check.sweep_result(tuner, 60.0, None) | ABOUT
-    assert "Not judged: the check was interrupted (after the tune" in check.verdict(partial)[0]
-    assert "Not judged" in "\n".join(check.section(partial, None))
+    (interrupted,) = check.targets(partial)
+    assert interrupted.verdict == "not judged" and "the check was interrupted (after the tune" in interrupted.figure
+    assert "**not judged**, the check was interrupted" in check.verdict(partial)[0]
     tuner.chosen = None
     result = check.compare(tuner, 60.0, swept, 2, by_rate({})) | ABOUT
-    share_line, time_line = check.verdict(result)
-    assert "**NOT met**: the tune chose nothing" in share_line and "**NOT met**" in time_line
+    share, took = check.targets(result)
+    assert (share.verdict, share.figure, took.verdict) == ("NOT met", "the tune chose nothing", "NOT met")
     swept.trials = [replace(t, failures=1) for t in swept.trials]
     result = check.compare(tuner, 60.0, swept, 0, by_rate({})) | ABOUT
-    assert check.verdict(result) == [
-        "- Not judged: no configuration of the sweep served within the goal — CPU, 2 cores"
+    assert [(t.verdict, t.figure, t.machine) for t in check.targets(result)] == [
+        ("not judged", "no configuration of the sweep served within the goal", "CPU, 2 cores")
     ]
 
 
@@ -238,8 +240,9 @@ def test_a_head_to_head_interrupted_or_with_a_failed_contender_says_so(tmp_path,
     assert "judged against 1 of the sweep's 2 best: onnx-int8, in front, max batch 4 failed" in line
     assert result["head_to_head_best"] == "onnx-int8, in front, max batch 16"
     json.dumps(result, allow_nan=False)  # no -inf for a failed contender: valid JSON for any reader
-    first, interrupted = check.verdict(saved[0])  # the sweep done, the head to head not begun
-    assert "not judged: the head to head was interrupted before its first round" in first and "**" in interrupted
+    first, took = check.targets(saved[0])  # the sweep done, the head to head not begun
+    assert first.verdict == "not judged" and took.verdict in ("met", "NOT met")
+    assert first.figure.startswith("the head to head was interrupted before its first round")
     assert "interrupted after this round" in check.verdict(saved[1])[0]
 
 
