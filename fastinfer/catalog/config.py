@@ -20,62 +20,191 @@ from fastinfer.catalog.backends import BACKENDS, SPECS
 
 API_KEY_SYNTAX = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 API_KEY_MIN_LENGTH = 16  # a short key is guessed: 401s are not rate limited
+CACHE_HMAC_KEY_MIN_LENGTH = 32  # anyone who can read Redis holds (key, entry, MAC) triples: a short key is guessed
+
+
+# Beyond these a value is a typo or a broken tuned file, not a configuration: refused at start-up.
+MAX_WORKERS = 256
+MAX_THREADS = 1024
+MAX_BATCH_SIZE = 1024
+MAX_LATENCY_MS = 10_000
+
+
+def _env(names: str, doc: str, shown: str = "", **field_args: Any) -> Any:
+    """A field set by the variable(s) ``names`` (space-separated), with its meaning: docs/configuration.md's
+    table is generated from these (docs/hooks/settings_table.py), so it cannot drift. ``shown``: the
+    default as the table says it, where the field's own default does not say it."""
+    return field(metadata={"env": names.split(), "doc": doc, "shown": shown}, **field_args)
 
 
 @dataclass(frozen=True)
 class BatchingConfig:
-    """Whether a backend's requests go through adaptive batching, and its limits."""
+    """Whether a backend's requests go through adaptive batching, and its limits (defaults: the backend table).
+    ``<BACKEND>`` is the backend's name upper-cased, ``_`` for ``-``: ``ONNX_INT8``."""
 
-    enabled: bool
-    max_batch_size: int
-    max_latency_ms: int
+    enabled: bool = _env("FASTINFER_BATCHING_<BACKEND>", "requests go to the runner's `infer_batched` (on) or `infer`")
+    max_batch_size: int = _env(
+        "FASTINFER_MAX_BATCH_SIZE_<BACKEND>", f"largest batch a runner forms (1–{MAX_BATCH_SIZE})"
+    )
+    max_latency_ms: int = _env(
+        "FASTINFER_MAX_LATENCY_MS_<BACKEND>",
+        "how long a request reaching an idle runner waits for companions (under load batches form anyway; "
+        f"0–{MAX_LATENCY_MS})",
+    )
 
 
 @dataclass(frozen=True)
 class GroqConfig:
-    api_key: str = field(default="", repr=False)  # never printed
-    model: str = "llama-3.1-8b-instant"
-    base_url: str | None = None
-    timeout_s: float = 20.0
+    api_key: str = _env(
+        "GROQ_API_KEY GROQ_API_KEY_FILE",
+        "enables `/analyze`; `_FILE`: a file holding the key (a secret), instead. An empty or unreadable file stops "
+        "start-up",
+        default="",
+        repr=False,  # never printed
+    )
+    model: str = _env("FASTINFER_GROQ_MODEL", "Groq model", default="llama-3.1-8b-instant")
+    base_url: str | None = _env(
+        "FASTINFER_GROQ_BASE_URL GROQ_BASE_URL", "where the Groq API is (the first one set)", "Groq's", default=None
+    )
+    timeout_s: float = _env("FASTINFER_GROQ_TIMEOUT_S", "Groq request timeout, seconds", default=20.0)
 
 
 @dataclass(frozen=True)
 class Settings:
-    model: str = store.DEFAULT_FAMILY  # the model family served (FASTINFER_MODEL): <model>-<backend> in the store
-    default_backend: str = "auto"  # or a backend's name; `auto` follows this machine (fastinfer/catalog/choice.py)
-    max_bytes: int = 20 * 1024 * 1024
-    max_pixels: int = 50_000_000
-    front_workers: int = 1
-    runner_workers: int = 1
-    threads: int = 0  # 0 = decide from the core count (see fastinfer.common.hardware)
-    runner_telemetry: bool = False  # BentoML's access log, request metrics and spans for each call to a runner
-    request_timeout_s: int = 30
-    max_concurrency: int = 64
-    max_uploads: int = 128  # bodies arriving at once (no handling slot while they arrive); 2 × max_concurrency
-    body_idle_s: int = 10  # a body that stalls this long gets 408
+    model: str = _env(
+        "FASTINFER_MODEL", "the model family served: `<model>-<backend>` in the store", default=store.DEFAULT_FAMILY
+    )
+    default_backend: str = _env(  # `auto` follows this machine (fastinfer/catalog/choice.py)
+        "FASTINFER_DEFAULT_BACKEND",
+        "backend of requests that name none; `auto` (any case): the tuned file's, else the one recommended for this "
+        "machine (measured, else by rule: see [Backends](backends.md#the-default-backend))",
+        default="auto",
+    )
+    max_bytes: int = _env("FASTINFER_MAX_BYTES", "largest request body (413 above it)", default=20 * 1024 * 1024)
+    max_pixels: int = _env(
+        "FASTINFER_MAX_PIXELS", "largest image, width × height (413, not decoded)", default=50_000_000
+    )
+    front_workers: int = _env("FASTINFER_FRONT_WORKERS", f"front worker processes (1–{MAX_WORKERS})", default=1)
+    runner_workers: int = _env("FASTINFER_RUNNER_WORKERS", f"worker processes per runner (1–{MAX_WORKERS})", default=1)
+    threads: int = _env(
+        "FASTINFER_THREADS",
+        f"intra-op threads per runner process (0–{MAX_THREADS}; 0: cores ÷ runner workers)",
+        default=0,
+    )
+    runner_telemetry: bool = _env(
+        "FASTINFER_RUNNER_TELEMETRY",
+        "`true`: BentoML's log, metrics and spans for each call to a runner ([Metrics](metrics.md#runner-telemetry))",
+        default=False,
+    )
+    request_timeout_s: int = _env(
+        "FASTINFER_TIMEOUT_S", "request timeout, upload included (504; 408 if the body was not in)", default=30
+    )
+    max_concurrency: int = _env(
+        "FASTINFER_MAX_CONCURRENCY", "requests in flight per front worker (their body in); more get 429", default=64
+    )
+    max_uploads: int = _env(
+        "FASTINFER_MAX_UPLOADS",
+        "bodies arriving at once per front worker; more get 429",
+        "2 × `FASTINFER_MAX_CONCURRENCY` (`128`)",
+        default=128,
+    )
+    body_idle_s: int = _env("FASTINFER_BODY_IDLE_S", "a request body that stalls this long gets 408", default=10)
     # Per front worker, below the ASGI app (fastinfer/front/connections.py): before a request's headers are in.
-    keepalive_s: int = 5  # a connection with no request closes after this long without a byte
-    header_timeout_s: int = 10  # a request's line and headers must arrive within this of its first byte (408)
-    max_header_bytes: int = 32 * 1024  # request line + headers (431)
-    max_headers: int = 100  # header fields (431)
-    max_connections: int = 1000  # open connections; beyond it the longest-idle closes, or 503 if none is idle
-    min_free_disk_mb: int = 16  # less free under BENTOML_HOME: /readyz answers 503 (0: only when writes fail)
-    max_batch_images: int = 32  # images in one POST /classify/batch
+    keepalive_s: int = _env(
+        "FASTINFER_KEEPALIVE_S",
+        "a connection with no request in progress closes after this long without a byte (before its first request "
+        "too); behind a load balancer, set it above the balancer's idle timeout. It replaces "
+        "`bentoml serve --timeout-keep-alive`",
+        default=5,
+    )
+    header_timeout_s: int = _env(
+        "FASTINFER_HEADER_TIMEOUT_S",
+        "a request's line and headers must arrive within this of its first byte (408)",
+        default=10,
+    )
+    max_header_bytes: int = _env("FASTINFER_MAX_HEADER_BYTES", "largest request line + headers (431)", default=32768)
+    max_headers: int = _env("FASTINFER_MAX_HEADERS", "most header fields in a request (431)", default=100)
+    max_connections: int = _env(
+        "FASTINFER_MAX_CONNECTIONS",
+        "open connections per front worker ([beyond it](overload.md#connections-and-headers))",
+        default=1000,
+    )
+    min_free_disk_mb: int = _env(
+        "FASTINFER_MIN_FREE_DISK_MB",
+        "less free than this under `BENTOML_HOME` and `/readyz` answers 503 (`0`: only once metric files cannot "
+        "be written)",
+        default=16,
+    )
+    max_batch_images: int = _env(
+        "FASTINFER_MAX_BATCH_IMAGES",
+        "images in one `POST /classify/batch` (400 above it; the body still counts against `FASTINFER_MAX_BYTES`)",
+        default=32,
+    )
     batching: dict[str, BatchingConfig] = field(default_factory=dict)
-    cache: str = "auto"  # redis | memory | off | auto
-    redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)  # may carry a password
-    cache_ttl_s: int = 86400
-    cache_timeout_ms: int = 50
-    cache_max_entries: int = 10000
-    cache_hmac_key: str = field(default="", repr=False)  # signs cache entries; empty: unsigned (never printed)
+    cache: str = _env("FASTINFER_CACHE", "`auto` | `redis` | `memory` | `off` (see [Cache](cache.md))", default="auto")
+    redis_url: str = _env(  # may carry a password
+        "REDIS_URL FASTINFER_REDIS_PASSWORD FASTINFER_REDIS_PASSWORD_FILE",
+        "the cache's Redis; its password apart (a secret): `FASTINFER_REDIS_PASSWORD`, put into the URL for you "
+        "(percent-encoded; not also in the URL; never shown), or `_FILE`, a file holding it. An empty or unreadable "
+        "file stops start-up",
+        "`redis://127.0.0.1:6379/0`, no password",
+        default="redis://127.0.0.1:6379/0",
+        repr=False,
+    )
+    cache_ttl_s: int = _env("FASTINFER_CACHE_TTL", "seconds an entry lives", default=86400)
+    cache_timeout_ms: int = _env("FASTINFER_CACHE_TIMEOUT_MS", "limit on each Redis call, ms", default=50)
+    cache_max_entries: int = _env("FASTINFER_CACHE_MAX_ENTRIES", "bound of the memory cache", default=10000)
+    cache_hmac_key: str = _env(  # empty: unsigned (never printed)
+        "FASTINFER_CACHE_HMAC_KEY FASTINFER_CACHE_HMAC_KEY_FILE",
+        f"signs cache entries (≥ {CACHE_HMAC_KEY_MIN_LENGTH} characters; the same on every server sharing the "
+        "Redis); an entry without a valid signature is never served; `_FILE`: a file holding it, instead",
+        "(none: unsigned)",
+        default="",
+        repr=False,
+    )
     groq: GroqConfig = field(default_factory=GroqConfig)
-    api_keys: tuple[str, ...] = field(default=(), repr=False)  # empty: no key needed (never printed)
+    api_keys: tuple[str, ...] = _env(  # empty: no key needed (never printed)
+        "FASTINFER_API_KEYS FASTINFER_API_KEYS_FILE",
+        f"comma-separated API keys (each ≥ {API_KEY_MIN_LENGTH} characters of letters, digits, `-._~+/`); when set, "
+        "every API needs `Authorization: Bearer <key>` (see [Access](access.md)); `_FILE`: a file holding them "
+        "(comma- or newline-separated), e.g. a Compose secret, instead. An empty or unreadable file stops start-up",
+        "(none: open)",
+        default=(),
+        repr=False,
+    )
     api_keys_from: str = ""  # the variable the keys came from (FASTINFER_API_KEYS or its _FILE), for the log
-    analyze_per_minute: int = 10  # /analyze calls per client per minute (each spends Groq quota)
-    analyze_total_per_minute: int = 30  # /analyze per minute from all clients (README)
-    contact: dict[str, str] = field(default_factory=dict)  # FASTINFER_CONTACT for the API page ({}: not set)
-    in_front: frozenset[str] = frozenset()  # runners whose engine the front worker holds (FASTINFER_IN_FRONT)
-    tuned: dict[str, Any] = field(default_factory=dict)  # the tuned file as found (fastinfer/catalog/tuned.py)
+    analyze_per_minute: int = _env(  # each spends Groq quota
+        "FASTINFER_ANALYZE_PER_MINUTE",
+        "`/analyze` calls per client in any 60 s, per front worker (429 with `Retry-After` above it)",
+        default=10,
+    )
+    analyze_total_per_minute: int = _env(
+        "FASTINFER_ANALYZE_TOTAL_PER_MINUTE",
+        "`/analyze` calls from all clients in any 60 s, per replica, shared out among its front workers (30: the "
+        "free-tier request rate Groq publishes for its small models; not checked from here, so match it to your plan)",
+        default=30,
+    )
+    contact: dict[str, str] = _env(  # noqa: RUF009 (a field(): default_factory) {}: not set
+        "FASTINFER_CONTACT",
+        "who answers for this server, shown on the API page: an `http(s)://` URL, an e-mail address (`mailto:` "
+        "too), a name, or `Name <URL or address>`; anything else stops start-up",
+        default_factory=dict,
+    )
+    in_front: frozenset[str] = _env(  # the runners whose engine the front worker holds
+        "FASTINFER_IN_FRONT",
+        "comma-separated backends whose engine runs inside the front worker instead of in a runner process (see "
+        "[Architecture](architecture.md#where-engines-run)); needs `FASTINFER_FRONT_WORKERS=1`; `none`: every "
+        "engine in its runner, whatever a tuned file says",
+        "(none: every engine in its runner)",
+        default=frozenset(),
+    )
+    tuned: dict[str, Any] = _env(  # noqa: RUF009 (a field()) the tuned file as found (fastinfer/catalog/tuned.py)
+        "FASTINFER_TUNED",
+        "the tuned file `fastinfer tune` writes and the server reads at start-up (see [Tuning](tuning.md)); `off`: "
+        "ignore it",
+        "`$BENTOML_HOME/tuned/tuned.json`",
+        default_factory=dict,
+    )
     sources: dict[str, str] = field(default_factory=dict)  # tunable variable → environment | tuned (if set)
 
     def batching_for(self, backend: str) -> BatchingConfig:
@@ -119,13 +248,6 @@ def _in_front(raw: str, front_workers: int) -> frozenset[str]:
             f"and batch alone (FASTINFER_FRONT_WORKERS={front_workers}); runners batch across workers"
         )
     return frozenset(SPECS[name].runner_name for name in names)
-
-
-# Beyond these a value is a typo or a broken tuned file, not a configuration: refused at start-up.
-MAX_WORKERS = 256
-MAX_THREADS = 1024
-MAX_BATCH_SIZE = 1024
-MAX_LATENCY_MS = 10_000
 
 
 def _bounded(name: str, default: int, low: int, high: int) -> int:
@@ -270,9 +392,6 @@ def _redis_url(url: str) -> str:
     user = parts.netloc.rpartition("@")[0]  # a username stays (already encoded)
     netloc = f"{user}:{quote(password, safe='')}@{parts.netloc.rpartition('@')[2]}"
     return urlunsplit(parts._replace(netloc=netloc))
-
-
-CACHE_HMAC_KEY_MIN_LENGTH = 32  # anyone who can read Redis holds (key, entry, MAC) triples: a short key is guessed
 
 
 def _cache_hmac_key(raw: str, source: str) -> str:

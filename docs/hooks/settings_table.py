@@ -1,0 +1,103 @@
+"""MkDocs hook: docs/configuration.md's tables of environment variables, generated from the settings' own
+definitions (the fields of fastinfer/catalog/config.py), so that the page cannot drift from the code.
+tests/unit/test_docs.py fails when a variable the code reads is missing from them."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any
+
+from fastinfer.catalog.backends import SPECS
+from fastinfer.catalog.config import BatchingConfig, GroqConfig, Settings
+
+MARKER = "<!-- settings-table -->"
+ELSEWHERE_MARKER = "<!-- elsewhere-table -->"
+
+# Read outside Settings (names, default, meaning): by the backend table, the tools, the clients, or handed by
+# a server or the load tests to the processes they start.
+ELSEWHERE = (
+    (
+        "FASTINFER_OPENVINO_PRECISION",
+        "`auto`",
+        "`openvino`'s precision: `auto` (BF16 on CPUs with BF16 units, else FP32) | `bf16` | `f32`; read where the "
+        "engine opens (fastinfer/catalog/backends.py), checked at start-up with the settings",
+    ),
+    (
+        "BENTOML_HOME",
+        "`./bentoml_home` (make, `fastinfer`, `python -m build_models`, `python -m load_tests`; "
+        "`bentoml serve` alone: `~/bentoml`)",
+        "where the model store lives (and `cache/openvino`, OpenVINO's compiled models)",
+    ),
+    (
+        "FASTINFER_API_KEY",
+        "(none)",
+        "the key the clients send: `examples/client.py`, `python -m load_tests --url …`, locust, `load_tests.quick`",
+    ),
+    (
+        "FASTINFER_PINNED_MODELS FASTINFER_UNSERVED_MODELS FASTINFER_PIN_FILE FASTINFER_TUNED_RESOLVED",
+        "(set by the server)",
+        "not settings: how `bentoml serve`'s parent hands its model versions and the tuned file it read to its "
+        "workers (a malformed value outside a server stops the tools with a message)",
+    ),
+    (
+        "FASTINFER_STARTED_AS FASTINFER_BENCH_BACKEND FASTINFER_BENCH_IMAGES FASTINFER_BENCH_SUMMARY",
+        "(set by the load tests)",
+        "not settings: how `python -m load_tests` marks the servers it starts and tells locust what to send",
+    ),
+)
+
+
+def _shown(value: Any) -> str:
+    if value is None or (not value and not isinstance(value, int | float)):  # "", (), {}, frozenset()
+        return "(none)"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"`{value}`"
+
+
+def _per_backend(index: int) -> str:
+    """A batching field's default from the backend table: the usual value, then the exceptions."""
+    values = {name: spec.batching[index] for name, spec in SPECS.items()}
+    usual = Counter(values.values()).most_common(1)[0][0]
+    others = Counter(v for v in values.values() if v != usual)
+    return _shown(usual) + "".join(
+        f" ({', '.join(f'`{n}`' for n, v in values.items() if v == other)}: {_shown(other)})" for other in others
+    )
+
+
+def rows() -> list[tuple[list[str], str, str]]:
+    """(variable names, default, meaning) of every field a variable sets, in the order of the definitions."""
+    found = []
+    for cls in (Settings, BatchingConfig, GroqConfig):
+        for index, f in enumerate(dataclasses.fields(cls)):
+            if "env" not in f.metadata:
+                continue
+            if f.metadata["shown"]:
+                default = f.metadata["shown"]
+            elif cls is BatchingConfig:
+                default = _per_backend(index)
+            else:
+                default = _shown(f.default_factory() if f.default is dataclasses.MISSING else f.default)
+            found.append((f.metadata["env"], default, f.metadata["doc"]))
+    return found + [(names.split(), default, doc) for names, default, doc in ELSEWHERE]
+
+
+def _table(table_rows: list[tuple[list[str], str, str]]) -> str:
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    for names, default, doc in table_rows:
+        cells = ("<br>".join(f"`{n}`" for n in names), default, doc)
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines)
+
+
+def documented() -> set[str]:
+    return {name for names, _, _ in rows() for name in names}
+
+
+def on_page_markdown(markdown: str, **_: Any) -> str:
+    settings = rows()[: -len(ELSEWHERE)]
+    elsewhere = rows()[-len(ELSEWHERE) :]
+    return markdown.replace(MARKER, _table(settings)).replace(ELSEWHERE_MARKER, _table(elsewhere))
