@@ -3,17 +3,20 @@ free port over the test model store, a real redis-server, and a fake Groq on loo
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Collection, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import redis
 
-from load_tests.service import ROOT, Server, free_port, stop_server
+from load_tests.service import Server, free_port, stop_server
 from load_tests.service import start_server as _start
 from tests.fake_groq import FakeGroq
 
@@ -81,16 +84,55 @@ class RedisServer:
 
 
 def start_server(
-    home: Path,
+    home: Path | None,
     log: Path,
     extra_env: dict[str, str] | None = None,
-    timeout: float = 240,
-    target: str = "service:FastInfer",
-    cwd: Path = ROOT,
-    ready: Callable[[str], bool] | None = None,
+    base: dict[str, str] = SERVER_ENV,
+    **start: Any,
 ) -> Server:
-    """A test server: the test limits (SERVER_ENV) plus ``extra_env``."""
-    return _start(home, log, {**SERVER_ENV, **(extra_env or {})}, timeout, target, cwd, ready)
+    """A test server: ``base`` (the test limits) plus ``extra_env``; ``start``: load_tests.service.start_server's
+    rest. The caller stops it (stop_server); serve() does that itself."""
+    return _start(home, log, {**base, **(extra_env or {})}, **start)
+
+
+def home_over(home: Path, store: Path, copy: Collection[str] = (), only: Collection[str] | None = None) -> Path:
+    """``home`` made a BENTOML_HOME of its own over the models of the home ``store``: its files (metrics,
+    tuned file, pins) apart from other servers'. The models folder is linked whole, or, where models are to
+    be broken, deleted or rebuilt here, model by model: those in ``copy`` copied, the rest (of ``only``) linked."""
+    home.mkdir(parents=True, exist_ok=True)
+    if not copy:
+        (home / "models").symlink_to(store / "models")
+        return home
+    (home / "models").mkdir()
+    for model in (store / "models").iterdir():
+        if model.name in copy:
+            shutil.copytree(model, home / "models" / model.name)
+        elif only is None or model.name in only:
+            (home / "models" / model.name).symlink_to(model)
+    return home
+
+
+@contextlib.contextmanager
+def serve(
+    work: Path,
+    env: dict[str, str] | None = None,
+    *,
+    home: Path | None = None,
+    store: Path | None = None,
+    name: str = "serve",
+    base: dict[str, str] = SERVER_ENV,
+    **start: Any,
+) -> Iterator[Server]:
+    """The one way the tests run a server: ``bentoml serve`` with ``base`` (the test limits) plus ``env``,
+    logging to work/NAME.log, on ``home`` (None: BENTOML_HOME's), or on a home of its own at work/home over
+    ``store``'s models; stopped, every process of it, when the block ends. ``start``: as start_server's."""
+    if store is not None:
+        home = home_over(work / "home", store)
+    srv = start_server(home, work / f"{name}.log", env, base, **start)
+    try:
+        yield srv
+    finally:
+        stop_server(srv)
 
 
 def service_pids(server: Server, service_name: str) -> list[int]:
@@ -149,43 +191,55 @@ def _groq_back_to_ok(request) -> None:
 def server(
     built_models, bentoml_home: Path, tmp_path_factory, redis_server: RedisServer, fake_groq: FakeGroq
 ) -> Server:
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
     env = {
         "REDIS_URL": redis_server.url,
         "GROQ_API_KEY": GROQ_KEY,
         "FASTINFER_GROQ_BASE_URL": fake_groq.url,
         "FASTINFER_GROQ_TIMEOUT_S": "2",
     }
-    srv = start_server(bentoml_home, log, env)
-    yield srv
-    stop_server(srv)
+    with serve(tmp_path_factory.mktemp("serve"), env, home=bentoml_home) as srv:
+        yield srv
 
 
 API_KEYS = ("test-key-one-0123456789abcdef", "test-key-two-fedcba9876543210")
 ANALYZE_LIMITS = {"FASTINFER_ANALYZE_PER_MINUTE": "2", "FASTINFER_ANALYZE_TOTAL_PER_MINUTE": "3"}
+REDIS_PASSWORD = "redis-pw-never-shown-4c1d"
+HMAC_KEY = "cache-signing-key-never-shown-0123456789abcdef"
 
 
 @pytest.fixture(scope="session")
-def locked_server(built_models, bentoml_home: Path, tmp_path_factory, fake_groq: FakeGroq) -> Server:
-    """A server as a public deploy runs it: API keys on, /analyze limited to 2 per client and 3 in all
-    per minute (against the fake Groq), the keys given as a secret file like Compose's. Memory cache."""
+def locked_redis(tmp_path_factory) -> Iterator[RedisServer]:
+    """A redis-server behind REDIS_PASSWORD."""
+    srv = RedisServer(tmp_path_factory.mktemp("locked-redis"))
+    srv.start()
+    with redis.Redis.from_url(srv.url) as admin:
+        admin.config_set("requirepass", REDIS_PASSWORD)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def locked_server(
+    built_models, bentoml_home: Path, tmp_path_factory, fake_groq: FakeGroq, locked_redis: RedisServer
+) -> Server:
+    """A server as a public deploy (deploy/k8s) runs it: API keys on, /analyze limited to 2 per client and
+    3 in all per minute (against the fake Groq), a Redis behind a password with entries signed; the keys,
+    the password and the signing key given as secret files. Its own home over the test models."""
     work = tmp_path_factory.mktemp("locked")
-    # Its own BENTOML_HOME over the same models: its files (metrics, tuned file) apart from the shared server's.
-    home = work / "home"
-    home.mkdir()
-    (home / "models").symlink_to(bentoml_home / "models")
-    keys = work / "api_keys"
-    keys.write_text("\n".join(API_KEYS) + "\n")
+    files = {"api_keys": "\n".join(API_KEYS), "redis-password": REDIS_PASSWORD, "cache-hmac-key": HMAC_KEY}
+    for file, value in files.items():
+        (work / file).write_text(value + "\n")
     env = {
-        "FASTINFER_CACHE": "memory",
-        "FASTINFER_API_KEYS_FILE": str(keys),
+        "FASTINFER_API_KEYS_FILE": str(work / "api_keys"),
+        "REDIS_URL": locked_redis.url,  # no password in it: it comes from the secret file
+        "FASTINFER_REDIS_PASSWORD_FILE": str(work / "redis-password"),
+        "FASTINFER_CACHE_HMAC_KEY_FILE": str(work / "cache-hmac-key"),
         "GROQ_API_KEY": GROQ_KEY,
         "FASTINFER_GROQ_BASE_URL": fake_groq.url,
         **ANALYZE_LIMITS,
     }
-    srv = start_server(home, work / "serve.log", env)
-    yield srv
-    stop_server(srv)
+    with serve(work, env, store=bentoml_home) as srv:
+        yield srv
 
 
 @pytest.fixture()

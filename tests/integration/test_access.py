@@ -12,8 +12,9 @@ import httpx
 import pytest
 
 from fastinfer.measure import photos
+from load_tests.service import ROOT
 from tests.fake_groq import ANSWER
-from tests.servers import API_KEYS, GROQ_KEY, NO_CACHE, ROOT
+from tests.servers import API_KEYS, GROQ_KEY, NO_CACHE
 
 GOOD = {"Authorization": f"Bearer {API_KEYS[0]}"}
 OTHER = {"Authorization": f"Bearer {API_KEYS[1]}"}

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from fastinfer import cli
-from tests.servers import ROOT
+from load_tests.service import ROOT
 
 
 def test_load_test_harness_smoke(server, tmp_path) -> None:

@@ -8,9 +8,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
@@ -18,8 +16,7 @@ import redis
 
 from fastinfer.measure import photos
 from fastinfer.serving.cache import BODY_KEYS, CACHE_FORMAT, cache_key, encode_entry, entry_mac
-from load_tests.service import Server
-from tests.servers import NO_CACHE, RedisServer, start_server, stop_server
+from tests.servers import API_KEYS, HMAC_KEY, NO_CACHE, REDIS_PASSWORD
 
 _unique = itertools.count(1)
 
@@ -269,42 +266,13 @@ def test_a_full_redis_still_answers_what_it_holds(client, redis_server) -> None:
 
 # --- Redis behind a password, entries signed ------------------------------------------------------
 
-REDIS_PASSWORD = "redis-pw-never-shown-4c1d"
-HMAC_KEY = "cache-signing-key-never-shown-0123456789abcdef"
 
-
-@pytest.fixture(scope="module")
-def locked_redis(tmp_path_factory) -> Iterator[RedisServer]:
-    srv = RedisServer(tmp_path_factory.mktemp("locked-redis"))
-    srv.start()
-    with redis.Redis.from_url(srv.url) as admin:
-        admin.config_set("requirepass", REDIS_PASSWORD)
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def signed_server(built_models, bentoml_home: Path, tmp_path_factory, locked_redis: RedisServer) -> Iterator[Server]:
-    """A server as deploy/k8s runs it: the Redis password and the signing key from secret files."""
-    work = tmp_path_factory.mktemp("signed")
-    home = work / "home"  # its own home: its files (metrics, tuned file) apart from the shared server's
-    home.mkdir()
-    (home / "models").symlink_to(bentoml_home / "models")
-    (work / "redis-password").write_text(REDIS_PASSWORD + "\n")
-    (work / "cache-hmac-key").write_text(HMAC_KEY + "\n")
-    env = {
-        "REDIS_URL": locked_redis.url,  # no password in it: it comes from the secret file
-        "FASTINFER_REDIS_PASSWORD_FILE": str(work / "redis-password"),
-        "FASTINFER_CACHE_HMAC_KEY_FILE": str(work / "cache-hmac-key"),
-    }
-    srv = start_server(home, work / "serve.log", env)
-    yield srv
-    stop_server(srv)
-
-
-def test_a_signed_cache_behind_a_password(signed_server, locked_redis) -> None:
+def test_a_signed_cache_behind_a_password(locked_server, locked_redis) -> None:
+    """On the server as deploy/k8s runs it (tests/servers.py): the Redis password and the signing key from
+    secret files."""
     admin = redis.Redis.from_url(locked_redis.url, password=REDIS_PASSWORD)
-    with httpx.Client(base_url=signed_server.url, timeout=60) as c:
+    key_header = {"Authorization": f"Bearer {API_KEYS[0]}"}
+    with httpx.Client(base_url=locked_server.url, timeout=60, headers=key_header) as c:
         data, other = unique_jpeg(), unique_jpeg()
         truth = post(c, data)
         assert truth["cached"] is False and post(c, data)["cached"] is True  # through the password
@@ -328,6 +296,6 @@ def test_a_signed_cache_behind_a_password(signed_server, locked_redis) -> None:
         stats = c.get("/cache/stats").json()
         assert stats["invalid"] == 2 and stats["errors"] == 0 and stats["healthy"] is True
     admin.close()
-    shown = json.dumps(stats) + signed_server.log.read_text(errors="replace")
+    shown = json.dumps(stats) + locked_server.log.read_text(errors="replace")
     assert REDIS_PASSWORD not in shown and HMAC_KEY not in shown
     assert "entries signed" in shown  # the log says the cache is signed (the key itself never)

@@ -24,8 +24,8 @@ import yaml
 
 from fastinfer import __version__
 from fastinfer.measure import photos
-from load_tests.service import free_port
-from tests.servers import ROOT, start_server, stop_server
+from load_tests.service import ROOT, free_port
+from tests.servers import home_over, serve
 from tests.spec_checks import spec_problems
 
 BENTOML = Path(sys.executable).parent / "bentoml"
@@ -63,8 +63,7 @@ def test_client_example_against_a_live_server(server, tmp_path) -> None:
 @pytest.fixture(scope="module")
 def bento(bentoml_home, tmp_path_factory, built_models) -> tuple[Path, str]:
     """`bentoml build` (what `make bento` runs) into a fresh BENTOML_HOME over the test models."""
-    home = tmp_path_factory.mktemp("bento-home")
-    (home / "models").symlink_to(bentoml_home / "models")
+    home = home_over(tmp_path_factory.mktemp("bento") / "home", bentoml_home)
     env = {"BENTOML_HOME": str(home), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
     build = subprocess.run([str(BENTOML), "build", "."], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
@@ -108,8 +107,7 @@ def test_bento_holds_code_dashboard_models_and_a_dockerfile(bento) -> None:
 
 def test_the_built_bento_serves_by_tag(bento, redis_server, tmp_path) -> None:
     home, tag = bento
-    srv = start_server(home, tmp_path / "serve.log", {"REDIS_URL": redis_server.url}, target=tag, cwd=tmp_path)
-    try:
+    with serve(tmp_path, {"REDIS_URL": redis_server.url}, home=home, target=tag, cwd=tmp_path) as srv:
         photo = tmp_path / "moto.jpg"
         photo.write_bytes(photos.benchmark_photo())
         with bentoml.SyncHTTPClient(srv.url, timeout=120) as client:
@@ -118,8 +116,6 @@ def test_the_built_bento_serves_by_tag(bento, redis_server, tmp_path) -> None:
                 assert result["backend"] == backend and len(result["top_k"]) == 3
         spec = httpx.get(f"{srv.url}/docs.json", timeout=30).json()
         assert spec_problems(spec) == [] and spec["info"]["version"] == f"{__version__} (bento {tag})"
-    finally:
-        stop_server(srv)
 
 
 def documents() -> list[dict]:
@@ -293,8 +289,8 @@ def test_k8s_takes_the_keys_from_a_secret() -> None:
         assert env[name]["valueFrom"] == {"secretKeyRef": {"name": SECRET, "key": key, "optional": True}}
     refs = [e["valueFrom"]["secretKeyRef"] for e in container["env"] if "secretKeyRef" in e.get("valueFrom", {})]
     assert {ref["name"] for ref in refs} == {SECRET}
-    # The command the manifest's comment and the README give creates that Secret with those keys.
-    for text in ((ROOT / "deploy" / "k8s" / "fastinfer.yaml").read_text(), (ROOT / "README.md").read_text()):
+    # The command the manifest's comment and the deploy docs give creates that Secret with those keys.
+    for text in ((ROOT / "deploy" / "k8s" / "fastinfer.yaml").read_text(), (ROOT / "docs" / "deploy.md").read_text()):
         assert f"kubectl create secret generic {SECRET}" in text
         assert all(f"--from-literal={key}=" in text for key in SECRET_KEYS.values())
 

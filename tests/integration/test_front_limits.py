@@ -36,7 +36,7 @@ import pytest
 from fastinfer.measure import photos
 from fastinfer.serving.disk import METRICS_ROOT
 from tests.full_disk import fill, small_filesystem
-from tests.servers import service_pids, start_server, stop_server
+from tests.servers import home_over, serve, service_pids
 
 KEY = "front-limits-key-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -72,11 +72,8 @@ def front(built_models, bentoml_home: Path, tmp_path_factory) -> Front:
             stack.enter_context(small_filesystem(home, HOME_MB))
         except pytest.skip.Exception as skipped:
             why_not = str(skipped)
-            home.mkdir(exist_ok=True)
-        (home / "models").symlink_to(bentoml_home / "models")
         env = {"FASTINFER_CACHE": "memory", "FASTINFER_API_KEYS": KEY, **LIMITS}
-        server = start_server(home, work / "serve.log", env)
-        stack.callback(stop_server, server)
+        server = stack.enter_context(serve(work, env, home=home_over(home, bentoml_home)))
         yield Front(server.url, home, why_not, server)
 
 

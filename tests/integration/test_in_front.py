@@ -18,20 +18,16 @@ import pytest
 from fastinfer.measure import photos
 from load_tests.service import Server
 from tests import images
-from tests.servers import NO_CACHE, service_pids, start_server, stop_server
+from tests.servers import NO_CACHE, serve, service_pids
 
 IN_FRONT = "onnx-int8"
 
 
 @pytest.fixture(scope="module")
 def in_front_server(built_models, bentoml_home: Path, tmp_path_factory) -> Server:
-    work = tmp_path_factory.mktemp("in-front")
-    home = work / "home"  # its own home: its files (metrics, tuned file) apart from the shared server's
-    home.mkdir()
-    (home / "models").symlink_to(bentoml_home / "models")
-    srv = start_server(home, work / "serve.log", {"FASTINFER_IN_FRONT": IN_FRONT, "FASTINFER_CACHE": "memory"})
-    yield srv
-    stop_server(srv)
+    env = {"FASTINFER_IN_FRONT": IN_FRONT, "FASTINFER_CACHE": "memory"}
+    with serve(tmp_path_factory.mktemp("in-front"), env, store=bentoml_home) as srv:
+        yield srv
 
 
 def classify(client: httpx.Client, data: bytes, backend: str = IN_FRONT) -> httpx.Response:

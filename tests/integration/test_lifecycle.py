@@ -1,29 +1,32 @@
 """A second server (pytorch batching off, a 3 s deadline), for what the shared one cannot show: two
 servers sharing one Redis, which runner API a route really calls, corrupt models in the store, the
-deadline against a slow client, and a graceful shutdown with a request provably in flight. The shutdown test stops this
-server, so it runs last."""
+deadline against a slow client, a served model deleted by hand, and a graceful shutdown with a request
+provably in flight. The shutdown test stops this server, so it runs last."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
 from fastinfer.measure import photos
-from tests.servers import NO_CACHE, start_server, stop_server
+from tests.servers import NO_CACHE, home_over, serve, service_pids
 
 TIMEOUT_S = 3
 CORRUPT = "resnet50-openvino-int8"
 # Stored by an older build (no sha256 recorded) and cut short since: only loading it can tell.
 UNRECORDED = "resnet50-onnx-int8-dynamic"
+DELETED = "resnet50-onnx"  # deleted by hand while served
 
 
 def cut_short(home, name: str, file: str) -> None:
@@ -44,14 +47,9 @@ def runners_settled(url: str) -> bool:
 def own_home(built_models, bentoml_home, tmp_path_factory):
     # Its own BENTOML_HOME over the same model store: its files (metrics, tuned file) apart from the shared server's.
     # Two models in it are broken (a failed copy, a full disk): openvino-int8's weights file is cut
-    # short, and so is onnx-int8-dynamic's model, stored without the sha256 that would tell.
-    home = tmp_path_factory.mktemp("home-lifecycle")
-    (home / "models").mkdir()
-    for model in (bentoml_home / "models").iterdir():
-        if model.name in (CORRUPT, UNRECORDED):
-            shutil.copytree(model, home / "models" / model.name)
-        else:
-            (home / "models" / model.name).symlink_to(model)
+    # short, and so is onnx-int8-dynamic's model, stored without the sha256 that would tell. The onnx
+    # model is a copy too: a test deletes it by hand.
+    home = home_over(tmp_path_factory.mktemp("lifecycle") / "home", bentoml_home, copy=(CORRUPT, UNRECORDED, DELETED))
     cut_short(home, CORRUPT, "model.bin")
     cut_short(home, UNRECORDED, "model.onnx")
     (info,) = (home / "models" / UNRECORDED).glob("*/model.yaml")
@@ -70,9 +68,8 @@ def own_server(own_home, redis_server, tmp_path_factory):
         # The shared server runs openvino at `auto` (BF16 where the CPU has it): test_another_precision_*.
         "FASTINFER_OPENVINO_PRECISION": "f32",
     }
-    srv = start_server(own_home, tmp_path_factory.mktemp("serve-lifecycle") / "serve.log", env, ready=runners_settled)
-    yield srv
-    stop_server(srv)
+    with serve(tmp_path_factory.mktemp("serve-lifecycle"), env, home=own_home, ready=runners_settled) as srv:
+        yield srv
 
 
 def test_a_corrupt_model_makes_its_backend_unavailable_and_the_rest_serves(own_server) -> None:
@@ -247,6 +244,31 @@ def test_work_answered_504_is_dropped_by_the_runner(own_server) -> None:
         images, expired = last[0] - before, last[1] - expired_before
     sent, answered = sum(len(files) for files in requests), statuses.count(200)
     assert images <= 32 * (answered + 1) and images + expired <= sent, (images, expired, answered, sent)
+
+
+def test_a_pinned_version_deleted_by_hand_is_a_503_naming_it(own_server, own_home) -> None:
+    with httpx.Client(base_url=own_server.url, timeout=60, headers=NO_CACHE) as client:
+        tag = {x["name"]: x for x in client.get("/backends").json()["backends"]}["onnx"]["model"]
+        env = {**os.environ, "BENTOML_HOME": str(own_home)}
+        bentoml_cli = Path(sys.executable).parent / "bentoml"
+        subprocess.run([str(bentoml_cli), "models", "delete", tag, "-y"], env=env, check=True, capture_output=True)
+        for pid in service_pids(own_server, "runner-onnx"):
+            os.kill(pid, signal.SIGKILL)
+        photo = {"image": ("p.jpg", photos.photo_jpeg("camera.png", width=301, quality=83), "image/jpeg")}
+        deadline = time.monotonic() + 120
+        answer = None
+        while time.monotonic() < deadline:  # until the runner is back and has failed to load it
+            answer = client.post("/classify", data={"backend": "onnx"}, files=photo)
+            if answer.status_code == 503 and tag in answer.json()["error"]["message"]:
+                break
+            time.sleep(1)
+        assert answer is not None and answer.status_code == 503, answer.text if answer else None
+        message = answer.json()["error"]["message"]
+        assert tag in message and "no longer in the model store" in message, message
+        assert str(own_home) not in message
+        # Other backends still answer.
+        ok = client.post("/classify", data={"backend": "onnx-int8"}, files=photo)
+        assert ok.status_code == 200, ok.text
 
 
 def in_flight(client: httpx.Client, route: str) -> float:

@@ -24,10 +24,10 @@ import httpx
 import pytest
 import yaml
 
-from load_tests.service import ROOT, Server, stop_server
+from load_tests.service import ROOT, Server
 from tests.family_data import Family, images
 from tests.integration.test_own_family import run_build
-from tests.servers import NO_CACHE, start_server
+from tests.servers import NO_CACHE, serve
 
 pytestmark = pytest.mark.integration
 
@@ -82,11 +82,10 @@ def mixed(own_family: Family, tmp_path_factory) -> Mixed:
 
 @pytest.fixture(scope="module")
 def mixed_server(mixed: Mixed, tmp_path_factory) -> Server:
-    log = tmp_path_factory.mktemp("mixed-serve") / "serve.log"
     # Ready although two runners hold nothing to serve: one model of another source, others never built.
-    srv = start_server(mixed.home, log, {"FASTINFER_MODEL": mixed.name, "FASTINFER_CACHE": "memory"})
-    yield srv
-    stop_server(srv)
+    env = {"FASTINFER_MODEL": mixed.name, "FASTINFER_CACHE": "memory"}
+    with serve(tmp_path_factory.mktemp("mixed-serve"), env, home=mixed.home) as srv:
+        yield srv
 
 
 def test_a_server_of_a_mixed_family_serves_only_its_newest_source_and_says_so(

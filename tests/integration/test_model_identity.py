@@ -10,10 +10,10 @@ model computes in this process: a tag paired with another model's output fails t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,8 +30,8 @@ from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.measure import photos
 from fastinfer.serving.postprocess import top_k
 from fastinfer.serving.preprocess import prepare
-from load_tests.service import ROOT, Server
-from tests.servers import service_pids, start_server, stop_server
+from load_tests.service import ROOT, Server, stop_server
+from tests.servers import home_over, serve, service_pids
 
 REBUILT = "resnet50-onnx"
 SPEC = PreprocessSpec(resize_size=232, crop_size=224)
@@ -45,23 +45,7 @@ def _photo(name: str, width: int) -> bytes:
 def home(built_models, bentoml_home: Path, tmp_path_factory) -> Path:
     """A store of its own holding the onnx model alone (a copy): a family of one backend, which a rebuild
     with other weights replaces whole (the other backends answer 503, not stored)."""
-    home = tmp_path_factory.mktemp("home-identity")
-    (home / "models").mkdir()
-    shutil.copytree(bentoml_home / "models" / REBUILT, home / "models" / REBUILT)
-    return home
-
-
-@pytest.fixture(scope="module")
-def full_home(built_models, bentoml_home: Path, tmp_path_factory) -> Path:
-    """Every model: the onnx model a copy (deleted by hand below), the others shared, read-only."""
-    home = tmp_path_factory.mktemp("home-full")
-    (home / "models").mkdir()
-    for model in (bentoml_home / "models").iterdir():
-        if model.name == REBUILT:
-            shutil.copytree(model, home / "models" / model.name)
-        else:
-            (home / "models" / model.name).symlink_to(model)
-    return home
+    return home_over(tmp_path_factory.mktemp("identity") / "home", bentoml_home, copy=(REBUILT,), only=())
 
 
 def _other_weights(path: Path) -> Path:
@@ -191,9 +175,8 @@ def _rebuild(home: Path, weights: Path, force: bool = True) -> str:
 
 def test_answers_and_cache_entries_name_the_model_that_computed_them(home, redis_server, tmp_path) -> None:
     env = {"REDIS_URL": redis_server.url}
-    a = start_server(home, tmp_path / "a.log", env)
-    b: Server | None = None
-    try:
+    with contextlib.ExitStack() as servers:
+        a = servers.enter_context(serve(tmp_path, env, home=home, name="a"))
         with httpx.Client(base_url=a.url, timeout=60) as client:
             old = {x["name"]: x for x in client.get("/backends").json()["backends"]}["onnx"]["model"]
             first = _photo("chelsea.png", 333)
@@ -218,7 +201,7 @@ def test_answers_and_cache_entries_name_the_model_that_computed_them(home, redis
             assert _classify(client, first)["cached"] is True
 
         # A second server, started after the rebuild, on the same Redis: the new version, never A's entries.
-        b = start_server(home, tmp_path / "b.log", env)
+        b = servers.enter_context(serve(tmp_path, env, home=home, name="b"))
         with httpx.Client(base_url=b.url, timeout=60) as other:
             for data in (first, second, third):
                 answer = _classify(other, data)
@@ -248,37 +231,3 @@ def test_answers_and_cache_entries_name_the_model_that_computed_them(home, redis
         _wait_until_released(home, a.process.pid)
         out = _rebuild(home, tmp_path / "other.pth", force=False)
         assert f"removed {old}" in out and _versions(home) == [new.split(":")[1]], out + _holders(home, a, b)
-    finally:
-        stop_server(a)
-        if b is not None:
-            stop_server(b)
-
-
-def test_a_pinned_version_deleted_by_hand_is_a_503_naming_it(full_home, tmp_path) -> None:
-    home = full_home
-    srv = start_server(home, tmp_path / "c.log", {"FASTINFER_CACHE": "off"})
-    try:
-        with httpx.Client(base_url=srv.url, timeout=60) as client:
-            tag = {x["name"]: x for x in client.get("/backends").json()["backends"]}["onnx"]["model"]
-            env = {**os.environ, "BENTOML_HOME": str(home)}
-            bentoml_cli = Path(sys.executable).parent / "bentoml"
-            subprocess.run([str(bentoml_cli), "models", "delete", tag, "-y"], env=env, check=True, capture_output=True)
-            for pid in service_pids(srv, "runner-onnx"):
-                os.kill(pid, signal.SIGKILL)
-            photo = {"image": ("p.jpg", _photo("camera.png", 301), "image/jpeg")}
-            deadline = time.monotonic() + 120
-            answer = None
-            while time.monotonic() < deadline:  # until the runner is back and has failed to load it
-                answer = client.post("/classify", data={"backend": "onnx"}, files=photo)
-                if answer.status_code == 503 and tag in answer.json()["error"]["message"]:
-                    break
-                time.sleep(1)
-            assert answer is not None and answer.status_code == 503, answer.text if answer else None
-            message = answer.json()["error"]["message"]
-            assert tag in message and "no longer in the model store" in message, message
-            assert str(home) not in message
-            # Other backends still answer.
-            ok = client.post("/classify", data={"backend": "onnx-int8"}, files=photo)
-            assert ok.status_code == 200, ok.text
-    finally:
-        stop_server(srv)

@@ -23,9 +23,9 @@ import httpx
 import pytest
 
 from fastinfer.catalog.backends import openvino_missing
-from load_tests.service import ROOT, Server, stop_server
+from load_tests.service import ROOT, Server
 from tests.family_data import Family, images
-from tests.servers import NO_CACHE, start_server
+from tests.servers import NO_CACHE, serve
 
 pytestmark = pytest.mark.integration
 
@@ -80,10 +80,9 @@ def built(own_family: Family, tmp_path_factory) -> Built:
 
 @pytest.fixture(scope="module")
 def family_server(built: Built, own_family: Family, redis_server, tmp_path_factory) -> Server:
-    log = tmp_path_factory.mktemp("own-family-serve") / "serve.log"
-    srv = start_server(built.home, log, {"FASTINFER_MODEL": own_family.name, "REDIS_URL": redis_server.url})
-    yield srv
-    stop_server(srv)
+    env = {"FASTINFER_MODEL": own_family.name, "REDIS_URL": redis_server.url}
+    with serve(tmp_path_factory.mktemp("own-family-serve"), env, home=built.home) as srv:
+        yield srv
 
 
 @pytest.fixture()

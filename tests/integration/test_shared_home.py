@@ -20,7 +20,7 @@ import psutil
 
 from fastinfer.catalog import store
 from fastinfer.measure import photos
-from tests.servers import start_server, stop_server
+from tests.servers import home_over, serve
 
 REQUESTS = 'fastinfer_requests_total{backend="onnx",route="/classify",status="200"}'
 
@@ -30,27 +30,21 @@ def _counted(url: str) -> bool:
 
 
 def test_two_servers_on_one_home_keep_their_metrics_and_pins(built_models, bentoml_home, tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "models").symlink_to(bentoml_home / "models")
-    first = start_server(home, tmp_path / "first.log", {"FASTINFER_CACHE": "memory"})
-    second, workers = None, []
-    try:
+    home, env = home_over(tmp_path / "home", bentoml_home), {"FASTINFER_CACHE": "memory"}
+    with serve(tmp_path, env, home=home, name="first") as first:
         data = photos.photo_jpeg(width=320, quality=81)
         answer = httpx.post(f"{first.url}/classify", data={"backend": "onnx"}, files={"image": ("a.jpg", data)})
         assert answer.status_code == 200, answer.text
         assert _counted(first.url)
 
-        second = start_server(home, tmp_path / "second.log", {"FASTINFER_CACHE": "memory"})
-        assert _counted(first.url), "the second server's start must not blank the first one's metrics"
-        assert not _counted(second.url)
+        with serve(tmp_path, env, home=home, name="second") as second:
+            assert _counted(first.url), "the second server's start must not blank the first one's metrics"
+            assert not _counted(second.url)
 
-        monkeypatch.setenv("BENTOML_HOME", str(bentoml_home))  # a build on the store's own home
-        served = answer.json()["model"]
-        assert served in _pinned_by(first.process.pid) and served in _pinned_by(second.process.pid)
-        stop_server(second)
+            monkeypatch.setenv("BENTOML_HOME", str(bentoml_home))  # a build on the store's own home
+            served = answer.json()["model"]
+            assert served in _pinned_by(first.process.pid) and served in _pinned_by(second.process.pid)
         assert not _pinned_by(second.process.pid), "a server that stopped keeps nothing"
-        second = None
         workers = _descendants(first.process.pid)
         assert workers
         os.kill(first.process.pid, signal.SIGKILL)  # the supervisor only: its workers serve on, unsupervised
@@ -58,12 +52,9 @@ def test_two_servers_on_one_home_keep_their_metrics_and_pins(built_models, bento
         again = httpx.post(f"{first.url}/classify", data={"backend": "onnx"}, files={"image": ("b.jpg", data)})
         assert again.status_code == 200, again.text
         assert served in _pinned_by(first.process.pid), "its orphaned workers still serve what it pinned"
-    finally:
-        if second is not None:
-            stop_server(second)
-        if not workers:
-            stop_server(first)
-        for pid in workers:  # not in the supervisor's process group: gone with it only when it stops them
+        # Not in the supervisor's process group: gone with it only when it stops them (or, should the test
+        # fail before this, when serve's stop finds them by their mark).
+        for pid in workers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30

@@ -17,8 +17,7 @@ import httpx
 import psutil
 
 from fastinfer.measure import photos
-from load_tests.service import start_server, stop_server
-from tests.servers import NO_CACHE
+from tests.servers import NO_CACHE, serve
 
 
 def as_in_a_terminal() -> None:
@@ -55,8 +54,8 @@ def test_tune_serves_for_real_and_the_next_server_serves_what_it_chose(built_mod
     served = {t["config"]["backend"] for t in result["trials"] if t["stage"] == "backend" and not t["error"]}
     assert served and served <= {"onnx-int8", "onnx"} and served | set(result["dropped"]) == {"onnx-int8", "onnx"}
 
-    server = start_server(None, tmp_path / "serve.log", {"FASTINFER_TUNED": str(tuned)})
-    try:
+    # Without the test limits (base={}): the settings are the tuned file's, on the test store (BENTOML_HOME).
+    with serve(tmp_path, {"FASTINFER_TUNED": str(tuned)}, base={}) as server:
         info = httpx.get(f"{server.url}/backends", timeout=30).json()
         assert info["tuned"]["status"] == "in force", info["tuned"]
         assert info["default"] == chosen and info["default_choice"]["source"] == "tuned"
@@ -66,15 +65,12 @@ def test_tune_serves_for_real_and_the_next_server_serves_what_it_chose(built_mod
         answer = httpx.post(f"{server.url}/classify", files={"image": ("p.jpg", photo, "image/jpeg")},
                             headers=NO_CACHE, timeout=60)  # fmt: skip
         assert answer.status_code == 200 and answer.json()["backend"] == chosen  # no backend named: the tuned one
-    finally:
-        stop_server(server)
 
 
 def test_a_server_without_settings_serves_this_machines_choice(built_models, tmp_path) -> None:
     """FASTINFER_DEFAULT_BACKEND unset (auto) and no tuned file: the rule's (or a bench's) choice, used."""
     env = {"FASTINFER_TUNED": "off", "FASTINFER_DEFAULT_BACKEND": ""}
-    server = start_server(None, tmp_path / "serve.log", env)
-    try:
+    with serve(tmp_path, env, base={}) as server:
         info = httpx.get(f"{server.url}/backends", timeout=30).json()
         chosen = info["default_choice"]
         assert chosen["requested"] == "auto" and chosen["source"] in ("rule", "measured") and chosen["why"]
@@ -86,8 +82,6 @@ def test_a_server_without_settings_serves_this_machines_choice(built_models, tmp
                             headers=NO_CACHE, timeout=60)  # fmt: skip
         assert answer.status_code == 200 and answer.json()["backend"] == chosen["backend"]
         assert f"default backend: `{chosen['backend']}` (FASTINFER_DEFAULT_BACKEND=auto" in server.log.read_text()
-    finally:
-        stop_server(server)
 
 
 def test_an_interrupted_tune_stops_every_server_and_keeps_the_previous_file(built_models, tmp_path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import random
@@ -15,6 +14,7 @@ from fastinfer.catalog import config
 from fastinfer.front.access import Access, ApiKeys, RateGuard, Refusal, analyze_guard, share, spend
 from fastinfer.front.http import FrontMiddleware
 from fastinfer.front.paths import is_open
+from tests.asgi import Recorder, raw
 from tests.settings import settings_with as settings
 
 KEYS = ("k1-0123456789abcdef", "k2-fedcba9876543210")
@@ -348,29 +348,22 @@ def test_the_guard_never_breaks_and_stays_bounded() -> None:
 # ---- in the front ----
 
 
+async def never_read() -> dict[str, Any]:
+    """A receive for raw calls (tests/asgi.py): a refusal must not read the body its headers announce."""
+    raise AssertionError("the body of a refused request was read")
+
+
 def test_the_front_answers_401_before_reading_the_body_and_counts_it() -> None:
-    reached: list[str] = []
-
-    async def app(scope, receive, send) -> None:
-        reached.append(scope["path"])
-
-    async def never_read() -> dict[str, Any]:
-        raise AssertionError("the body of a refused request was read")
-
+    app = Recorder()
     front = FrontMiddleware(
         app, max_bytes=10**9, max_concurrency=4, timeout_s=1, route_backends={"/classify": "onnx"},
         max_uploads=4, body_idle_s=1, access=Access(ApiKeys(KEYS)),
     )  # fmt: skip
-    sent: list[dict[str, Any]] = []
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
     from fastinfer.serving.metrics import REQUESTS
 
     before = REQUESTS.labels(route="/classify", backend="onnx", status="401")._value.get()
-    asyncio.run(front(request("/classify", content_length="5000000"), never_read, send))
-    assert sent[0]["status"] == 401 and reached == []
+    sent = raw(front, request("/classify", content_length="5000000"), never_read)  # 5 MB announced, none sent
+    assert sent[0]["status"] == 401 and app.paths == []
     assert json.loads(sent[1]["body"])["error"]["code"] == "unauthorized"
     assert (b"connection", b"close") in sent[0]["headers"]  # the unread body is not left on the connection
     assert REQUESTS.labels(route="/classify", backend="onnx", status="401")._value.get() == before + 1
@@ -387,21 +380,13 @@ def test_the_front_answers_401_before_reading_the_body_and_counts_it() -> None:
 )
 def test_a_refusal_leaves_a_small_body_to_be_drained_and_closes_on_a_large_one(headers: dict, closes: bool) -> None:
     """A client still sending a small body reads its 401 rather than a reset connection."""
-
-    async def app(scope, receive, send) -> None:
-        raise AssertionError("reached the app")
-
+    app = Recorder()
     front = FrontMiddleware(
         app, max_bytes=10**9, max_concurrency=4, timeout_s=1, route_backends={}, max_uploads=4, body_idle_s=1,
         access=Access(ApiKeys(KEYS)),
     )  # fmt: skip
-    sent: list[dict[str, Any]] = []
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    asyncio.run(front(request("/classify", **headers), None, send))
-    assert sent[0]["status"] == 401
+    sent = raw(front, request("/classify", **headers), never_read)  # raw: headers that announce what is not sent
+    assert sent[0]["status"] == 401 and app.paths == []
     assert ((b"connection", b"close") in sent[0]["headers"]) is closes
 
 
@@ -422,17 +407,12 @@ def test_the_front_and_the_handler_count_only_calls_that_spend() -> None:
     )  # fmt: skip
 
     def post(body: bytes | None) -> int | None:
-        sent: list[dict[str, Any]] = []
-
-        async def receive() -> dict[str, Any]:
+        async def receive() -> dict[str, Any]:  # raw: None is a client that leaves before its body
             if body is None:
                 return {"type": "http.disconnect"}
             return {"type": "http.request", "body": body, "more_body": False}
 
-        async def send(message: dict[str, Any]) -> None:
-            sent.append(message)
-
-        asyncio.run(front(request("/analyze", content_length=str(len(body or b"x"))), receive, send))
+        sent = raw(front, request("/analyze", content_length=str(len(body or b"x"))), receive)
         return sent[0]["status"] if sent else None
 
     # 499: the client that left (a response nobody reads, so that BentoML's timeout middleware lets go).
@@ -443,21 +423,12 @@ def test_the_front_and_the_handler_count_only_calls_that_spend() -> None:
 
 def test_a_websocket_without_a_key_is_refused() -> None:
     """No WebSocket route exists today; one added later must not be open (review finding)."""
-    reached: list[str] = []
-
-    async def app(scope, receive, send) -> None:
-        reached.append(scope["path"])
-
+    app = Recorder()
     front = FrontMiddleware(
         app, max_bytes=10, max_concurrency=1, timeout_s=1, route_backends={}, max_uploads=1, body_idle_s=1,
         access=Access(ApiKeys(KEYS)),
     )  # fmt: skip
-    sent: list[dict[str, Any]] = []
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    asyncio.run(front({**request("/ws", "GET"), "type": "websocket"}, None, send))
-    assert sent == [{"type": "websocket.close", "code": 1008}] and reached == []
-    asyncio.run(front({**request("/ws", "GET", authorization=f"Bearer {KEYS[0]}"), "type": "websocket"}, None, send))
-    assert reached == ["/ws"]
+    sent = raw(front, {**request("/ws", "GET"), "type": "websocket"}, never_read)  # raw: httpx has no WebSocket
+    assert sent == [{"type": "websocket.close", "code": 1008}] and app.paths == []
+    raw(front, {**request("/ws", "GET", authorization=f"Bearer {KEYS[0]}"), "type": "websocket"}, never_read)
+    assert app.paths == ["/ws"]

@@ -5,15 +5,14 @@ tests/e2e/test_dashboard.py."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from fastinfer.front import api_page, dashboard_page
+from tests.asgi import raw, request
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "dashboard"
 POLICY = dashboard_page.CONTENT_SECURITY_POLICY
@@ -27,17 +26,9 @@ def mounted_dashboard() -> Any:
     return app
 
 
-def get(app: Any, path: str) -> httpx.Response:
-    async def fetch() -> httpx.Response:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
-            return await client.get(path)
-
-    return asyncio.run(fetch())
-
-
 @pytest.mark.parametrize("path", ["/", "/index.html", "/app.js", "/style.css", "/not-a-file"])
 def test_every_response_of_the_dashboard_carries_its_policy(path: str) -> None:
-    response = get(mounted_dashboard(), path)
+    response = request(mounted_dashboard(), "GET", path)
     assert response.status_code == (404 if path == "/not-a-file" else 200)
     assert response.headers.get("content-security-policy") == dashboard_page.CONTENT_SECURITY_POLICY
 
@@ -75,20 +66,6 @@ def test_app_js_never_parses_html_from_a_string() -> None:
         assert sink not in code, sink
 
 
-def call(app: Any, scope_type: str = "http") -> list[dict[str, Any]]:
-    sent: list[dict[str, Any]] = []
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b""}
-
-    scope = {"type": scope_type, "method": "GET", "path": "/", "headers": []}
-    asyncio.run(dashboard_page.DashboardPage(app)(scope, receive, send))
-    return sent
-
-
 def test_the_policy_replaces_one_the_app_set_and_leaves_other_scopes_alone() -> None:
     async def app(scope, receive, send) -> None:
         if scope["type"] == "http":
@@ -98,10 +75,11 @@ def test_the_policy_replaces_one_the_app_set_and_leaves_other_scopes_alone() -> 
         else:
             await send({"type": "lifespan.startup.complete"})
 
-    start, body = call(app)
-    assert start["headers"] == [
+    answer = request(dashboard_page.DashboardPage(app), "GET", "/")
+    assert answer.headers.raw == [
         (b"content-type", b"text/plain"),
         (b"content-security-policy", dashboard_page.CONTENT_SECURITY_POLICY.encode()),
     ]
-    assert body["body"] == b"ok"
-    assert call(app, "lifespan") == [{"type": "lifespan.startup.complete"}]
+    assert answer.content == b"ok"
+    lifespan = raw(dashboard_page.DashboardPage(app), {"type": "lifespan"})  # raw: no client sends one
+    assert lifespan == [{"type": "lifespan.startup.complete"}]

@@ -7,7 +7,6 @@ BentoML runs it dies by SIGBUS there, and with the guard it keeps counting.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import json
 import os
@@ -23,6 +22,7 @@ from prometheus_client.mmap_dict import MmapedDict
 from fastinfer.front.http import FrontMiddleware
 from fastinfer.serving import disk
 from fastinfer.serving.disk import DiskHealth, GuardedMmapedDict, remove_stale_files
+from tests.asgi import request
 from tests.full_disk import small_filesystem
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,20 +146,6 @@ def test_stale_files_of_dead_processes_that_count_nothing_are_removed(tmp_path: 
 # /readyz and the front's answers while the disk is full (fastinfer/front/http.py)
 
 
-def _call(middleware: FrontMiddleware, path: str, method: str = "GET", headers: list | None = None) -> list[dict]:
-    sent: list[dict[str, Any]] = []
-
-    async def send(message: dict[str, Any]) -> None:
-        sent.append(message)
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"x" * 2000, "more_body": False}
-
-    scope = {"type": "http", "path": path, "method": method, "headers": headers or []}
-    asyncio.run(middleware(scope, receive, send))
-    return sent
-
-
 async def _ok(scope: dict, receive: Any, send: Any) -> None:
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b"ok"})
@@ -181,14 +167,14 @@ def _middleware(degraded: Any) -> FrontMiddleware:
 def test_readyz_answers_503_with_the_reason_while_degraded() -> None:
     reason: list[str | None] = ["the disk under BENTOML_HOME is full"]
     middleware = _middleware(lambda: reason[0])
-    sent = _call(middleware, "/readyz")
-    assert sent[0]["status"] == 503
-    assert json.loads(sent[1]["body"]) == {
+    answer = request(middleware, "GET", "/readyz")
+    assert answer.status_code == 503
+    assert answer.json() == {
         "error": {"code": "degraded", "message": "Not ready: the disk under BENTOML_HOME is full."}
     }
-    assert _call(middleware, "/livez")[0]["status"] == 200  # alive: nothing to restart
+    assert request(middleware, "GET", "/livez").status_code == 200  # alive: nothing to restart
     reason[0] = None
-    assert _call(middleware, "/readyz")[0]["status"] == 200
+    assert request(middleware, "GET", "/readyz").status_code == 200
 
 
 def test_a_request_that_needs_the_full_disk_gets_a_clear_503(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -199,9 +185,9 @@ def test_a_request_that_needs_the_full_disk_gets_a_clear_503(monkeypatch: pytest
 
     monkeypatch.setattr(http, "MEMORY_FOR_BODIES", 0)  # every body goes to a temporary file
     monkeypatch.setattr(http, "TemporaryFile", no_space)
-    sent = _call(_middleware(None), "/classify", "POST", [(b"content-length", b"2000")])
-    assert sent[0]["status"] == 503
-    assert "disk is full" in json.loads(sent[1]["body"])["error"]["message"]
+    answer = request(_middleware(None), "POST", "/classify", content=b"x" * 2000)
+    assert answer.status_code == 503
+    assert "disk is full" in answer.json()["error"]["message"]
 
 
 # The cause, on a real full filesystem
