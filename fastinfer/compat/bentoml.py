@@ -9,12 +9,14 @@ another shape than the project's errors, so FrontMiddleware keeps that); ``bento
 1. fastinfer/front/openapi.py edits the spec BentoML generates, so it builds with BentoML's own spec classes
    and tags: ``APP_TAG``, ``INFRA_TAG`` (``bentoml._internal.service.openapi``) and ``Contact``,
    ``OpenAPISpecification``, ``PathItem``, ``Tag`` (``…openapi.specification``).
-2. ``server_context.service_type`` is ``"service"`` in the workers of a dependency (a runner) only.
+2. ``server_context.service_type`` is ``"service"`` in the workers of a dependency (a runner) only: BentoML's
+   worker (``_bentoml_impl.worker.service``) sets it so when its ``--service-name`` names a dependency.
 3. A failed API call is logged, with its traceback, to the logger :data:`API_ERROR_LOGGER` (``log_exception``).
 4. ``bentoml serve`` reads the Prometheus directory from ``BentoMLContainer.prometheus_multiproc_dir``
    (``ensure_prometheus_dir``): no setting or variable names it.
 5. ``BentoMLContainer.config`` holds the configuration as a dict: ``tracing`` (``sample_rate``,
-   ``exporter_type``) at its top and, where an operator sets them, under ``services``.
+   ``exporter_type``) at its top and, where an operator sets them for one service, under
+   ``services.<name>.tracing``.
 6. A worker's command line is ``python -m _bentoml_impl.worker.service <bento> --service-name <name> --fd <n>``
    (``--fd``: the socket circus hands it).
 7. An API's typed input is parsed by the classmethod ``IODescriptor.from_http_request(request, serde)``

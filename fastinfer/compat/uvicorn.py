@@ -5,9 +5,12 @@ uvicorn's HTTP protocol. Its public ``Config`` limits cannot: BentoML's worker b
 and passes on ``timeout_keep_alive`` alone, which runs only after a response; ``limit_concurrency`` answers
 503 once a request's headers are in, in another shape, and counts requests, not idle connections;
 ``h11_max_incomplete_event_size`` bounds h11 only (the httptools parser has no limit); nothing bounds the
-time headers take or their count. So the front subclasses uvicorn's httptools protocol through
-:class:`Protocol`, which names what it uses of uvicorn's private methods. Assumptions, one test each
-(tests/unit/test_compat_uvicorn.py):
+time headers take or their count. Nor does a reverse proxy: deploy/ puts none in front (Compose publishes the
+container's port 3000, Kubernetes a ClusterIP Service with no Ingress), ``bentoml serve`` and the bento image
+run without one, and the limits must hold wherever the bento runs, answering in the project's JSON error shape
+and counted in its metrics (a proxy answers in its own shape and counts nothing here). So the front subclasses
+uvicorn's httptools protocol through :class:`Protocol`, which names what it uses of uvicorn's private methods.
+Assumptions, one test each (tests/unit/test_compat_uvicorn.py):
 
 1. BentoML's worker leaves ``http="auto"``, and ``Config.load()`` imports the class that
    ``uvicorn.config.HTTP_PROTOCOLS["auto"]`` names then: :func:`use_http_protocol` replaces it.
@@ -25,6 +28,10 @@ time headers take or their count. So the front subclasses uvicorn's httptools pr
    app sends. ``flow.pause_reading()`` stops reading the transport.
 6. An upgrade request stops the parser with ``httptools.HttpParserUpgrade``, handled by
    ``_should_upgrade()``, ``handle_websocket_upgrade()`` and ``_unsupported_upgrade_warning()``.
+7. ``HttpToolsProtocol.data_received(data)`` does only this: ``_unset_keepalive_if_required()``, feed the parser,
+   answer a parse error with a warning and ``send_400_response``, handle an upgrade (6). The front's
+   ``data_received`` replaces it without calling it (:meth:`Protocol.disarm_keepalive`, :meth:`Protocol.feed`,
+   its own 400): work uvicorn adds there would be skipped.
 """
 
 from __future__ import annotations

@@ -3,8 +3,12 @@ against the installed BentoML: an upgrade that breaks one fails here, naming it.
 
 from __future__ import annotations
 
+import ast
+import copy
 import inspect
+import json
 import logging
+import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -38,16 +42,43 @@ def test_1_the_spec_is_built_of_bentomls_own_classes_and_tags() -> None:
     assert isinstance(spec.info.contact, compat.Contact), "assumption 1: the spec's info.contact is a Contact"
 
 
-def test_2_only_a_dependency_worker_has_service_type_service(monkeypatch: pytest.MonkeyPatch) -> None:
-    source = inspect.getsource(worker)
-    assert 'server_context.service_type = "service"' in source and '"entry_service"' in source, (
-        "assumption 2: BentoML's worker sets server_context.service_type to \"service\" in a dependency's "
-        'workers and to "entry_service" in the entry service\'s'
+def _service_type_set(branch: list[ast.stmt]) -> str | None:
+    """The value a branch of the worker's main() gives ``server_context.service_type``, if it gives one."""
+    for node in (n for statement in branch for n in ast.walk(statement)):
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["server_context.service_type"]:
+            return ast.literal_eval(node.value)
+    return None
+
+
+def test_2_only_a_dependency_worker_has_service_type_service() -> None:
+    from bentoml._internal.context import server_context
+
+    assert compat.server_context is server_context, (
+        "assumption 2: bentoml.server_context is the object BentoML's worker sets (bentoml._internal.context)"
     )
-    monkeypatch.setattr(compat.server_context, "service_type", "service")
-    assert compat.in_dependency()
-    monkeypatch.setattr(compat.server_context, "service_type", "entry_service")
-    assert not compat.in_dependency()
+    tree = ast.parse(textwrap.dedent(inspect.getsource(worker.main.callback)))
+    branches = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and _service_type_set(node.body) and _service_type_set(node.orelse)
+    ]
+    assert len(branches) == 1, "assumption 2: BentoML's worker sets server_context.service_type in one if/else"
+    branch = branches[0]
+    test, body = ast.unparse(branch.test), ast.unparse(branch.body)
+    assert (_service_type_set(branch.body), _service_type_set(branch.orelse)) == ("service", "entry_service") and (
+        test == "service_name and service_name != service.name"
+        and "service.find_dependent_by_name(service_name)" in body
+    ), (
+        'assumption 2: BentoML\'s worker sets server_context.service_type to "service" when its --service-name '
+        'names a dependency of the loaded service, and to "entry_service" otherwise'
+    )
+    service_type = server_context.service_type
+    try:
+        for value, expected in (("service", True), ("entry_service", False), (None, False)):
+            server_context.service_type = value
+            assert compat.in_dependency() is expected
+    finally:
+        server_context.service_type = service_type
 
 
 def test_3_a_failed_api_call_is_logged_to_api_error_logger(caplog: pytest.LogCaptureFixture) -> None:
@@ -75,10 +106,38 @@ def test_4_bentoml_serve_takes_the_prometheus_directory_from_the_container(tmp_p
     )
 
 
-def test_5_the_configuration_is_a_dict_with_tracing_on_top() -> None:
+def test_5_the_configuration_is_a_dict_with_tracing_on_top_and_under_services(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bentoml._internal.configuration.containers import BentoMLContainer
+
     config = compat.configuration()
     assert isinstance(config, dict) and {"sample_rate", "exporter_type"} <= set(config["tracing"]), (
         "assumption 5: BentoMLContainer.config holds a dict with tracing.sample_rate and tracing.exporter_type"
+    )
+
+    @bentoml.service
+    class Dependency:
+        @bentoml.api
+        def echo(self, x: int) -> int:
+            return x
+
+    @bentoml.service
+    class Entry:
+        dependency = bentoml.depends(Dependency)
+
+    # An operator's tracing for one dependency, as bentoml serve loads it (the service configuration, version 2).
+    options = {"services": {"Dependency": {"tracing": {"sample_rate": 0.25, "exporter_type": "zipkin"}}}}
+    monkeypatch.setenv("BENTOML_CONFIG_OVERRIDES", json.dumps(options))
+    before = copy.deepcopy(BentoMLContainer.config.get())
+    try:
+        Entry.inject_config()
+        tracing = compat.configuration().get("services", {}).get("Dependency", {}).get("tracing", {})
+    finally:
+        BentoMLContainer.config.set(before)
+    assert (tracing.get("sample_rate"), tracing.get("exporter_type")) == (0.25, "zipkin"), (
+        "assumption 5: tracing an operator sets for one service is in BentoMLContainer.config under "
+        "services.<name>.tracing (sample_rate, exporter_type)"
     )
 
 
@@ -88,8 +147,10 @@ def test_6_a_worker_runs_the_worker_module_with_service_name_and_fd() -> None:
     )
     options = {opt for param in worker.main.params for opt in param.opts}
     assert {"--service-name", "--fd"} <= options, "assumption 6: the worker takes --service-name and --fd"
-    source = inspect.getsource(bentoml_serving.create_dependency_watcher)
-    assert '"--service-name",\n        svc.name,\n        "--fd",' in source, (
+    tree = ast.parse(textwrap.dedent(inspect.getsource(bentoml_serving.create_dependency_watcher)))
+    lists = [[ast.unparse(item) for item in node.elts] for node in ast.walk(tree) if isinstance(node, ast.List)]
+    wanted = ["'--service-name'", "svc.name", "'--fd'"]  # as ast.unparse writes them, however they are formatted
+    assert any(words[i : i + 3] == wanted for words in lists for i in range(len(words))), (
         "assumption 6: each dependency's worker is given --service-name <its name> and --fd <its socket>"
     )
     line = ["python", "-m", bentoml_serving._SERVICE_WORKER_SCRIPT, ".", "--service-name", "runner-x", "--fd", "7"]

@@ -3,9 +3,11 @@ the installed uvicorn with its real protocol on a real event loop: an upgrade th
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import inspect
 import logging
+import textwrap
 from collections import deque
 from typing import Any
 
@@ -17,6 +19,7 @@ from _bentoml_impl.worker import service as bentoml_worker
 from uvicorn.server import ServerState
 
 from fastinfer.compat.uvicorn import HttpToolsProtocol, Protocol, use_http_protocol
+from fastinfer.front.connections import FrontProtocol
 
 GET = b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n"
 
@@ -198,3 +201,38 @@ def test_6_an_upgrade_is_handled_by_the_named_steps(caplog: pytest.LogCaptureFix
         )
 
     asyncio.run(go())
+
+
+def _calls(function: Any) -> set[str]:
+    """The calls a function's source makes, as written (``self.parser.feed_data``), and the errors it catches."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    calls = {ast.unparse(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    caught = {f"except {ast.unparse(node.type)}" for node in ast.walk(tree) if isinstance(node, ast.ExceptHandler)}
+    return calls | caught
+
+
+UVICORN_DATA_RECEIVED = {
+    "self._unset_keepalive_if_required",  # disarm the keep-alive timer
+    "self.parser.feed_data",  # feed the parser
+    "except httptools.HttpParserError",  # a parse error: warned, answered 400
+    "self.logger.warning",
+    "self.send_400_response",
+    "except httptools.HttpParserUpgrade",  # an upgrade (assumption 6)
+    "self._should_upgrade",
+    "self.handle_websocket_upgrade",
+    "self._unsupported_upgrade_warning",
+}
+
+
+def test_7_data_received_does_only_what_the_front_does_in_its_stead() -> None:
+    seen = _calls(HttpToolsProtocol.data_received)
+    assert seen == UVICORN_DATA_RECEIVED, (
+        "assumption 7: HttpToolsProtocol.data_received does only _unset_keepalive_if_required(), feed the parser, "
+        "answer a parse error with a warning and send_400_response, handle an upgrade; the front's data_received "
+        f"replaces it without calling it, so what uvicorn does there now must be done there too: {sorted(seen)}"
+    )
+    done_in_its_stead = _calls(Protocol.feed) | _calls(Protocol.disarm_keepalive)
+    error_answer = {"except httptools.HttpParserError", "self.logger.warning", "self.send_400_response"}
+    assert UVICORN_DATA_RECEIVED - error_answer <= done_in_its_stead, "Protocol.feed and disarm_keepalive do the rest"
+    front_calls = _calls(FrontProtocol.data_received)
+    assert "except httptools.HttpParserError" in front_calls and "super().data_received" not in front_calls
