@@ -1,12 +1,8 @@
-"""FastInfer: the one BentoML entry service. Routes and wiring only: the image routes are declared in
-fastinfer/front/image_routes.py (as BentoML APIs, and answered over HTTP by the front's lean path,
-fastinfer/front/image_api.py, without a temporary file per upload), the request pipeline is
-fastinfer/serving/pipeline.py, the calls to the runners runners/calls.py, the runners runners/.
-"""
+"""FastInfer: the one BentoML entry service, routes and wiring only. Image routes: fastinfer/front/image_routes.py
+(answered by fastinfer/front/image_api.py); pipeline: fastinfer/serving/pipeline.py; runners: runners/."""
 
 import asyncio
 import atexit
-import contextlib
 import json
 import logging
 import os
@@ -27,14 +23,12 @@ from fastinfer.catalog.backends import served_models
 from fastinfer.catalog.choice import DefaultChoice, default_choice, default_now
 from fastinfer.catalog.config import get_settings
 from fastinfer.common import hardware
-from fastinfer.common.errors import ApiError
 from fastinfer.common.schemas import AnalyzeResponse, BackendsResponse
 from fastinfer.front import analysis, dashboard_page, image_api, inventory
-from fastinfer.front.access import ANALYZE_ROUTE, Access, ApiKeys, analyze_guard, spend
 from fastinfer.front.api_inputs import AnalyzeInput, quiet_input_errors
 from fastinfer.front.api_page import ApiPage
 from fastinfer.front.connections import install_front_protocol
-from fastinfer.front.http import FrontMiddleware
+from fastinfer.front.http import FrontMiddleware, front_options
 from fastinfer.front.image_routes import ROUTES, image_apis
 from fastinfer.front.openapi import DocumentedService
 from fastinfer.serving.cache import ResponseCache, open_cache
@@ -56,16 +50,14 @@ own_metrics_dir()
 store.hold_pins()
 
 
-# Overload (429) and timeouts (504) are answered by FrontMiddleware, in our error shape; BentoML's
-# own limiter sits outside our middleware and answers in another shape. Its timeout stays, a little
-# later than ours, as a backstop.
+# FrontMiddleware answers overload (429) and timeouts (504) in our error shape; BentoML's timeout, a little
+# later, is a backstop.
 @bentoml.service(
     name="fastinfer",
     service_class=DocumentedService,  # /docs.json tells the whole API (fastinfer/front/openapi.py)
     workers=settings.front_workers,
     traffic={"timeout": settings.request_timeout_s + 5},
-    # BentoML's access log decodes the request's Content-Type as UTF-8 just before the response body
-    # goes out: one \xff in it cut every answer short and logged two tracebacks (review finding).
+    # BentoML's access log decodes the Content-Type as UTF-8: one \xff in it cut the answer short.
     logging={"access": {"request_content_type": False}},
     # The family this server serves (FASTINFER_MODEL): a bento built for one sets it in its image's environment.
     envs=[{"name": store.FAMILY_ENV, "value": settings.model}],
@@ -86,8 +78,7 @@ class FastInfer:
         self.live = LiveStats()
         # Decoding is CPU-bound; more threads than cores only adds contention (see fastinfer.serving.cpu).
         self.cpu = CpuPool(hardware.cpu_count(), "front-cpu")
-        # FASTINFER_IN_FRONT: these engines run here, in this worker's process, with no hop to a runner.
-        # Loaded here, before this worker answers anything (its probes included): 1-2 s per engine measured.
+        # FASTINFER_IN_FRONT: engines run in this worker, no hop to a runner; loaded before it answers (1-2 s each).
         self.in_front = {attribute(r): RunnerCore(r, workers=1) for r in sorted(settings.in_front) if runs_here(r)}
         calls = self.runner_calls = RunnerCalls(
             self, models, self.unavailable, settings.request_timeout_s, self.in_front
@@ -121,23 +112,19 @@ class FastInfer:
 
     @bentoml.on_deployment
     def _pin_models() -> None:
-        """Once per ``bentoml serve``, in its parent process before any worker starts: fix the exact
-        model versions this server serves (fastinfer.catalog.store.PINS_ENV, inherited by every worker, restarted
-        or not), and record them so that a rebuild keeps them while this server runs."""
-        # Only the models built from the family's source (its newest model's): one of another source answers
-        # 503 saying so, never the same image otherwise than the rest (fastinfer/catalog/holdings.py).
+        """Once per ``bentoml serve``, before any worker starts: pin the model versions every worker serves
+        (store.PINS_ENV) and record them so that a rebuild keeps them. Only models of the family's newest
+        source are served: another source's answer 503 (fastinfer/catalog/holdings.py)."""
         names = [name for entry in REGISTRY.values() for name in entry.spec.model_names()]
         pinned, unserved = holdings.pin(names, settings.model)
         if not pinned and (missing := holdings.missing_reason(settings.model)) is not None:
-            # Not started, as with any backend not built (BentoML cannot resolve its runners' models), but with
-            # what the store holds and how to build this family, rather than BentoML's "could not be fetched".
+            # Rather than BentoML's "could not be fetched": what the store holds and how to build this family.
             logger.error("%s", missing)
             raise BentoMLException(f"model family {settings.model!r} is not in the model store (logged above: "
                                    "the families it holds, and how to build this one)")  # fmt: skip
         os.environ[store.PINS_ENV] = json.dumps(pinned)
         os.environ[store.UNSERVED_ENV] = json.dumps(unserved)
-        # The tuned configuration this process read when it imported this module (its front workers and
-        # runners follow from it): every worker takes the same, even if the file changes meanwhile.
+        # Every worker takes the tuned configuration read here, even if the file changes meanwhile.
         tuned.export(settings.tuned)
         try:
             atexit.register(store.record_pins(pinned).unlink, missing_ok=True)
@@ -147,8 +134,7 @@ class FastInfer:
         logger.info("model family %s: serving %s", settings.model, ", ".join(sorted(set(pinned.values()))) or "nothing")
 
     async def __is_ready__(self) -> bool:
-        """Ready once the engines this worker holds itself are (FASTINFER_IN_FRONT); BentoML asks the
-        runners' probes beside this one."""
+        """Ready once this worker's own engines are (FASTINFER_IN_FRONT); BentoML asks the runners beside."""
         return all([await core.__is_ready__() for core in self.in_front.values()])
 
     @bentoml.on_startup
@@ -181,17 +167,7 @@ class FastInfer:
     @bentoml.api(route="/analyze", input_spec=AnalyzeInput)
     async def analyze(self, results: list[dict[str, Any]], question: str, ctx: bentoml.Context) -> AnalyzeResponse:
         """Ask Groq to explain prediction results and their latency trade-offs (never the image)."""
-        if settings.groq.api_key:  # the input is valid (BentoML checked it): Groq will be called
-            with contextlib.suppress(LookupError):  # an in-process call has no request, and no guard
-                if (refusal := spend(ctx.request.scope)) is not None:
-                    ctx.response.status_code = refusal.status
-                    headers = {k.decode(): v.decode() for k, v in refusal.headers}
-                    return JSONResponse(refusal.body, status_code=refusal.status, headers=headers)
-        try:
-            return await analysis.analyze(results, question, settings.groq)
-        except ApiError as exc:
-            ctx.response.status_code = exc.status
-            return JSONResponse(exc.body(), status_code=exc.status)
+        return await analysis.answer(results, question, settings.groq, ctx)
 
     def default_now(self) -> DefaultChoice:
         """The backend of requests that name none, now (fastinfer/catalog/choice.py default_now)."""
@@ -237,8 +213,8 @@ async def _cache_stats_route(_: Request) -> JSONResponse:
 
 
 def _readiness() -> dict[str, Awaitable[bool]]:
-    """What /readyz asks, by name: what BentoML's probe asks (this worker's own engines, each runner's
-    /readyz), for FrontMiddleware to bound in time and to name what did not answer."""
+    """What /readyz asks, by name (as BentoML's probe: this worker's engines, each runner), for FrontMiddleware
+    to bound in time."""
     service: FastInfer = bentoml.get_current_service()
     checks = {"the engines in the front worker (FASTINFER_IN_FRONT)": service.__is_ready__()}
     for attr, dependency in FastInfer.dependencies.items():  # one per runner (runners.attach)
@@ -259,27 +235,19 @@ FastInfer.mount_asgi_app(
     path="/",
 )
 FastInfer.mount_asgi_app(dashboard_page.files(DASHBOARD_DIR), path="/dashboard", name="dashboard")
-# Idle connections, header size and count, open connections: bounded in uvicorn's protocol, below the
-# middleware, before a request has headers to check (fastinfer/front/connections.py).
+# Idle connections, headers and open connections: bounded below the middleware (fastinfer/front/connections.py).
 install_front_protocol(settings)
 quiet_input_errors()  # a malformed /analyze body: one INFO line, not a traceback at ERROR
 FastInfer.add_asgi_middleware(
     FrontMiddleware,
-    max_bytes=settings.max_bytes,
-    max_concurrency=settings.max_concurrency,
-    timeout_s=settings.request_timeout_s,
-    # Route → the request metric's backend label when a request fails before it names one.
-    route_backends={**{path: route.metric_label for path, route in ROUTES.items()}, "/analyze": "none"},
-    max_uploads=settings.max_uploads,
-    body_idle_s=settings.body_idle_s,
-    lanes=dict.fromkeys(ROUTES, _image_lane),
-    access=Access(
-        ApiKeys(settings.api_keys),
-        {ANALYZE_ROUTE: analyze_guard(settings)},
+    **front_options(
+        settings,
+        ROUTES,
+        _image_lane,
+        # A full disk under BENTOML_HOME: metrics held in memory instead of a SIGBUS, and /readyz says why.
+        degraded=guard_metric_files(settings.min_free_disk_mb * 2**20).reason,
+        readiness=_readiness,  # answered within 2 s, naming a runner that does not answer (review finding)
     ),
-    # A full disk under BENTOML_HOME: metrics held in memory instead of a SIGBUS, and /readyz says why.
-    degraded=guard_metric_files(settings.min_free_disk_mb * 2**20).reason,
-    readiness=_readiness,  # answered within 2 s, naming a runner that does not answer (review finding)
 )
 # Inside FrontMiddleware (its limits apply): "/" is FastInfer's API page, not BentoML's.
 FastInfer.add_asgi_middleware(ApiPage)

@@ -5,13 +5,20 @@ image — and the API key never appears in a log or a response.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from starlette.responses import JSONResponse
 
 from fastinfer.catalog.config import GroqConfig
 from fastinfer.common.errors import ApiError
 from fastinfer.common.schemas import AnalyzeResponse
+from fastinfer.front.access import spend
+
+if TYPE_CHECKING:
+    import bentoml
 
 logger = logging.getLogger("fastinfer.analysis")
 
@@ -105,3 +112,22 @@ async def analyze(results: list[dict[str, Any]], question: str, config: GroqConf
     if not text:
         raise GroqFailed("Groq returned an empty answer.")
     return AnalyzeResponse(text=text, model=completion.model or config.model)
+
+
+async def answer(
+    results: list[dict[str, Any]], question: str, config: GroqConfig, ctx: bentoml.Context
+) -> AnalyzeResponse | JSONResponse:
+    """POST /analyze's answer (service.py), its input valid: the call recorded against the route's guard just
+    before Groq is called (not without a key: nothing is spent), then :func:`analyze`. The guard's refusal
+    (429, with its headers) and an ApiError are answered in the error shape, with their status."""
+    if config.api_key:  # Groq will be called
+        with contextlib.suppress(LookupError):  # an in-process call has no request, and no guard
+            if (refusal := spend(ctx.request.scope)) is not None:
+                ctx.response.status_code = refusal.status
+                headers = {k.decode(): v.decode() for k, v in refusal.headers}
+                return JSONResponse(refusal.body, status_code=refusal.status, headers=headers)
+    try:
+        return await analyze(results, question, config)
+    except ApiError as exc:
+        ctx.response.status_code = exc.status
+        return JSONResponse(exc.body(), status_code=exc.status)

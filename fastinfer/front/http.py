@@ -1,33 +1,23 @@
 """ASGI middleware for the front: admission, limits, one error shape, and request metrics.
 
-* More requests in flight than ``max_concurrency`` → 429 at once (with Retry-After), so that a
-  spike is refused instead of queued without bound.
-* The body is read here, before the request takes one of the ``max_concurrency`` slots: a body
-  whose Content-Length exceeds the limit is answered 413 before a byte is read, a chunked one is
-  cut off at the limit, one that stalls for ``body_idle_s`` gets 408, and at most
+* More requests in flight than ``max_concurrency`` → 429 at once (with Retry-After): refused, not queued.
+* The body is read before the request takes a slot: over the limit by Content-Length → 413 before a byte
+  is read, a chunked one cut off at the limit, one stalling ``body_idle_s`` → 408, and at most
   ``max_uploads`` bodies arrive at once (429 beyond), so slow uploads cannot starve the rest.
-* A request that has not started answering within ``timeout_s`` is answered 504 (408 when the
-  client had not even finished sending its body). The deadline covers the whole request, so it
-  always fires before BentoML's own timeout (set later as a backstop) and answers in our shape.
-* Any 4xx/5xx JSON produced outside our handlers (BentoML's validation, unknown routes) is
-  rewritten to ``{"error": {"code", "message"}}``.
-* Access (fastinfer/front/access.py): API keys (401) and the /analyze guard (429) are checked before a
-  byte of the body is read.
+* No answer begun within ``timeout_s`` → 504 (408 while the body was still arriving): the deadline covers
+  the whole request, so it fires before BentoML's own timeout (a backstop) and answers in our shape.
+* Any 4xx/5xx JSON produced outside our handlers is rewritten to ``{"error": {"code", "message"}}``.
+* Access (fastinfer/front/access.py): API keys (401) and the /analyze guard (429), before the body is read.
 * Every answered API request is counted in ``fastinfer_requests_total{route,backend,status}``.
-* ``/readyz`` answers 503 with the reason while ``degraded`` has one (a full disk: fastinfer/serving/disk.py),
-  and answers within ``READY_TIMEOUT_S`` whatever the runners do: it asks each of them (``readiness``) at
-  once and names any that did not answer in time (BentoML's own probe waited for a wedged runner until
-  its outer timeout, 35 s, then gave a plain-text 500).
-  Idle connections, header size and count and the number of connections are bounded below this
-  middleware, in the HTTP protocol (fastinfer/front/connections.py): they are over before a scope exists.
-* The image routes (``lanes``) are answered here from the body in memory (fastinfer/front/image_api.py),
-  without a temporary file and without BentoML's per-request machinery; everything else goes on to
-  the app with the body replayed.
+* ``/readyz`` answers 503 with the reason while ``degraded`` has one (a full disk), and within
+  ``READY_TIMEOUT_S`` whatever the runners do, naming any that did not answer (BentoML's probe waited 35 s
+  for a wedged runner, then gave a plain-text 500).
+* The image routes (``lanes``) are answered from the body in memory (fastinfer/front/image_api.py); other
+  requests go on to the app with the body replayed.
 
-Bodies are held in memory while all the bodies held stay within ``MEMORY_FOR_BODIES``; beyond it a
-body is moved to a temporary file, so that many uploads arriving or waiting at once cannot exhaust
-memory. A request being handled by a lane holds its body in memory (read back from the file if it
-went there): at most ``max_concurrency`` of them, each within ``max_bytes``.
+Bodies are held in memory within ``MEMORY_FOR_BODIES`` in all, else spooled to a temporary file; a request
+being handled by a lane holds its body in memory (at most ``max_concurrency`` of them, each ``max_bytes``).
+Connection-level limits are below this middleware, in fastinfer/front/connections.py.
 """
 
 from __future__ import annotations
@@ -40,15 +30,19 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from tempfile import TemporaryFile
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fastinfer.common.errors import error_body
-from fastinfer.front.access import Access
+from fastinfer.front.access import ANALYZE_ROUTE, Access, ApiKeys, analyze_guard
 from fastinfer.front.paths import UNLIMITED_PATHS, is_open
 from fastinfer.serving import deadlines
 from fastinfer.serving.metrics import REQUESTS
+
+if TYPE_CHECKING:
+    from fastinfer.catalog.config import Settings
+    from fastinfer.front.image_routes import ImageRoute
 
 logger = logging.getLogger("fastinfer.http")
 
@@ -114,6 +108,9 @@ def overloaded(max_concurrency: int, max_uploads: int) -> dict[str, Any]:
     )
 
 
+RETRY_SHORTLY = [(b"retry-after", b"1")]  # the overloaded answer's headers
+
+
 def too_large(length: int | None, max_bytes: int) -> dict[str, Any]:
     size = f"{length:,} bytes" if length is not None else "larger than the limit"
     return error_body(
@@ -152,6 +149,30 @@ Readiness = Callable[[], Mapping[str, Awaitable[bool]]]
 # seconds anyway (Kubernetes: timeoutSeconds), and an unanswered probe holds a busy connection meanwhile.
 READY_TIMEOUT_S = 2.0
 CLOSE = [(b"connection", b"close")]  # answered before the body was read: the rest is not read either
+
+
+def front_options(
+    settings: Settings,
+    image_routes: Mapping[str, ImageRoute],
+    lane: Lane,
+    degraded: Callable[[], str | None] | None = None,
+    readiness: Readiness | None = None,
+) -> dict[str, Any]:
+    """FrontMiddleware's keyword arguments, as service.py wires it: the limits and the access check (the API
+    keys, the /analyze guard) from ``settings``; ``lane`` answers each image route."""
+    return {
+        "max_bytes": settings.max_bytes,
+        "max_concurrency": settings.max_concurrency,
+        "timeout_s": settings.request_timeout_s,
+        # Route → the request metric's backend label when a request fails before it names one.
+        "route_backends": {**{path: route.metric_label for path, route in image_routes.items()}, ANALYZE_ROUTE: "none"},
+        "max_uploads": settings.max_uploads,
+        "body_idle_s": settings.body_idle_s,
+        "lanes": dict.fromkeys(image_routes, lane),
+        "access": Access(ApiKeys(settings.api_keys), {ANALYZE_ROUTE: analyze_guard(settings)}),
+        "degraded": degraded,
+        "readiness": readiness,
+    }
 
 
 class FrontMiddleware:
@@ -216,8 +237,7 @@ class FrontMiddleware:
         except Exception as exc:
             if recorder.status is not None:  # already answering: nothing else can be said
                 raise
-            # E.g. no space left to spool a body. Unanswered, BentoML's outer timeout would give a
-            # plain-text 500 only after timeout_s + 5 s.
+            # E.g. no disk left to spool a body; unanswered, BentoML would give a plain-text 500 much later.
             if _disk_full(exc):  # said once per episode (fastinfer/serving/disk.py logs it too), not per request
                 self._log_disk_full(path, exc)
                 refused = error_body(
@@ -233,20 +253,18 @@ class FrontMiddleware:
                 REQUESTS.labels(route=path, backend=backend, status=str(recorder.status)).inc()
 
     async def _admit(self, scope: Scope, receive: Receive, send: _Recorder) -> None:
-        # One deadline for the whole request, the body's arrival included, so that ours always
-        # answers before BentoML's own (later) timeout, and in our shape.
+        # One deadline for the whole request, the body included: ours answers before BentoML's.
         deadline = asyncio.get_running_loop().time() + self.timeout_s
         body: _Body | None = None
         app: ASGIApp = self.app
         try:
             if scope.get("method") in BODY_METHODS:
-                # The body is read before the request takes a handling slot: a client that uploads
-                # slowly (or never finishes) holds an upload slot, never one that others need.
+                # Before a handling slot is taken: a slow upload holds an upload slot, not one others need.
                 body = await self._receive_body(scope, receive, send, deadline)
                 if body is None:  # answered (413, 408, 429), or the client has gone
                     return
             if self.in_flight >= self.max_concurrency:
-                await send_json(send, 429, overloaded(self.max_concurrency, self.max_uploads), [(b"retry-after", b"1")])
+                await send_json(send, 429, overloaded(self.max_concurrency, self.max_uploads), RETRY_SHORTLY)
                 return
             if body is not None:
                 lane = self.lanes.get(scope["path"]) if scope.get("method") == "POST" else None
@@ -265,11 +283,8 @@ class FrontMiddleware:
                 body.close()
 
     async def _receive_body(self, scope: Scope, receive: Receive, send: _Recorder, deadline: float) -> _Body | None:
-        """The whole body (in memory within MEMORY_FOR_BODIES, else in a temporary file), or None once
-        answered: 413 over the limit, 408 when it stalls for ``body_idle_s`` or is not in by the
-        deadline, 429 when too many are uploading, or the client has gone. Answers sent before
-        the body is in close the connection (what is left of it is not read), but for a 429 to a
-        body of known length."""
+        """The whole body, or None once answered (413, 408, 429) or the client has gone. Answers before the
+        body is in close the connection, but a 429 to a body of known length."""
         length = _content_length(scope)
         if length is not None and length > self.max_bytes:
             await send_json(send, 413, too_large(length, self.max_bytes), CLOSE)
@@ -278,9 +293,7 @@ class FrontMiddleware:
             # A body of known, allowed length is left for the server to drain (bounded), so that the
             # client, still sending, reads its 429 instead of a reset connection; any other is cut off.
             close = [] if length is not None else CLOSE
-            await send_json(
-                send, 429, overloaded(self.max_concurrency, self.max_uploads), [(b"retry-after", b"1"), *close]
-            )
+            await send_json(send, 429, overloaded(self.max_concurrency, self.max_uploads), [*RETRY_SHORTLY, *close])
             return None
         self.uploading += 1
         loop = asyncio.get_running_loop()
@@ -313,7 +326,7 @@ class FrontMiddleware:
         return None
 
     async def _handle(self, app: ASGIApp, scope: Scope, receive: Receive, send: _Recorder, deadline: float) -> None:
-        gate = _Gate(send)
+        gate = _Recorder(send)
         remaining = max(0.0, deadline - asyncio.get_running_loop().time())
         deadlines.set_within(remaining)  # the handler's task inherits it: runners drop work answered 504
         task = asyncio.ensure_future(app(scope, receive, _ErrorRewriter(gate)))
@@ -326,7 +339,7 @@ class FrontMiddleware:
             return
         # Answer now; whatever the handler sends later is dropped. Its CPU work is bounded by the
         # front's pool (fastinfer.serving.cpu), so nothing waits for it here.
-        gate.close()
+        gate.open = False
         task.cancel()
         task.add_done_callback(_retrieve)
         await send_json(send, 504, timed_out(self.timeout_s))
@@ -339,8 +352,7 @@ class FrontMiddleware:
         if self.readiness is None:
             await self._app_ready(scope, receive, send)
             return
-        # Probes that arrive while a check runs share it: a flood of probes (an open path) asks each
-        # runner once at a time, and a wedged runner holds one pending request, not one per probe.
+        # Probes share a running check: a flood asks each runner once at a time, a wedged one holds one request.
         if self.ready_check is None or self.ready_check.done():
             self.ready_check = asyncio.ensure_future(self._check_ready(self.readiness))
         reason = await asyncio.shield(self.ready_check)
@@ -402,29 +414,17 @@ def _disk_full(exc: BaseException) -> bool:
 
 
 class _Recorder:
-    """Wraps ``send`` and remembers the status the response started with."""
+    """Wraps ``send``: remembers the status the response started with; once closed (we answered for the
+    handler), drops what is sent."""
 
     def __init__(self, send: Send) -> None:
         self.send = send
         self.status: int | None = None
+        self.open = True
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.status = message["status"]
-        await self.send(message)
-
-
-class _Gate:
-    """Wraps ``send``; once closed (we answered for the handler), drops what the handler sends."""
-
-    def __init__(self, send: Send) -> None:
-        self.send = send
-        self.open = True
-
-    def close(self) -> None:
-        self.open = False
-
-    async def __call__(self, message: Message) -> None:
         if self.open:
             await self.send(message)
 
@@ -433,10 +433,8 @@ CLIENT_CLOSED = 499  # nginx's "client closed request": what the access log and 
 
 
 async def _answer_nobody(send: Send) -> None:
-    """Start a response to a client that has left (uvicorn drops it). BentoML's timeout middleware, outside
-    this one, waits for a response to start: unstarted, it held the request for FASTINFER_TIMEOUT_S + 5 s,
-    and with it a shutdown (uvicorn waits for every request): new connections meanwhile waited in the
-    listening socket, which `bentoml serve` keeps open, and were reset when it closed."""
+    """Start a response to a client that has left (uvicorn drops it): BentoML's timeout middleware, outside,
+    would otherwise hold the request (and a shutdown with it) for FASTINFER_TIMEOUT_S + 5 s."""
     with contextlib.suppress(OSError):  # ASGI lets a server refuse output to a closed connection
         await send({"type": "http.response.start", "status": CLIENT_CLOSED, "headers": []})
         await send({"type": "http.response.body", "body": b""})
@@ -487,20 +485,16 @@ def _is_json_or_text(start: Message) -> bool:
 
 
 def _unwanted_body(scope: Scope) -> tuple[int, dict[str, Any]] | None:
-    """A body where none is taken, or framing a proxy could read differently: refused before a byte.
-
-    uvicorn reads and discards a body nobody reads, without limit: 50 GB in 20 s into a POST
-    /livez kept the front's event loop busy.
-    """
+    """A body where none is taken, or framing a proxy could read differently: refused before a byte
+    (uvicorn reads and discards an unread body without limit: 50 GB into POST /livez)."""
     headers = dict(scope.get("headers", []))
     chunked, length = b"transfer-encoding" in headers, _content_length(scope)
     if chunked and b"content-length" in headers:
         return 400, error_body("bad_request", "Content-Length and Transfer-Encoding together are refused.")
     codings = b",".join(v for k, v in scope.get("headers", []) if k == b"transfer-encoding")
     if chunked and [c.strip() for c in codings.lower().split(b",")] != [b"chunked"]:
-        # RFC 9112 6.1: a transfer coding the server does not implement (gzip before chunked) SHOULD get
-        # 501; read as if it were not there, a gzipped body was taken for a broken image. (One that does
-        # not end in chunked has no readable length: the HTTP protocol answers it 400, connections.py.)
+        # RFC 9112 6.1: a transfer coding not implemented (gzip before chunked) SHOULD get 501. (One not
+        # ending in chunked has no readable length: connections.py answers it 400.)
         said = codings.decode("latin-1")[:100]
         return 501, error_body("not_implemented", f"Transfer-Encoding {said!r} is not supported; only chunked is.")
     has_body = chunked or bool(length)
@@ -514,9 +508,8 @@ SMALL_BODY = 64 * 1024
 
 
 def _unread_body(scope: Scope) -> list[tuple[bytes, bytes]]:
-    """Headers for an answer given before the body was read: a small body of known length is left for
-    the server to drain, so that a client still sending reads the answer rather than a reset
-    connection; any other body (large, chunked) is not read: the connection closes."""
+    """Headers for an answer given before the body was read: a small body of known length is left for the
+    server to drain (the client reads the answer, not a reset); any other closes the connection."""
     headers = dict(scope.get("headers", []))
     length = _content_length(scope)
     has_body = b"transfer-encoding" in headers or bool(length)
@@ -544,8 +537,7 @@ class _MemoryBudget:
 
 
 class _Body:
-    """A request body as it arrives: chunks in memory while the budget allows (an ordinary photo
-    never touches the disk), else moved to a temporary file."""
+    """A request body as it arrives: in memory while the budget allows, else moved to a temporary file."""
 
     def __init__(self, budget: _MemoryBudget) -> None:
         self.budget = budget

@@ -1,9 +1,13 @@
 """Every error example in the spec is what the server answers in that case (fastinfer/front/api_examples.py errors).
 
-Each case is sent, in process, to a server wired as service.py wires it: FrontMiddleware with its access check and
-the image lanes (a real pipeline over a stand-in runner) in front of a BentoML service whose /analyze takes the
-real AnalyzeInput and calls fastinfer/front/analysis.py (Groq: tests/fake_groq.py). A constructor whose output
-changes without its example, or an example written by hand that drifts, fails here."""
+Each case is sent, in process, to a server wired as service.py wires it: FrontMiddleware with the options service.py
+gives it (fastinfer/front/http.py front_options: limits, access check, image lanes over a real pipeline with a
+stand-in runner) in front of a BentoML service whose /analyze takes the real AnalyzeInput and answers with
+service.py's handler (fastinfer/front/analysis.py answer; Groq: tests/fake_groq.py). Nothing else stands in: the
+GET requests are answered by the front before any route. The headers the spec and the API page document (429:
+``Retry-After``; 401: the ``WWW-Authenticate`` of its bearer scheme) are compared too, and no other case sends
+them. A constructor whose output changes without its example, or an example written by hand that drifts, fails here.
+"""
 
 from __future__ import annotations
 
@@ -14,26 +18,25 @@ import json
 import re
 import struct
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
 from typing import Any
 
 import bentoml
 import httpx
 import pytest
-from starlette.applications import Starlette
 from starlette.responses import JSONResponse
-from starlette.routing import Route
 
 from fastinfer.catalog import backends, holdings
-from fastinfer.catalog.config import GroqConfig, get_settings
+from fastinfer.catalog.config import GroqConfig, Settings, get_settings
 from fastinfer.common import hardware
-from fastinfer.common.errors import ApiError
 from fastinfer.common.schemas import AnalyzeResponse
-from fastinfer.front import analysis, api_examples, api_page, image_api, openapi
-from fastinfer.front.access import ANALYZE_ROUTE, Access, ApiKeys, analyze_guard, spend
+from fastinfer.front import analysis, api_examples, api_page, http, image_api, openapi
+from fastinfer.front.access import ANALYZE_ROUTE, GUARDED, NO_KEY, analyze_guard, rate_limited, unauthorized
 from fastinfer.front.api_inputs import AnalyzeInput
-from fastinfer.front.http import FrontMiddleware
+from fastinfer.front.http import FrontMiddleware, front_options
 from fastinfer.front.image_routes import ROUTES
 from fastinfer.serving.cache import MemoryCache
 from fastinfer.serving.cpu import CpuPool
@@ -44,18 +47,40 @@ from tests.fake_groq import FakeGroq
 from tests.unit.test_family_serving import info
 
 KEY = "example-key-0123456789"
-GROQ = FakeGroq()  # listening from here; answering from the module's fixture on
-SETTINGS = replace(
-    get_settings(),
-    request_timeout_s=3,  # more than Groq's, below
-    body_idle_s=1,
-    max_concurrency=1,
-    max_batch_images=2,
-    api_keys=(KEY,),
-    groq=GroqConfig(api_key="groq-key", base_url=GROQ.url, timeout_s=1),
-)
-EXAMPLES = api_examples.errors(SETTINGS)
-CLOCK = [0.0]  # the /analyze guard's clock
+RATE_LIMITED_WAIT_S = 42  # the rate_limited example's wait (api_examples.errors)
+DOCUMENTED_HEADERS = ("retry-after", "www-authenticate")  # compared on every case: sent where documented only
+GROQ_CONFIG: ContextVar[GroqConfig] = ContextVar("groq_config")  # the /analyze handler's Groq, set by server()
+
+
+@pytest.fixture(scope="module")
+def groq() -> Iterator[FakeGroq]:
+    with FakeGroq() as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def settings(groq: FakeGroq) -> Settings:
+    return replace(
+        get_settings(),
+        request_timeout_s=3,  # more than Groq's, below
+        body_idle_s=1,
+        max_concurrency=1,
+        max_batch_images=2,
+        api_keys=(KEY,),
+        groq=GroqConfig(api_key="groq-key", base_url=groq.url, timeout_s=1),
+    )
+
+
+def documented_headers(settings: Settings) -> dict[tuple[str, str], dict[str, str]]:
+    """(status, case) → the headers documented for it, from the constructors the server sends them with. The other
+    cases send none of DOCUMENTED_HEADERS."""
+    guard = analyze_guard(settings)
+    sent = {
+        ("401", "no_key"): unauthorized(NO_KEY).headers,
+        ("429", "overloaded"): http.RETRY_SHORTLY,
+        ("429", "rate_limited"): rate_limited(guard, ANALYZE_ROUTE, RATE_LIMITED_WAIT_S).headers,
+    }
+    return {case: {k.decode(): v.decode() for k, v in headers} for case, headers in sent.items()}
 
 
 def png_header(width: int, height: int) -> bytes:
@@ -88,27 +113,13 @@ def coreml_unavailable(name: str) -> str | None:
 class Examples:
     @bentoml.api(route=ANALYZE_ROUTE, input_spec=AnalyzeInput)
     async def analyze(self, results: list[dict[str, Any]], question: str, ctx: bentoml.Context) -> AnalyzeResponse:
-        """As service.py's: the guard's call recorded, then analysis.analyze, its ApiError in the error shape."""
+        """service.py's handler, after two faults of its own: a bug, and a handler slower than the deadline."""
         if question == "bug":
             raise RuntimeError("a bug")
         if question == "slow":
             await asyncio.sleep(10)
-        if (refusal := spend(ctx.request.scope)) is not None:
-            ctx.response.status_code = refusal.status
-            return JSONResponse(refusal.body, status_code=refusal.status)
-        groq = SETTINGS.groq if question != "no key" else GroqConfig()
-        try:
-            return await analysis.analyze(results, question, groq)
-        except ApiError as exc:
-            ctx.response.status_code = exc.status
-            return JSONResponse(exc.body(), status_code=exc.status)
-
-
-async def _backends(_: Any) -> JSONResponse:
-    return JSONResponse({})
-
-
-Examples.mount_asgi_app(Starlette(routes=[Route("/backends", _backends)]), path="/")
+        groq = GroqConfig() if question == "no key" else GROQ_CONFIG.get()
+        return await analysis.answer(results, question, groq, ctx)
 
 
 @functools.cache
@@ -116,9 +127,18 @@ def bentoml_app() -> Any:
     return Examples.to_asgi()
 
 
+@dataclass
+class Server:
+    """A client of the server (with the key), and what the cases set: the settings, Groq, the guard's clock."""
+
+    client: httpx.AsyncClient
+    settings: Settings
+    groq: FakeGroq
+    now: float = 0.0  # the /analyze guard's clock
+
+
 @contextlib.asynccontextmanager
-async def server(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[httpx.AsyncClient]:
-    """A client of the server, with the key."""
+async def server(monkeypatch: pytest.MonkeyPatch, settings: Settings, groq: FakeGroq) -> AsyncIterator[Server]:
     monkeypatch.setattr(holdings, "serving", lambda *_: "stored")  # the models are built and stored
     names = list(backends.SPECS)
     pipeline = Pipeline(
@@ -130,101 +150,108 @@ async def server(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[httpx.AsyncCl
         MemoryCache(max_entries=10, ttl_s=60),
         CpuPool(1),
         LiveStats(),
-        SETTINGS.max_pixels,
+        settings.max_pixels,
     )
-    rules = image_api.FormRules("onnx", SETTINGS.max_batch_images)
-    guard = analyze_guard(SETTINGS)
-    guard.clock = lambda: CLOCK[0]
-    front = FrontMiddleware(
-        bentoml_app(),
-        max_bytes=SETTINGS.max_bytes,
-        max_concurrency=SETTINGS.max_concurrency,
-        timeout_s=SETTINGS.request_timeout_s,
-        route_backends={},
-        max_uploads=SETTINGS.max_uploads,
-        body_idle_s=SETTINGS.body_idle_s,
-        lanes=dict.fromkeys(ROUTES, lambda scope, body, send: image_api.serve(pipeline, scope, body, send, rules)),
-        access=Access(ApiKeys(SETTINGS.api_keys), {ANALYZE_ROUTE: guard}),
+    rules = image_api.FormRules("onnx", settings.max_batch_images)
+    options = front_options(
+        settings, ROUTES, lambda scope, body, send: image_api.serve(pipeline, scope, body, send, rules)
     )
+    front = FrontMiddleware(bentoml_app(), **options)
+    GROQ_CONFIG.set(settings.groq)
     try:
         async with front.app.router.lifespan_context(front.app):
             transport = httpx.ASGITransport(front)
             headers = {"Authorization": f"Bearer {KEY}"}
             async with httpx.AsyncClient(transport=transport, base_url="http://test", headers=headers) as client:
-                yield client
+                served = Server(client, settings, groq)
+                options["access"].guards[ANALYZE_ROUTE].clock = lambda: served.now
+                yield served
     finally:
         pipeline.cpu.close()
 
 
-def raw(path: str, body: bytes, content_type: str) -> Callable[[httpx.AsyncClient], Awaitable[httpx.Response]]:
-    return lambda c: c.post(path, content=body, headers={"content-type": content_type})
+Send = Callable[[Server], Awaitable[httpx.Response]]
 
 
-def analyze(question: str) -> Callable[[httpx.AsyncClient], Awaitable[httpx.Response]]:
-    return lambda c: c.post(ANALYZE_ROUTE, json={"results": [{"class": "tabby"}], "question": question})
+def raw(path: str, body: bytes, content_type: str) -> Send:
+    return lambda s: s.client.post(path, content=body, headers={"content-type": content_type})
 
 
-async def slow_body(client: httpx.AsyncClient) -> httpx.Response:
+def analyze(question: str) -> Send:
+    return lambda s: s.client.post(ANALYZE_ROUTE, json={"results": [{"class": "tabby"}], "question": question})
+
+
+async def too_many_images(s: Server) -> httpx.Response:
+    files = [("images", (f"{n}.png", b"x")) for n in range(s.settings.max_batch_images + 1)]
+    return await s.client.post("/classify/batch", files=files)
+
+
+async def slow_body(s: Server) -> httpx.Response:
     async def stalls() -> AsyncIterator[bytes]:
         yield b"x"
         await asyncio.sleep(3)
 
-    return await client.post("/classify", content=stalls(), headers={"content-type": "image/png"})
+    return await s.client.post("/classify", content=stalls(), headers={"content-type": "image/png"})
 
 
-async def while_busy(client: httpx.AsyncClient) -> httpx.Response:
+async def while_busy(s: Server) -> httpx.Response:
     """A request while the one handling slot is taken."""
-    busy = asyncio.ensure_future(analyze("slow")(client))
+    busy = asyncio.ensure_future(analyze("slow")(s))
     await asyncio.sleep(0.3)
     try:
-        return await client.get("/backends")
+        return await s.client.get("/backends")
     finally:
         await busy
 
 
-async def over_the_limit(client: httpx.AsyncClient) -> httpx.Response:
+async def over_the_limit(s: Server) -> httpx.Response:
     """A client that has made all its calls of the last minute (42 s before the window frees one)."""
-    for _ in range(SETTINGS.analyze_per_minute):  # each recorded as it reaches Groq, whatever Groq answers
-        await analyze("")(client)
-    CLOCK[0] += 18
-    return await analyze("")(client)
+    for _ in range(s.settings.analyze_per_minute):  # each recorded as it reaches Groq, whatever Groq answers
+        await analyze("")(s)
+    s.now += 60 - RATE_LIMITED_WAIT_S
+    return await analyze("")(s)
 
 
-async def failing_front(client: httpx.AsyncClient) -> httpx.Response:
+async def failing_front(s: Server) -> httpx.Response:
     """The front fails before anything answers (the app under it raises)."""
 
     async def broken(*_: Any) -> None:
         raise RuntimeError("the app broke")
 
-    front = FrontMiddleware(broken, 100, 1, 1, {}, 1, 1)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(front), base_url="http://test") as alone:
+    front = FrontMiddleware(broken, **front_options(s.settings, ROUTES, broken))
+    transport = httpx.ASGITransport(front)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test", headers=s.client.headers) as alone:
         return await alone.get("/backends")
 
 
-async def without_key(client: httpx.AsyncClient) -> httpx.Response:
-    del client.headers["authorization"]
-    return await client.post("/classify", content=b"x", headers={"content-type": "image/png"})
+async def without_key(s: Server) -> httpx.Response:
+    del s.client.headers["authorization"]
+    return await s.client.post("/classify", content=b"x", headers={"content-type": "image/png"})
 
 
-async def via_groq(client: httpx.AsyncClient, mode: str) -> httpx.Response:
-    GROQ.mode, GROQ.delay_s = mode, 2.0
-    try:
-        return await analyze("")(client)
-    finally:
-        GROQ.mode = "ok"
+def via_groq(mode: str) -> Send:
+    """Groq failing (``error``) or slow (``slow``: 2 s, over the Groq timeout and within the request's)."""
+
+    async def send(s: Server) -> httpx.Response:
+        before = s.groq.mode, s.groq.delay_s
+        s.groq.mode, s.groq.delay_s = mode, 2.0
+        try:
+            return await analyze("")(s)
+        finally:
+            s.groq.mode, s.groq.delay_s = before
+
+    return send
 
 
 # (status, case) → the request that gets the server to answer that case.
-SENDS: dict[tuple[str, str], Callable[[httpx.AsyncClient], Awaitable[httpx.Response]]] = {
+SENDS: dict[tuple[str, str], Send] = {
     ("400", "invalid_field"): analyze("x" * 501),
     ("400", "invalid_image"): raw("/classify", b"not an image", "image/png"),
-    ("400", "too_many_images"): lambda c: c.post(
-        "/classify/batch", files=[("images", (f"{n}.png", b"x")) for n in range(SETTINGS.max_batch_images + 1)]
-    ),
+    ("400", "too_many_images"): too_many_images,
     ("401", "no_key"): without_key,
     ("408", "slow_body"): slow_body,
     ("413", "too_large"): raw("/classify", bytes(25_000_000), "image/png"),
-    ("413", "get_body"): lambda c: c.request("GET", "/backends", content=b"x"),
+    ("413", "get_body"): lambda s: s.client.request("GET", "/backends", content=b"x"),
     ("413", "image_too_large"): raw("/classify", png_header(12000, 10000), "image/png"),
     ("415", "unsupported"): raw("/classify", b"a,b", "text/csv"),
     ("415", "unsupported_batch"): raw("/classify/batch", b"a,b", "text/csv"),
@@ -232,42 +259,82 @@ SENDS: dict[tuple[str, str], Callable[[httpx.AsyncClient], Awaitable[httpx.Respo
     ("429", "rate_limited"): over_the_limit,
     ("500", "failed"): analyze("bug"),
     ("500", "image_failed"): raw("/classify", images.tiny_png(), "image/png"),
-    ("502", "groq_failed"): lambda c: via_groq(c, "error"),
+    ("502", "groq_failed"): via_groq("error"),
     ("503", "unavailable"): failing_front,
     ("503", "backend_unavailable"): raw("/classify?backend=coreml", images.tiny_png(), "image/png"),
     ("503", "groq_unavailable"): analyze("no key"),
     ("504", "timeout"): analyze("slow"),
-    ("504", "groq_timeout"): lambda c: via_groq(c, "slow"),
+    ("504", "groq_timeout"): via_groq("slow"),
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def groq() -> Any:
-    with GROQ:
-        yield
-
-
-def test_every_example_has_a_case_and_every_documented_case_an_example() -> None:
-    assert set(SENDS) == set(EXAMPLES)
+def descriptions() -> dict[tuple[str, str], set[str]]:
+    """(status, case) → the spec's descriptions of it (fastinfer/front/openapi.py)."""
     tables = [openapi.ERRORS, openapi.IMAGE_ERRORS, openapi.STATUS_ERRORS, openapi.batch_errors(2)]
     tables += [*openapi.ROUTE_ERRORS.values(), {"401": openapi.UNAUTHORIZED}]
-    documented = {(status, case) for table in tables for status, (_, case) in table.items()}
-    assert documented == set(EXAMPLES)
+    said: dict[tuple[str, str], set[str]] = {}
+    for table in tables:
+        for status, (description, case) in table.items():
+            said.setdefault((status, case), set()).add(description)
+    return said
+
+
+def test_every_example_has_a_case_and_every_documented_case_an_example(settings: Settings) -> None:
+    assert set(SENDS) == set(api_examples.errors(settings)) == set(descriptions())
+
+
+def test_the_headers_compared_are_the_documented_ones(settings: Settings) -> None:
+    """Retry-After where the spec's description names it (and the API page: 429 only); WWW-Authenticate on a 401,
+    as the spec's bearer scheme has it (RFC 6750)."""
+    assert "| 429 | `overloaded`, `rate_limited`, with `Retry-After` |" in api_page.PAGE_TEXT
+    assert openapi.SECURITY_SCHEME["scheme"] == "bearer"
+    documented = {
+        case: {"retry-after"} if any("`Retry-After`" in d for d in said) else set()
+        for case, said in descriptions().items()
+    }
+    documented["401", "no_key"].add("www-authenticate")
+    sent = documented_headers(settings)
+    assert {case: set(sent.get(case, {})) for case in documented} == documented
 
 
 @pytest.mark.parametrize(("status", "case"), list(SENDS), ids=[f"{s}-{c}" for s, c in SENDS])
-def test_the_example_is_what_the_server_answers(monkeypatch: pytest.MonkeyPatch, status: str, case: str) -> None:
+def test_the_example_is_what_the_server_answers(
+    monkeypatch: pytest.MonkeyPatch, settings: Settings, groq: FakeGroq, status: str, case: str
+) -> None:
     if case == "backend_unavailable" and hardware.is_macos():
         pytest.skip("CoreML runs on macOS")
 
     async def sent() -> httpx.Response:
-        async with server(monkeypatch) as client:
-            return await SENDS[status, case](client)
+        async with server(monkeypatch, settings, groq) as s:
+            return await SENDS[status, case](s)
 
     response = asyncio.run(sent())
-    assert (str(response.status_code), response.json()) == (status, EXAMPLES[status, case])
+    headers = {name: response.headers[name] for name in DOCUMENTED_HEADERS if name in response.headers}
+    expected = api_examples.errors(settings)[status, case], documented_headers(settings).get((status, case), {})
+    assert (str(response.status_code), response.json(), headers) == (status, *expected)
 
 
-def test_the_pages_error_example_is_one_the_server_answers() -> None:
+def test_a_call_refused_as_it_spends_is_answered_as_the_front_refuses_it(settings: Settings) -> None:
+    """Calls admitted meanwhile filled the window between the front's check and Groq's call: /analyze's handler
+    answers the rate_limited example, with its Retry-After."""
+    guard = analyze_guard(settings)
+    guard.clock = lambda: 0.0
+    for _ in range(settings.analyze_per_minute):
+        assert guard.admit("key-1") is None
+    guard.clock = lambda: 60.0 - RATE_LIMITED_WAIT_S
+    scope = {"state": {GUARDED: (guard, "key-1", ANALYZE_ROUTE)}}  # as Access.check leaves it
+    ctx: Any = SimpleNamespace(request=SimpleNamespace(scope=scope), response=SimpleNamespace(status_code=200))
+    answered = asyncio.run(analysis.answer([{"class": "tabby"}], "", settings.groq, ctx))
+    assert isinstance(answered, JSONResponse)
+    headers = {name: answered.headers[name] for name in DOCUMENTED_HEADERS if name in answered.headers}
+    assert (ctx.response.status_code, answered.status_code, json.loads(answered.body), headers) == (
+        429,
+        429,
+        api_examples.errors(settings)["429", "rate_limited"],
+        documented_headers(settings)["429", "rate_limited"],
+    )
+
+
+def test_the_pages_error_example_is_one_the_server_answers(settings: Settings) -> None:
     shown = re.search(r"```json\n(\{\"error\".*\})\n```", api_page.PAGE_TEXT)
-    assert shown is not None and json.loads(shown.group(1)) in EXAMPLES.values()
+    assert shown is not None and json.loads(shown.group(1)) in api_examples.errors(settings).values()
