@@ -50,8 +50,10 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/deptry .
 
-# The docs site (mkdocs.yml, docs/) into site/; --strict: a broken link or anchor fails it.
+# The docs site (mkdocs.yml, docs/) into site/, its configuration tables regenerated from the settings'
+# definitions first; --strict: a broken link or anchor fails it.
 docs: $(VENV)/.installed
+	$(PY) docs/hooks/settings_table.py
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean-models:

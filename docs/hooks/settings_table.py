@@ -1,18 +1,20 @@
-"""MkDocs hook: docs/configuration.md's tables of environment variables, generated from the settings' own
-definitions (the fields of fastinfer/catalog/config.py), so that the page cannot drift from the code.
-tests/unit/test_docs.py fails when a variable the code reads is missing from them."""
+"""docs/configuration.md's tables of environment variables, generated from the settings' own definitions (the
+fields of fastinfer/catalog/config.py) and kept in the page between their markers, so that the page reads whole
+on a code host too. `make docs` (or `python docs/hooks/settings_table.py`) rewrites them; tests/unit/test_docs.py
+fails when the page is not what this generates, or when a variable the code reads is missing."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from fastinfer.catalog.backends import SPECS
 from fastinfer.catalog.config import BatchingConfig, GroqConfig, Settings
 
-MARKER = "<!-- settings-table -->"
-ELSEWHERE_MARKER = "<!-- elsewhere-table -->"
+PAGE = Path(__file__).resolve().parents[1] / "configuration.md"
+MARKERS = ("settings-table", "elsewhere-table")  # <!-- name --> … <!-- /name --> in the page
 
 # Read outside Settings (names, default, meaning): by the backend table, the tools, the clients, or handed by
 # a server or the load tests to the processes they start.
@@ -97,7 +99,15 @@ def documented() -> set[str]:
     return {name for names, _, _ in rows() for name in names}
 
 
-def on_page_markdown(markdown: str, **_: Any) -> str:
-    settings = rows()[: -len(ELSEWHERE)]
-    elsewhere = rows()[-len(ELSEWHERE) :]
-    return markdown.replace(MARKER, _table(settings)).replace(ELSEWHERE_MARKER, _table(elsewhere))
+def page(markdown: str) -> str:
+    """``markdown`` with the text between each pair of markers replaced by its table, as generated now."""
+    settings, elsewhere = rows()[: -len(ELSEWHERE)], rows()[-len(ELSEWHERE) :]
+    for name, table in zip(MARKERS, (settings, elsewhere), strict=True):
+        begin, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+        head, rest = markdown.split(begin, 1)
+        markdown = f"{head}{begin}\n{_table(table)}\n{end}{rest.split(end, 1)[1]}"
+    return markdown
+
+
+if __name__ == "__main__":
+    PAGE.write_text(page(PAGE.read_text(encoding="utf-8")), encoding="utf-8")
