@@ -31,6 +31,8 @@ import shlex
 import statistics
 import sys
 import time
+from dataclasses import asdict
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +43,12 @@ from fastinfer.catalog.backends import env_key
 from fastinfer.common import hardware
 from fastinfer.common.home import use_project_store
 from fastinfer.measure import photos
+from fastinfer.measure.evaluate import auth_headers
 from load_tests.bodies import multipart
 from load_tests.checks import BATCH_IMAGES
 from load_tests.locust_runs import run_locust
 from load_tests.report import best_backend, measured_runs
-from load_tests.service import ROOT, auth_headers, start_server, stop_server
+from load_tests.service import ROOT, start_server, stop_server
 from load_tests.tuning.check import write_benchmarks
 
 
@@ -68,18 +71,17 @@ def batching_seen(url: str, backend: str) -> dict[str, Any] | None:
         return None
 
 
-def batching_between(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The server's batching setting and the mean rows per runner call between two batching_seen()."""
-    if after is None:
-        return None
-    seen = {k: v - (before or {}).get("sizes", {}).get(k, 0) for k, v in after["sizes"].items()}
-    calls = sum(n for n in seen.values() if n > 0)
-    rows = sum(k * n for k, n in seen.items() if n > 0)
-    return {
-        "enabled": after["enabled"],
-        "max_batch_size": after["max_batch_size"],
-        "mean_batch": round(rows / calls, 2) if calls else None,
-    }
+def inference_run(url: str, backend: str, users: int, args: argparse.Namespace, pid: int | None) -> dict[str, Any]:
+    """A locust inference run, with the server's batching setting and mean rows per runner call meanwhile."""
+    before = batching_seen(url, backend)
+    run = run_locust(url, backend, users, args.duration, "inference", args.out, pid)
+    if (after := batching_seen(url, backend)) is not None:
+        seen = {k: v - (before or {}).get("sizes", {}).get(k, 0) for k, v in after["sizes"].items()}
+        calls = sum(n for n in seen.values() if n > 0)
+        rows = sum(k * n for k, n in seen.items() if n > 0)
+        mean = round(rows / calls, 2) if calls else None
+        run["batching"] = {"enabled": after["enabled"], "max_batch_size": after["max_batch_size"], "mean_batch": mean}
+    return run
 
 
 def batch_probe(url: str, backend: str) -> str | None:
@@ -101,23 +103,22 @@ def batch_probe(url: str, backend: str) -> str | None:
     return None
 
 
-def default_of(url: str) -> dict[str, str] | None:
-    """How the server chose the backend of requests that name none (GET /backends' default_choice)."""
+def from_backends(url: str, what: str, *keys: str) -> Any:
+    """GET /backends' ``keys`` (nested), None when the server does not say (``what`` is then said unknown)."""
     try:
-        return httpx.get(f"{url}/backends", headers=auth_headers(), timeout=30).json()["default_choice"]
+        value = httpx.get(f"{url}/backends", headers=auth_headers(), timeout=30).json()
+        for key in keys:
+            value = value[key]
+        return value
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-        say(f"the server's default backend is unknown: {type(exc).__name__}: {exc}")
+        say(f"the server's {what} is unknown: {type(exc).__name__}: {exc}")
         return None
 
 
 def family_of(url: str) -> str | None:
-    """The model family the server serves (GET /backends' family), None when it does not say: the rates of
-    a bench are that family's (fastinfer evaluate sets them beside its accuracy only for the same family)."""
-    try:
-        return str(httpx.get(f"{url}/backends", headers=auth_headers(), timeout=30).json()["family"]["name"])
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-        say(f"the server's model family is unknown: {type(exc).__name__}: {exc}")
-        return None
+    """The model family the server serves: a bench's rates are that family's (fastinfer evaluate shows them)."""
+    name = from_backends(url, "model family", "family", "name")
+    return None if name is None else str(name)
 
 
 def sequential(url: str, backend: str, n: int, data: bytes) -> dict[str, Any]:
@@ -178,8 +179,6 @@ def profile_here(out: Path, backends: list[str], repeats: int = 10, fidelity: bo
 def measure_http(results: dict[str, Any]) -> list[dict[str, Any]]:
     """The HTTP path's CPU per request, per backend: from its inference run at 10 users (else at the most
     users it ran), the server's front and runner CPU per request less the in-process stages."""
-    from dataclasses import asdict
-
     from fastinfer.catalog.config import get_settings
     from fastinfer.measure import profile as prof
 
@@ -191,18 +190,8 @@ def measure_http(results: dict[str, Any]) -> list[dict[str, Any]]:
         enabled = server.get("enabled", local.enabled if local else True)
         max_batch = server.get("max_batch_size", local.max_batch_size if local else 8)
         per = r["cpu"]["ms_per_request"]
-        cost = prof.http_cost(
-            costs,
-            backend,
-            r["users"],
-            r["requests"],
-            per["front"],
-            per["runner"],
-            enabled,
-            max_batch,
-            server.get("mean_batch"),
-        )
-        if cost is not None:
+        seen = (r["users"], r["requests"], per["front"], per["runner"], enabled, max_batch, server.get("mean_batch"))
+        if (cost := prof.http_cost(costs, backend, *seen)) is not None:
             out.append(asdict(cost))
     return out
 
@@ -236,10 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     use_project_store()  # the store `make` uses (servers started here inherit it), not ~/bentoml
-    # The servers it starts serve what their labels say, with zero configuration: a tuned file
-    # (`fastinfer tune`) would otherwise put its placement and batching under every run, and runner
-    # telemetry from the shell would add its cost to every runner's event loop. --url measures a server
-    # as it is.
+    # The servers started here serve what their labels say: no tuned file's placement or batching under every run,
+    # no runner telemetry's cost on every runner's event loop. --url measures a server as it is.
     os.environ["FASTINFER_TUNED"] = "off"
     os.environ["FASTINFER_RUNNER_TELEMETRY"] = "false"
     if args.report_only:  # OUT's last run, else the one BENCHMARKS.md was written from (beside its plots)
@@ -282,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     if pid is None:
         say("--url without --server-pid: the server's CPU is not accounted, the HTTP cost not measured")
     try:
-        results["default"] = default_of(url)
+        results["default"] = from_backends(url, "default backend", "default_choice")
         results["family"] = family_of(url) or results["family"]
         data = photos.benchmark_photo()
         results["sequential"] = []
@@ -292,11 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         for backend in backends:
             for u in users:
                 say(f"locust: {backend}, {u} users, {args.duration:g}s")
-                seen = batching_seen(url, backend)
-                run = run_locust(url, backend, u, args.duration, "inference", args.out, pid)
-                if (between := batching_between(seen, batching_seen(url, backend))) is not None:
-                    run["batching"] = between
-                results["runs"].append(run)
+                results["runs"].append(inference_run(url, backend, u, args, pid))
         say("locust: cache-hit scenario, 10 users")
         before = httpx.get(f"{url}/cache/stats", headers=auth_headers(), timeout=10).json()
         repeat = run_locust(url, backends[0], 10, args.duration, "repeat", args.out, pid)
@@ -364,10 +347,9 @@ def bare_baseline(backend: str, args: argparse.Namespace) -> dict[str, Any]:
         stop_server(bare)
 
 
+# Rounds of the placement step: on shared 2-core VMs a request's CPU moved by 25% between two runs of one
+# configuration minutes apart, so one run each cannot rank two placements.
 PLACEMENT_ROUNDS = 2
-"""Rounds of the placement step, alternating: on these shared VMs the CPU a request costs moved by 25%
-between two runs of one configuration minutes apart (2-core AMD EPYC, no steal seen), so one run each
-cannot rank two placements."""
 
 
 def placement(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -393,10 +375,7 @@ def placement(results: dict[str, Any], args: argparse.Namespace) -> list[dict[st
             except httpx.HTTPError as exc:  # recorded, as locust records its failures: the bench goes on
                 alone = {"backend": best, "error": f"{type(exc).__name__}: {exc}"[:300]}
                 say(f"placement: one client on {best} failed: {alone['error']}")
-            seen = batching_seen(server.url, best)
-            run = run_locust(server.url, best, 10, args.duration, "inference", args.out, server.process.pid)
-            if (between := batching_between(seen, batching_seen(server.url, best))) is not None:
-                run["batching"] = between
+            run = inference_run(server.url, best, 10, args, server.process.pid)
         finally:
             stop_server(server)
         rows.append({"placement": where, "round": round_, **run, "sequential": alone})
@@ -408,23 +387,21 @@ def study(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
     best = best_backend(results) or "onnx"
     key = env_key(best)
     rows = []
-    for front in (1, 2):
-        for runner in (1, 2):
-            for batching in ("true", "false"):
-                env = {
-                    "FASTINFER_FRONT_WORKERS": str(front),
-                    "FASTINFER_RUNNER_WORKERS": str(runner),
-                    f"FASTINFER_BATCHING_{key}": batching,
-                    "FASTINFER_MAX_CONCURRENCY": "256",
-                    "FASTINFER_IN_FRONT": "",  # engines in their runners, whatever the shell exports
-                }
-                say(f"study: {best}, front {front}, runner {runner}, batching {batching}")
-                server = start_server(None, args.out / "serve-study.log", env)
-                try:
-                    run = run_locust(server.url, best, 10, args.duration, "inference", args.out, server.process.pid)
-                finally:
-                    stop_server(server)
-                rows.append({"front_workers": front, "runner_workers": runner, "batching": batching == "true", **run})
+    for front, runner, batching in product((1, 2), (1, 2), ("true", "false")):
+        env = {
+            "FASTINFER_FRONT_WORKERS": str(front),
+            "FASTINFER_RUNNER_WORKERS": str(runner),
+            f"FASTINFER_BATCHING_{key}": batching,
+            "FASTINFER_MAX_CONCURRENCY": "256",
+            "FASTINFER_IN_FRONT": "",  # engines in their runners, whatever the shell exports
+        }
+        say(f"study: {best}, front {front}, runner {runner}, batching {batching}")
+        server = start_server(None, args.out / "serve-study.log", env)
+        try:
+            run = run_locust(server.url, best, 10, args.duration, "inference", args.out, server.process.pid)
+        finally:
+            stop_server(server)
+        rows.append({"front_workers": front, "runner_workers": runner, "batching": batching == "true", **run})
     return rows
 
 

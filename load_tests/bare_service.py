@@ -1,8 +1,5 @@
-"""A bare BentoML service: the baseline that FastInfer's cache-hit path is measured against.
-
-``POST /classify`` takes the same multipart body as FastInfer's and answers only the file's size: what it costs
-per request is what BentoML's HTTP path costs by itself.
-"""
+"""A bare BentoML service, the baseline of FastInfer's cache-hit path: ``POST /classify`` takes the same multipart
+body and answers only the file's size, so what it costs per request is BentoML's HTTP path by itself."""
 
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
-"""CPU time of a running ``bentoml serve`` process tree, by role, and of the load generator.
+"""CPU time of a running ``bentoml serve`` process tree, by role, and of the load generator, read before and
+after each locust run: divided by the requests served, what one request cost the front workers, each runner and
+the rest (the arbiter). On a CPU-bound machine that decides throughput: all of them share the cores.
 
-The bench reads every process's CPU time (user + system, plus what its reaped children used)
-before and after each locust run. The difference, divided by the requests served, is what one
-request cost each part of the server: the front workers (``--service-name fastinfer``, or any
-service that is not a runner), each runner (``--service-name runner-<backend>``) and the rest (the
-``bentoml serve`` arbiter itself). On a CPU-bound machine that is the figure that decides
-throughput: the cores are shared by all of them and by the load generator.
-
-Within the front and the backend's runner each thread is read too (Linux: /proc/<pid>/task), and
-its CPU goes to a cause: the event loop (the main thread: HTTP, BentoML's middleware, the cache,
-the front→runner hop on both sides), decoding (threads named ``fi-decode``), or the rest, which is
-the engine where it runs (the model thread and the runtime's own threads).
+Within the front and the backend's runner each thread is read too (Linux: /proc/<pid>/task) and goes to a cause:
+the event loop (the main thread: HTTP, middleware, cache, the front→runner hop), decoding (``fi-decode``
+threads), or the engine and the runtime's own threads.
 """
 
 from __future__ import annotations
@@ -53,10 +47,9 @@ class Snapshot:
     children_s: float = 0.0  # reaped children of *this* process (the load generator), RUSAGE_CHILDREN
     machine_s: float = 0.0  # every core's busy time, whoever used it: what else ran is visible
     steal_s: float = 0.0  # time the hypervisor gave this machine's cores to someone else
+    # (pid, start time, tid) → (role, thread kind, CPU seconds), for the front and runner processes
     threads: dict[tuple[int, float, int], tuple[str, str, float]] = field(default_factory=dict)
-    """(pid, start time, tid) → (role, thread kind, CPU seconds), for the front and runner processes."""
-    taken: float = 0.0
-    """When it was read, on the start times' clock (:func:`_now`); 0: unknown."""
+    taken: float = 0.0  # when it was read, on the start times' clock (_now); 0: unknown
 
 
 def _cpu_s(proc: psutil.Process) -> float:
@@ -93,12 +86,10 @@ def snapshot(root_pid: int | None) -> Snapshot:
 
 
 def _started(proc: psutil.Process) -> float:
-    """When ``proc`` started, as a key that only a new process changes: on Linux seconds since boot, from
-    its start in clock ticks (/proc/<pid>/stat). psutil's ``create_time`` adds the boot time, which moves
-    whenever the wall clock is stepped (NTP, or a VM resumed after a pause): every process then looks new
-    in the second snapshot, its whole lifetime's CPU counted into one run. Elsewhere (macOS) the kernel
-    records the epoch time itself. Raises psutil.NoSuchProcess where the file cannot be read: a fallback
-    to ``create_time`` would bring the moving key back."""
+    """When ``proc`` started, as a key only a new process changes: on Linux seconds since boot (/proc/<pid>/stat).
+    psutil's ``create_time`` adds the boot time, which moves when the wall clock is stepped (NTP, a resumed VM):
+    every process would look new, its lifetime's CPU counted into one run. Raises psutil.NoSuchProcess where the
+    file cannot be read (falling back to ``create_time`` would bring the moving key back)."""
     if not psutil.LINUX:
         return proc.create_time()
     try:
@@ -110,22 +101,20 @@ def _started(proc: psutil.Process) -> float:
 
 
 def _now() -> float:
-    """Now, on :func:`_started`'s clock: seconds since boot on Linux (the clock of /proc's start ticks),
-    the epoch elsewhere."""
+    """Now, on :func:`_started`'s clock: seconds since boot on Linux, the epoch elsewhere."""
     return time.clock_gettime(time.CLOCK_BOOTTIME) if psutil.LINUX else time.time()
 
 
+# A process absent from the first snapshot that had started this long before it was missed by it (a start
+# tick's rounding and a process starting while the tree is listed stay within it).
 MISSED_MARGIN_S = 1.0
-"""A process absent from the first snapshot that had started this long before it was missed by it,
-not started in the run (a start tick's rounding and a process starting while the tree is listed stay
-within it)."""
 
 
 def _threads(pid: int) -> list[tuple[int, str, float]]:
     """(tid, kind, CPU seconds) of each thread of ``pid``; empty where /proc is not there (macOS)."""
-    tick = _clock_tick()
+    tick = os.sysconf("SC_CLK_TCK")
     found = []
-    for task in Path(f"/proc/{pid}/task").glob("*") if tick else ():
+    for task in Path(f"/proc/{pid}/task").glob("*"):
         try:
             comm = (task / "comm").read_bytes().decode(errors="replace").strip()  # a name need not be UTF-8
             fields = (task / "stat").read_bytes().rsplit(b")", 1)[1].split()
@@ -135,13 +124,6 @@ def _threads(pid: int) -> list[tuple[int, str, float]]:
         kind = LOOP if tid == pid else DECODE if comm.startswith(DECODE_THREAD) else ENGINE
         found.append((tid, kind, (int(fields[11]) + int(fields[12])) / tick))  # utime + stime
     return found
-
-
-def _clock_tick() -> int:
-    try:
-        return os.sysconf("SC_CLK_TCK") if Path("/proc/self/task").is_dir() else 0
-    except (ValueError, OSError):
-        return 0
 
 
 def _missed(before: Snapshot, key: tuple[int, float]) -> bool:
@@ -162,12 +144,9 @@ def by_thread(before: Snapshot, after: Snapshot) -> dict[str, dict[str, float]]:
 
 
 def delta(before: Snapshot, after: Snapshot) -> dict[str, float]:
-    """CPU seconds used between two snapshots, by role; ``load_generator`` from the reaped children.
-
-    A process started in between counts whole; one that ended in between is lost (a worker that
-    dies during a run is an error the run reports anyway); one that had started before the first
-    snapshot but is not in it was missed by it: left out, and counted in ``MISSED`` (processes).
-    """
+    """CPU seconds used between two snapshots, by role; ``load_generator`` from the reaped children. A process
+    started in between counts whole; one that ended is lost (the run reports it as errors anyway); one missed by
+    the first snapshot is left out and counted in ``MISSED``."""
     used: dict[str, float] = {MISSED: 0.0}
     for key, (name, cpu) in after.processes.items():
         if _missed(before, key):
@@ -175,7 +154,7 @@ def delta(before: Snapshot, after: Snapshot) -> dict[str, float]:
             continue
         start = before.processes.get(key, (name, 0.0))[1]
         used[name] = used.get(name, 0.0) + max(0.0, cpu - start)
-    used["load_generator"] = max(0.0, after.children_s - before.children_s)
+    used[LOAD_GENERATOR] = max(0.0, after.children_s - before.children_s)
     used[MACHINE] = max(0.0, after.machine_s - before.machine_s)
     used[STEAL] = max(0.0, after.steal_s - before.steal_s)
     return used
@@ -189,10 +168,9 @@ def per_request(
     client_s: float | None = None,
     threads: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, object]:
-    """What one request cost each part, in CPU ms: front, the backend's ``runner``, the other runners and
-    processes together, the load generator (``client_s`` when it measured itself from test start to stop,
-    else all of it); and how many cores the server, the client and the rest of the machine kept busy
-    meanwhile (another job on these cores makes every figure of the run noisier)."""
+    """What one request cost each part, in CPU ms: front, the backend's ``runner``, the rest, the load generator
+    (``client_s`` when it measured itself, else all of it); and the cores the server, the client and the rest of
+    the machine kept busy meanwhile (another job on these cores makes every figure noisier)."""
     if requests <= 0:
         return {}
     server = {k: v for k, v in used.items() if k not in NOT_SERVER}

@@ -12,19 +12,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fastinfer.catalog.backends import SPECS
 from load_tests import cpu
 from load_tests.checks import BATCH_IMAGES
 from load_tests.service import ROOT
 
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 USER_CLASSES = {"inference": "InferenceUser", "repeat": "RepeatUser", "bare": "RepeatUser", "batch": "BatchUser"}
-
-
-def runner_of(backend: str) -> str:
-    """The runner service (process role) that serves ``backend``: fastinfer.catalog.backends' table says which."""
-    from fastinfer.catalog.backends import SPECS
-
-    return f"runner-{SPECS[backend].runner_name}" if backend in SPECS else f"runner-{backend}"
 
 
 def run_locust(
@@ -78,7 +72,8 @@ def run_locust(
         # locust's own CPU from test start to stop, without its start-up (~1 s), where it wrote it
         client = final.get("cpu_s")
         threads = cpu.by_thread(before, after)
-        run["cpu"] = cpu.per_request(cpu.delta(before, after), runner_of(backend), count, wall, client, threads)
+        runner = f"runner-{SPECS[backend].runner_name if backend in SPECS else backend}"  # the process role serving it
+        run["cpu"] = cpu.per_request(cpu.delta(before, after), runner, count, wall, client, threads)
     return run
 
 

@@ -1,12 +1,10 @@
-"""Locust users for FastInfer.
-
-* ``InferenceUser`` posts photos of the benchmark pool to one backend, cache bypassed (a cached answer fails).
-* ``RepeatUser`` posts one photo again and again: the cache-hit path (and the bare BentoML baseline).
-* ``BatchUser`` posts ``BATCH_IMAGES`` pool photos per ``POST /classify/batch``, cache bypassed.
+"""Locust users for FastInfer: ``InferenceUser`` posts pool photos to one backend, cache bypassed (a cached answer
+fails); ``RepeatUser`` one photo again and again (the cache-hit path, and the bare BentoML baseline);
+``BatchUser`` ``BATCH_IMAGES`` pool photos per ``POST /classify/batch``, cache bypassed. Bodies are encoded once.
 
 Environment: ``FASTINFER_BENCH_BACKEND`` (default onnx), ``FASTINFER_BENCH_IMAGES`` (pool cache dir),
 ``FASTINFER_BENCH_SUMMARY`` (where to write, on quitting, the final totals, which the ``--csv`` file can miss,
-and this process's CPU seconds during the test). Bodies are encoded once, at start-up.
+and this process's CPU seconds during the test).
 """
 
 from __future__ import annotations
@@ -22,10 +20,10 @@ from typing import Any
 from locust import constant, events, task
 from locust.contrib.fasthttp import FastHttpUser
 
+from fastinfer.measure.evaluate import auth_headers
 from fastinfer.measure.photos import benchmark_pool
 from load_tests.bodies import multipart
 from load_tests.checks import BATCH_IMAGES, batch_failure
-from load_tests.service import auth_headers
 
 BACKEND = os.environ.get("FASTINFER_BENCH_BACKEND", "onnx")
 POOL = benchmark_pool(Path(os.environ.get("FASTINFER_BENCH_IMAGES", "artifacts/bench-images")))

@@ -21,8 +21,8 @@ import time
 import httpx
 
 from fastinfer.measure import photos
+from fastinfer.measure.evaluate import auth_headers
 from load_tests.bodies import multipart
-from load_tests.service import auth_headers
 
 HEADERS = {"Cache-Control": "no-cache"}
 

@@ -50,7 +50,7 @@ def machine(hardware: dict[str, Any]) -> str:
     return f"{hardware.get('cpu', 'this CPU')}, {hardware.get('cores', '?')} cores"
 
 
-def _table(header: list[str], rows: Iterable[Iterable[Any]]) -> str:
+def table(header: list[str], rows: Iterable[Iterable[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
 
@@ -62,7 +62,7 @@ Extra = tuple[Iterable["Target"], list[str]]  # more target rows and lines at th
 def _columns(columns: dict[str, Cell], items: Iterable[dict[str, Any]]) -> str:
     """A table with one row per item and one cell per column (its header → the item's cell)."""
     cells = [[c.format_map(item) if isinstance(c, str) else c(item) for c in columns.values()] for item in items]
-    return _table(list(columns), cells)
+    return table(list(columns), cells)
 
 
 def _section(title: str, *blocks: str) -> list[str]:
@@ -72,7 +72,7 @@ def _section(title: str, *blocks: str) -> list[str]:
 def render_targets(rows: list[dict[str, Any]]) -> str:
     """The one renderer of the targets: BENCHMARKS.md's first table, from results.json's rows."""
     cells = [[r["name"], r["figure"], r["goal"], f"**{r['verdict']}**", r["machine"]] for r in rows]
-    return _table(["target", "measured", "goal", "verdict", "machine"], cells)
+    return table(["target", "measured", "goal", "verdict", "machine"], cells)
 
 
 def _run(results: dict[str, Any], scenario: str, **match: Any) -> dict[str, Any] | None:
@@ -328,7 +328,7 @@ def _profile_section(results: dict[str, Any], rel: str) -> list[str]:
                   _columns(stages, profile["stages"]),
                   f"Ceilings on {profile['cores']} cores, pool {pool} ([how]({DOCS}#the-profiles-ceilings)):",
                   _columns(columns, profile["ceilings"])),
-        *_section("Images/s per core, in process", _table(["backend", "b1 img/s/core", "b8 img/s/core",
+        *_section("Images/s per core, in process", table(["backend", "b1 img/s/core", "b8 img/s/core",
                                                             "published (img/s/core)"], cores)),
         *(_section("Fidelity (vs FP32 PyTorch, 36 real photos)", _columns(fidelity, profile["fidelity"]))
           if profile.get("fidelity") else []),
@@ -383,7 +383,7 @@ def _batch_section(results: dict[str, Any], rel: str) -> list[str]:
     b, s = batch["cpu"]["ms_per_request"], single["cpu"]["ms_per_request"]
     rows = [[label, *(round(cpu[k] / per, 2) for k in ("front", "runner", "load_generator"))]
             for label, cpu, per in ((f"batches of {n}", b, n), ("one per request", s, 1))]  # fmt: skip
-    return _section(title, line, _table(["CPU ms per image", "front", "runner", "load generator"], rows))
+    return _section(title, line, table(["CPU ms per image", "front", "runner", "load generator"], rows))
 
 
 def _sequential(results: dict[str, Any], rel: str) -> list[str]:

@@ -18,11 +18,9 @@ import httpx
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
+# A token of its own in each server started here: every process of it inherits it, even a worker spawned as the
+# server stops, which no list of its children taken before can name.
 SERVER_MARK = "FASTINFER_STARTED_AS"
-"""Set, to a token of its own, in each server started here: every process of it inherits it, even a
-worker spawned as the server stops, which no list of its children taken before can name."""
 
 
 @dataclass
@@ -43,13 +41,6 @@ class Server:
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-
-def auth_headers() -> dict[str, str]:
-    """For a server with API keys: FASTINFER_API_KEY as a Bearer token (an environment variable, so that
-    locust's processes get it too and it never lands in a recorded command)."""
-    key = os.environ.get("FASTINFER_API_KEY", "").strip()
-    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def free_port() -> int:

@@ -1,10 +1,6 @@
-"""The serving side of the backend table: one runner service per runner-owning backend.
-
-What a backend *is* (engine, models, platform, batching defaults) is its row in
-fastinfer/catalog/backends.py. Here each row that owns a runner becomes a ``@bentoml.service``
-(runners/base.py), and :func:`attach` gives the front one ``bentoml.depends`` per runner that
-can run on this machine. Several backends may share a runner: ``coreml`` is the
-``coreml-batched`` runner called without batching.
+"""The serving side of the backend table (fastinfer/catalog/backends.py): one ``@bentoml.service`` per row
+that owns a runner (runners/base.py); :func:`attach` gives the front a ``bentoml.depends`` per runner that
+can run here. Backends may share a runner: ``coreml`` is ``coreml-batched`` called without batching.
 """
 
 from __future__ import annotations
@@ -49,18 +45,14 @@ SERVICES = {runner: make_runner(runner) for runner in RUNNERS}
 
 
 def attach(front: F) -> F:
-    """Class decorator for the front, under ``@bentoml.service``: depend on every runner that runs here.
-
-    A runner that cannot run here (CoreML off macOS, OpenVINO not installed) is not started at all;
-    its backends answer 503 with the reason. Nor is one whose engine the front holds (FASTINFER_IN_FRONT).
-    """
+    """Class decorator for the front, under ``@bentoml.service``: depend on every runner that runs here
+    (others are not started: their backends answer 503 with the reason), but those in FASTINFER_IN_FRONT."""
     in_front = get_settings().in_front
     for runner, service in SERVICES.items():
         if runs_here(runner) and runner not in in_front:
             setattr(front, attribute(runner), bentoml.depends(service))
         elif runner in in_front:
-            # The front loads this engine itself, so `bentoml build` must still pack its models: BentoML
-            # packs the models of the services in the graph, and this runner is not in it.
+            # Not in the service graph, so `bentoml build` packs its models only through the front's attributes.
             for i, model in enumerate(service.models):
                 setattr(front, f"{attribute(runner)}_model_{i}", model)
     return front

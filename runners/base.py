@@ -1,11 +1,9 @@
 """The one shape every runner has: a ``@bentoml.service`` around a :class:`RunnerCore`, one engine.
 
-A core loads its model(s) in ``__init__``: the versions this server pinned (fastinfer.catalog.store;
-the ``BentoModel`` class attributes only tell ``bentoml build`` what to pack), checked against their
-recorded sha256, warmed up before it reports ready. The runner offers ``infer`` (one call, one model
-run) and ``infer_batched`` (adaptive micro-batching: calls from all front workers that arrive while
-the model is busy run together; see fastinfer/serving/batching.py for why not BentoML's dispatcher).
-A front worker holds a core itself for each backend in FASTINFER_IN_FRONT (README, "Where engines run").
+A core loads the model versions this server pinned (fastinfer.catalog.store; the ``BentoModel`` class
+attributes only tell ``bentoml build`` what to pack), checks their sha256 and warms up before it is ready.
+``infer`` runs one call; ``infer_batched`` runs together the calls that wait for the model
+(fastinfer/serving/batching.py says why not BentoML's dispatcher).
 """
 
 from __future__ import annotations
@@ -73,8 +71,7 @@ class DeadlinePassed(BentoMLException):
 
 
 def _checked(images: np.ndarray, size: int) -> np.ndarray:
-    """The contract's input (``size``: the loaded model's crop size), or a 400 from the runner that says
-    what is wrong with it."""
+    """The contract's input (``size``: the model's crop size), or a 400 that says what is wrong with it."""
     try:
         return check_batch(images, size)
     except ValueError as exc:
@@ -89,11 +86,9 @@ async def _in_time(outputs: Awaitable[np.ndarray]) -> np.ndarray:
 
 
 class RunnerCore:
-    """One backend's engine in this process, without BentoML: its model loaded from the versions this
-    server pinned (and retried while the cause may heal), the micro-batcher, and the refusals that
-    keep an answer honest. The runner service below wraps one; a front worker holds one itself for
-    each backend in FASTINFER_IN_FRONT (no process hop; README, "Where engines run"). ``workers``: the
-    processes that each hold this engine, sharing the cores (a runner's workers; 1 in the front)."""
+    """One backend's engine in this process, without BentoML: its pinned model (load retried while the cause
+    may heal), the micro-batcher, and the refusals that keep an answer honest. A runner wraps one; a front
+    worker holds one per backend in FASTINFER_IN_FRONT. ``workers``: the processes sharing the cores."""
 
     def __init__(self, backend: str, workers: int | None = None) -> None:
         settings = get_settings()
@@ -118,19 +113,15 @@ class RunnerCore:
         try:
             self.engine = self._load()
         except store.NotServed as exc:
-            # Built from another source than the rest of its family: not served, as the server's start-up
-            # said (once, fastinfer/catalog/holdings.py); only a rebuild and a restart change that.
+            # Built from another source than its family (fastinfer/catalog/holdings.py): a rebuild and restart heal it.
             self.failure, self.failed_at, self.lasting = str(exc), time.monotonic(), True
             logger.info("runner %s: not served: %s", name, exc)
             return
         except Exception as exc:
-            # A model that cannot load (missing, corrupt, a runtime that cannot compile it on this
-            # CPU) makes this backend unavailable, with the reason; it must not take the service
-            # down with it, as a runner that dies at start-up would.
+            # A model that cannot load makes this backend unavailable, with the reason, not the service down.
             self.failure = f"{name} could not be loaded: {public_line(exc)}"  # what clients are told
             self.failed_at = time.monotonic()
-            # About this machine, or a model not stored when this server pinned its versions: no retry heals it
-            # (only a restart), and a probe that waited for one would keep the whole server not ready.
+            # About this machine, or not stored when the versions were pinned: only a restart heals it.
             in_a_server = store.pins() is not None
             self.lasting = isinstance(exc, EngineUnavailable) or (isinstance(exc, NotBuilt) and in_a_server)
             logger.error("runner %s: %s could not be loaded: %s", name, name, one_line(exc, limit=4000))
@@ -149,10 +140,8 @@ class RunnerCore:
             logger.warning("runner %s: NOT fully accelerated: %s", name, fallback)
 
     async def _loaded(self) -> None:
-        """Raise the load failure as a 503, after retrying the load at most every RELOAD_AFTER_S:
-        a transient cause (memory, a slow start) heals without a restart. Not retried: what is
-        about this machine (EngineUnavailable). While a retry runs, other callers get the 503
-        at once rather than wait for it."""
+        """Raise the load failure as a 503, after retrying the load at most every RELOAD_AFTER_S (a transient
+        cause heals without a restart; a lasting one is not retried). Callers during a retry get the 503 at once."""
         if self.failure is None:
             return
         due = not self.lasting and time.monotonic() - self.failed_at >= RELOAD_AFTER_S
@@ -163,10 +152,8 @@ class RunnerCore:
             raise ServiceUnavailable(self.failure)
 
     async def __is_ready__(self) -> bool:
-        """Ready once the model is loaded (a runner's /readyz, which the front's asks too). A failed
-        load keeps it not ready, and the probe itself starts the retry when one is due (in the
-        background: a probe must answer at once), since a server that is not ready gets no requests
-        to start it. What this machine cannot run at all (EngineUnavailable) does not hold
+        """Ready once the model is loaded. A failed load keeps it not ready and the probe starts the due retry
+        in the background (a server not ready gets no requests to start it); a lasting failure does not hold
         readiness, as a runner that is not started does not."""
         if self.failure is None or self.lasting:
             return True
@@ -177,8 +164,7 @@ class RunnerCore:
         return False
 
     def _load(self) -> Engine:
-        # The versions this server pinned at start-up (fastinfer.catalog.holdings.serving): a runner restarted
-        # after a rebuild loads what the front names, or nothing.
+        # The versions pinned at start-up: a runner restarted after a rebuild loads what the front names, or nothing.
         spec = self.spec
         found = {size: holdings.serving(spec.artifact, size) for size in spec.static_batches}
         missing = [store.model_name(spec.artifact, size) for size, model in found.items() if model is None]
@@ -202,9 +188,8 @@ class RunnerCore:
         return self.engine.run(images)
 
     def _holds(self, model: str, engine: str) -> None:
-        """Compute only for the model and engine the caller names in its answer (and its cache key): a
-        front and a runner that disagree on the version (one of them restarted across a rebuild) must not
-        mislabel, nor an engine that computes otherwise be taken for the one the answer names."""
+        """Compute only for the model and engine the caller names in its answer (and cache key): a front and a
+        runner that disagree (one restarted across a rebuild) must not mislabel."""
         if model and model not in self.models:
             raise ModelMismatch(
                 f"the {self.name} runner holds {', '.join(self.models)}, not {model}: "
@@ -224,10 +209,7 @@ class RunnerCore:
     async def compute(
         self, images: np.ndarray, model: str, within_s: float, batched: bool, engine: str = ""
     ) -> np.ndarray:
-        """uint8 [N,S,S,3] → float32 logits [N,C] (S, C: the family's crop size and class count) by
-        ``model`` (a tag this runner holds; "" = whichever it holds) on ``engine`` (its identity; "" =
-        whichever), batched with other callers' images or run as sent; dropped (504) if ``within_s``
-        seconds (0 = no limit) pass before the model takes them: the caller has answered its client already."""
+        """As the runner's ``infer`` (below), batched with other callers' images or run as sent."""
         self.calls["infer_batched" if batched else "infer"] += 1
         await self._loaded()
         self._holds(model, engine)
@@ -254,19 +236,16 @@ class RunnerCore:
 
 
 def engine_identity(engine: Engine) -> str:
-    """What decides a loaded engine's numbers beside its model (fastinfer.engines.Engine.identity), and the
-    CPU's instruction sets, which decide the kernels it runs (an INT8 kernel without VNNI rounds otherwise);
-    on a Mac the chip too (CoreML and MPS choose their units by it)."""
+    """What decides a loaded engine's numbers beside its model: its identity, the CPU's instruction sets (the
+    kernels it runs), on a Mac the chip (CoreML and MPS choose their units by it)."""
     machine = hardware.probe()
     chip = f" ({machine['cpu']})" if hardware.is_macos() else ""
     return f"{engine.identity()}; CPU instructions {'+'.join(machine['isa']) or 'baseline'}{chip}"
 
 
 def tracing_configured() -> bool:
-    """Whether any layer of BentoML's configuration turns tracing on for any service: a sample rate above 0
-    or an exporter, at the top level, under ``services`` or under one service (BentoML 1.4 layers them per
-    service when a worker starts, after this module is imported). True when unknown: spans are never
-    dropped by mistake."""
+    """Whether any layer of BentoML's configuration (top, ``services``, one service) turns tracing on: a sample
+    rate above 0 or an exporter. True when unknown: spans are never dropped by mistake."""
 
     def turned_on(node: Any) -> bool:
         if not isinstance(node, dict):
@@ -285,11 +264,9 @@ def tracing_configured() -> bool:
 def hop_uninstrumented() -> dict[str, Any]:
     """Runner config that leaves BentoML's per-call instrumentation out (FASTINFER_RUNNER_TELEMETRY off).
 
-    A call from the front is one request the front has already logged, counted and traced; BentoML would
-    do it all again in the runner. Measured (openvino-int8, 10 clients, 2-core AMD EPYC): the runner's
-    event loop spent 1.75-1.96 CPU ms per call with all three, 1.04-1.07 without. FastInfer's own metrics
-    (batch sizes) stay. Spans are left out only where tracing is configured nowhere: then none is ever
-    exported, and what is lost is the trace id on the runner's own log lines (README, Configuration).
+    The front has already logged, counted and traced the call: doing it again in the runner cost 1.75-1.96
+    CPU ms per call against 1.04-1.07 (openvino-int8, 10 clients, 2 cores). Spans are left out only where
+    tracing is configured nowhere (only the trace id on the runner's log lines is lost).
     """
     config: dict[str, Any] = {"logging": {"access": {"enabled": False}}, "metrics": {"enabled": False}}
     if not tracing_configured():
@@ -298,15 +275,10 @@ def hop_uninstrumented() -> dict[str, Any]:
 
 
 def make_runner(backend: str) -> Any:
-    """Build the BentoML service ``runner-<backend>``: a :class:`RunnerCore` behind HTTP.
-
-    ``infer_batched`` follows this backend's batching settings; backends served by this runner
-    (its row's ``runner``) call it with or without batching according to their own.
-    """
+    """Build the BentoML service ``runner-<backend>``: a :class:`RunnerCore` behind HTTP."""
     settings = get_settings()
     spec = SPECS[backend]
-    # Only what is stored: BentoML refuses to start a service whose model reference it cannot find, and a
-    # family may lack a backend (an INT8 model its build refused for accuracy): that one answers 503 saying so.
+    # Only what is stored: BentoML refuses a service whose model it cannot find (a family may lack a backend).
     refs = {
         size: BentoModel(f"{store.model_name(spec.artifact, size)}:latest")
         for size in spec.static_batches
@@ -359,14 +331,11 @@ def make_runner(backend: str) -> Any:
         workers=settings.runner_workers,
         traffic={"timeout": settings.request_timeout_s},
         **({} if settings.runner_telemetry else hop_uninstrumented()),
-        # BentoML's client to this runner replaces its HTTP session every 100 requests / 300 s by
-        # default and closes the old one at once, killing what is in flight on it: the "Server
-        # disconnected" errors seen between front and runner at ~1 in 100 requests under concurrency.
-        # A session over a local socket has no reason to be recycled.
+        # BentoML's client recycles its session every 100 requests / 300 s, killing calls in flight
+        # ("Server disconnected" at ~1 in 100 under load): a local socket's needs no recycling.
         runner_connection={"max_requests": NEVER_RECYCLE_REQUESTS, "max_age": NEVER_RECYCLE_SECONDS},
     )(Runner)
     for api in service.apis.values():
-        # BentoML derives an answer's media type from a new JSON schema of the output type on every
-        # response: 0.2-0.7 ms of the runner's event loop per call here, for a value that never changes.
+        # BentoML derives the media type from a new JSON schema per response (0.2-0.7 ms): fixed once.
         api.output_spec.media_type = api.output_spec.mime_type()
     return service

@@ -1,12 +1,7 @@
-"""The front's side of its runners: one call per batch of pixels, its one safe retry, and what a
-failed runner is remembered for.
-
-The front service holds one ``bentoml.depends`` per runner that can run here (runners.attach), or,
-for the backends in FASTINFER_IN_FRONT, the runner's core itself (no process hop). A
-:class:`RunnerCalls` is given both and turns each way a call can fail into the API's error:
-a runner that could not load its model (503 with the runner's own reason, remembered for a while),
-one that holds another model version than the answer would name (503), a deadline passed before the
-model ran (504), a runner down or crashed (503, logged).
+"""The front's side of its runners (a ``bentoml.depends`` each, or the core itself for FASTINFER_IN_FRONT):
+one call per batch of pixels, its one safe retry, and each failure as the API's error: a model that could
+not load (503 with the runner's reason, remembered a while), another model version (503), a deadline
+passed (504), a runner down (503, logged).
 """
 
 from __future__ import annotations
@@ -76,17 +71,15 @@ class RunnerCalls:
                 with anyio.fail_after(DESCRIBE_TIMEOUT_S):
                     identity = await getattr(self.front, runner).to_async.which_engine()
         except ServiceUnavailable as exc:  # its model could not load (it retries when due, as for infer)
-            told = str(exc) if core is not None else (await self.describe(runner)).get("error")
-            raise self._remember(runner, told or f"The {backend} runner is unavailable") from exc
+            raise await self._not_loaded(runner, backend, core, exc) from exc
         except Exception as exc:  # down, starting or wedged: not remembered, asked again by the next request
             raise BackendUnavailable(f"The {backend} runner does not answer: {type(exc).__name__}") from exc
         self.engines[runner] = identity = str(identity)
         return identity
 
     async def learn_engines(self, first_s: float = 1.0, most_s: float = 30.0) -> None:
-        """Ask each runner that can run here for its engine until every one has answered, waiting longer
-        each round (a front worker's start-up, in the background): a cache hit needs the engine, and then
-        no runner call. A runner that cannot load its model is asked on, as its probe would be."""
+        """Ask each runner that can run here for its engine until every one has answered, waiting longer each
+        round (in the background): then a cache hit needs no runner call."""
         runners = {entry.runner: name for name, entry in REGISTRY.items() if name not in self.cannot_run}
         wait = first_s
         while unknown := [backend for runner, backend in runners.items() if runner not in self.engines]:
@@ -113,34 +106,30 @@ class RunnerCalls:
             try:
                 return await call(pixels, model=model, within_s=within_s, engine=engine)
             except aiohttp.ClientConnectorError:
-                # Nothing was sent, so one retry is safe. At SIGTERM the runner's socket file is
-                # gone for a moment before the runner links it back (runners/drain.py).
+                # Nothing was sent: one retry is safe (at SIGTERM the socket file is briefly gone, runners/drain.py).
                 await asyncio.sleep(0.1)
                 return await call(pixels, model=model, within_s=within_s, engine=engine)
-        except ServiceUnavailable as exc:
-            # The runner is up but could not load its model. BentoML hides a 5xx's message, so ask the
-            # runner why, and remember it for a while: requests meanwhile get the 503 without the round
-            # trip; after it the runner is asked again (it retries the load, runners/base.py). A core in
-            # this process says why in the exception itself.
-            told = str(exc) if core is not None else (await self.describe(entry.runner)).get("error")
-            reason = told or f"The {backend} runner is unavailable"
-            raise self._remember(entry.runner, reason) from exc
-        except BentoMLException as exc:
-            if exc.error_code == HTTPStatus.GATEWAY_TIMEOUT:  # the deadline passed before the model ran it
+        except ServiceUnavailable as exc:  # up, but its model could not load
+            raise await self._not_loaded(entry.runner, backend, core, exc) from exc
+        except Exception as exc:
+            code = exc.error_code if isinstance(exc, BentoMLException) else None
+            if code == HTTPStatus.GATEWAY_TIMEOUT:  # the deadline passed before the model ran it
                 raise RequestTimeout(f"The request did not finish within {self.timeout_s:g} s") from exc
-            if exc.error_code != HTTPStatus.CONFLICT:
-                logger.exception("runner %s failed", backend)
-                raise BackendUnavailable(f"The {backend} runner failed: {type(exc).__name__}") from exc
-            # The runner holds another version or engine than this front names (runners/base.py
-            # ModelMismatch): nothing was computed; said, and remembered like a load failure. Its engine is
-            # asked again after that.
-            self.engines.pop(entry.runner, None)
-            told = str(exc) if core is not None else _runner_message(str(exc))
-            reason = told or f"The {backend} runner holds another model version than {model}"
-            raise self._remember(entry.runner, reason) from exc
-        except Exception as exc:  # runner down or crashed: the server's fault, said plainly
-            logger.exception("runner %s failed", backend)
+            if code == HTTPStatus.CONFLICT:
+                # Another version or engine than this front names (runners/base.py ModelMismatch): nothing was
+                # computed; remembered like a load failure, and its engine asked again after that.
+                self.engines.pop(entry.runner, None)
+                told = str(exc) if core is not None else _runner_message(str(exc))
+                reason = told or f"The {backend} runner holds another model version than {model}"
+                raise self._remember(entry.runner, reason) from exc
+            logger.exception("runner %s failed", backend)  # down or crashed: the server's fault, said plainly
             raise BackendUnavailable(f"The {backend} runner failed: {type(exc).__name__}") from exc
+
+    async def _not_loaded(self, runner: str, backend: str, core: RunnerCore | None, exc: Exception) -> RunnerNotLoaded:
+        """The runner's own reason for its load failure (BentoML hides a 5xx's message: it is asked; a core
+        here says it in ``exc``), remembered so that requests meanwhile get the 503 without a round trip."""
+        told = str(exc) if core is not None else (await self.describe(runner)).get("error")
+        return self._remember(runner, told or f"The {backend} runner is unavailable")
 
     def _remember(self, runner: str, reason: str) -> RunnerNotLoaded:
         """The 503 for a runner that cannot answer with the right model, believed for FAILURE_MEMORY_S."""

@@ -1,18 +1,12 @@
 """Runners leave last: on SIGTERM a runner keeps serving until the front has drained.
 
-`bentoml serve` (its process manager, circus) stops every worker at once. The front then finishes
-the requests it holds (uvicorn's graceful shutdown), but a request still being uploaded or decoded
-needs its runner *afterwards*, and the runner had already gone: "UnixClientConnectorError", a 503,
-during every rolling update. So a runner defers its own shutdown until no front worker is left
-beside it (or the request deadline has passed), then shuts down as usual. Only SIGTERM — what
-docker stop and Kubernetes send — is deferred; Ctrl-C (SIGINT) still stops everything at once.
+`bentoml serve` stops every worker at once, but a request the front finishes during its graceful shutdown
+may still need its runner (a 503 in every rolling update). So on SIGTERM (docker stop, Kubernetes; not
+Ctrl-C) a runner waits until no front worker is left beside it, or the request deadline has passed.
 
-Staying up is not enough: before it signals the workers, `bentoml serve` deletes the directory of
-their Unix socket files, so the front could not open a new connection to a runner that still
-listens. A runner therefore keeps a second name (a hard link) for its socket file from start-up,
-and on SIGTERM links it back where the front looks for it. (Loopback TCP would avoid this, but
-anyone on the host could then reach the runners, whose API takes pickles; the socket directory
-is private to the user.)
+`bentoml serve` also deletes the directory of the workers' Unix sockets first, so a runner keeps a hard
+link to its socket file from start-up and links it back on SIGTERM. (Loopback TCP would let anyone on the
+host reach the runners, whose API takes pickles; the socket directory is private to the user.)
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Settings: every ``FASTINFER_*`` environment variable, parsed once into one object.
-
-Defaults serve out of the box. Runners and the front read the same object, so a value
-means the same thing in every process that ``bentoml serve`` starts.
-"""
+"""Settings: every ``FASTINFER_*`` environment variable, parsed once into one object that runners and the front
+share, so a value means the same in every process ``bentoml serve`` starts. Defaults serve out of the box."""
 
 from __future__ import annotations
 
@@ -10,7 +7,7 @@ import os
 import re
 import stat
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -30,17 +27,15 @@ MAX_BATCH_SIZE = 1024
 MAX_LATENCY_MS = 10_000
 
 
-def _env(names: str, doc: str, shown: str = "", **field_args: Any) -> Any:
-    """A field set by the variable(s) ``names`` (space-separated), with its meaning: docs/configuration.md's
-    table is generated from these (docs/hooks/settings_table.py), so it cannot drift. ``shown``: the
-    default as the table says it, where the field's own default does not say it."""
-    return field(metadata={"env": names.split(), "doc": doc, "shown": shown}, **field_args)
+def _env(names: str, doc: str, default: Any = MISSING, shown: str = "", **field_args: Any) -> Any:
+    """A field set by the variable(s) ``names`` (space-separated) and its meaning, for docs/configuration.md's table
+    (docs/hooks/settings_table.py); ``shown``: the default as the table says it, where the field's does not."""
+    return field(default=default, metadata={"env": names.split(), "doc": doc, "shown": shown}, **field_args)
 
 
 @dataclass(frozen=True)
 class BatchingConfig:
-    """Whether a backend's requests go through adaptive batching, and its limits (defaults: the backend table).
-    ``<BACKEND>`` is the backend's name upper-cased, ``_`` for ``-``: ``ONNX_INT8``."""
+    """A backend's adaptive batching (defaults: the backend table); ``<BACKEND>``: its name as in ``ONNX_INT8``."""
 
     enabled: bool = _env("FASTINFER_BATCHING_<BACKEND>", "requests go to the runner's `infer_batched` (on) or `infer`")
     max_batch_size: int = _env(
@@ -55,111 +50,105 @@ class BatchingConfig:
 
 @dataclass(frozen=True)
 class GroqConfig:
-    api_key: str = _env(
+    api_key: str = _env(  # never printed
         "GROQ_API_KEY GROQ_API_KEY_FILE",
         "enables `/analyze`; `_FILE`: a file holding the key (a secret), instead. An empty or unreadable file stops "
         "start-up",
-        default="",
-        repr=False,  # never printed
+        "",
+        repr=False,
     )
-    model: str = _env("FASTINFER_GROQ_MODEL", "Groq model", default="llama-3.1-8b-instant")
+    model: str = _env("FASTINFER_GROQ_MODEL", "Groq model", "llama-3.1-8b-instant")
     base_url: str | None = _env(
-        "FASTINFER_GROQ_BASE_URL GROQ_BASE_URL", "where the Groq API is (the first one set)", "Groq's", default=None
+        "FASTINFER_GROQ_BASE_URL GROQ_BASE_URL", "where the Groq API is (the first one set)", None, shown="Groq's"
     )
-    timeout_s: float = _env("FASTINFER_GROQ_TIMEOUT_S", "Groq request timeout, seconds", default=20.0)
+    timeout_s: float = _env("FASTINFER_GROQ_TIMEOUT_S", "Groq request timeout, seconds", 20.0)
 
 
 @dataclass(frozen=True)
 class Settings:
     model: str = _env(
-        "FASTINFER_MODEL", "the model family served: `<model>-<backend>` in the store", default=store.DEFAULT_FAMILY
+        "FASTINFER_MODEL", "the model family served: `<model>-<backend>` in the store", store.DEFAULT_FAMILY
     )
     default_backend: str = _env(  # `auto` follows this machine (fastinfer/catalog/choice.py)
         "FASTINFER_DEFAULT_BACKEND",
         "backend of requests that name none; `auto` (any case): the tuned file's, else the one recommended for this "
         "machine (measured, else by rule: see [Backends](backends.md#the-default-backend))",
-        default="auto",
+        "auto",
     )
-    max_bytes: int = _env("FASTINFER_MAX_BYTES", "largest request body (413 above it)", default=20 * 1024 * 1024)
-    max_pixels: int = _env(
-        "FASTINFER_MAX_PIXELS", "largest image, width × height (413, not decoded)", default=50_000_000
-    )
-    front_workers: int = _env("FASTINFER_FRONT_WORKERS", f"front worker processes (1–{MAX_WORKERS})", default=1)
-    runner_workers: int = _env("FASTINFER_RUNNER_WORKERS", f"worker processes per runner (1–{MAX_WORKERS})", default=1)
+    max_bytes: int = _env("FASTINFER_MAX_BYTES", "largest request body (413 above it)", 20 * 1024 * 1024)
+    max_pixels: int = _env("FASTINFER_MAX_PIXELS", "largest image, width × height (413, not decoded)", 50_000_000)
+    front_workers: int = _env("FASTINFER_FRONT_WORKERS", f"front worker processes (1–{MAX_WORKERS})", 1)
+    runner_workers: int = _env("FASTINFER_RUNNER_WORKERS", f"worker processes per runner (1–{MAX_WORKERS})", 1)
     threads: int = _env(
-        "FASTINFER_THREADS",
-        f"intra-op threads per runner process (0–{MAX_THREADS}; 0: cores ÷ runner workers)",
-        default=0,
+        "FASTINFER_THREADS", f"intra-op threads per runner process (0–{MAX_THREADS}; 0: cores ÷ runner workers)", 0
     )
     runner_telemetry: bool = _env(
         "FASTINFER_RUNNER_TELEMETRY",
         "`true`: BentoML's log, metrics and spans for each call to a runner ([Metrics](metrics.md#runner-telemetry))",
-        default=False,
+        False,
     )
     request_timeout_s: int = _env(
-        "FASTINFER_TIMEOUT_S", "request timeout, upload included (504; 408 if the body was not in)", default=30
+        "FASTINFER_TIMEOUT_S", "request timeout, upload included (504; 408 if the body was not in)", 30
     )
     max_concurrency: int = _env(
-        "FASTINFER_MAX_CONCURRENCY", "requests in flight per front worker (their body in); more get 429", default=64
+        "FASTINFER_MAX_CONCURRENCY", "requests in flight per front worker (their body in); more get 429", 64
     )
     max_uploads: int = _env(
         "FASTINFER_MAX_UPLOADS",
         "bodies arriving at once per front worker; more get 429",
-        "2 × `FASTINFER_MAX_CONCURRENCY` (`128`)",
-        default=128,
+        128,
+        shown="2 × `FASTINFER_MAX_CONCURRENCY` (`128`)",
     )
-    body_idle_s: int = _env("FASTINFER_BODY_IDLE_S", "a request body that stalls this long gets 408", default=10)
+    body_idle_s: int = _env("FASTINFER_BODY_IDLE_S", "a request body that stalls this long gets 408", 10)
     # Per front worker, below the ASGI app (fastinfer/front/connections.py): before a request's headers are in.
     keepalive_s: int = _env(
         "FASTINFER_KEEPALIVE_S",
         "a connection with no request in progress closes after this long without a byte (before its first request "
         "too); behind a load balancer, set it above the balancer's idle timeout. It replaces "
         "`bentoml serve --timeout-keep-alive`",
-        default=5,
+        5,
     )
     header_timeout_s: int = _env(
-        "FASTINFER_HEADER_TIMEOUT_S",
-        "a request's line and headers must arrive within this of its first byte (408)",
-        default=10,
+        "FASTINFER_HEADER_TIMEOUT_S", "a request's line and headers must arrive within this of its first byte (408)", 10
     )
-    max_header_bytes: int = _env("FASTINFER_MAX_HEADER_BYTES", "largest request line + headers (431)", default=32768)
-    max_headers: int = _env("FASTINFER_MAX_HEADERS", "most header fields in a request (431)", default=100)
+    max_header_bytes: int = _env("FASTINFER_MAX_HEADER_BYTES", "largest request line + headers (431)", 32768)
+    max_headers: int = _env("FASTINFER_MAX_HEADERS", "most header fields in a request (431)", 100)
     max_connections: int = _env(
         "FASTINFER_MAX_CONNECTIONS",
         "open connections per front worker ([beyond it](overload.md#connections-and-headers))",
-        default=1000,
+        1000,
     )
     min_free_disk_mb: int = _env(
         "FASTINFER_MIN_FREE_DISK_MB",
         "less free than this under `BENTOML_HOME` and `/readyz` answers 503 (`0`: only once metric files cannot "
         "be written)",
-        default=16,
+        16,
     )
     max_batch_images: int = _env(
         "FASTINFER_MAX_BATCH_IMAGES",
         "images in one `POST /classify/batch` (400 above it; the body still counts against `FASTINFER_MAX_BYTES`)",
-        default=32,
+        32,
     )
     batching: dict[str, BatchingConfig] = field(default_factory=dict)
-    cache: str = _env("FASTINFER_CACHE", "`auto` | `redis` | `memory` | `off` (see [Cache](cache.md))", default="auto")
+    cache: str = _env("FASTINFER_CACHE", "`auto` | `redis` | `memory` | `off` (see [Cache](cache.md))", "auto")
     redis_url: str = _env(  # may carry a password
         "REDIS_URL FASTINFER_REDIS_PASSWORD FASTINFER_REDIS_PASSWORD_FILE",
         "the cache's Redis; its password apart (a secret): `FASTINFER_REDIS_PASSWORD`, put into the URL for you "
         "(percent-encoded; not also in the URL; never shown), or `_FILE`, a file holding it. An empty or unreadable "
         "file stops start-up",
-        "`redis://127.0.0.1:6379/0`, no password",
-        default="redis://127.0.0.1:6379/0",
+        "redis://127.0.0.1:6379/0",
+        shown="`redis://127.0.0.1:6379/0`, no password",
         repr=False,
     )
-    cache_ttl_s: int = _env("FASTINFER_CACHE_TTL", "seconds an entry lives", default=86400)
-    cache_timeout_ms: int = _env("FASTINFER_CACHE_TIMEOUT_MS", "limit on each Redis call, ms", default=50)
-    cache_max_entries: int = _env("FASTINFER_CACHE_MAX_ENTRIES", "bound of the memory cache", default=10000)
+    cache_ttl_s: int = _env("FASTINFER_CACHE_TTL", "seconds an entry lives", 86400)
+    cache_timeout_ms: int = _env("FASTINFER_CACHE_TIMEOUT_MS", "limit on each Redis call, ms", 50)
+    cache_max_entries: int = _env("FASTINFER_CACHE_MAX_ENTRIES", "bound of the memory cache", 10000)
     cache_hmac_key: str = _env(  # empty: unsigned (never printed)
         "FASTINFER_CACHE_HMAC_KEY FASTINFER_CACHE_HMAC_KEY_FILE",
         f"signs cache entries (≥ {CACHE_HMAC_KEY_MIN_LENGTH} characters; the same on every server sharing the "
         "Redis); an entry without a valid signature is never served; `_FILE`: a file holding it, instead",
-        "(none: unsigned)",
-        default="",
+        "",
+        shown="(none: unsigned)",
         repr=False,
     )
     groq: GroqConfig = field(default_factory=GroqConfig)
@@ -168,21 +157,21 @@ class Settings:
         f"comma-separated API keys (each ≥ {API_KEY_MIN_LENGTH} characters of letters, digits, `-._~+/`); when set, "
         "every API needs `Authorization: Bearer <key>` (see [Access](access.md)); `_FILE`: a file holding them "
         "(comma- or newline-separated), e.g. a Compose secret, instead. An empty or unreadable file stops start-up",
-        "(none: open)",
-        default=(),
+        (),
+        shown="(none: open)",
         repr=False,
     )
     api_keys_from: str = ""  # the variable the keys came from (FASTINFER_API_KEYS or its _FILE), for the log
     analyze_per_minute: int = _env(  # each spends Groq quota
         "FASTINFER_ANALYZE_PER_MINUTE",
         "`/analyze` calls per client in any 60 s, per front worker (429 with `Retry-After` above it)",
-        default=10,
+        10,
     )
     analyze_total_per_minute: int = _env(
         "FASTINFER_ANALYZE_TOTAL_PER_MINUTE",
         "`/analyze` calls from all clients in any 60 s, per replica, shared out among its front workers (30: the "
         "free-tier request rate Groq publishes for its small models; not checked from here, so match it to your plan)",
-        default=30,
+        30,
     )
     contact: dict[str, str] = _env(  # noqa: RUF009 (a field(): default_factory) {}: not set
         "FASTINFER_CONTACT",
@@ -195,14 +184,14 @@ class Settings:
         "comma-separated backends whose engine runs inside the front worker instead of in a runner process (see "
         "[Architecture](architecture.md#where-engines-run)); needs `FASTINFER_FRONT_WORKERS=1`; `none`: every "
         "engine in its runner, whatever a tuned file says",
-        "(none: every engine in its runner)",
-        default=frozenset(),
+        frozenset(),
+        shown="(none: every engine in its runner)",
     )
     tuned: dict[str, Any] = _env(  # noqa: RUF009 (a field()) the tuned file as found (fastinfer/catalog/tuned.py)
         "FASTINFER_TUNED",
         "the tuned file `fastinfer tune` writes and the server reads at start-up (see [Tuning](tuning.md)); `off`: "
         "ignore it",
-        "`$BENTOML_HOME/tuned/tuned.json`",
+        shown="`$BENTOML_HOME/tuned/tuned.json`",
         default_factory=dict,
     )
     sources: dict[str, str] = field(default_factory=dict)  # tunable variable → environment | tuned (if set)
@@ -231,9 +220,8 @@ def _int(name: str, default: int) -> int:
 
 
 def _in_front(raw: str, front_workers: int) -> frozenset[str]:
-    """FASTINFER_IN_FRONT: backends whose engine runs inside the front worker, as the runners they name
-    (a backend served by another's runner, like ``coreml``, brings that runner in). ``none``: every
-    engine in its runner, whatever a tuned file says (an empty value is unset, so it cannot)."""
+    """FASTINFER_IN_FRONT as the runners named (``coreml`` brings in the runner serving it); ``none``: every engine
+    in its runner, whatever a tuned file says (an empty value is unset, so it cannot)."""
     if raw.strip().lower() == "none":
         return frozenset()
     names = [name.strip() for name in raw.split(",") if name.strip()]
@@ -257,16 +245,12 @@ def _bounded(name: str, default: int, low: int, high: int) -> int:
     return value
 
 
-BENTO_MODEL_ARGUMENT = "model"
-"""The bento argument that names the family a bento was built for (`make bento MODEL=NAME` runs
-``bentoml build --arg model=NAME``): BentoML keeps it in the bento and sets it again wherever the bento
-is served, before it imports the service."""
+BENTO_MODEL_ARGUMENT = "model"  # `make bento MODEL=NAME`: BentoML keeps it in the bento, set again where it is served
 
 
 def _model() -> str:
-    """FASTINFER_MODEL: the family this server serves (fastinfer.catalog.store.family). Unset, a bento
-    built for a family names its own (BENTO_MODEL_ARGUMENT), which becomes this process's FASTINFER_MODEL:
-    every lookup in the store reads it there, and the processes this one starts inherit it."""
+    """FASTINFER_MODEL, the family served; unset, a bento's own (BENTO_MODEL_ARGUMENT) becomes it, for every
+    lookup in the store and every process this one starts."""
     if not os.environ.get(store.FAMILY_ENV, "").strip() and (built_for := _bento_argument(BENTO_MODEL_ARGUMENT)):
         os.environ[store.FAMILY_ENV] = built_for
     try:
@@ -276,8 +260,7 @@ def _model() -> str:
 
 
 def _bento_argument(name: str) -> str:
-    """A bento argument (``bentoml build/serve --arg NAME=VALUE``, or the one a served bento was built
-    with) as text; "" when not given. Only BentoML sets them: a process that has not imported it has none."""
+    """A bento argument (``--arg NAME=VALUE``, or a served bento's own); "" when not given or without BentoML."""
     if "bentoml" not in sys.modules:
         return ""
     import bentoml
@@ -286,8 +269,8 @@ def _bento_argument(name: str) -> str:
 
 
 def _default_backend() -> str:
-    """FASTINFER_DEFAULT_BACKEND: a backend, or ``auto`` (any case; unset is auto). ``auto`` set by the
-    operator still lets a tuned file name the backend: auto means tuned, else measured, else the rule."""
+    """FASTINFER_DEFAULT_BACKEND: a backend, or ``auto`` (any case; unset too), which still lets a tuned file name
+    the backend: auto means tuned, else measured, else the rule."""
     raw = os.environ.get("FASTINFER_DEFAULT_BACKEND", "").strip()
     if raw.lower() == "auto":
         raw = ""
@@ -295,18 +278,11 @@ def _default_backend() -> str:
     return "auto" if value.lower() == "auto" else value
 
 
-def _positive(name: str, default: int) -> int:
-    """An integer >= 1: a limit of 0 would refuse everything, not switch the limit off."""
+def _positive(name: str, default: int, low: int = 1) -> int:
+    """An integer >= ``low`` (1 or 0): a limit of 0 would refuse everything, not switch the limit off."""
     value = _int(name, default)
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
-    return value
-
-
-def _non_negative(name: str, default: int) -> int:
-    value = _int(name, default)
-    if value < 0:
-        raise ValueError(f"{name} must be 0 or more, got {value}")
+    if value < low:
+        raise ValueError(f"{name} must be {'at least 1' if low else '0 or more'}, got {value}")
     return value
 
 
@@ -325,11 +301,8 @@ SECRET_FILE_MAX_BYTES = 64 * 1024  # a secret is a few lines; /dev/zero as a sec
 
 
 def _secret(name: str, file_name: str) -> tuple[str, str]:
-    """(value, the variable it came from): ``name``'s value, or the content of the file that ``file_name``
-    names (Docker/Compose secrets are files); ("", "") when neither is set (an empty value is unset).
-
-    Set means meant: a file that cannot be read, or that holds nothing, stops the service rather than
-    leave it running as if the secret did not exist."""
+    """(value, the variable it came from): ``name``'s, or the content of the file ``file_name`` names (Compose
+    secrets are files); ("", "") when neither is set. Set means meant: an unreadable or empty file stops start-up."""
     path = os.environ.get(file_name, "").strip()  # empty = unset (compose leaves it empty on purpose)
     if not path:
         return os.environ.get(name, "").strip(), name if name in os.environ else ""
@@ -373,16 +346,14 @@ def _api_keys(raw: str, source: str) -> tuple[str, ...]:
 
 
 def _groq_key(raw: str, source: str) -> str:
-    """One line of printable ASCII: anything else (a second line, a NUL) would break the HTTP header of
-    every call to Groq, each then failing as unreachable."""
+    """One line of printable ASCII: anything else would break the HTTP header of every call to Groq."""
     if not (raw.isascii() and raw.isprintable()) or any(c.isspace() for c in raw):
         raise ValueError(f"{source}: a Groq key is one line of printable ASCII without spaces")
     return raw
 
 
 def _redis_url(url: str) -> str:
-    """REDIS_URL, with the password from FASTINFER_REDIS_PASSWORD (or its _FILE: a Kubernetes or
-    Compose secret) put in, percent-encoded, so that any character may be in it."""
+    """REDIS_URL with FASTINFER_REDIS_PASSWORD (or its _FILE) put in, percent-encoded: any character may be in it."""
     password, source = _secret("FASTINFER_REDIS_PASSWORD", "FASTINFER_REDIS_PASSWORD_FILE")
     if not password:
         return url
@@ -410,9 +381,7 @@ CONTACT_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*
 
 
 def _contact(raw: str) -> dict[str, str]:
-    """FASTINFER_CONTACT: who answers for this server, as the API page shows it (OpenAPI's
-    ``info.contact``): an http(s) URL, an e-mail address, a name, or ``Name <URL or address>``.
-    A name holds no angle brackets: the page is Markdown, and Swagger UI renders HTML in it."""
+    """FASTINFER_CONTACT as OpenAPI's ``info.contact``. A name holds no angle brackets: Swagger UI renders HTML."""
     raw = raw.strip()
     if not raw:
         return {}
@@ -444,9 +413,8 @@ def _batching(backend: str) -> BatchingConfig:
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The process-wide settings, read on first use from the environment, then the tuned file where it
-    is in force on this machine (for what tuning sets; an environment variable wins over it). Tuned
-    values that do not parse, or clash with the environment, leave the tuned file out: never a failed start."""
+    """The process-wide settings: the environment, then the tuned file where it is in force here (the environment
+    wins). Tuned values that do not parse or clash with the environment leave the tuned file out, never fail."""
     from fastinfer.catalog import tuned as tuning
 
     _model()  # first: the tuned file is for one family's models, and a bad name stops start-up here
@@ -491,8 +459,7 @@ def _from_environment() -> Settings:
         raise ValueError("FASTINFER_CACHE must be one of auto, redis, memory, off")
     if default_backend != "auto" and default_backend not in BACKENDS:
         raise ValueError(f"FASTINFER_DEFAULT_BACKEND must be auto or one of {', '.join(BACKENDS)}")
-    # FASTINFER_OPENVINO_PRECISION is read where the engine opens (the backend table, below these settings);
-    # checked here too, so that a bad value stops the server at start-up like every other setting.
+    # Read where the engine opens (the backend table); checked here so that a bad value stops start-up.
     backends.openvino_precision()
     max_concurrency = _positive("FASTINFER_MAX_CONCURRENCY", Settings.max_concurrency)
     api_keys, api_keys_from = _secret("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE")
@@ -516,7 +483,7 @@ def _from_environment() -> Settings:
         max_header_bytes=_positive("FASTINFER_MAX_HEADER_BYTES", Settings.max_header_bytes),
         max_headers=_positive("FASTINFER_MAX_HEADERS", Settings.max_headers),
         max_connections=_positive("FASTINFER_MAX_CONNECTIONS", Settings.max_connections),
-        min_free_disk_mb=_non_negative("FASTINFER_MIN_FREE_DISK_MB", Settings.min_free_disk_mb),
+        min_free_disk_mb=_positive("FASTINFER_MIN_FREE_DISK_MB", Settings.min_free_disk_mb, 0),
         max_batch_images=_positive("FASTINFER_MAX_BATCH_IMAGES", Settings.max_batch_images),
         batching={name: _batching(name) for name in BACKENDS},
         cache=os.environ.get("FASTINFER_CACHE", "auto").strip().lower() or "auto",

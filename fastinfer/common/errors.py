@@ -61,7 +61,7 @@ class BackendUnavailable(ApiError):
 
 
 class RequestTimeout(ApiError):
-    """The request's deadline passed (the front's middleware answers the same, fastinfer/front/http.py)."""
+    """The request's deadline passed (the front's middleware answers the same, front/http.py)."""
 
     status, code = 504, "timeout"
 

@@ -1,22 +1,18 @@
 """Who may call the API, and how often ``/analyze`` may spend the operator's Groq quota.
 
-* **API keys** (``FASTINFER_API_KEYS``, optional): when set, every route that serves data or work
-  needs ``Authorization: Bearer <key>``, else 401 in the error shape. Open whatever the setting:
-  the probes (``/livez``, ``/readyz``, ``/healthz``), ``/metrics``, the API page (``/``,
-  ``/docs.json``, ``/schema.json`` and their static files) and the dashboard's static files, which
-  hold no data and ask for a key themselves. Anything else — unknown paths included — is closed,
-  so a route added later is protected without being listed here. Keys are compared as SHA-256
-  digests with ``hmac.compare_digest``, every key every time, so neither timing nor the answer
-  says which keys exist; a key is never logged, echoed or read from a query string.
+* **API keys** (``FASTINFER_API_KEYS``, optional): when set, every route needs
+  ``Authorization: Bearer <key>``, else 401, except the open ones (fastinfer/front/paths.py: probes,
+  ``/metrics``, the API page and the dashboard's static files). Unknown paths are closed, so a route added
+  later is protected unlisted. Keys are compared as SHA-256 digests with ``hmac.compare_digest``, every key
+  every time, so neither timing nor the answer says which exist; a key is never logged, echoed or read
+  from a query string.
 * **The analyze guard**: at most ``FASTINFER_ANALYZE_PER_MINUTE`` calls per client and
-  ``FASTINFER_ANALYZE_TOTAL_PER_MINUTE`` from all clients in any 60 s (a sliding window), else 429
-  with ``Retry-After``. A call is recorded when its handler is about to call Groq (:func:`spend`),
-  so invalid, cut-off or stalled requests hold no allowance and the window counts real calls; a
-  full window is also refused at once, before the body is read. The client is the API key when keys
-  are on, else the peer's address. Memory is bounded: only recorded calls are remembered, at most
-  the total within a window, so the guard holds at most that many clients.
+  ``FASTINFER_ANALYZE_TOTAL_PER_MINUTE`` in all in any 60 s (sliding), else 429 with ``Retry-After``. A
+  call is recorded just before Groq is called (:func:`spend`), so invalid or stalled requests hold no
+  allowance; a full window is refused before the body is read. The client is the API key, else the peer's
+  address. Only recorded calls are remembered: memory is bounded by the total per window.
 
-Both are checked in the front (fastinfer.front.http.FrontMiddleware) before a byte of the body is read.
+Both are checked in FrontMiddleware before a byte of the body is read.
 """
 
 from __future__ import annotations
@@ -84,9 +80,8 @@ def unauthorized(message: str, invalid: bool = False) -> Refusal:
 
 
 class RateGuard:
-    """At most ``per_client`` calls per client and ``total`` calls in all within any ``window_s``.
-
-    ``settings`` names what set the limits, for the refusal's message."""
+    """At most ``per_client`` calls per client and ``total`` in all within any ``window_s`` (``settings``: what
+    set them, for the refusal's message)."""
 
     def __init__(
         self,
@@ -173,9 +168,8 @@ class Access:
         self.guards = dict(guards or {})  # route → its guard
 
     def check(self, scope: Scope) -> Refusal | None:
-        """None to go on, or the answer to give instead: 401, or 429 from a guard whose window is
-        already full (before the body is read). A guarded request's client is noted in the scope's
-        state: its handler records the call with :func:`spend` when it spends."""
+        """None to go on, or the answer instead: 401, or 429 from a guard whose window is full. A guarded
+        request's client is noted in the scope's state, for :func:`spend`."""
         path = scope["path"]
         if is_open(path):
             return None
@@ -200,9 +194,7 @@ GUARDED = "fastinfer_guarded"
 
 
 def spend(scope: Scope) -> Refusal | None:
-    """Called by a guarded handler just before it spends (calls Groq): the call is recorded now, so a
-    request that never gets here (invalid, cut off, stalled on its body) holds no allowance, and the
-    window counts calls when they reach Groq. The refusal, if calls made meanwhile filled the window."""
+    """Record a guarded call just before it spends (calls Groq); the refusal if calls meanwhile filled the window."""
     guarded = scope.get("state", {}).pop(GUARDED, None)
     if guarded is None:  # not through the front (an in-process call): no guard
         return None

@@ -1,11 +1,8 @@
 """Examples for the API page (/docs.json): a request and an answer per API, and its curl command.
 
-The answers were recorded from a real ``bentoml serve`` of this project (AMD EPYC, 2 cores,
-2026-12-03) and only shortened (scores rounded, lists cut). Its models had random-init weights,
-so the labels are meaningless while the timings are real; the API page says so (api_page.md). The /analyze text
-is written for the example: Groq cannot be reached where they were recorded.
-tests/unit/test_api_page.py validates every answer against its response model. The error examples are the
-bodies the server answers (:func:`errors`).
+Recorded from a real ``bentoml serve`` (AMD EPYC, 2 cores, 2026-12-03), only shortened; random-init
+weights, so the labels are meaningless and the timings real (api_page.md says so). The /analyze text is
+written by hand (no Groq there). tests/unit/test_api_page.py validates each answer against its model.
 """
 
 from __future__ import annotations
@@ -301,10 +298,8 @@ def curl(route: str, method: str, image_route: bool, key: bool) -> str:
 
 
 def errors(settings: Settings) -> dict[tuple[str, str], dict[str, Any]]:
-    """(status, case) → the body this server answers in that case, from the constructor it answers with: the
-    spec's error examples. Where the server writes a message in place (serving/preprocess.py, fastinfer/front/
-    analysis.py, BentoML's validation), it is written out here; tests/unit/test_spec_examples.py has the server
-    answer every case and compares."""
+    """(status, case) → the body the server answers, from the constructor it answers with: the spec's error
+    examples. Messages written in place elsewhere are copied here; tests/unit/test_spec_examples.py compares."""
     limit = settings.max_batch_images
     batch = next(route for route in ROUTES.values() if route.kind == "batch")
     return {

@@ -1,13 +1,8 @@
-"""Typed inputs of the APIs, as BentoML declares them: the OpenAPI spec, Swagger's forms and
-``bentoml.SyncHTTPClient`` are built from these.
+"""Typed inputs of the APIs as BentoML declares them (the spec, Swagger's forms, ``bentoml.SyncHTTPClient``);
+over HTTP the image APIs are parsed by fastinfer/front/image_api.py, with the same limits.
 
-Over HTTP the image APIs are parsed by fastinfer/front/image_api.py (same fields, plus the field name
-``file`` and raw ``image/*`` bodies); the limits here and there are the same.
-
-A client's invalid input is its mistake, not the server's: BentoML logs every failed API call as
-"Exception on <path>" at ERROR with its traceback (``log_exception``, fastinfer/compat/bentoml.py),
-a malformed /analyze body included, and answers a multipart body it cannot parse 500.
-:func:`quiet_input_errors` makes the first one INFO line, and :class:`AnalyzeInput` the second a 400.
+BentoML logs a client's invalid input as a server error with a traceback, and answers a multipart body it
+cannot parse 500: :func:`quiet_input_errors` makes the first one INFO line, :class:`AnalyzeInput` the second a 400.
 """
 
 from __future__ import annotations

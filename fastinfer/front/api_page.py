@@ -1,15 +1,10 @@
 """The API page: what ``/`` shows about FastInfer, and the text of the spec's ``info``.
 
-BentoML fills ``info`` with its own placeholder (title ``fastinfer``, version ``None``, "This is a
-Machine Learning Service created with BentoML", its Slack and Twitter badges, "Contact BentoML
-Team"), and ``/`` serves a page titled "BentoML Prediction Service" that loads Google Tag Manager
-from the internet. Here both say FastInfer instead:
-
-* :func:`info` is the spec's title, version, contact and description: ``api_page.md`` (the same
-  file is the bento's README, bentofile.yaml ``description``) and what this server is set to.
-* :class:`ApiPage` answers ``GET /`` with Swagger UI from BentoML's own static files, titled
-  FastInfer, its online validator off, and a Content-Security-Policy that keeps the page to this
-  server (:func:`content_security_policy`, which the dashboard's policy is built with too).
+BentoML's own are placeholders (title ``fastinfer``, "Contact BentoML Team"; a page that loads Google Tag
+Manager from the internet). :func:`info` is the spec's title, version, contact and description
+(``api_page.md``, also the bento's README, and what this server is set to); :class:`ApiPage` answers
+``GET /`` with Swagger UI from BentoML's static files, its online validator off, under a
+Content-Security-Policy that keeps the page to this server.
 """
 
 from __future__ import annotations
@@ -156,8 +151,7 @@ INITIALIZER = """
         });
       };
     """
-# Swagger UI from BentoML's static files; not its index.css, which hides the title (its description
-# brings its own heading).
+# Not BentoML's index.css, which hides the title.
 INDEX_HTML = f"""\
 <!DOCTYPE html>
 <html lang="en">
@@ -191,10 +185,8 @@ def script_hash(script: str) -> str:
 def content_security_policy(
     inline_scripts: Sequence[str] = (), *, inline_styles: bool = False, images: Sequence[str] = ()
 ) -> str:
-    """A Content-Security-Policy that keeps a page of this server to this server: scripts, styles,
-    images and requests from here only, and inline scripts only those in ``inline_scripts`` (allowed by
-    their sha256, so an injected one never runs). ``inline_styles`` allows ``style`` attributes and
-    elements; ``images`` adds image sources beyond this server (``data:``, ``blob:``)."""
+    """A Content-Security-Policy that keeps a page to this server; inline scripts only those in
+    ``inline_scripts`` (by their sha256, so an injected one never runs); ``images``: more image sources."""
     scripts = "".join(f" 'sha256-{script_hash(script)}'" for script in inline_scripts)
     styles = " 'unsafe-inline'" if inline_styles else ""
     more_images = "".join(f" {source}" for source in images)
@@ -204,8 +196,7 @@ def content_security_policy(
     )
 
 
-# The browser loads nothing from elsewhere, whatever a script asks: only this server, the one inline
-# script above (by its hash), inline styles (Swagger UI sets them) and data: images (its icons).
+# Inline styles and data: images: Swagger UI sets them (its icons).
 CONTENT_SECURITY_POLICY = content_security_policy([INITIALIZER], inline_styles=True, images=["data:"])
 
 

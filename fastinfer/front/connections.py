@@ -1,40 +1,26 @@
 """The front's connections, bounded before a request reaches any ASGI code.
 
-BentoML's worker serves uvicorn's httptools protocol, and no public setting gives it these limits
-(fastinfer/compat/uvicorn.py says why). Out of the box that protocol:
-
-* arms its keep-alive timer only after a response, so a connection that never sends a byte, or
-  that sends one byte of its next request and then nothing, stays open for ever;
-* limits neither the size nor the number of request headers (llhttp has no limit, and httptools
-  joins a header's pieces by repeated concatenation: 640 KB header blocks cost the event loop
-  enough to slow every other request ~7x);
-* counts connections only to answer 503 once a request's headers are in (``limit_concurrency``).
-
-FastInfer's API keys and limits (fastinfer/front/http.py) are read after the headers, too late for any of
-it. So :func:`install_front_protocol` points uvicorn's ``"auto"`` HTTP protocol at :class:`FrontProtocol`, a
-subclass of uvicorn's httptools protocol (what it relies on: fastinfer/compat/uvicorn.py) that adds, per front
-worker:
+BentoML's worker serves uvicorn's httptools protocol, which no public setting bounds enough
+(fastinfer/compat/uvicorn.py says why): it arms keep-alive only after a response (a silent connection
+stays for ever), limits neither the size nor the number of headers (640 KB header blocks slowed every
+other request ~7x), and counts connections only once headers are in. The API keys and limits of
+fastinfer/front/http.py come after the headers, too late. So :func:`install_front_protocol` makes
+:class:`FrontProtocol`, a subclass of that protocol, uvicorn's ``"auto"`` one; per front worker it adds:
 
 * idle connections closed: no byte within ``keepalive_s`` after connecting or after a response;
 * a request's headers must all arrive within ``header_timeout_s`` of its first byte (else 408);
-* at most ``max_header_bytes`` of request line and headers and ``max_headers`` header fields (431), and
-  as much again of trailer fields after a chunked body (400, judged as each field completes: one field
-  that never ends is bounded only by FASTINFER_BODY_IDLE_S and FASTINFER_TIMEOUT_S, while httptools
-  holds it whole); trailers are dropped, never merged into
-  the headers the app sees (RFC 9110 6.5.1; uvicorn appended them to the request's headers);
-* at most ``max_connections`` open connections: a new one beyond it closes the longest-idle
-  connection (none of them has a request being handled) or, when every one is busy, is answered
-  503 and closed;
-* a request the parser refuses after its headers reached the app (``Transfer-Encoding: gzip``, whose
-  length cannot be read, or its trailers) is answered here too, the app's answer dropped, as long as
-  the app had not begun one: before, the connection was closed with no answer;
-* every answer given here is in the project's JSON error shape and closes the connection, and
-  what happened is counted (``fastinfer_connection_events_total``) and logged, at most once per
-  ``LOG_INTERVAL_S``.
+* at most ``max_header_bytes`` of request line and headers and ``max_headers`` fields (431), and as much
+  again of trailer fields after a chunked body (400); trailers are dropped, never merged into the
+  headers the app sees (RFC 9110 6.5.1);
+* at most ``max_connections`` open connections: a new one beyond closes the longest-idle one or, when
+  every one is busy, is answered 503;
+* a request the parser refuses after its headers reached the app (``Transfer-Encoding: gzip``, its
+  trailers) is answered here, the app's answer dropped, unless the app had begun one;
+* every answer here is in the JSON error shape and closes the connection; events are counted
+  (``fastinfer_connection_events_total``) and logged at most once per ``LOG_INTERVAL_S``.
 
-The protocol is chosen when uvicorn loads its config, after the service module is imported, so
-installing at import (service.py) is in time; the runners, which import the same service module,
-keep uvicorn's protocol unchanged (their only client is the front).
+uvicorn picks the protocol when it loads its config, after service.py is imported: installing at import is
+in time. Runners keep uvicorn's protocol (their only client is the front).
 """
 
 from __future__ import annotations
@@ -46,7 +32,7 @@ import resource
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -63,15 +49,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger("fastinfer.connections")
 
 LOG_INTERVAL_S = 10.0  # one summary line at most this often, however many events
-# A refused request (431, 400) is answered this late: a client that loops on oversized requests is
-# slowed to one per second per connection (answered at once, 4 such clients sent ~900 each per second,
-# and spent the machine's CPU sending them), at the cost of a paused socket.
+# A refused request (431, 400) is answered this late: a client looping on oversized requests is slowed to
+# one per second per connection (answered at once, 4 such clients sent ~900/s each).
 REFUSAL_DELAY_S = 1.0
 LINGER_S = 2.0  # an answer given here is followed by the close this much later (a client still sending reads it)
 FD_RESERVE = 256  # descriptors kept for everything but client connections (runners, Redis, files)
-# A client that stops reading its answers keeps its connection "busy" (never closed to make room) for
-# as long as it likes: a review filled the cap with 50 such sockets and the probes got 503 for the
-# whole attack. Output that cannot be written for this long closes the connection.
+# Output that cannot be written for this long closes the connection: a client that stops reading stays
+# "busy" (never closed to make room), and 50 such sockets filled the cap.
 SEND_TIMEOUT_S = 10.0
 # Requests queued behind the one being handled on one connection (HTTP/1.1 pipelining): browsers and
 # common clients send none; 300 pipelined GETs per socket starved the event loop.
@@ -112,24 +96,15 @@ class ConnectionLimits:
 
 
 def limits_from(settings: Settings) -> ConnectionLimits:
-    return ConnectionLimits(
-        keepalive_s=settings.keepalive_s,
-        header_timeout_s=settings.header_timeout_s,
-        max_header_bytes=settings.max_header_bytes,
-        max_headers=settings.max_headers,
-        max_connections=settings.max_connections,
-    )
+    return ConnectionLimits(**{field.name: getattr(settings, field.name) for field in fields(ConnectionLimits)})
 
 
 def install_front_protocol(settings: Settings) -> ConnectionLimits:
-    """Make :class:`FrontProtocol`, with the settings' limits, the protocol that uvicorn's
-    ``http="auto"`` loads in this process; call before uvicorn loads its config (service.py's import).
+    """Make :class:`FrontProtocol` uvicorn's ``http="auto"`` protocol in this process; returns the limits in force.
 
-    Returns the limits in force. Open connections and those closing after an answer given here
-    each hold a descriptor, up to ``max_connections`` of each: the soft descriptor limit is raised
-    towards the hard one to hold them, and where even that is short, ``max_connections`` is lowered
-    with a warning, since running out of descriptors is what the cap exists to prevent.
-    """
+    Open and lingering connections hold up to ``max_connections`` descriptors each: the soft limit is raised
+    towards the hard one, and where that is short ``max_connections`` is lowered with a warning (running out
+    of descriptors is what the cap prevents)."""
     limits = limits_from(settings)
     needed = 2 * limits.max_connections + FD_RESERVE
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -206,9 +181,8 @@ class _Shared:
     """What the connections of one server (one front worker) know about each other."""
 
     def __init__(self) -> None:
-        # Connections with no request being handled, oldest idle first: the ones a new connection at
-        # the cap may close. A connection re-enters at the end after each response, so a client
-        # between requests is closed only after every connection idle longer than it.
+        # Connections with no request being handled, oldest idle first (re-entered after each response):
+        # the ones a new connection at the cap may close.
         self.idle: dict[FrontProtocol, None] = {}
         self.lingering = 0  # answered here, closing: not counted against the cap, but bounded
         self.incidents = _Incidents()
@@ -218,10 +192,7 @@ _SHARED: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
 
 
 def _shared(server_state: Any) -> _Shared:
-    shared = _SHARED.get(server_state)
-    if shared is None:
-        shared = _SHARED[server_state] = _Shared()
-    return shared
+    return _SHARED.setdefault(server_state, _Shared())
 
 
 class FrontProtocol(Protocol):
@@ -450,9 +421,8 @@ class FrontProtocol(Protocol):
     def _answer(
         self, status: int, code: str, message: str, event: str, retry_after: bool = False, delay: float = 0.0
     ) -> None:
-        """Answer in the project's JSON shape, ``delay`` seconds from now, and close LINGER_S after it.
-        Nothing more is read meanwhile: what a client still sends waits in the kernel's buffers, so
-        that it reads this answer rather than a reset, at no cost to us."""
+        """Answer in the JSON error shape, ``delay`` seconds from now, and close LINGER_S after it. Nothing
+        more is read meanwhile: a client still sending reads this answer rather than a reset."""
         if self.answered:
             return
         self.answered = True
@@ -465,14 +435,12 @@ class FrontProtocol(Protocol):
         # unless queued behind another (pipelined) one.
         handled = self.cycle is not None and not self.in_head and not self.pipeline
         if handled and not self.cycle.response_started:
-            # The app has not answered (it may not have run yet): this answer is the request's. The app
-            # now sees a disconnect, and what it sends is dropped (uvicorn's cycle drops a disconnected
-            # one's output), so nothing follows this answer on the wire.
+            # The app has not answered: this answer is the request's; the app sees a disconnect, and
+            # uvicorn drops what it sends.
             self.cycle.disconnected = True
             self.cycle.message_event.set()
         elif self.cycle is not None and (handled or not self.cycle.response_complete):
-            # An answer now would come after, or in the middle of, the app's answer, or before the
-            # answer to a pipelined request ahead of this one: the connection is closed instead.
+            # An answer now would follow or cut the app's, or precede a pipelined one's: close instead.
             self.transport.close()
             return
         body = json.dumps(error_body(code, message)).encode()

@@ -1,13 +1,6 @@
-"""The dashboard's Content-Security-Policy: its files (dashboard/, served by Starlette's StaticFiles)
-go out with a policy that holds the page to this server, as the API page's does.
-
-The page's only script is ``app.js`` (no inline script, so none is allowed), its only stylesheet
-``style.css`` (no inline styles either: bar widths are set through ``element.style``, which a policy
-does not restrict), and its only images not from here are the photo being classified, previewed from
-a ``blob:`` URL, and its empty ``data:`` icon (which spares a /favicon.ico request). So a value that
-reached the page as markup would still not run, nor load anything from elsewhere.
-
-service.py mounts :func:`files` at /dashboard.
+"""The dashboard's files (dashboard/, mounted at /dashboard) under a Content-Security-Policy that holds the
+page to this server: no inline script or style (bar widths go through ``element.style``, which a policy
+does not restrict); images from here, the ``blob:`` preview of the photo and the ``data:`` icon.
 """
 
 from __future__ import annotations
@@ -47,8 +40,7 @@ class DashboardPage:
         try:
             await self.app(scope, receive, send_with_policy)
         except HTTPException as exc:
-            # StaticFiles raises its 404 and 405; answered here, as Starlette would answer them further
-            # out, so that they carry the policy too.
+            # StaticFiles raises its 404 and 405: answered here, as Starlette would, to carry the policy too.
             answer = PlainTextResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
             await answer(scope, receive, send_with_policy)
 

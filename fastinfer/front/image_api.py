@@ -1,21 +1,17 @@
-"""The image APIs over HTTP: every form a client may send, read from the body the front already
-holds in memory (fastinfer/front/http.py), run through the one pipeline (fastinfer/serving/pipeline.py), and
-answered as JSON in a single write.
+"""The image APIs over HTTP: every form a client may send, read from the body the front holds in memory
+(fastinfer/front/http.py), run through the pipeline and answered as JSON in a single write.
 
 The forms, on every image route:
-* multipart/form-data, the image in the field ``image`` or ``file`` (the original FastInfer API's
-  name), ``backend`` (``/classify`` only) and ``top_k`` as form fields — what Swagger and
-  ``bentoml.SyncHTTPClient`` send (the client JSON-encodes text fields: ``"onnx"`` is read as onnx);
-* the image as the whole body, ``Content-Type: image/*`` (or application/octet-stream), with
-  ``backend`` and ``top_k`` as query parameters — the cheapest form for programs;
+* multipart/form-data, the image in the field ``image`` or ``file``, ``backend`` (``/classify`` only) and
+  ``top_k`` as form fields — what Swagger and ``bentoml.SyncHTTPClient`` send (the client JSON-encodes
+  text fields: ``"onnx"`` is read as onnx);
+* the image as the whole body (``Content-Type: image/*`` or application/octet-stream), the options as
+  query parameters — the cheapest form for programs;
 * ``POST /classify/batch``: multipart with the field ``images`` repeated (1..FASTINFER_MAX_BATCH_IMAGES).
 
-Why not BentoML's own handling of these APIs (fastinfer/front/image_routes.py declares them to
-BentoML too, from the same table, for the OpenAPI spec, Swagger and the Python client): its typed
-``Path`` input writes every upload to a temporary file, then validates and serialises through its
-IO models; measured, that path cost more CPU per request than our cache-hit path does in total
-(BENCHMARKS.md, "The HTTP path"). A client cannot tell the two apart: same routes, fields, answers
-and error shape.
+Not BentoML's handling (image_routes.py declares the same APIs to it, for the spec and the Python client):
+its ``Path`` input writes every upload to a temporary file, costing more CPU than our whole cache-hit path
+(BENCHMARKS.md, "The HTTP path"). Clients cannot tell the two apart.
 """
 
 from __future__ import annotations
@@ -245,9 +241,8 @@ def _text(name: str, data: bytes | memoryview) -> str:
 
 
 def top_k(form: Form, pipeline: Pipeline | None = None) -> int | None:
-    """The request's ``top_k`` (1..TOP_K_MAX), or None when it asks for none: the pipeline then ranks the
-    default, and caps what is asked at the family's class count (fastinfer.serving.pipeline.Pipeline.ranked).
-    Refused in the words of ``pipeline`` (the bound it names is its family's class count where that is less)."""
+    """The request's ``top_k`` (1..TOP_K_MAX), or None (the pipeline ranks its default); refused in the words
+    of ``pipeline``, which names its family's class count where that is less."""
     if "top_k" not in form.fields:
         return None
     raw = form.fields["top_k"].strip()

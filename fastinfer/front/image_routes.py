@@ -1,10 +1,7 @@
 """The image routes, each declared once: path, API name, backend, kind and description.
 
-From this one table come both faces of a route, so that they cannot drift apart:
-* the BentoML API (:func:`image_apis`, a class decorator for the front service): what the OpenAPI
-  spec, Swagger, ``bentoml.SyncHTTPClient`` and in-process callers see;
-* its HTTP answer (fastinfer/front/image_api.py parses the request's forms; the front's lane runs it).
-Both end in :func:`run`, the route's behaviour on images already in memory.
+Both faces of a route come from this table: the BentoML API (:func:`image_apis`: the spec, Swagger,
+``bentoml.SyncHTTPClient``) and its HTTP answer (fastinfer/front/image_api.py). Both end in :func:`run`.
 """
 
 from __future__ import annotations
@@ -154,10 +151,8 @@ async def run(
     use: CacheUse = CacheUse(),
     started: float | None = None,
 ) -> dict[str, Any]:
-    """What a route answers for these images (already read), as JSON; ApiError for what cannot be.
-
-    ``k``: the classes to rank (None: the default; more than the family has: a 400 naming its count).
-    ``started``: when the request began (time.perf_counter), for /compare's total."""
+    """What a route answers for these images, as JSON; ApiError for what cannot be. ``k``: the classes to
+    rank (None: the default); ``started``: when the request began (time.perf_counter), for /compare's total."""
     started = time.perf_counter() if started is None else started
     if route.kind == "compare":  # never from the cache, never into it
         results, skipped = await pipeline.compare(images[0], k, pipeline.backends)
@@ -209,9 +204,8 @@ def _api(route: ImageRoute) -> Any:
 
 
 def image_apis(front: type) -> type:
-    """Class decorator for the front service, under ``@bentoml.service``: one API per image route.
-
-    The service gives the APIs its ``pipeline`` (fastinfer.serving.pipeline.Pipeline)."""
+    """Class decorator for the front service, under ``@bentoml.service``: one API per image route (over
+    the service's ``pipeline``)."""
     for route in ROUTES.values():
         if hasattr(front, route.name):
             raise TypeError(f"{front.__name__}.{route.name} already exists; {route.path} declares it")

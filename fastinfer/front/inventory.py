@@ -35,7 +35,6 @@ def backends(
     family = family or family_summary(settings.model, models)
     infos = []
     for name, entry in registry.items():
-        batching = settings.batching_for(name)
         model = models.get(name)
         reason = unavailable.get(name)
         runs_on = dict(described.get(entry.runner, {})) if reason is None else {}
@@ -52,11 +51,7 @@ def backends(
                 weights=model.weights if model else None,
                 accuracy=family.accuracy.get(name),
                 runs_on=runs_on,
-                batching=BatchingInfo(
-                    enabled=batching.enabled,
-                    max_batch_size=batching.max_batch_size,
-                    max_latency_ms=batching.max_latency_ms,
-                ),
+                batching=BatchingInfo.model_validate(settings.batching_for(name), from_attributes=True),
             )
         )
     available = [i.name for i in infos if i.available]

@@ -1,19 +1,11 @@
 """The OpenAPI spec (``/docs.json``, Swagger UI at ``/``) made to tell the whole API.
 
-BentoML 1.4 builds the spec of a new-style service in ``Service.openapi_spec``
-(_bentoml_sdk/service/factory.py), from ``generate_spec`` (_bentoml_sdk/service/openapi.py). It
-documents the typed ``@bentoml.api`` methods as BentoML sees them, and of the mounted apps only
-FastAPI ones. So it misses what FastInfer serves beside them: the GET routes of the mounted
-Starlette app, the other forms of the image routes (the field ``file``, a raw ``image/*`` body
-with query parameters), the options of ``POST /classify/batch`` as query parameters and its answer
-(BatchResponse: its method returns a plain dict, see :func:`document_batch_route`), and the error
-shape that every 4xx/5xx has.
-
-The hook: ``@bentoml.service(service_class=...)`` lets a service choose its ``Service`` subclass.
-:class:`DocumentedService` overrides ``openapi_spec`` only, so everything that reads the spec
-(``/docs.json``, ``bentoml build``'s ``apis/openapi.yaml``) gets the same full spec, and nothing
-else changes: ``bentoml.SyncHTTPClient`` reads ``/schema.json`` (``Service.schema()``), which is
-left alone. :func:`extend_spec` is the whole change, a function of the spec as JSON and the service.
+BentoML's ``Service.openapi_spec`` documents the typed ``@bentoml.api`` methods and mounted FastAPI apps
+only: not the mounted Starlette GET routes, the other forms of the image routes (field ``file``, a raw
+``image/*`` body with query parameters), the batch route's query parameters and answer, nor the error
+shape. :class:`DocumentedService` (``@bentoml.service(service_class=...)``) overrides ``openapi_spec``
+only, so ``/docs.json`` and ``bentoml build``'s copy agree, and ``/schema.json`` (what
+``bentoml.SyncHTTPClient`` reads) is left alone. :func:`extend_spec` is the whole change.
 """
 
 from __future__ import annotations
@@ -71,8 +63,7 @@ ORIGINAL_NOTE = (
     "among FastInfer's."
 )
 
-# status → (description, the case whose body is the example: fastinfer/front/api_examples.py errors). What every
-# typed API can answer: FrontMiddleware (fastinfer/front/http.py) refuses, times out and reshapes errors first.
+# status → (description, its example's case in api_examples.errors): what FrontMiddleware answers on every typed API.
 ERRORS: dict[str, tuple[str, str]] = {
     "400": (
         f"The request could not be parsed or a field is invalid (`{BadRequest.code}`, `{ApiError.code}`).",
@@ -207,17 +198,13 @@ INFRA_DOCS = {
 
 
 class DocumentedService(bentoml.Service[T]):
-    """A BentoML service whose OpenAPI spec tells the whole FastInfer API (see :func:`extend_spec`).
-
-    Use it as ``@bentoml.service(service_class=DocumentedService, ...)``; it changes nothing else.
-    """
+    """A BentoML service whose OpenAPI spec tells the whole FastInfer API (see :func:`extend_spec`)."""
 
     __slots__ = ()  # BentoML's Service is a slotted attrs class: add no instance __dict__
 
     @property
     def openapi_spec(self) -> OpenAPISpecification:
-        # A function of the service (fixed once imported), the settings and whether this process serves:
-        # built once, not on every /docs.json request (~40 ms on the event loop, open without a key).
+        # Built once per (service, settings, serving), not per /docs.json request (~40 ms, open without a key).
         settings, serving = get_settings(), api_page.serving()
         built = _BUILT.get(id(self))
         if built is None or built[0] is not self or built[1] is not settings or built[2] != serving:
@@ -242,11 +229,8 @@ def rebuild(spec: OpenAPISpecification, doc: dict[str, Any]) -> OpenAPISpecifica
 
 
 def extend_spec(doc: dict[str, Any], svc: bentoml.Service[Any]) -> dict[str, Any]:
-    """BentoML's spec as JSON (``spec.asdict()``) → the same with everything FastInfer serves.
-
-    Nothing BentoML documented is removed except its own error responses on the typed APIs
-    (``{"error", "detail"}`` schemas no client ever sees: FastInfer answers errors in its shape).
-    """
+    """BentoML's spec as JSON → the same with everything FastInfer serves. Only BentoML's error responses
+    on the typed APIs are removed (no client ever sees that shape)."""
     doc = copy.deepcopy(doc)
     paths: dict[str, dict[str, Any]] = doc.setdefault("paths", {})
     schemas: dict[str, Any] = doc.setdefault("components", {}).setdefault("schemas", {})
@@ -357,8 +341,7 @@ def document_image_route(op: dict[str, Any]) -> None:
     content: dict[str, Any] = body.setdefault("content", {})
     form = content.get("multipart/form-data", {}).get("schema", {})
     props: dict[str, Any] = form.get("properties", {})
-    # `file` is said, not listed: Swagger UI sends every listed field, an empty `file` part beside
-    # the chosen `image` (or the reverse), and one request with both is refused.
+    # `file` is said, not listed: Swagger UI would send it empty beside `image`, and both are refused.
     image, alias = FILE_FIELDS
     if image in props and f"`{alias}`" not in (description := props[image].get("description") or "the image file"):
         props[image]["description"] = description + f"; the field may also be named `{alias}`"
@@ -384,12 +367,8 @@ def document_image_route(op: dict[str, Any]) -> None:
 
 
 def document_batch_route(op: dict[str, Any], max_images: int) -> None:
-    """The typed batch API: what BentoML shows, plus its options as query parameters, a description and
-    its answer's schema.
-
-    The service's method is annotated ``dict[str, Any]`` (bentoml.SyncHTTPClient validates answers
-    against /schema.json, and would turn the ``{"error": ...}`` items of BatchResponse's anyOf into
-    ``{}``), so what BentoML generates for the 200 says nothing: it is BatchResponse here."""
+    """The batch API: its options as query parameters, a description, and BatchResponse as its 200 (its
+    method returns ``dict[str, Any]``: SyncHTTPClient would turn BatchResponse's error items into ``{}``)."""
     form = op.get("requestBody", {}).get("content", {}).get("multipart/form-data", {}).get("schema", {})
     options = {name: schema for name, schema in form.get("properties", {}).items() if name != BATCH_FIELD}
     text_as_text(op.get("requestBody", {}).get("content", {}).get("multipart/form-data", {}))
@@ -403,12 +382,9 @@ def document_batch_route(op: dict[str, Any], max_images: int) -> None:
 
 
 def text_as_text(media: dict[str, Any]) -> None:
-    """A multipart form's text fields, as Swagger UI should send them.
-
-    BentoML marks every non-file part ``application/json``; Swagger UI then sends ``backend=onnx``
-    typed as JSON, which BentoML's own parser refuses (``"onnx"`` would be JSON). A plain text part
-    is read by either parser. And the default backend is the server's setting (a default_factory,
-    so BentoML shows none): without one, Swagger UI sends an empty ``backend``."""
+    """A multipart form's text fields as plain text parts (BentoML marks them ``application/json``, and
+    refuses Swagger UI's ``backend=onnx`` typed so), and the server's default backend (else Swagger UI
+    sends an empty one)."""
     props: dict[str, Any] = media.get("schema", {}).get("properties", {})
     encoding: dict[str, Any] = media.get("encoding") or {}
     for name, schema in props.items():
@@ -421,10 +397,8 @@ def text_as_text(media: dict[str, Any]) -> None:
 
 
 def add_query_parameters(op: dict[str, Any], options: dict[str, Any]) -> None:
-    """The form fields but the files, as query parameters too (fastinfer/front/image_api.py reads both).
-
-    No ``default`` in their schemas: Swagger UI would fill it in and send it beside the form field,
-    and a value given both ways is refused."""
+    """The form fields but the files, as query parameters too (image_api.py reads both). No ``default``:
+    Swagger UI would send it beside the form field, and a value given both ways is refused."""
     params: list[dict[str, Any]] = op.setdefault("parameters", [])
     taken = {(p.get("name"), p.get("in")) for p in params}
     for name, schema in options.items():
@@ -533,9 +507,8 @@ def add_component(schemas: dict[str, Any], model: type[BaseModel]) -> None:
 
 
 def openapi30(node: Any) -> Any:
-    """A JSON schema as OpenAPI 3.0 (what BentoML declares) has it. pydantic writes JSON Schema
-    2020-12, where an optional value is ``anyOf [X, {type: null}]``: 3.0 says ``nullable: true``.
-    BentoML renders a file as ``type: file`` in components (Swagger 2.0's): 3.0 says a binary string."""
+    """A JSON schema as OpenAPI 3.0 (what BentoML declares) has it: ``nullable: true`` for pydantic's
+    ``anyOf [X, {type: null}]``, a binary string for BentoML's ``type: file``."""
     if isinstance(node, list):
         return [openapi30(item) for item in node]
     if not isinstance(node, dict):

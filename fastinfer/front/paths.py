@@ -1,13 +1,11 @@
-"""Which paths the front treats apart: probes and scrapes (never refused, timed out or counted as
-traffic) and the open paths (served without an API key). Read by the middleware (fastinfer/front/http.py),
-the key check (access.py) and the spec (openapi.py)."""
+"""Which paths the front treats apart (read by fastinfer/front/http.py, access.py and openapi.py)."""
 
 from __future__ import annotations
 
 # Probes and scrapes are never refused, timed out or counted as traffic.
 UNLIMITED_PATHS = frozenset({"/livez", "/readyz", "/healthz", "/metrics"})
-# Served without an API key: the probes and /metrics, the API page and the static
-# files, the dashboard's and the API page's (the only mounts under these prefixes). None takes a body.
+# Served without an API key: the probes, /metrics, the API page and the static files (the dashboard's and the
+# API page's: the only mounts under these prefixes). None takes a body.
 OPEN_PATHS = UNLIMITED_PATHS | {"/", "/docs.json", "/schema.json", "/dashboard"}
 OPEN_PREFIXES = ("/dashboard/", "/static_content/")
 

@@ -53,7 +53,7 @@ def _digest(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-@dataclass
+@dataclass(eq=False)  # a pipeline is one object, compared and hashed by identity
 class Pipeline:
     backends: Sequence[str]  # every valid name, in the table's order
     models: Mapping[str, StoredModelInfo]  # backend → the stored model answering it

@@ -1,14 +1,12 @@
-"""``fastinfer tune`` (``make tune``, ``python -m load_tests.tuning``): find the configuration that serves
-best on this machine, within a time budget, and make it the server's default.
-
-The search is load_tests/tuning/search.py. The tuned file ($BENTOML_HOME/tuned/tuned.json, which
-fastinfer/catalog/tuned.py reads) is written only at the end, by an atomic rename, so an interrupted
-tune leaves the previous one as it was; beside it: report.md, report.json and tuned.png
-(load_tests/tuning/files.py).
+"""``fastinfer tune`` (``make tune``, ``python -m load_tests.tuning``): find the configuration that serves best
+here, within a time budget (load_tests/tuning/search.py), and make it the server's default. The tuned file is
+written last, by an atomic rename (load_tests/tuning/files.py): an interrupted tune leaves the previous one.
 """
 
 from __future__ import annotations
 
+import argparse
+import shlex
 import signal
 import sys
 
@@ -18,28 +16,19 @@ from load_tests.tuning.search import Goal, shown, tune
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import shlex
-
     from fastinfer.cli import TUNE_DESCRIPTION, tune_arguments
 
     parser = argparse.ArgumentParser(prog="fastinfer tune", description=TUNE_DESCRIPTION)
     tune_arguments(parser)  # the same arguments `fastinfer tune` checks before it hands over
-    args = parser.parse_args(argv)
-    if args.clients < 1 or args.budget <= 0 or args.seconds <= 0:
-        parser.error("--clients, --budget and --seconds must be positive")
-    use_project_store()
+    args, wanted = parse(parser, argv, "fastinfer tune")
+    if not wanted:
+        return 1
     from fastinfer.catalog import tuned as tuning
 
-    wanted = backends_to_tune(args.backends)
-    if isinstance(wanted, str):
-        print(f"fastinfer tune: {wanted}", file=sys.stderr)
-        return 1
     target = tuning.path() or tuning.default_path()  # where the server reads it (FASTINFER_TUNED)
     if target.exists() and not target.is_file():
         print(f"fastinfer tune: {target} is not a file; FASTINFER_TUNED names the file to write", file=sys.stderr)
         return 1
-    where = target.parent
     command = shlex.join(["fastinfer", "tune", *(sys.argv[1:] if argv is None else argv)])
     goal = Goal(args.goal, args.clients, args.p95_ms)
     if args.goal == "latency" and (args.p95_ms is not None or args.clients != 10):
@@ -47,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)  # fmt: skip
     interrupt_on_signals()
     try:
-        search = tune(goal, args.budget, args.seconds, where / "runs", wanted)
+        search = tune(goal, args.budget, args.seconds, target.parent / "runs", wanted)
         written = files.write(search, command, target)
     except KeyboardInterrupt:  # every server was stopped on the way out (serve's finally)
         print("fastinfer tune: interrupted; the previous tuned file is as it was", file=sys.stderr)
@@ -62,21 +51,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def backends_to_tune(requested: str | None) -> list[str] | str:
-    """The backends named (comma-separated), else every one that can run here; or why not."""
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None, prog: str) -> tuple[argparse.Namespace, list[str]]:
+    """``argv`` parsed and checked, the project's store in use, and the backends to tune: those named, else every
+    one that can run here; none when that cannot be (why: on stderr)."""
     from fastinfer.catalog.backends import unavailable_reason
     from fastinfer.catalog.tune_space import BACKENDS_TUNED
 
+    args = parser.parse_args(argv)
+    if args.clients < 1 or args.budget <= 0 or args.seconds <= 0 or getattr(args, "rounds", 0) < 0:
+        rounds = ", --rounds not negative" if "rounds" in args else ""
+        parser.error(f"--clients, --budget and --seconds must be positive{rounds}")
+    use_project_store()
     reasons = {b: unavailable_reason(b) for b in BACKENDS_TUNED}
     runnable = [b for b, why in reasons.items() if why is None]
+    wanted = list(dict.fromkeys(b.strip() for b in args.backends.split(","))) if args.backends else runnable
+    why = ""
     if not runnable:
-        example = next(iter(reasons.items()))
-        store = bentoml_home() / "models"
-        return f"no backend can run here (model store {store}); for example {example[0]}: {example[1]}"
-    wanted = list(dict.fromkeys(b.strip() for b in requested.split(","))) if requested else runnable
-    if unknown := [b for b in wanted if b not in runnable]:
-        return f"cannot tune {', '.join(unknown)}: not a backend that can run here ({', '.join(runnable)})"
-    return wanted
+        example, reason = next(iter(reasons.items()))
+        why = f"no backend can run here (model store {bentoml_home() / 'models'}); for example {example}: {reason}"
+    elif unknown := [b for b in wanted if b not in runnable]:
+        why = f"cannot tune {', '.join(unknown)}: not a backend that can run here ({', '.join(runnable)})"
+    if why:
+        print(f"{prog}: {why}", file=sys.stderr)
+    return args, [] if why else wanted
 
 
 def interrupt_on_signals() -> None:

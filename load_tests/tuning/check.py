@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from fastinfer.common import hardware
-from fastinfer.common.home import use_project_store
 from fastinfer.measure.plots import pyplot, save
-from load_tests.report import Target, machine, render_targets
+from load_tests.report import Target, machine, render_targets, table
 from load_tests.report import write_markdown as write_report
 from load_tests.tuning import files
 from load_tests.tuning.search import (
@@ -51,9 +50,7 @@ TARGET_TIME = 0.25  # the search's time against the sweep's
 CONTENDERS = 3  # the sweep's best configurations served again head to head
 FORMAT = 2  # of OUT/tuning.json: `make bench` reads only this one
 SECTION = "## Tuning: `fastinfer tune` against an exhaustive sweep"
-
-
-# ---- measuring ------------------------------------------------------------------------------------
+NOT_RUN = "Not run on this machine: `make tune-check` (half an hour to an hour; it says how long first)."
 
 
 def contenders(goal: Goal, swept: Search, chosen: Config | None) -> list[Config]:
@@ -88,9 +85,8 @@ def compare(
     measure: Measure = measure_locust,
     save: Callable[[dict[str, Any]], None] = lambda result: None,
 ) -> dict[str, Any]:
-    """What the check found: the search's choice and the sweep's best, as the sweep measured them and
-    head to head (``rounds`` each; 0: judged on the sweep's own runs); ``save``d once the sweep is
-    complete and after each head-to-head round."""
+    """The search's choice and the sweep's best, as the sweep measured them and head to head (``rounds`` each;
+    0: judged on the sweep's own runs); ``save``d after the sweep and after each head-to-head round."""
     goal = swept.goal
     chosen = tuner.chosen.config if tuner.chosen else None
     result = sweep_result(tuner, tune_s, swept) | {"stage": "head to head"}
@@ -110,19 +106,14 @@ def compare(
 
 
 def head_to_head_result(goal: Goal, runs: dict[Config, list[Trial]], chosen: Config) -> dict[str, Any]:
-    """The head to head so far: each contender's runs and mean, the best mean, the tuned one's share of it."""
+    """The head to head so far: each contender's runs, the best mean, the tuned one's share of it."""
     means = {config: mean_score(goal, trials) for config, trials in runs.items()}
     finite = {c: m for c, m in means.items() if math.isfinite(m)}
     winner = max(finite, key=lambda c: finite[c]) if finite else None
     return {
-        "head_to_head": [
-            {
-                "label": c.label(),
-                "tuned": c == chosen,
-                "qualified": c in finite,  # every run served within the goal
-                "runs": [trial_dict(goal, t) for t in trials],
-            }
-            for c, trials in runs.items()
+        "head_to_head": [  # qualified: every run served within the goal
+            dict(label=c.label(), tuned=c == chosen, qualified=c in finite, runs=[trial_dict(goal, t) for t in ts])
+            for c, ts in runs.items()
         ],
         "head_to_head_best": winner.label() if winner else None,
         "share_head_to_head": share(goal, means[chosen], finite[winner]) if winner else None,
@@ -131,7 +122,6 @@ def head_to_head_result(goal: Goal, runs: dict[Config, list[Trial]], chosen: Con
 
 def sweep_result(tuner: Search, tune_s: float, swept: Search | None) -> dict[str, Any]:
     """The measurements so far (saved after the tune and after each sweep server)."""
-    goal = tuner.goal
     result: dict[str, Any] = {
         "format": FORMAT,
         "stage": "sweep" if swept is not None else "tune",  # what was under way when it was saved
@@ -143,27 +133,20 @@ def sweep_result(tuner: Search, tune_s: float, swept: Search | None) -> dict[str
             "decisions": tuner.decisions,
             "skipped": tuner.skipped,
         },
-        "sweep": None,
-        "share_in_sweep": None,
-        "share_head_to_head": None,
-        "head_to_head": None,
-        "head_to_head_best": None,
+        **dict.fromkeys(("sweep", "share_in_sweep", "share_head_to_head", "head_to_head", "head_to_head_best")),
     }
     if swept is not None:
         runs = [t for t in swept.trials if t.stage == "sweep"]
-        best = max((t for t in runs if goal.score(t) > -math.inf), key=goal.score, default=None)
+        best = max((t for t in runs if tuner.goal.score(t) > -math.inf), key=tuner.goal.score, default=None)
         result["sweep"] = {
             "elapsed_s": round(swept.elapsed(), 1),
             "estimate_s": round(swept.budget_s),
             "configurations": len({t.config for t in runs}),
             "servers": swept.servers,
             "best": best.as_dict() if best else None,
-            "trials": [trial_dict(goal, t) for t in runs],
+            "trials": [trial_dict(tuner.goal, t) for t in runs],
         }
     return result
-
-
-# ---- saying it -------------------------------------------------------------------------------------
 
 
 def targets(result: dict[str, Any]) -> list[Target]:
@@ -228,12 +211,7 @@ def _pct(value: float | None) -> str:
 def section(result: dict[str, Any] | None, plot: str | None) -> list[str]:
     """BENCHMARKS.md's section: the verdicts, the head to head, the sweep's best configurations, the plot."""
     if result is None:
-        return [
-            SECTION,
-            "",
-            "Not run on this machine: `make tune-check` (half an hour to an hour; it says how long first).",
-            "",
-        ]
+        return [SECTION, "", NOT_RUN, ""]
     tune_part, swept = result["tune"], result["sweep"]
     tuned = tune_part["chosen"]
     lines = [
@@ -254,38 +232,34 @@ def section(result: dict[str, Any] | None, plot: str | None) -> list[str]:
             f"- The sweep served {swept['configurations']} configurations on {swept['servers']} servers in "
             f"{swept['elapsed_s'] / 60:.1f} min; its best run: **{best['label'] if best else 'none'}**."
         )
+    latency = result["goal"].startswith("latency")
     if result.get("head_to_head"):
-        lines += ["", "Head to head (each on fresh servers, alternating order):", ""]
-        latency = result["goal"].startswith("latency")
-        lines += [
-            f"| configuration | runs, req/s (p50 ms) | mean {'p50 ms' if latency else 'req/s'} |",
-            "|---|---|---|",
-        ]
+        rows = []
         for row in result["head_to_head"]:
             name = row["label"] + (" ★ tuned" if row["tuned"] else "")
-            if row["label"] == result.get("head_to_head_best"):
-                name = f"**{name}**"
-            runs = ", ".join(_fig(t) for t in row["runs"])
             figures = [t["p50_ms" if latency else "req_per_s"] for t in row["runs"]]
             mean = f"{sum(figures) / len(figures):.1f}" if row["qualified"] and figures else "– (a run failed)"
-            lines.append(f"| {name} | {runs} | {mean} |")
+            won = row["label"] == result.get("head_to_head_best")
+            rows.append([f"**{name}**" if won else name, ", ".join(_fig(t) for t in row["runs"]), mean])
+        header = ["configuration", "runs, req/s (p50 ms)", f"mean {'p50 ms' if latency else 'req/s'}"]
+        lines += ["", "Head to head (each on fresh servers, alternating order):", "", table(header, rows)]
     if plot:
         lines += ["", f"![every configuration of the sweep]({plot})"]
     if swept:
-        lines += ["", "The sweep's ten best (within the goal):", ""]
-        lines += ["| configuration | req/s | p50 ms | p95 ms | run on its server |", "|---|---|---|---|---|"]
         served = [t for t in swept["trials"] if t["qualified"]]
-        key = (lambda t: -t["p50_ms"]) if result["goal"].startswith("latency") else (lambda t: t["req_per_s"])
-        for t in sorted(served, key=key, reverse=True)[:10]:
+        ten = sorted(served, key=lambda t: -t["p50_ms"] if latency else t["req_per_s"], reverse=True)[:10]
+        rows = []
+        for t in ten:
             mark = " ★ tuned" if tuned and t["label"] == tuned["label"] else ""
-            row = f"| {t['label']}{mark} | {t['req_per_s']} | {t['p50_ms']:g} | {t['p95_ms']:g} | {t['position'] + 1} |"
-            lines.append(row)
+            rows.append([t["label"] + mark, t["req_per_s"], f"{t['p50_ms']:g}", f"{t['p95_ms']:g}", t["position"] + 1])
+        header = ["configuration", "req/s", "p50 ms", "p95 ms", "run on its server"]
+        lines += ["", "The sweep's ten best (within the goal):", "", table(header, rows)]
     return [*lines, ""]
 
 
 def bench_section(result: dict[str, Any] | None, plots: Path, rel: str, cpu: str | None) -> list[str]:
-    """The section as `make bench` shows the last check (it runs for most of an hour: not in every bench), its plot
-    drawn again from it (never an earlier check's), said to be from another machine when it is."""
+    """The section as `make bench` shows the last check (an hour long: not in every bench), its plot drawn again
+    from it (never an earlier check's), said to be from another machine when it is."""
     try:
         drawn = result is not None and plot_sweep(result, plots / "tuning.png")
         lines = section(result, f"{rel}/tuning.png" if drawn else None)
@@ -406,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     from fastinfer.cli import tune_arguments
-    from load_tests.tuning.__main__ import backends_to_tune, interrupt_on_signals
+    from load_tests.tuning.__main__ import interrupt_on_signals, parse
 
     parser = argparse.ArgumentParser(prog="python -m load_tests.tuning.check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -415,13 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("artifacts/bench"))
     parser.add_argument("--markdown", type=Path, default=Path("BENCHMARKS.md"))
     parser.add_argument("--plots", type=Path, default=Path("docs/bench"), help="where BENCHMARKS.md's PNGs go")
-    args = parser.parse_args(argv)
-    if args.clients < 1 or args.budget <= 0 or args.seconds <= 0 or args.rounds < 0:
-        parser.error("--clients, --budget and --seconds must be positive, --rounds not negative")
-    use_project_store()
-    wanted = backends_to_tune(args.backends)
-    if isinstance(wanted, str):
-        print(f"tune-check: {wanted}", file=sys.stderr)
+    args, wanted = parse(parser, argv, "tune-check")
+    if not wanted:
         return 1
     goal = Goal(args.goal, args.clients, args.p95_ms)
     where, saved = args.out / "tuning", args.out / "tuning.json"

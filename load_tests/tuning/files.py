@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -42,16 +42,12 @@ def tuned_file(search: Search, best: Trial, command: str) -> dict[str, Any]:
 def write_atomically(path: Path, text: str) -> None:
     """Replace ``path`` in one step: a reader sees the old file or the new one, never half of it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would hide it from a server running as another user
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        tmp.write_text(text)  # a file's usual mode (umask): a server running as another user reads it
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -1,26 +1,17 @@
-"""The search of ``fastinfer tune``: find the configuration that serves best on this machine, within a
-time budget.
-
-The search, pruned by measurement rather than swept:
- 1. in process (``fastinfer profile``, no server): every backend that can run here (its fidelity gate
-    passed when it was built), its ceiling (decode + inference per image at b8, on these cores) and its
-    single-photo latency; backends far below the best (< PRUNE of its ceiling, or latency) are dropped;
- 2. served, one ``bentoml serve`` with the table's settings: each remaining backend under the goal's
-    load (locust, the benchmark pool, cache bypassed); the best one is kept;
- 3. served, one fresh server per candidate: for that backend, one setting at a time from the best so
-    far (where its engine runs, max batch, max wait, front workers, engine threads); a change is kept
-    only when it beats the best by more than MIN_GAIN;
- 4. the chosen configuration and the table's settings served once more each: the choice stands only
-    if it still wins on the mean of both rounds.
-Every trial is a real server under real load: the in-process figures only decide what is worth
-serving. When the budget runs out the search stops, says what it did not try, and keeps the best.
-
-The space itself (backends, settings, values) is fastinfer/catalog/tune_space.py's: the server holds a
-tuned file to it. ``sweep`` serves every configuration of that space (``space``), unpruned: the
-yardstick the benchmark holds the search against (load_tests/tuning/check.py, ``make tune-check``).
-
-Every server it starts is stopped, whatever happens (Ctrl-C, a failing candidate); what it found is
-written by load_tests/tuning/files.py.
+"""The search of ``fastinfer tune``: the configuration that serves best here, within a time budget, pruned
+by measurement rather than swept:
+ 1. in process (``fastinfer profile``): each backend's ceiling (decode + inference at b8, these cores) and
+    single-photo latency; backends below PRUNE of the best are dropped;
+ 2. one server with the table's settings serves each remaining backend under the goal's load (locust, the
+    benchmark pool, cache bypassed); the best is kept;
+ 3. a fresh server per candidate: one setting at a time from the best so far; a change is kept only when it
+    beats the best by more than MIN_GAIN;
+ 4. the choice and the table's settings served once more each: the choice stands only if it still wins on
+    the mean of both rounds.
+In-process figures only decide what is worth serving: every trial is a real server under real load. When
+the budget runs out the search says what it did not try and keeps the best. The space is
+fastinfer/catalog/tune_space.py's; ``sweep`` serves all of it, the yardstick of load_tests/tuning/check.py.
+Every server started is stopped, whatever happens.
 """
 
 from __future__ import annotations
@@ -31,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +40,7 @@ MIN_GAIN = 0.03  # a setting is kept when it serves this much better than the be
 
 @dataclass(frozen=True)
 class Config(tune_space.Point):
-    """One way to serve: a configuration of the tuner's space (its fields and its settings are
-    tune_space.Point's), as the search names it."""
+    """One way to serve (tune_space.Point), with the name the search gives it."""
 
     def label(self) -> str:
         parts = [self.backend, "in front" if self.in_front else "runner"]
@@ -135,8 +125,7 @@ class Search:
         return self.elapsed() + needed <= self.budget_s
 
     def best(self) -> Trial | None:
-        scored = [t for t in self.trials if self.goal.score(t) > -math.inf]
-        return max(scored, key=self.goal.score) if scored else None
+        return max((t for t in self.trials if self.goal.score(t) > -math.inf), key=self.goal.score, default=None)
 
     def progress(self, message: str) -> None:
         done = min(1.0, self.elapsed() / self.budget_s)
@@ -147,9 +136,6 @@ class Search:
 
 def _mmss(seconds: float) -> str:
     return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
-
-
-# ---- stage 1: in process ------------------------------------------------------------------------
 
 
 def in_process(backends: list[str], repeats: int = 2) -> dict[str, dict[str, float]]:
@@ -207,9 +193,6 @@ def worth_serving(figures: dict[str, dict[str, float]], goal: Goal) -> tuple[lis
     return keep, {**{n: why for n, why in dropped.items() if n not in keep}, **unloadable}
 
 
-# ---- stages 2 and 3: served ---------------------------------------------------------------------
-
-
 Measure = Callable[[Server, Config, Search], Trial]
 
 
@@ -219,7 +202,7 @@ def warm(url: str, backend: str, clients: int, images: Path) -> None:
     import httpx
 
     from fastinfer.measure import photos
-    from load_tests.service import auth_headers
+    from fastinfer.measure.evaluate import auth_headers
 
     pool = [data for _, data in photos.benchmark_pool(images)]
     headers = {"Cache-Control": "no-cache", **auth_headers()}
@@ -234,8 +217,7 @@ def warm(url: str, backend: str, clients: int, images: Path) -> None:
 
 
 def measure_locust(server: Server, config: Config, search: Search) -> Trial:
-    """One locust run of the benchmark pool against ``server`` for ``config.backend``, cache bypassed,
-    after a warm-up."""
+    """One locust run of the benchmark pool for ``config.backend``, cache bypassed, after a warm-up."""
     clients = 1 if search.goal.kind == "latency" else search.goal.clients
     warm(server.url, config.backend, clients, search.out / "runs" / "images")
     run = run_locust(server.url, config.backend, clients, search.seconds, "inference", search.out / "runs")
@@ -247,18 +229,14 @@ def untuned() -> dict[str, str]:
     must not tilt one candidate (start_server passes the shell's environment on)."""
     from fastinfer.catalog.backends import BACKENDS
 
-    names = ["FASTINFER_RUNNER_WORKERS"] + [
-        f"FASTINFER_{what}_{env_key(backend)}"
-        for backend in BACKENDS
-        for what in ("BATCHING", "MAX_BATCH_SIZE", "MAX_LATENCY_MS")
-    ]
+    per_backend = ("BATCHING", "MAX_BATCH_SIZE", "MAX_LATENCY_MS")
+    names = ["FASTINFER_RUNNER_WORKERS", *(f"FASTINFER_{what}_{env_key(b)}" for b in BACKENDS for what in per_backend)]
     return dict.fromkeys(names, "")
 
 
 def server_env(configs: list[Config]) -> dict[str, str]:
-    """The environment of one server that serves every config in ``configs`` at once: one config per
-    backend (their batching settings are per backend, and so is where each engine runs), all sharing the
-    server-wide settings (front workers, engine threads)."""
+    """The environment of one server serving every config at once: one per backend (batching and placement are
+    per backend), all sharing the server-wide settings (front workers, engine threads)."""
     if len({c.backend for c in configs}) != len(configs) or len({(c.front_workers, c.threads) for c in configs}) != 1:
         raise ValueError("one server serves one configuration per backend, with one set of server-wide settings")
     env = {**untuned(), "FASTINFER_TUNED": "off", "FASTINFER_MAX_CONCURRENCY": "256"}
@@ -271,12 +249,8 @@ def server_env(configs: list[Config]) -> dict[str, str]:
 
 def shared_label(configs: list[Config]) -> str:
     """What a server of several backends shares, said once (its backends' own settings are in each trial)."""
-    labels = [c.label().split(", ", 1)[1] if ", " in c.label() else "" for c in configs]
-    return (
-        "the table settings"
-        if len(set(labels)) == 1 and labels[0] == "runner"
-        else "; ".join(c.label() for c in configs)
-    )
+    labels = {c.label().split(", ", 1)[1] if ", " in c.label() else "" for c in configs}
+    return "the table settings" if labels == {"runner"} else "; ".join(c.label() for c in configs)
 
 
 def serve(configs: list[Config], stage: str, search: Search, measure: Measure) -> list[Trial]:
@@ -315,15 +289,9 @@ def serve(configs: list[Config], stage: str, search: Search, measure: Measure) -
     return trials + (serve(rest, stage, search, measure) if rest else [])
 
 
-def dimensions(backend: str, cores: int, goal: Goal) -> dict[str, list[Any]]:
-    """The values the search may give each setting of ``backend`` on ``cores``, the table's (or the
-    rule's) first: the space both the search and the exhaustive sweep (``sweep``) walk."""
-    return tune_space.dimensions(backend, cores, goal.kind)
-
-
 def alternatives(config: Config, cores: int, goal: Goal) -> list[tuple[str, list[Config]]]:
     """The settings to try next from ``config``, one dimension at a time, most promising first."""
-    dims = dimensions(config.backend, cores, goal)
+    dims = tune_space.dimensions(config.backend, cores, goal.kind)  # the table's (or the rule's) value first
     steps: list[tuple[str, list[Config]]] = []
     if config.front_workers == 1:
         steps.append(("where the engine runs", [replace(config, in_front=not config.in_front)]))
@@ -347,8 +315,7 @@ def tune(
     start: Callable[..., Server] = start_server,
     stop: Callable[[Server], None] = stop_server,
 ) -> Search:
-    """The whole search (module docstring); ``figures`` skips stage 1, ``start``/``stop`` replace the
-    real server (tests of the search's logic; the real one is tested end to end too)."""
+    """The whole search (module docstring); ``figures`` skips stage 1, ``start``/``stop`` replace the server."""
     search = Search(goal, budget_s, seconds, out, start=start, stop=stop)
     search.progress(f"goal {goal.describe()}; in-process figures of {', '.join(backends)}")
     figures = figures if figures is not None else in_process(backends)
@@ -415,8 +382,6 @@ def shown(trial: Trial) -> str:
 
 def alternatives_from(current: Config, options: list[Config]) -> list[Config]:
     """Each option as a change of one dimension from ``current``: what earlier dimensions chose is kept."""
-    from dataclasses import fields
-
     base = Config(current.backend)
     out = []
     for option in options:
@@ -429,22 +394,17 @@ def alternatives_from(current: Config, options: list[Config]) -> list[Config]:
     return out
 
 
-# ---- the exhaustive sweep (the benchmark's yardstick for the search) -----------------------------
-
-
 def space(backends: list[str], cores: int, goal: Goal) -> list[Config]:
-    """Every configuration the search could reach: each backend × every value of every dimension
-    (``dimensions``), an engine in the front only with the one front worker."""
+    """Every configuration the search could reach (an engine in the front only with the one front worker)."""
     return [Config(**asdict(point)) for backend in backends for point in tune_space.points(backend, cores, goal.kind)]
 
 
 def server_groups(configs: list[Config], cores: int, goal: Goal) -> list[list[Config]]:
-    """``configs`` packed onto as few servers as they allow: one server per combination of settings
-    (each backend's max batch and max wait as their position among its values: its half, its double),
-    serving every backend that has that combination."""
+    """``configs`` packed onto as few servers as they allow: one per combination of settings (max batch and max
+    wait by their position among the backend's values: its half, its double), serving every backend that has it."""
     groups: dict[tuple[Any, ...], list[Config]] = {}
     for config in configs:
-        dims = dimensions(config.backend, cores, goal)
+        dims = tune_space.dimensions(config.backend, cores, goal.kind)
         position = tuple(
             dims[name].index(getattr(config, name)) if name in dims else 0 for name in ("max_batch", "max_latency_ms")
         )
@@ -462,10 +422,8 @@ def sweep(
     stop: Callable[[Server], None] = stop_server,
     after_each: Callable[[Search], None] = lambda search: None,
 ) -> Search:
-    """Serve every configuration of the search's space, no pruning: what the search is judged against
-    (load_tests/tuning/check.py). Its clock is its cost. Each server takes its backends in a rotated
-    order, so that no backend always runs first on a fresh server; ``after_each`` is called after each
-    server (the check saves what was measured so far)."""
+    """Serve every configuration of the search's space, unpruned; its clock is its cost. Each server takes its
+    backends in a rotated order, so that none always runs first on a fresh server; ``after_each`` follows each."""
     cores = hardware.cpu_count()
     configs = space(backends, cores, goal)
     groups = server_groups(configs, cores, goal)

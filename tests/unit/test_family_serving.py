@@ -33,6 +33,7 @@ from fastinfer.serving.pipeline import Pipeline
 from tests import images
 from tests.settings import settings_with
 from tests.unit.test_image_api import request
+from tests.unit.test_pipeline import make
 
 SHAPES = ["circle", "square", "triangle"]  # N = 3
 
@@ -126,20 +127,7 @@ class ThreeClasses:
 
 
 def three_class_pipeline(categories: list[str] = SHAPES) -> tuple[Pipeline, ThreeClasses]:
-    runner = ThreeClasses()
-    names = ["pytorch", "onnx"]
-    pipeline = Pipeline(
-        names,
-        {n: info(n, categories) for n in names},
-        lambda n: None,
-        runner,
-        runner.engine,
-        MemoryCache(max_entries=100, ttl_s=60),
-        CpuPool(2),
-        LiveStats(),
-        max_pixels=50_000_000,
-    )
-    return pipeline, runner
+    return make(runner=ThreeClasses(), models={n: info(n, categories) for n in ["pytorch", "onnx"]})
 
 
 def grey_png(level: int) -> bytes:

@@ -58,12 +58,15 @@ class StandInRunner:
         return logits
 
 
-def make(unavailable: dict[str, str] | None = None) -> tuple[Pipeline, StandInRunner]:
-    runner = StandInRunner()
-    names = ["onnx", "pytorch", "coreml"]
+def make(
+    unavailable: dict[str, str] | None = None, runner: Any = None, models: dict[str, Any] | None = None
+) -> tuple[Pipeline, Any]:
+    """A pipeline over a stand-in runner (StandInRunner unless given) serving ``models`` (onnx, pytorch, coreml)."""
+    runner = runner or StandInRunner()
+    models = models or {n: model(n) for n in ["onnx", "pytorch", "coreml"]}
     pipeline = Pipeline(
-        names,
-        {n: model(n) for n in names},
+        list(models),
+        models,
         lambda n: (unavailable or {}).get(n),
         runner,
         runner.engine,
