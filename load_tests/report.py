@@ -470,14 +470,16 @@ def write_markdown(
     plots = plots or path.parent / "docs" / "bench"
     plots.mkdir(parents=True, exist_ok=True)
     results["targets"] = [asdict(t) for t in [*targets(results), *more[0]]]
-    plot_throughput(results["runs"], plots / "throughput.png")
-    plot_latency(results["runs"], plots / "latency.png", users=10)
-    if results.get("sequential"):
-        plot_stages(results["sequential"], plots / "stages.png")
-    if (out / "profile.png").exists():
-        (plots / "profile.png").write_bytes((out / "profile.png").read_bytes())
-    if splits := served_splits(results):
-        plot_served(splits, plots / "served.png")
+    splits = served_splits(results)
+    if not results.get("rebuilt"):  # results rebuilt from tables: the plots stay the run's own
+        plot_throughput(results["runs"], plots / "throughput.png")
+        plot_latency(results["runs"], plots / "latency.png", users=10)
+        if results.get("sequential"):
+            plot_stages(results["sequential"], plots / "stages.png")
+        if (out / "profile.png").exists():
+            (plots / "profile.png").write_bytes((out / "profile.png").read_bytes())
+        if splits:
+            plot_served(splits, plots / "served.png")
     rel, hw = os.path.relpath(plots, path.parent), results["hardware"]
     about = (
         f"{results['date']} · **{hw['cpu']}**, {hw['cores']} cores, {hw['os']}; ISA: {', '.join(hw['isa']) or 'none'}; "

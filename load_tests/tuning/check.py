@@ -257,11 +257,15 @@ def section(result: dict[str, Any] | None, plot: str | None) -> list[str]:
     return [*lines, ""]
 
 
-def bench_section(result: dict[str, Any] | None, plots: Path, rel: str, cpu: str | None) -> list[str]:
+def bench_section(
+    result: dict[str, Any] | None, plots: Path, rel: str, cpu: str | None, redraw: bool = True
+) -> list[str]:
     """The section as `make bench` shows the last check (an hour long: not in every bench), its plot drawn again
-    from it (never an earlier check's), said to be from another machine when it is."""
+    from it (never an earlier check's; ``redraw`` False: kept, for results rebuilt from tables), said to be from
+    another machine when it is."""
     try:
-        drawn = result is not None and plot_sweep(result, plots / "tuning.png")
+        png = plots / "tuning.png"
+        drawn = result is not None and (plot_sweep(result, png) if redraw else png.exists())
         lines = section(result, f"{rel}/tuning.png" if drawn else None)
     except Exception as exc:  # a hand-edited file: the rest of BENCHMARKS.md is still written
         drawn, lines = False, [*section(None, None), f"(The saved check could not be read: {type(exc).__name__})"]
@@ -351,8 +355,9 @@ def write_benchmarks(results: dict[str, Any], markdown: Path, out: Path, plots: 
         rows = targets(tuning) if tuning else []
     rel = os.path.relpath(plots, markdown.parent)
     write_report(
-        results, markdown, out, plots, (rows, bench_section(tuning, plots, rel, results["hardware"].get("cpu")))
-    )
+        results, markdown, out, plots,
+        (rows, bench_section(tuning, plots, rel, results["hardware"].get("cpu"), not results.get("rebuilt"))),
+    )  # fmt: skip
 
 
 def write_markdown(result: dict[str, Any], markdown: Path, plots: Path, out: Path | None = None) -> Path | None:

@@ -677,3 +677,21 @@ def test_the_committed_report_opens_with_the_rows_its_results_json_judges() -> N
     assert first == render_targets(saved["targets"])
     judged = targets(saved) + (check.targets(saved["tuning"]) if saved.get("tuning") else [])
     assert [asdict(t) for t in judged] == saved["targets"]
+
+
+def test_results_rebuilt_from_tables_keep_the_runs_own_plots(tmp_path) -> None:
+    """A results.json rebuilt from printed tables (``rebuilt`` lists its estimates) renders the report, but its
+    estimates never redraw the plots the run drew."""
+    plots, md = tmp_path / "plots", tmp_path / "B.md"
+    plots.mkdir()
+    for name in ("throughput.png", "latency.png", "tuning.png"):
+        (plots / name).write_bytes(b"the run's own")
+    (tmp_path / "tuning.json").write_text(json.dumps(tune_check()))
+    results = bench([run("inference", "onnx-int8", 10, 58.0)]) | {"rebuilt": ["requests: req/s x 20 s"]}
+    check.write_benchmarks(results, md, tmp_path, plots)
+    assert {p.name: p.read_bytes() for p in plots.glob("*.png")} == dict.fromkeys(
+        ("throughput.png", "latency.png", "tuning.png"), b"the run's own"
+    )
+    assert "](plots/tuning.png)" in md.read_text()
+    check.write_benchmarks(results | {"rebuilt": []}, md, tmp_path, plots)  # a run's own results: drawn again
+    assert (plots / "throughput.png").read_bytes() != b"the run's own"
