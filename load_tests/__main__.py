@@ -41,9 +41,9 @@ import httpx
 from fastinfer.catalog import store
 from fastinfer.catalog.backends import env_key
 from fastinfer.common import hardware
+from fastinfer.common.client import auth_headers
 from fastinfer.common.home import use_project_store
 from fastinfer.measure import photos
-from fastinfer.measure.evaluate import auth_headers
 from load_tests.bodies import multipart
 from load_tests.checks import BATCH_IMAGES
 from load_tests.locust_runs import run_locust

@@ -20,7 +20,7 @@ from typing import Any
 from locust import constant, events, task
 from locust.contrib.fasthttp import FastHttpUser
 
-from fastinfer.measure.evaluate import auth_headers
+from fastinfer.common.client import auth_headers
 from fastinfer.measure.photos import benchmark_pool
 from load_tests.bodies import multipart
 from load_tests.checks import BATCH_IMAGES, batch_failure

@@ -20,8 +20,8 @@ import time
 
 import httpx
 
+from fastinfer.common.client import auth_headers
 from fastinfer.measure import photos
-from fastinfer.measure.evaluate import auth_headers
 from load_tests.bodies import multipart
 
 HEADERS = {"Cache-Control": "no-cache"}

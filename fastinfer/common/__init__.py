@@ -1,2 +1,2 @@
 """The leaves every layer uses: where BentoML's home is, the error shape, the response schemas, what
-this machine's hardware is, file digests. Imports nothing of FastInfer's above it."""
+this machine's hardware is, file digests, the key a client sends. Imports nothing of FastInfer's above it."""

@@ -8,7 +8,6 @@ beside it is what ``make bench`` served of this family on this machine, where it
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +17,7 @@ from fastinfer.catalog import choice, holdings, store
 from fastinfer.catalog.backends import SPECS, open_engine
 from fastinfer.catalog.store import PreprocessSpec, StoredModelInfo
 from fastinfer.common import hardware
+from fastinfer.common.client import auth_headers
 from fastinfer.measure import accuracy
 from fastinfer.measure.accuracy import EvalFolder, EvalSet, Progress, Report, Row, Skipped
 
@@ -123,12 +123,6 @@ def in_process(root: Path, backends: Sequence[str] | None, progress: Progress, n
     report = Report(str(root.resolve()), len(images.targets), list(skipped.values()), images.unevaluated,
                     len(images.labels), "", rows, {"family": name, "via": "in process"})  # fmt: skip
     return with_speed(with_reference(report, f"{REFERENCE_BACKEND} (stored FP32 model)"))
-
-
-def auth_headers() -> dict[str, str]:
-    """For a server with API keys: FASTINFER_API_KEY as a Bearer token (never a command-line argument)."""
-    key = os.environ.get("FASTINFER_API_KEY", "").strip()
-    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _error(response: Any) -> tuple[str, str]:

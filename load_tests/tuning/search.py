@@ -201,8 +201,8 @@ def warm(url: str, backend: str, clients: int, images: Path) -> None:
     (allocations, a runtime's first compile of a shape) must not count against the backend measured first."""
     import httpx
 
+    from fastinfer.common.client import auth_headers
     from fastinfer.measure import photos
-    from fastinfer.measure.evaluate import auth_headers
 
     pool = [data for _, data in photos.benchmark_pool(images)]
     headers = {"Cache-Control": "no-cache", **auth_headers()}

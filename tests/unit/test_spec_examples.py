@@ -338,3 +338,13 @@ def test_a_call_refused_as_it_spends_is_answered_as_the_front_refuses_it(setting
 def test_the_pages_error_example_is_one_the_server_answers(settings: Settings) -> None:
     shown = re.search(r"```json\n(\{\"error\".*\})\n```", api_page.PAGE_TEXT)
     assert shown is not None and json.loads(shown.group(1)) in api_examples.errors(settings).values()
+
+
+def test_service_is_wired_by_the_functions_this_test_serves() -> None:
+    """The cases above run http.front_options and analysis.answer: service.py must answer through them too."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(__file__).resolve().parents[2] / "service.py").read_text())
+    called = {ast.unparse(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    assert {"front_options", "analysis.answer"} <= called, "service.py no longer builds its front as this test does"
