@@ -192,7 +192,9 @@ _SHARED: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
 
 
 def _shared(server_state: Any) -> _Shared:
-    return _SHARED.setdefault(server_state, _Shared())
+    if (shared := _SHARED.get(server_state)) is None:  # once per worker, not a throwaway per connection
+        shared = _SHARED[server_state] = _Shared()
+    return shared
 
 
 class FrontProtocol(Protocol):
