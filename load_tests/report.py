@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -494,5 +495,6 @@ def write_markdown(
                             _study) for line in part(results, rel)),
         *more[1],
     ]  # fmt: skip
-    path.write_text("\n".join(md) + "\n")
+    text = "\n".join(md) + "\n"  # a picture only where its plot exists (results rebuilt from tables draw none)
+    path.write_text(re.sub(r"!\[[^]]*\]\(([^)]+)\)", lambda m: m[0] if (path.parent / m[1]).exists() else "", text))
     (plots / "results.json").write_text(json.dumps(results, indent=2) + "\n")

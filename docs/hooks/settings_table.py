@@ -104,6 +104,8 @@ def page(markdown: str) -> str:
     settings, elsewhere = rows()[: -len(ELSEWHERE)], rows()[-len(ELSEWHERE) :]
     for name, table in zip(MARKERS, (settings, elsewhere), strict=True):
         begin, end = f"<!-- {name} -->", f"<!-- /{name} -->"
+        if markdown.count(begin) != 1 or markdown.count(end) != 1 or markdown.index(begin) > markdown.index(end):
+            raise ValueError(f"the page needs {begin} once, then {end} once: the table goes between them")
         head, rest = markdown.split(begin, 1)
         markdown = f"{head}{begin}\n{_table(table)}\n{end}{rest.split(end, 1)[1]}"
     return markdown

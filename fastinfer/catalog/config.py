@@ -14,8 +14,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from fastinfer.catalog import backends, store
 from fastinfer.catalog.backends import BACKENDS, SPECS
+from fastinfer.common.client import API_KEY_SYNTAX
 
-API_KEY_SYNTAX = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 API_KEY_MIN_LENGTH = 16  # a short key is guessed: 401s are not rate limited
 CACHE_HMAC_KEY_MIN_LENGTH = 32  # anyone who can read Redis holds (key, entry, MAC) triples: a short key is guessed
 

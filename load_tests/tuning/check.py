@@ -349,15 +349,16 @@ def write_benchmarks(results: dict[str, Any], markdown: Path, out: Path, plots: 
     ``results`` carries): its rows end the targets table, its section ends the report."""
     plots = plots or markdown.parent / "docs" / "bench"
     plots.mkdir(parents=True, exist_ok=True)
-    results["tuning"] = tuning = load(out / "tuning.json") or results.get("tuning")
+    fresh = load(out / "tuning.json")  # a check of its own: drawn, even over results rebuilt from tables
+    results["tuning"] = tuning = fresh or results.get("tuning")
     rows: list[Target] = []
     with contextlib.suppress(Exception):  # a hand-edited tune-check file: its section says so
         rows = targets(tuning) if tuning else []
     rel = os.path.relpath(plots, markdown.parent)
+    redraw = bool(fresh) or not results.get("rebuilt")
     write_report(
-        results, markdown, out, plots,
-        (rows, bench_section(tuning, plots, rel, results["hardware"].get("cpu"), not results.get("rebuilt"))),
-    )  # fmt: skip
+        results, markdown, out, plots, (rows, bench_section(tuning, plots, rel, results["hardware"].get("cpu"), redraw))
+    )
 
 
 def write_markdown(result: dict[str, Any], markdown: Path, plots: Path, out: Path | None = None) -> Path | None:

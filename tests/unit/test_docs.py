@@ -89,3 +89,20 @@ def test_the_check_finds_a_missing_variable() -> None:
     listed = "FASTINFER_BATCHING_<BACKEND> FASTINFER_API_KEYS FASTINFER_MAX_BYTES"
     read = {"FASTINFER_BATCHING_", "FASTINFER_API_KEY", "FASTINFER_MAX_", "FASTINFER_MAX_BYTES", "FASTINFER_NEW"}
     assert undocumented(read, listed) == ["FASTINFER_API_KEY", "FASTINFER_NEW"]
+
+
+@pytest.mark.parametrize(
+    "markers",
+    [
+        "<!-- /settings-table -->",  # no beginning
+        "<!-- settings-table -->",  # no end
+        "<!-- /settings-table -->\n<!-- settings-table -->",  # swapped
+        "<!-- settings-table -->\n<!-- /settings-table -->\n" * 2,  # twice: the second would stay stale
+    ],
+)
+def test_a_page_with_misplaced_markers_is_refused(markers: str) -> None:
+    sys.path.insert(0, str(ROOT / "docs" / "hooks"))
+    import settings_table
+
+    with pytest.raises(ValueError, match="settings-table"):
+        settings_table.page(f"{markers}\n<!-- elsewhere-table -->\n<!-- /elsewhere-table -->\n")

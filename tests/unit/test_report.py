@@ -686,8 +686,7 @@ def test_results_rebuilt_from_tables_keep_the_runs_own_plots(tmp_path) -> None:
     plots.mkdir()
     for name in ("throughput.png", "latency.png", "tuning.png"):
         (plots / name).write_bytes(b"the run's own")
-    (tmp_path / "tuning.json").write_text(json.dumps(tune_check()))
-    results = bench([run("inference", "onnx-int8", 10, 58.0)]) | {"rebuilt": ["requests: req/s x 20 s"]}
+    results = bench([run("inference", "onnx-int8", 10, 58.0)]) | {"rebuilt": ["req/s x 20 s"], "tuning": tune_check()}
     check.write_benchmarks(results, md, tmp_path, plots)
     assert {p.name: p.read_bytes() for p in plots.glob("*.png")} == dict.fromkeys(
         ("throughput.png", "latency.png", "tuning.png"), b"the run's own"
@@ -695,3 +694,21 @@ def test_results_rebuilt_from_tables_keep_the_runs_own_plots(tmp_path) -> None:
     assert "](plots/tuning.png)" in md.read_text()
     check.write_benchmarks(results | {"rebuilt": []}, md, tmp_path, plots)  # a run's own results: drawn again
     assert (plots / "throughput.png").read_bytes() != b"the run's own"
+
+
+def test_a_report_shows_no_picture_of_a_plot_that_was_not_drawn(tmp_path) -> None:
+    """Results rebuilt from tables draw no plots: in a fresh folder the report links none that is missing."""
+    md = tmp_path / "BENCHMARKS.md"
+    results = bench([run("inference", "onnx-int8", 10, 58.0)]) | {"rebuilt": ["requests: req/s x 20 s"]}
+    check.write_benchmarks(results, md, tmp_path, tmp_path / "plots")
+    assert "](plots/" not in md.read_text() and not list((tmp_path / "plots").glob("*.png"))
+
+
+def test_a_new_tune_check_is_drawn_even_over_rebuilt_results(tmp_path) -> None:
+    plots, md = tmp_path / "plots", tmp_path / "B.md"
+    plots.mkdir()
+    (plots / "tuning.png").write_bytes(b"an earlier check's")
+    (tmp_path / "tuning.json").write_text(json.dumps(tune_check()))
+    results = bench([run("inference", "onnx-int8", 10, 58.0)]) | {"rebuilt": ["requests: req/s x 20 s"]}
+    check.write_benchmarks(results, md, tmp_path, plots)
+    assert (plots / "tuning.png").read_bytes() != b"an earlier check's" and "](plots/tuning.png)" in md.read_text()
