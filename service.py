@@ -31,6 +31,7 @@ from fastinfer.front.connections import install_front_protocol
 from fastinfer.front.http import FrontMiddleware, front_options
 from fastinfer.front.image_routes import ROUTES, image_apis
 from fastinfer.front.openapi import DocumentedService
+from fastinfer.serving import turns
 from fastinfer.serving.cache import ResponseCache, open_cache
 from fastinfer.serving.cpu import CpuPool
 from fastinfer.serving.disk import claim_metrics_dir, guard_metric_files, own_metrics_dir
@@ -77,7 +78,7 @@ class FastInfer:
         logger.info("default backend: %s", self.default.describe())
         self.live = LiveStats()
         # Decoding is CPU-bound; more threads than cores only adds contention (see fastinfer.serving.cpu).
-        self.cpu = CpuPool(hardware.cpu_count(), "front-cpu")
+        self.cpu = CpuPool(settings.decode_threads or hardware.cpu_count(), "front-cpu", turns=turns.this_server())
         # FASTINFER_IN_FRONT: engines run in this worker, no hop to a runner; loaded before it answers (1-2 s each).
         self.in_front = {attribute(r): RunnerCore(r, workers=1) for r in sorted(settings.in_front) if runs_here(r)}
         calls = self.runner_calls = RunnerCalls(
@@ -126,6 +127,8 @@ class FastInfer:
         os.environ[store.UNSERVED_ENV] = json.dumps(unserved)
         # Every worker takes the tuned configuration read here, even if the file changes meanwhile.
         tuned.export(settings.tuned)
+        if settings.scheduling == "turns":  # the lock files by which this server's processes take turns
+            turns.new_server_dir()
         try:
             atexit.register(store.record_pins(pinned).unlink, missing_ok=True)
         except OSError as exc:  # a read-only store (a container's): a build through a writable mount may prune them

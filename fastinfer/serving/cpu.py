@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import functools
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
+
+from fastinfer.serving.turns import Turns
 
 T = TypeVar("T")
 
@@ -36,17 +39,35 @@ def name_os_thread(name: str) -> None:
 
 
 class CpuPool:
-    def __init__(self, workers: int, name: str = "cpu", os_name: str = DECODE_THREAD) -> None:
+    """``turns``: decodes wait for their turn with engine calls (fastinfer/serving/turns.py); None: never."""
+
+    def __init__(
+        self, workers: int, name: str = "cpu", os_name: str = DECODE_THREAD, turns: Turns | None = None
+    ) -> None:
         if workers < 1:
             raise ValueError("a pool needs at least one worker")
         self.workers = workers
+        self.turns = turns
         self._executor = ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix=name, initializer=name_os_thread, initargs=(os_name,)
         )
 
-    async def run(self, work: Callable[[], T]) -> T:
-        """``work()`` on a pool thread; cancelling the caller drops it if it has not started."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
+    async def run(self, work: Callable[[], T], *, decode: bool = False) -> T:
+        """``work()`` on a pool thread; cancelling the caller drops it if it has not started. A ``decode`` takes
+        its turn (hashing for a cache lookup does not: a cache hit never waits for an engine call)."""
+        loop = asyncio.get_running_loop()
+        if not (decode and self.turns is not None and self.turns.enabled):
+            return await loop.run_in_executor(self._executor, work)
+        self.turns.decode_queued()
+        try:
+            return await loop.run_in_executor(self._executor, functools.partial(_in_turn, self.turns, work))
+        finally:
+            self.turns.decode_ended()
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _in_turn(turns: Turns, work: Callable[[], T]) -> T:
+    with turns.decoding():
+        return work()

@@ -181,3 +181,25 @@ def test_work_whose_deadline_passed_while_it_queued_is_dropped_not_run() -> None
     assert np.all(first == 0) and np.all(later == 4)
     assert isinstance(expired, Expired) and isinstance(now, Expired)
     assert calls == [2, 2] and batcher.expired_rows == 3
+
+
+def test_before_batch_is_awaited_before_a_batch_is_formed() -> None:
+    """Taking turns (fastinfer/serving/turns.py): images arriving while the batcher waits join its batch."""
+    sizes: list[int] = []
+    gate = asyncio.Event()
+
+    def run(images: np.ndarray) -> np.ndarray:
+        sizes.append(len(images))
+        return images
+
+    async def main() -> None:
+        batcher = MicroBatcher(run, 8, 0, before_batch=gate.wait)
+        first = asyncio.ensure_future(batcher.submit(np.zeros((1, 2))))
+        await asyncio.sleep(0.05)
+        rest = [asyncio.ensure_future(batcher.submit(np.zeros((1, 2)))) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        await asyncio.gather(first, *rest)
+
+    asyncio.run(main())
+    assert sizes == [4]

@@ -1,0 +1,208 @@
+"""Turns: decoding and inference take the cores one after the other instead of preempting each other
+(``FASTINFER_SCHEDULING=turns``).
+
+On few cores an engine call spreads over every core in a parallel region that ends when its slowest thread ends;
+a decode thread that preempts one of those threads makes all of them wait, spinning. Taking turns costs only the
+wait for a decode under way (a few ms) and gives each kind of work the whole machine while it runs.
+
+Every process of one server shares two lock files (``flock``, so a process that dies releases its locks):
+
+- an engine call holds ``gate`` exclusively (no decode starts), then ``work`` exclusively (the decodes under way
+  end), runs, and releases both;
+- a decode holds ``gate`` shared just long enough to take ``work`` shared, and ``work`` while it decodes.
+
+So engine calls also take turns with each other, and a waiting engine call goes before decodes not yet started
+(``flock`` alone would let a stream of shared holders starve it). Before a batch is formed the batcher also waits,
+at most ``MAX_DEFER_S``, while any front worker has decodes queued or running (each holds ``busy`` shared
+meanwhile): the images being decoded join the batch instead of waiting a whole engine call.
+
+A ``flock`` belongs to an open file, so each thread opens its own: threads of one process exclude each other as
+processes do. A decode blocks in the kernel (no polling: it wakes when the engine call ends); no wait is unbounded:
+an engine call that holds its turn past ``MAX_HOLD_S`` (stuck, or its process stopped) loses it to a watchdog,
+and an engine call waits at most ``MAX_HOLD_S`` for decodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import fcntl
+import functools
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from fastinfer.catalog.config import get_settings
+
+logger = logging.getLogger("fastinfer.turns")
+DIR_ENV = "FASTINFER_TURNS_DIR"  # set once per `bentoml serve` (service.py): its processes share the files there
+MAX_HOLD_S = 5.0  # longer than any engine call or decode here; past it the other side goes on anyway
+MAX_DEFER_S = 0.05  # a batch waits at most this for decodes (about 8 photos' on 2 cores): a flood cannot starve it
+DEFER_POLL_S = 0.002  # how often a waiting batcher looks: each look wakes its event loop
+IN_TRANSIT_S = 0.001  # after decodes end, their images' way to the runner's queue (a loopback hop)
+_FIRST_POLL_S, _LAST_POLL_S = 0.0001, 0.001  # an engine call waiting for decodes looks after 0.1 ms, then up to 1 ms
+
+
+def new_server_dir() -> Path:
+    """A folder of lock files for one server, named to the processes it starts (DIR_ENV); removed at exit."""
+    path = Path(tempfile.mkdtemp(prefix="fastinfer-turns-"))
+    os.environ[DIR_ENV] = str(path)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+def shared_dir() -> Path:
+    """The lock files' folder: the server's (DIR_ENV), else a new one for this process and its children."""
+    if not os.environ.get(DIR_ENV):
+        return new_server_dir()
+    path = Path(os.environ[DIR_ENV])
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@functools.cache
+def this_server() -> Turns:
+    """This process's turns, as FASTINFER_SCHEDULING says."""
+    return Turns(get_settings().scheduling == "turns")
+
+
+class Turns:
+    """The locks, opened per thread. ``enabled=False``: today's scheduling, where nothing waits."""
+
+    def __init__(self, enabled: bool, directory: Path | None = None) -> None:
+        self.enabled = enabled
+        self.directory = directory if directory is not None or not enabled else shared_dir()
+        self._files = threading.local()
+        self.overdue = 0  # turns that ran without waiting for the other side (see MAX_HOLD_S)
+        self._holding: dict[int, tuple[float, tuple[int, int]]] = {}  # engine thread → (since, its locks)
+        self._watchdog: threading.Thread | None = None
+        self._queued = 0  # this process's decodes queued or running (event-loop thread only)
+        self._busy: dict[str, int] = {}  # `busy`, opened twice: one holds it for decodes, one probes it
+
+    @contextlib.contextmanager
+    def inferring(self) -> Iterator[None]:
+        """Hold the cores for one engine call: no decode starts, and those under way end first."""
+        if not self.enabled:
+            yield
+            return
+        gate, work = self._fds()
+        fcntl.flock(gate, fcntl.LOCK_EX)  # decodes hold it only between two calls; another engine, its call
+        if not self._take(work, fcntl.LOCK_EX, time.monotonic() + MAX_HOLD_S):
+            self._late("an engine call waited over %g s for decodes (a front worker stopped?): it ran anyway")
+        self._watch(gate, work)
+        try:
+            yield
+        finally:
+            self._holding.pop(threading.get_ident(), None)
+            fcntl.flock(work, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def decoding(self) -> Iterator[None]:
+        """Hold a share of the cores for one decode: waits while an engine call runs or waits to run."""
+        if not self.enabled:
+            yield
+            return
+        gate, work = self._fds()
+        fcntl.flock(gate, fcntl.LOCK_SH)
+        try:
+            fcntl.flock(work, fcntl.LOCK_SH)  # at once: an engine holds `work` only while it holds `gate`
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(work, fcntl.LOCK_UN)
+
+    def decode_queued(self) -> None:
+        """A decode was queued (call from the event loop): this process is busy decoding until decode_ended."""
+        if self.enabled:
+            self._queued += 1
+            if self._queued == 1:
+                fcntl.flock(self._busy_fd("hold"), fcntl.LOCK_SH)  # a probe holds it exclusively for a moment only
+
+    def decode_ended(self) -> None:
+        if self.enabled:
+            self._queued -= 1
+            if self._queued == 0:
+                fcntl.flock(self._busy_fd("hold"), fcntl.LOCK_UN)
+
+    async def after_decodes(self) -> None:
+        """Wait (at most MAX_DEFER_S) while any process has decodes queued or running, then for their images to
+        arrive: a batch formed now takes them. Nothing to wait for: returns at once (one client pays nothing)."""
+        if not self.enabled:
+            return
+        give_up = time.monotonic() + MAX_DEFER_S
+        waited = False
+        while self._decodes_pending() and time.monotonic() < give_up:
+            waited = True
+            await asyncio.sleep(DEFER_POLL_S)
+        if waited:
+            await asyncio.sleep(IN_TRANSIT_S)
+
+    def _decodes_pending(self) -> bool:
+        fd = self._busy_fd("probe")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+
+    def _fds(self) -> tuple[int, int]:
+        fds = getattr(self._files, "fds", None)
+        if fds is None:
+            fds = self._files.fds = (self._open("gate"), self._open("work"))
+        return fds
+
+    def _busy_fd(self, role: str) -> int:
+        if role not in self._busy:  # not shared with the other role: a flock belongs to the open file
+            self._busy[role] = self._open("busy")
+        return self._busy[role]
+
+    def _open(self, name: str) -> int:
+        assert self.directory is not None
+        return os.open(self.directory / name, os.O_RDWR | os.O_CREAT, 0o600)
+
+    def _take(self, fd: int, mode: int, give_up: float) -> bool:
+        """Take the lock, polling with a short back-off; False (not taken) past ``give_up``."""
+        pause = _FIRST_POLL_S
+        while True:
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() > give_up:
+                    return False
+                time.sleep(pause)
+                pause = min(pause * 2, _LAST_POLL_S)
+
+    def _watch(self, gate: int, work: int) -> None:
+        """Let the watchdog release this engine call's turn if it outlasts MAX_HOLD_S (a flock is the open
+        file's, so another thread may release it)."""
+        self._holding[threading.get_ident()] = (time.monotonic(), (gate, work))
+        if self._watchdog is None:
+            self._watchdog = threading.Thread(target=self._release_overdue, name="fi-turns", daemon=True)
+            self._watchdog.start()
+
+    def _release_overdue(self) -> None:
+        while True:
+            time.sleep(min(1.0, MAX_HOLD_S / 2))
+            for thread, turn in list(self._holding.items()):
+                since, fds = turn
+                if time.monotonic() - since > MAX_HOLD_S and self._holding.get(thread) is turn:
+                    del self._holding[thread]
+                    self._late("an engine call held its turn over %g s (stuck?): decoding goes on beside it")
+                    for fd in fds:
+                        fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _late(self, message: str) -> None:
+        self.overdue += 1
+        if self.overdue == 1:
+            logger.warning(message, MAX_HOLD_S)
