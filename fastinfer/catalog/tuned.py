@@ -32,7 +32,7 @@ MAX_WHY = 300  # characters of a reason to ignore it
 # The settings that decide served throughput; a tuned file holds only the values the tuner chooses from.
 _KEYS = "|".join(env_key(backend) for backend in BACKENDS)
 TUNABLE = re.compile(
-    rf"FASTINFER_(DEFAULT_BACKEND|FRONT_WORKERS|RUNNER_WORKERS|THREADS|IN_FRONT"
+    rf"FASTINFER_(DEFAULT_BACKEND|FRONT_WORKERS|RUNNER_WORKERS|THREADS|IN_FRONT|SCHEDULING|DECODE_THREADS"
     rf"|(BATCHING|MAX_BATCH_SIZE|MAX_LATENCY_MS)_({_KEYS}))"
 )
 RUNTIMES = ("fastinfer", "bentoml", "onnxruntime", "openvino", "torch", "coremltools")

@@ -3,7 +3,8 @@ exhaustive sweep of the same space, on this machine, and put the verdict in BENC
 
 1. the search (load_tests/tuning/search.py ``tune``), timed, as ``fastinfer tune`` runs it; its tuned
    file goes to OUT/tuning/, never to the server's store;
-2. the sweep (``sweep``): every configuration of the same space served, unpruned, timed;
+2. the sweep (``sweep``): every configuration of the same space served, unpruned, timed (the scheduling and
+   the decode threads on its best configuration only: every other one takes them as an untuned server does);
 3. head to head: the sweep's best few (CONTENDERS) and the search's choice, each on fresh servers,
    ``--rounds`` times in alternating order. The sweep's best is the maximum of ~100 noisy runs, so its
    own figure flatters it (the winner's curse): the verdict is judged here, on the means.
@@ -27,6 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from fastinfer.catalog import tune_space
 from fastinfer.common import hardware
 from fastinfer.measure.plots import pyplot, save
 from load_tests.report import Target, machine, render_targets, table
@@ -38,6 +40,7 @@ from load_tests.tuning.search import (
     Measure,
     Search,
     Trial,
+    cores_said,
     measure_locust,
     serve,
     sweep,
@@ -175,6 +178,8 @@ def targets(result: dict[str, Any]) -> list[Target]:
                        f"{'; '.join(failed)} failed or broke the goal's limit head to head")  # fmt: skip
         if stage != "done":
             figure += "; the head to head was interrupted after this round"
+        if cores := cores_said(tuned.get("config") or {}):
+            figure += f"; the choice's scheduling: {cores}"
     elif stage != "done":
         figure = ("the head to head was interrupted before its first round (in the sweep's own runs "
                   f"{_pct(result['share_in_sweep'])})")  # fmt: skip
@@ -214,6 +219,7 @@ def section(result: dict[str, Any] | None, plot: str | None) -> list[str]:
         return [SECTION, "", NOT_RUN, ""]
     tune_part, swept = result["tune"], result["sweep"]
     tuned = tune_part["chosen"]
+    cores = cores_said(tuned.get("config") or {}) if tuned else ""
     lines = [
         SECTION,
         "",
@@ -221,7 +227,9 @@ def section(result: dict[str, Any] | None, plot: str | None) -> list[str]:
         f"{result['hardware'].get('cores')} cores usable; goal {result['goal']}; backends "
         f"{', '.join(result['backends'])}; {result['seconds']:g} s of load per run.",
         "",
-        f"- `fastinfer tune` chose **{tuned['label'] if tuned else 'nothing'}** after {tune_part['trials']} "
+        f"- `fastinfer tune` chose **{tuned['label'] if tuned else 'nothing'}**"
+        + (f" (scheduling and decode pool: {cores})" if cores else "")
+        + f" after {tune_part['trials']} "
         f"served trials in {tune_part['elapsed_s'] / 60:.1f} min"
         + (f"; the budget left untried: {'; '.join(tune_part['skipped'])}" if tune_part["skipped"] else "")
         + ".",
@@ -254,7 +262,29 @@ def section(result: dict[str, Any] | None, plot: str | None) -> list[str]:
             rows.append([t["label"] + mark, t["req_per_s"], f"{t['p50_ms']:g}", f"{t['p95_ms']:g}", t["position"] + 1])
         header = ["configuration", "req/s", "p50 ms", "p95 ms", "run on its server"]
         lines += ["", "The sweep's ten best (within the goal):", "", table(header, rows)]
+        if variants := cores_rows(swept["trials"]):
+            rows = [
+                [
+                    t["config"]["scheduling"],
+                    t["config"]["decode_threads"] or "one per core",
+                    _fig(t),
+                    f"{t['p95_ms']:g}",
+                ]
+                for t in variants
+            ]
+            header = ["scheduling", "decode threads", "req/s (p50 ms)", "p95 ms"]
+            lines += ["", "The sweep's best with each scheduling and decode pool:", "", table(header, rows)]
     return [*lines, ""]
+
+
+def cores_rows(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The sweep's runs of its best configuration under each scheduling and decode pool (none in a check saved
+    before they were tuned): the one configuration served more than once when those settings are set aside."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for t in trials:
+        rest = {k: v for k, v in (t.get("config") or {}).items() if k not in tune_space.CORES_DIMENSIONS}
+        groups.setdefault(json.dumps(rest, sort_keys=True), []).append(t)
+    return next((ts for ts in groups.values() if len(ts) > 1 and "scheduling" in (ts[0].get("config") or {})), [])
 
 
 def bench_section(
@@ -344,13 +374,24 @@ def load(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def last_check(results_json: Path) -> dict[str, Any] | None:
+    """The tune-check a bench's results.json holds, or None."""
+    try:
+        tuning = json.loads(results_json.read_text()).get("tuning")
+    except (OSError, ValueError, RecursionError, AttributeError):
+        return None
+    return tuning if isinstance(tuning, dict) and tuning.get("format") == FORMAT else None
+
+
 def write_benchmarks(results: dict[str, Any], markdown: Path, out: Path, plots: Path | None = None) -> None:
     """BENCHMARKS.md from the bench's ``results`` with the last tune-check (OUT/tuning.json, else the one
-    ``results`` carries): its rows end the targets table, its section ends the report."""
+    ``results`` carries, else the previous results.json's): its rows end the targets table, its section ends
+    the report."""
     plots = plots or markdown.parent / "docs" / "bench"
     plots.mkdir(parents=True, exist_ok=True)
     fresh = load(out / "tuning.json")  # a check of its own: drawn, even over results rebuilt from tables
-    results["tuning"] = tuning = fresh or results.get("tuning")
+    # Else the one the results carry, else the one the report held before this run (a tune-check is run apart).
+    results["tuning"] = tuning = fresh or results.get("tuning") or last_check(plots / "results.json")
     rows: list[Target] = []
     with contextlib.suppress(Exception):  # a hand-edited tune-check file: its section says so
         rows = targets(tuning) if tuning else []

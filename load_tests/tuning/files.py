@@ -14,7 +14,7 @@ from fastinfer.catalog import tune_space
 from fastinfer.catalog import tuned as tuning
 from fastinfer.common import hardware
 from fastinfer.measure.plots import pyplot, save
-from load_tests.tuning.search import Search, Trial
+from load_tests.tuning.search import Search, Trial, cores_said
 
 
 def tuned_settings(best: Trial) -> dict[str, str]:
@@ -72,6 +72,7 @@ def report(search: Search, best: Trial | None, command: str) -> dict[str, Any]:
 def markdown(result: dict[str, Any], plot: str | None) -> str:
     hw = result["hardware"]
     chosen = (result.get("chosen") or {}).get("label")
+    cores = cores_said((result.get("chosen") or {}).get("config") or {})
     lines = [
         "# fastinfer tune",
         "",
@@ -80,7 +81,9 @@ def markdown(result: dict[str, Any], plot: str | None) -> str:
         f"{result['budget_s']:g} s budget, {result['seconds_per_run']:g} s per load run (locust, the benchmark "
         "pool, cache bypassed).",
         "",
-        f"**Chosen: {chosen}.**" if chosen else "**Nothing served: no configuration to choose.**",
+        f"**Chosen: {chosen}.** Scheduling and decode pool: {cores}."
+        if chosen
+        else "**Nothing served: no configuration to choose.**",
         "",
     ]
     if plot:

@@ -5,12 +5,13 @@ by measurement rather than swept:
  2. one server with the table's settings serves each remaining backend under the goal's load (locust, the
     benchmark pool, cache bypassed); the best is kept;
  3. a fresh server per candidate: one setting at a time from the best so far; a change is kept only when it
-    beats the best by more than MIN_GAIN;
+    beats the best by more than MIN_GAIN (the scheduling after batching, the decode threads last);
  4. the choice and the table's settings served once more each: the choice stands only if it still wins on
     the mean of both rounds.
 In-process figures only decide what is worth serving: every trial is a real server under real load. When
 the budget runs out the search says what it did not try and keeps the best. The space is
-fastinfer/catalog/tune_space.py's; ``sweep`` serves all of it, the yardstick of load_tests/tuning/check.py.
+fastinfer/catalog/tune_space.py's; ``sweep`` serves all of it (the cores' settings on its best configuration
+only), the yardstick of load_tests/tuning/check.py.
 Every server started is stopped, whatever happens.
 """
 
@@ -52,6 +53,10 @@ class Config(tune_space.Point):
             parts.append(f"{self.front_workers} front workers")
         if self.threads:
             parts.append(f"{self.threads} engine threads")
+        if self.scheduling != tune_space.PLAIN["FASTINFER_SCHEDULING"]:
+            parts.append(f"{self.scheduling} scheduling")
+        if self.decode_threads:
+            parts.append(f"{self.decode_threads} decode threads")
         return ", ".join(parts)
 
 
@@ -236,8 +241,9 @@ def untuned() -> dict[str, str]:
 
 def server_env(configs: list[Config]) -> dict[str, str]:
     """The environment of one server serving every config at once: one per backend (batching and placement are
-    per backend), all sharing the server-wide settings (front workers, engine threads)."""
-    if len({c.backend for c in configs}) != len(configs) or len({(c.front_workers, c.threads) for c in configs}) != 1:
+    per backend), all sharing the server-wide settings (front workers, engine threads, scheduling, decode threads)."""
+    wide = {(c.front_workers, c.threads, c.scheduling, c.decode_threads) for c in configs}
+    if len({c.backend for c in configs}) != len(configs) or len(wide) != 1:
         raise ValueError("one server serves one configuration per backend, with one set of server-wide settings")
     env = {**untuned(), "FASTINFER_TUNED": "off", "FASTINFER_MAX_CONCURRENCY": "256"}
     for config in configs:
@@ -298,9 +304,11 @@ def alternatives(config: Config, cores: int, goal: Goal) -> list[tuple[str, list
     if "max_batch" in dims:
         steps.append(("max batch", [replace(config, max_batch=b) for b in dims["max_batch"][1:]]))
         steps.append(("max wait", [replace(config, max_latency_ms=w) for w in dims["max_latency_ms"][1:]]))
+    steps.append(("scheduling", [replace(config, scheduling=s) for s in dims["scheduling"][1:]]))
     if not config.in_front:
         steps.append(("front workers", [replace(config, front_workers=w) for w in dims["front_workers"][1:]]))
     steps.append(("engine threads", [replace(config, threads=t) for t in dims["threads"][1:]]))
+    steps.append(("decode threads", [replace(config, decode_threads=d) for d in dims["decode_threads"][1:]]))
     return [(name, options) for name, options in steps if options]
 
 
@@ -325,7 +333,8 @@ def tune(
         search.progress("no backend loaded in process: nothing to serve")
         return search
     search.progress(f"worth serving: {', '.join(keep)}" + (f"; dropped {', '.join(dropped)}" if dropped else ""))
-    served = serve([Config(name) for name in keep], "backend", search, measure)
+    cores = hardware.cpu_count()
+    served = serve([Config(**asdict(tune_space.plain(name, cores))) for name in keep], "backend", search, measure)
     current = baseline = search.chosen = search.best()
     if current is None:
         return search
@@ -333,8 +342,8 @@ def tune(
         f"backend {current.config.backend}: served best of "
         + ", ".join(f"{t.config.backend} {shown(t)}" for t in served)
     )
-    for name, options in alternatives(current.config, hardware.cpu_count(), goal):
-        for option in alternatives_from(current.config, options):
+    for name, options in alternatives(baseline.config, cores, goal):
+        for option in alternatives_from(current.config, options, baseline.config):
             if not search.affords(1, 1):
                 search.skipped.append(f"{name}: {option.label()} (the budget)")
                 continue
@@ -373,6 +382,14 @@ def confirm(search: Search, baseline: Trial, measure: Measure) -> None:
     search.chosen = max((baseline, again), key=goal.score)
 
 
+def cores_said(config: dict[str, Any]) -> str:
+    """A configuration's scheduling and decode pool in words ("" for one saved before they were tuned)."""
+    if "scheduling" not in config:
+        return ""
+    threads = config.get("decode_threads")
+    return f"{config['scheduling']}, {f'{threads} decode threads' if threads else 'a decode thread per core'}"
+
+
 def shown(trial: Trial) -> str:
     if trial.error:
         return f"({trial.error[:80]})"
@@ -380,9 +397,9 @@ def shown(trial: Trial) -> str:
     return f"({trial.req_per_s:.1f} req/s, p50 {trial.p50_ms:g} ms, p95 {trial.p95_ms:g} ms{errors})"
 
 
-def alternatives_from(current: Config, options: list[Config]) -> list[Config]:
-    """Each option as a change of one dimension from ``current``: what earlier dimensions chose is kept."""
-    base = Config(current.backend)
+def alternatives_from(current: Config, options: list[Config], base: Config) -> list[Config]:
+    """Each option, a change of one dimension from ``base``, as that change from ``current``: what earlier
+    dimensions chose is kept."""
     out = []
     for option in options:
         changed = {f.name: getattr(option, f.name) for f in fields(Config) if f.name != "backend"}
@@ -395,8 +412,27 @@ def alternatives_from(current: Config, options: list[Config]) -> list[Config]:
 
 
 def space(backends: list[str], cores: int, goal: Goal) -> list[Config]:
-    """Every configuration the search could reach (an engine in the front only with the one front worker)."""
-    return [Config(**asdict(point)) for backend in backends for point in tune_space.points(backend, cores, goal.kind)]
+    """What the sweep serves first: every configuration the search could reach (an engine in the front only with
+    the one front worker) with the cores' settings (tune_space.CORES_DIMENSIONS) as an untuned server has them;
+    ``cores_variants`` of the sweep's best cover those, rather than multiplying every configuration by them."""
+    out = []
+    for backend in backends:
+        plain = tune_space.plain(backend, cores)
+        out += [
+            Config(**asdict(point))
+            for point in tune_space.points(backend, cores, goal.kind)
+            if all(getattr(point, name) == getattr(plain, name) for name in tune_space.CORES_DIMENSIONS)
+        ]
+    return out
+
+
+def cores_variants(config: Config, cores: int, goal: Goal) -> list[Config]:
+    """``config`` with each other combination of the cores' settings (scheduling × decode threads)."""
+    dims = tune_space.dimensions(config.backend, cores, goal.kind)
+    every = [
+        replace(config, scheduling=s, decode_threads=d) for s in dims["scheduling"] for d in dims["decode_threads"]
+    ]
+    return [variant for variant in every if variant != config]
 
 
 def server_groups(configs: list[Config], cores: int, goal: Goal) -> list[list[Config]]:
@@ -408,7 +444,8 @@ def server_groups(configs: list[Config], cores: int, goal: Goal) -> list[list[Co
         position = tuple(
             dims[name].index(getattr(config, name)) if name in dims else 0 for name in ("max_batch", "max_latency_ms")
         )
-        groups.setdefault((config.in_front, config.front_workers, config.threads, *position), []).append(config)
+        wide = (config.in_front, config.front_workers, config.threads, config.scheduling, config.decode_threads)
+        groups.setdefault((*wide, *position), []).append(config)
     return list(groups.values())
 
 
@@ -422,19 +459,27 @@ def sweep(
     stop: Callable[[Server], None] = stop_server,
     after_each: Callable[[Search], None] = lambda search: None,
 ) -> Search:
-    """Serve every configuration of the search's space, unpruned; its clock is its cost. Each server takes its
-    backends in a rotated order, so that none always runs first on a fresh server; ``after_each`` follows each."""
+    """Serve every configuration of the search's space, unpruned (``space``), then its best with each other
+    combination of the cores' settings, one server each; its clock is its cost. Each server takes its backends in
+    a rotated order, so that none always runs first on a fresh server; ``after_each`` follows each server."""
     cores = hardware.cpu_count()
     configs = space(backends, cores, goal)
     groups = server_groups(configs, cores, goal)
     estimate = sweep_estimate_s(backends, cores, goal, seconds)
     search = Search(goal, estimate, seconds, out, start=start, stop=stop)
-    search.progress(f"sweep: {len(configs)} configurations of {', '.join(backends)} on {len(groups)} servers "
-                    f"(~{_mmss(estimate)} estimated)")  # fmt: skip
+    variants = len(cores_variants(configs[0], cores, goal)) if configs else 0
+    search.progress(
+        f"sweep: {len(configs)} configurations of {', '.join(backends)} on {len(groups)} servers, then its best "
+        f"with {variants} other scheduling and decode threads (~{_mmss(estimate)} estimated)"
+    )
     for i, group in enumerate(groups):
         turn = i % len(group)
         serve(group[turn:] + group[:turn], "sweep", search, measure)
         after_each(search)
+    if (best := search.best()) is not None:
+        for variant in cores_variants(best.config, cores, goal):
+            serve([variant], "sweep", search, measure)
+            after_each(search)
     search.chosen = search.best()
     return search
 
@@ -442,4 +487,6 @@ def sweep(
 def sweep_estimate_s(backends: list[str], cores: int, goal: Goal, seconds: float) -> float:
     """How long ``sweep`` should take here (its servers' start and each run's load and overhead)."""
     configs = space(backends, cores, goal)
-    return len(server_groups(configs, cores, goal)) * SERVER_S + len(configs) * (seconds + RUN_OVERHEAD_S)
+    variants = len(cores_variants(configs[0], cores, goal)) if configs else 0  # the same for every backend
+    servers = len(server_groups(configs, cores, goal)) + variants
+    return servers * SERVER_S + (len(configs) + variants) * (seconds + RUN_OVERHEAD_S)

@@ -49,6 +49,18 @@ def test_a_file_measured_here_is_in_force() -> None:
 
 
 @pytest.mark.parametrize(
+    "scheduling",
+    [{}, {"FASTINFER_SCHEDULING": "turns"}, {"FASTINFER_SCHEDULING": " turns\n"},
+     {"FASTINFER_SCHEDULING": "shared"}, {"FASTINFER_SCHEDULING": "turns", "FASTINFER_DECODE_THREADS": "1"}],
+)  # fmt: skip
+def test_a_file_without_the_scheduling_holds_as_does_one_naming_a_scheduling_the_tuner_chooses(scheduling) -> None:
+    # Without it: the default, shared, which the tuner leaves out (and files tuned before the setting were served).
+    written = chose("onnx-int8", FASTINFER_MAX_BATCH_SIZE_ONNX_INT8="16", **scheduling)
+    settings, why = tuned.check(tuned_data(settings=written), HERE, STORED, CAN_RUN)
+    assert (settings, why) == (written, "in force")
+
+
+@pytest.mark.parametrize(
     ("data", "said"),
     [
         ([1, 2], "not a tuned file"),
@@ -134,10 +146,12 @@ def in_force(built_models, monkeypatch, tmp_path) -> Path:
 
 
 def test_its_values_become_the_settings_below_the_environment(in_force, monkeypatch) -> None:
-    settings = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8")
+    unset = ("FASTINFER_DEFAULT_BACKEND", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8", "FASTINFER_SCHEDULING")
+    settings = settings_with(monkeypatch, *unset, "FASTINFER_DECODE_THREADS")
     assert settings.tuned["status"] == "in force", settings.tuned
     assert settings.default_backend == "onnx-int8" and settings.batching_for("onnx-int8").max_batch_size == 16
     assert settings.sources == {"FASTINFER_DEFAULT_BACKEND": "tuned", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8": "tuned"}
+    assert settings.scheduling == "shared" and settings.decode_threads == 0  # not in the file: the defaults
     # The operator's variable wins, and says so.
     settings = settings_with(monkeypatch, FASTINFER_MAX_BATCH_SIZE_ONNX_INT8="4")
     assert settings.batching_for("onnx-int8").max_batch_size == 4
@@ -229,7 +243,7 @@ def test_counts_in_other_digits_are_refused_with_the_reason_not_as_unreadable(va
 
 def test_spaces_in_a_tuned_file_read_as_in_the_environment_and_auto_is_no_tuning(in_force, monkeypatch) -> None:
     data = json.loads(in_force.read_text())
-    data["settings"] = {"FASTINFER_DEFAULT_BACKEND": "onnx-int8\n", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8": " 16\n"}
+    data["settings"] = chose("onnx-int8\n", FASTINFER_MAX_BATCH_SIZE_ONNX_INT8=" 16\n", FASTINFER_SCHEDULING="turns ")
     in_force.write_text(json.dumps(data))
     settings = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8")
     assert settings.tuned["status"] == "in force", settings.tuned
@@ -248,7 +262,7 @@ def test_a_count_is_plain_ascii_digits(monkeypatch, value) -> None:
 
 def test_a_backend_with_spaces_in_a_tuned_file_is_the_backend(in_force, monkeypatch) -> None:
     data = json.loads(in_force.read_text())
-    data["settings"] = {"FASTINFER_DEFAULT_BACKEND": " onnx-int8 "}
+    data["settings"] = chose(" onnx-int8 ")
     in_force.write_text(json.dumps(data))
     settings = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND")
     assert settings.tuned["status"] == "in force" and settings.default_backend == "onnx-int8"
@@ -300,7 +314,7 @@ def test_a_resolved_value_not_from_a_tuned_file_is_refused(monkeypatch, settings
      ("auto", False), ("onnx-int8", False), ("onnx,onnx-int8", False)],
 )  # fmt: skip
 def test_in_front_in_a_tuned_file_is_the_chosen_backend_or_nothing_as_the_tuner_writes_it(in_front, holds) -> None:
-    data = tuned_data(settings={"FASTINFER_DEFAULT_BACKEND": "onnx", "FASTINFER_IN_FRONT": in_front})
+    data = tuned_data(settings=chose("onnx", FASTINFER_IN_FRONT=in_front))
     settings, why = tuned.check(data, HERE, STORED, CAN_RUN)
     assert bool(settings) is holds, why
 
@@ -414,6 +428,11 @@ def test_a_home_that_is_a_symlink_loop_shows_the_files_name_not_a_failed_start(t
         (chose("onnx-int8", FASTINFER_IN_FRONT="none"), "FASTINFER_IN_FRONT='none'"),
         (chose("onnx-int8", FASTINFER_IN_FRONT="onnx-int8,onnx"), "FASTINFER_IN_FRONT='onnx-int8,onnx'"),
         (chose("onnx-int8", FASTINFER_IN_FRONT="onnx-int8", FASTINFER_FRONT_WORKERS="2"), "together"),
+        (chose("onnx-int8", FASTINFER_SCHEDULING="bogus"), "FASTINFER_SCHEDULING='bogus' is not a value"),
+        (chose("onnx-int8", FASTINFER_SCHEDULING="auto"), "SCHEDULING='auto' is not a value"),  # no such mode now
+        (chose("onnx-int8", FASTINFER_SCHEDULING="TURNS"), "FASTINFER_SCHEDULING='TURNS'"),  # as the tuner writes it
+        (chose("onnx-int8", FASTINFER_DECODE_THREADS="2"), "FASTINFER_DECODE_THREADS='2'"),  # 2 cores: 0 or 1
+        (chose("onnx-int8", FASTINFER_DECODE_THREADS="-1"), "FASTINFER_DECODE_THREADS='-1'"),
         (chose("auto"), "names no backend `fastinfer tune` chooses: 'auto'"),
         (chose("coreml"), "names no backend `fastinfer tune` chooses: 'coreml'"),  # coreml-batched is measured
         ({"FASTINFER_MAX_BATCH_SIZE_ONNX_INT8": "16"}, "names no backend: it sets no FASTINFER_DEFAULT_BACKEND"),
@@ -441,11 +460,47 @@ def test_one_value_the_tuner_never_chose_leaves_the_whole_file_out(in_force, mon
 @pytest.mark.parametrize("cores", [1, 2, 8])
 def test_every_configuration_the_tuner_can_write_is_in_force(cores) -> None:
     from load_tests.tuning.files import tuned_settings
-    from load_tests.tuning.search import Goal, Trial, space
+    from load_tests.tuning.search import Config, Trial
 
     here = {**HERE, "cores": cores}
-    for goal in (Goal(), Goal("latency")):
-        for chosen in space(list(tune_space.BACKENDS_TUNED), cores, goal):
+    for goal in tune_space.GOALS:
+        for point in (p for backend in tune_space.BACKENDS_TUNED for p in tune_space.points(backend, cores, goal)):
+            chosen = Config(**vars(point))
             data = tuned_data(settings=tuned_settings(Trial(chosen, "")), fingerprint={**here, "models": STORED})
             _, why = tuned.check(data, here, STORED, EVERY_BACKEND_RUNS)
             assert why == "in force", (chosen, why)
+
+
+@pytest.mark.parametrize("cores", [1, 2, 8])
+def test_the_tuner_writes_its_scheduling_and_decode_threads_only_when_not_the_defaults(cores) -> None:
+    points = [p for goal in tune_space.GOALS for p in tune_space.points("onnx-int8", cores, goal)]
+    written = [tune_space.written(p.settings()) for p in points]
+    assert {w.get("FASTINFER_SCHEDULING") for w in written} == {None, "turns"}  # shared, the default, is left out
+    threads = {w.get("FASTINFER_DECODE_THREADS") for w in written}
+    assert threads == ({None} if cores == 1 else {None, str(cores // 2)})  # 0, one per core, is left out
+    first = tune_space.dimensions("onnx-int8", cores, "throughput")["scheduling"][0]
+    assert first == tune_space.plain("onnx-int8", cores).scheduling == config.Settings.scheduling == "shared"
+
+
+def resolved(**settings: str) -> str:
+    """RESOLVED_ENV as `bentoml serve`'s parent sets it for a tuned file in force with ``settings``."""
+    return json.dumps({"path": "t", "settings": settings, "status": "in force", "why": "", "created": "", "goal": ""})
+
+
+def test_tuned_scheduling_and_decode_threads_reach_the_settings_below_the_environment(monkeypatch) -> None:
+    names = ("FASTINFER_DEFAULT_BACKEND", "FASTINFER_SCHEDULING", "FASTINFER_DECODE_THREADS")
+    monkeypatch.setenv(tuned.RESOLVED_ENV, resolved(**chose("onnx-int8", FASTINFER_SCHEDULING="turns",
+                                                            FASTINFER_DECODE_THREADS="1")))  # fmt: skip
+    settings = settings_with(monkeypatch, *names)
+    assert (settings.scheduling, settings.decode_threads) == ("turns", 1)
+    assert settings.sources == dict.fromkeys(names, "tuned")
+    settings = settings_with(monkeypatch, FASTINFER_SCHEDULING="shared", FASTINFER_DECODE_THREADS="2")
+    assert (settings.scheduling, settings.decode_threads) == ("shared", 2)
+    assert settings.sources["FASTINFER_SCHEDULING"] == settings.sources["FASTINFER_DECODE_THREADS"] == "environment"
+
+
+def test_a_bogus_scheduling_from_the_parent_leaves_the_tuned_values_out_not_the_server_down(monkeypatch) -> None:
+    monkeypatch.setenv(tuned.RESOLVED_ENV, resolved(**chose("onnx-int8", FASTINFER_SCHEDULING="bogus")))
+    settings = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND", "FASTINFER_SCHEDULING")
+    assert settings.tuned["status"] == "ignored" and "FASTINFER_SCHEDULING" in settings.tuned["why"]
+    assert (settings.scheduling, settings.default_backend, settings.sources) == ("shared", "auto", {})
