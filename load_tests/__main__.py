@@ -9,8 +9,9 @@ Steps, with progress on stderr:
  5. the cache-hit scenario (one photo repeated), reported apart;
  6. ``POST /classify/batch`` on the best backend, 8 photos per request (where the server has it);
  7. the bare BentoML baseline (load_tests/bare_service.py): the cache-hit body, same users and time;
- 8. the engine's placement on the best backend, one client then 10 users: in its runner process vs in the front
-    worker (FASTINFER_IN_FRONT), each a fresh ``bentoml serve``;
+ 8. the engine's placement × scheduling on the best backend, one client then 10 users: in its runner process vs in
+    the front worker (FASTINFER_IN_FRONT), × decoding and inference sharing the cores vs taking turns
+    (FASTINFER_SCHEDULING), each a fresh ``bentoml serve``: 4 configurations × PLACEMENT_ROUNDS (2) rounds, ~8 min;
  9. optionally (``--study``) front workers × runner workers × batching, on the best backend;
 10. the HTTP path's cost, measured, and the ceilings recomputed with it; each run against the engine's
     ceiling without HTTP, its CPU beyond decode and inference split by cause; results.json, plots,
@@ -18,13 +19,16 @@ Steps, with progress on stderr:
 
 Around every locust run the CPU time of each process of the server's tree is read (load_tests/cpu.py):
 front, the backend's runner, the rest, and the load generator; and, within the front and the runner,
-of each thread (event loop, decode, engine). With ``--url`` the server is not ours
-and that accounting is skipped, unless ``--server-pid`` names its ``bentoml serve`` process.
+of each thread (event loop, decode, engine). With ``--url`` the server is not ours and that accounting is
+skipped, unless ``--server-pid`` names its ``bentoml serve`` process. Every FastInfer server started here is told
+its FASTINFER_SCHEDULING and FASTINFER_DECODE_THREADS, recorded with its runs: outside the placement step, the
+shell's.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import shlex
@@ -35,10 +39,11 @@ from dataclasses import asdict
 from itertools import product
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
-from fastinfer.catalog import store
+from fastinfer.catalog import scheduling, store
 from fastinfer.catalog.backends import env_key
 from fastinfer.common import hardware
 from fastinfer.common.client import auth_headers
@@ -47,8 +52,8 @@ from fastinfer.measure import photos
 from load_tests.bodies import multipart
 from load_tests.checks import BATCH_IMAGES
 from load_tests.locust_runs import run_locust
-from load_tests.report import best_backend, measured_runs
 from load_tests.service import ROOT, start_server, stop_server
+from load_tests.targets import best_backend, measured_runs
 from load_tests.tuning.check import write_benchmarks
 
 
@@ -123,18 +128,30 @@ def family_of(url: str) -> str | None:
 
 def sequential(url: str, backend: str, n: int, data: bytes) -> dict[str, Any]:
     """One client, one request at a time, ``n`` after 3 warm-ups: the latency's p50/p95 and the server's
-    own stages. The body is encoded once, as locust's are (load_tests/bodies.py)."""
+    own stages. The body is encoded once, as locust's are (load_tests/bodies.py). The client is the standard
+    library's keep-alive connection: httpx cost ~1 ms more per request (CPU on these cores), the client's not
+    the server's."""
     latencies, stages = [], []
     body, content_type = multipart(data, {"backend": backend})
-    headers = {"Content-Type": content_type, "Cache-Control": "no-cache"}
-    with httpx.Client(timeout=60, headers=auth_headers()) as client:
+    headers = {"Content-Type": content_type, "Cache-Control": "no-cache", **auth_headers()}
+    where = urlsplit(url)
+    kind = http.client.HTTPSConnection if where.scheme == "https" else http.client.HTTPConnection
+    client = kind(where.netloc, timeout=60)
+    try:
         for i in range(n + 3):
             t0 = time.perf_counter()
-            r = client.post(f"{url}/classify", content=body, headers=headers)
-            r.raise_for_status()
+            client.request("POST", f"{where.path.rstrip('/')}/classify", body=body, headers=headers)
+            response = client.getresponse()
+            answer = response.read()
+            if response.status != 200:
+                raise httpx.HTTPError(f"{response.status} from {url}/classify: {answer[:200]!r}")
             if i >= 3:  # warm-up excluded
                 latencies.append((time.perf_counter() - t0) * 1000)
-                stages.append(r.json()["timings_ms"])
+                stages.append(json.loads(answer)["timings_ms"])
+    except (OSError, http.client.HTTPException) as exc:  # as httpx's failures: the bench records it and goes on
+        raise httpx.HTTPError(f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        client.close()
     latencies.sort()
     return {
         "backend": backend,
@@ -194,6 +211,23 @@ def measure_http(results: dict[str, Any]) -> list[dict[str, Any]]:
         if (cost := prof.http_cost(costs, backend, *seen)) is not None:
             out.append(asdict(cost))
     return out
+
+
+def scheduling_here() -> dict[str, Any]:
+    """FASTINFER_SCHEDULING and FASTINFER_DECODE_THREADS as the shell sets them: what the bench's servers outside
+    the placement step are told, so that their runs' labels are true."""
+    from fastinfer.catalog.config import get_settings
+
+    settings = get_settings()
+    return {"scheduling": settings.scheduling, "decode_threads": settings.decode_threads}
+
+
+def told(scheduling: dict[str, Any]) -> dict[str, str]:
+    """A server's environment for ``scheduling`` (scheduling_here's keys)."""
+    return {
+        "FASTINFER_SCHEDULING": scheduling["scheduling"],
+        "FASTINFER_DECODE_THREADS": str(scheduling["decode_threads"]),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     if url is None:
         say("starting bentoml serve")
         # Engines in their runners, whatever the shell exports: the runs are labelled "runner process".
-        env = {"FASTINFER_MAX_CONCURRENCY": "256", "FASTINFER_IN_FRONT": ""}
+        results.update(scheduling_here())  # the runs' scheduling, recorded (unknown with --url: not ours)
+        env = {"FASTINFER_MAX_CONCURRENCY": "256", "FASTINFER_IN_FRONT": "", **told(results)}
         server = start_server(None, args.out / "serve.log", env)
         url, pid = server.url, server.process.pid
     if pid is None:
@@ -348,24 +383,29 @@ def bare_baseline(backend: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 # Rounds of the placement step: on shared 2-core VMs a request's CPU moved by 25% between two runs of one
-# configuration minutes apart, so one run each cannot rank two placements.
+# configuration minutes apart, so one run each cannot rank two configurations. 4 configurations × 2 rounds, each
+# a fresh server (~1 min: start-up, one client, 10 users): ~8 minutes of the bench.
 PLACEMENT_ROUNDS = 2
 
 
 def placement(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The best backend at 10 users with its engine in a runner process, then in the front worker
-    (FASTINFER_IN_FRONT), alternating for PLACEMENT_ROUNDS rounds, each run a fresh server."""
+    """The best backend at 10 users, its engine in a runner process or in the front worker (FASTINFER_IN_FRONT),
+    × scheduling shared or turns (FASTINFER_SCHEDULING), for PLACEMENT_ROUNDS rounds, each run a fresh server."""
     best = best_backend(results)
     if best is None:
         return []
     rows = []
+    threads = results["decode_threads"]
     # Set, not inherited from the shell: the labels must be true, and the front worker needs a single worker.
-    runner = ("runner process", {"FASTINFER_IN_FRONT": "", "FASTINFER_FRONT_WORKERS": "1"})
-    front = ("front worker", {"FASTINFER_IN_FRONT": best, "FASTINFER_FRONT_WORKERS": "1"})
-    # Alternating runner, front, front, runner: a machine that drifts in speed favours neither.
-    order = [(runner, front) if r % 2 else (front, runner) for r in range(1, PLACEMENT_ROUNDS + 1)]
-    for round_, (where, env) in ((r, p) for r, pair in enumerate(order, 1) for p in pair):
-        say(f"placement: {best} in the {where} (round {round_}), one client, then 10 users for {args.duration:g}s")
+    places = (("runner process", ""), ("front worker", best))
+    configs = [(where, mode, {"FASTINFER_IN_FRONT": engine, "FASTINFER_FRONT_WORKERS": "1",
+                              **told({"scheduling": mode, "decode_threads": threads})})
+               for (where, engine), mode in product(places, scheduling.MODES)]  # fmt: skip
+    # Each round in the reverse order of the one before: a machine that drifts in speed favours none.
+    order = [(r, c) for r in range(1, PLACEMENT_ROUNDS + 1) for c in (configs if r % 2 else configs[::-1])]
+    for round_, (where, mode, env) in order:
+        say(f"placement: {best} in the {where}, scheduling {mode} (round {round_}), one client, then 10 users for "
+            f"{args.duration:g}s")  # fmt: skip
         server = start_server(None, args.out / "serve-placement.log", {"FASTINFER_MAX_CONCURRENCY": "256", **env})
         try:
             # One client first, on the idle server, as the sequential step does: the hop a placement saves
@@ -378,7 +418,8 @@ def placement(results: dict[str, Any], args: argparse.Namespace) -> list[dict[st
             run = inference_run(server.url, best, 10, args, server.process.pid)
         finally:
             stop_server(server)
-        rows.append({"placement": where, "round": round_, **run, "sequential": alone})
+        row = {"placement": where, "scheduling": mode, "decode_threads": threads, "round": round_}
+        rows.append({**row, **run, "sequential": alone})
     return rows
 
 
@@ -394,6 +435,7 @@ def study(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
             f"FASTINFER_BATCHING_{key}": batching,
             "FASTINFER_MAX_CONCURRENCY": "256",
             "FASTINFER_IN_FRONT": "",  # engines in their runners, whatever the shell exports
+            **told(results),  # the main runs' scheduling (scheduling_here), recorded with them
         }
         say(f"study: {best}, front {front}, runner {runner}, batching {batching}")
         server = start_server(None, args.out / "serve-study.log", env)
@@ -401,7 +443,9 @@ def study(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
             run = run_locust(server.url, best, 10, args.duration, "inference", args.out, server.process.pid)
         finally:
             stop_server(server)
-        rows.append({"front_workers": front, "runner_workers": runner, "batching": batching == "true", **run})
+        config = {"front_workers": front, "runner_workers": runner, "batching": batching == "true"}
+        config |= {k: results[k] for k in ("scheduling", "decode_threads")}  # told(results): the main runs
+        rows.append({**config, **run})
     return rows
 
 

@@ -167,10 +167,14 @@ def per_request(
     wall_s: float,
     client_s: float | None = None,
     threads: dict[str, dict[str, float]] | None = None,
+    client_wall_s: float | None = None,
 ) -> dict[str, object]:
     """What one request cost each part, in CPU ms: front, the backend's ``runner``, the rest, the load generator
     (``client_s`` when it measured itself, else all of it); and the cores the server, the client and the rest of
-    the machine kept busy meanwhile (another job on these cores makes every figure noisier)."""
+    the machine kept busy meanwhile (another job on these cores makes every figure noisier). The client's cores
+    are its CPU over its own test window (``client_wall_s``, start to stop) where it measured both: the cores the
+    server did not have while the requests ran (over the whole window they would count its start-up's idle wall
+    time)."""
     if requests <= 0:
         return {}
     server = {k: v for k, v in used.items() if k not in NOT_SERVER}
@@ -187,6 +191,8 @@ def per_request(
     def cores(seconds: float) -> float:
         return round(seconds / wall_s, 2) if wall_s > 0 else 0.0
 
+    client_cores = round(client / client_wall_s, 2) if client_s is not None and client_wall_s else cores(client)
+
     split = {
         part: {kind: ms(seconds) for kind, seconds in (threads or {}).get(name, {}).items()}
         for part, name in (("front", FRONT), ("runner", runner))
@@ -201,7 +207,7 @@ def per_request(
         "wall_s": round(wall_s, 2),
         "cores_busy": {
             "server": cores(sum(server.values())),
-            "load_generator": cores(client),
+            "load_generator": client_cores,
             "rest_of_machine": cores(elsewhere),
             "steal": cores(used.get(STEAL, 0.0)),
         },

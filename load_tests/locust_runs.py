@@ -69,11 +69,12 @@ def run_locust(
         if failures:
             run["failure_example"] = _first_failure(prefix)
     if server_pid is not None:
-        # locust's own CPU from test start to stop, without its start-up (~1 s), where it wrote it
-        client = final.get("cpu_s")
+        # locust's own CPU and wall time from test start to stop, without its start-up (~1 s), where it wrote them:
+        # one process (no --processes), so its CPU is all the load generator's while the requests ran
+        client, client_wall = final.get("cpu_s"), final.get("wall_s")
         threads = cpu.by_thread(before, after)
         runner = f"runner-{SPECS[backend].runner_name if backend in SPECS else backend}"  # the process role serving it
-        run["cpu"] = cpu.per_request(cpu.delta(before, after), runner, count, wall, client, threads)
+        run["cpu"] = cpu.per_request(cpu.delta(before, after), runner, count, wall, client, threads, client_wall)
     return run
 
 

@@ -110,6 +110,7 @@ def plot_served(splits: list[dict[str, Any]], path: Path) -> None:
     plt = pyplot()
     names = [
         f"{s['backend']} ({'in front' if s['placement'] == 'front worker' else 'runner'}"
+        + (f", {s['scheduling']}" if s.get("scheduling") else "")
         + (f", step {s['run_round']})" if s.get("run_round") else ")")
         for s in splits
     ]

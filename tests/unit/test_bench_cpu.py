@@ -70,6 +70,11 @@ def test_the_client_can_be_charged_its_in_test_cpu_and_the_rest_of_the_machine_i
     # machine 5.0 − server 3.0 − all of locust's 1.0 = 1.0 s of someone else's work over 2 s
     assert out["cores_busy"] == {"server": 1.5, "load_generator": 0.25, "rest_of_machine": 0.5, "steal": 0.1}
 
+    # with its own test window too: its cores while the requests ran, not diluted by its start-up's wall time
+    out = cpu.per_request(used, "runner-x", 100, 2.0, client_s=0.5, client_wall_s=1.25)
+    assert out["cores_busy"]["load_generator"] == 0.4 and out["cores_busy"]["server"] == 1.5
+    assert cpu.per_request(used, "runner-x", 100, 2.0, client_wall_s=1.25)["cores_busy"]["load_generator"] == 0.5
+
 
 def test_a_snapshot_reads_a_real_process_tree() -> None:
     burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ninput()"
