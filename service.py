@@ -128,7 +128,11 @@ class FastInfer:
         # Every worker takes the tuned configuration read here, even if the file changes meanwhile.
         tuned.export(settings.tuned)
         if settings.scheduling == "turns":  # the lock files by which this server's processes take turns
-            turns.new_server_dir()
+            try:
+                turns.new_server_dir()
+            except OSError as exc:  # no writable temp folder (a read-only container): serve, as shared
+                logger.warning("FASTINFER_SCHEDULING=turns: no folder for its lock files (%s): serving as shared", exc)
+                os.environ["FASTINFER_SCHEDULING"] = "shared"
         try:
             atexit.register(store.record_pins(pinned).unlink, missing_ok=True)
         except OSError as exc:  # a read-only store (a container's): a build through a writable mount may prune them

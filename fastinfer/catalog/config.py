@@ -461,7 +461,7 @@ def _parse(tuned_values: dict[str, str], tuned: dict[str, Any]) -> Settings:
 def _scheduling() -> str:
     value = _setting("FASTINFER_SCHEDULING").lower() or Settings.scheduling  # the environment, else the tuned file
     if value not in scheduling.MODES:
-        raise ValueError(f"FASTINFER_SCHEDULING must be one of {', '.join(scheduling.MODES)}")
+        raise ValueError(f"FASTINFER_SCHEDULING must be one of {', '.join(scheduling.MODES)}; got {value[:40]!r}")
     return value
 
 

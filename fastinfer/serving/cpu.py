@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import functools
 import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -39,7 +40,8 @@ def name_os_thread(name: str) -> None:
 
 
 class CpuPool:
-    """``turns``: decodes wait for their turn with engine calls (fastinfer/serving/turns.py); None: never."""
+    """``turns``: decodes wait for their turn with engine calls (fastinfer/serving/turns.py); other work (hashing
+    for a cache lookup) then has a thread of its own, so that it never waits behind them."""
 
     def __init__(
         self, workers: int, name: str = "cpu", os_name: str = DECODE_THREAD, turns: Turns | None = None
@@ -47,27 +49,34 @@ class CpuPool:
         if workers < 1:
             raise ValueError("a pool needs at least one worker")
         self.workers = workers
-        self.turns = turns
+        self.turns = turns if turns is not None and turns.enabled else None
         self._executor = ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix=name, initializer=name_os_thread, initargs=(os_name,)
         )
+        self._other = self._executor
+        if self.turns is not None:
+            self._other = ThreadPoolExecutor(1, f"{name}-other", initializer=name_os_thread, initargs=(os_name,))
 
     async def run(self, work: Callable[[], T], *, decode: bool = False) -> T:
-        """``work()`` on a pool thread; cancelling the caller drops it if it has not started. A ``decode`` takes
-        its turn (hashing for a cache lookup does not: a cache hit never waits for an engine call)."""
+        """``work()`` on a pool thread; cancelling the caller drops it if it has not started (nor got its turn)."""
         loop = asyncio.get_running_loop()
-        if not (decode and self.turns is not None and self.turns.enabled):
-            return await loop.run_in_executor(self._executor, work)
+        if self.turns is None or not decode:
+            return await loop.run_in_executor(self._other, work)
+        gone = threading.Event()  # the caller stopped waiting (a 504): its turn, once come, does nothing
         self.turns.decode_queued()
         try:
-            return await loop.run_in_executor(self._executor, functools.partial(_in_turn, self.turns, work))
+            return await loop.run_in_executor(self._executor, functools.partial(_in_turn, self.turns, work, gone))
+        except asyncio.CancelledError:
+            gone.set()
+            raise
         finally:
             self.turns.decode_ended()
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._other.shutdown(wait=False, cancel_futures=True)
 
 
-def _in_turn(turns: Turns, work: Callable[[], T]) -> T:
+def _in_turn(turns: Turns, work: Callable[[], T], gone: threading.Event) -> T | None:
     with turns.decoding():
-        return work()
+        return None if gone.is_set() else work()

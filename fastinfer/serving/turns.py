@@ -17,9 +17,10 @@ at most ``MAX_DEFER_S``, while any front worker has decodes queued or running (e
 meanwhile): the images being decoded join the batch instead of waiting a whole engine call.
 
 A ``flock`` belongs to an open file, so each thread opens its own: threads of one process exclude each other as
-processes do. A decode blocks in the kernel (no polling: it wakes when the engine call ends); no wait is unbounded:
-an engine call that holds its turn past ``MAX_HOLD_S`` (stuck, or its process stopped) loses it to a watchdog,
-and an engine call waits at most ``MAX_HOLD_S`` for decodes.
+processes do. No wait is unbounded: an engine call waits at most ``MAX_DECODE_WAIT_S`` for the decodes under way
+(a huge image must not stall everyone), and one that holds its turn past ``MAX_HOLD_S`` loses it to a watchdog.
+A process whose turn does not come within ``MAX_HOLD_S`` (a stopped process holds one) or whose lock files are
+gone serves as ``shared`` for ``SUSPEND_S``, and says so in its log.
 """
 
 from __future__ import annotations
@@ -42,11 +43,13 @@ from fastinfer.catalog.config import get_settings
 
 logger = logging.getLogger("fastinfer.turns")
 DIR_ENV = "FASTINFER_TURNS_DIR"  # set once per `bentoml serve` (service.py): its processes share the files there
-MAX_HOLD_S = 5.0  # longer than any engine call or decode here; past it the other side goes on anyway
-MAX_DEFER_S = 0.05  # a batch waits at most this for decodes (about 8 photos' on 2 cores): a flood cannot starve it
+MAX_HOLD_S = 5.0  # longer than any engine call here; past it the other side goes on anyway
+MAX_DECODE_WAIT_S = 0.1  # an engine call waits this long at most for decodes under way (a photo takes ~5 ms)
+SUSPEND_S = 60.0  # a process that could not take its turn serves as `shared` this long
+MAX_DEFER_S = 0.05  # a batch waits at most this for decodes (~10 photos' on 2 cores): a flood cannot starve it
 DEFER_POLL_S = 0.002  # how often a waiting batcher looks: each look wakes its event loop
 IN_TRANSIT_S = 0.001  # after decodes end, their images' way to the runner's queue (a loopback hop)
-_FIRST_POLL_S, _LAST_POLL_S = 0.0001, 0.001  # an engine call waiting for decodes looks after 0.1 ms, then up to 1 ms
+_FIRST_POLL_S, _LAST_POLL_S = 0.0001, 0.002  # a waiting turn looks again after 0.1 ms, backing off to 2 ms
 
 
 def new_server_dir() -> Path:
@@ -68,8 +71,12 @@ def shared_dir() -> Path:
 
 @functools.cache
 def this_server() -> Turns:
-    """This process's turns, as FASTINFER_SCHEDULING says."""
-    return Turns(get_settings().scheduling == "turns")
+    """This process's turns, as FASTINFER_SCHEDULING says (``shared`` where no lock folder can be made)."""
+    try:
+        return Turns(get_settings().scheduling == "turns")
+    except OSError as exc:
+        logger.warning("FASTINFER_SCHEDULING=turns: no folder for its lock files (%s): serving as shared", exc)
+        return Turns(False)
 
 
 class Turns:
@@ -79,81 +86,116 @@ class Turns:
         self.enabled = enabled
         self.directory = directory if directory is not None or not enabled else shared_dir()
         self._files = threading.local()
-        self.overdue = 0  # turns that ran without waiting for the other side (see MAX_HOLD_S)
+        self.overdue = 0  # turns not taken in time (the work then ran as if `shared`)
+        self._suspended_until = 0.0
         self._holding: dict[int, tuple[float, tuple[int, int]]] = {}  # engine thread → (since, its locks)
+        self._holding_lock = threading.Lock()
         self._watchdog: threading.Thread | None = None
         self._queued = 0  # this process's decodes queued or running (event-loop thread only)
         self._busy: dict[str, int] = {}  # `busy`, opened twice: one holds it for decodes, one probes it
 
+    @property
+    def active(self) -> bool:
+        """Taking turns now: enabled, and not suspended after a turn that did not come."""
+        return self.enabled and time.monotonic() >= self._suspended_until
+
     @contextlib.contextmanager
     def inferring(self) -> Iterator[None]:
-        """Hold the cores for one engine call: no decode starts, and those under way end first."""
-        if not self.enabled:
-            yield
-            return
-        gate, work = self._fds()
-        fcntl.flock(gate, fcntl.LOCK_EX)  # decodes hold it only between two calls; another engine, its call
-        if not self._take(work, fcntl.LOCK_EX, time.monotonic() + MAX_HOLD_S):
-            self._late("an engine call waited over %g s for decodes (a front worker stopped?): it ran anyway")
-        self._watch(gate, work)
+        """Hold the cores for one engine call: no decode starts, and those under way end first (or within
+        MAX_DECODE_WAIT_S)."""
+        held = self._engine_turn() if self.active else ()
         try:
             yield
         finally:
-            self._holding.pop(threading.get_ident(), None)
-            fcntl.flock(work, fcntl.LOCK_UN)
-            fcntl.flock(gate, fcntl.LOCK_UN)
+            self._release(held)
 
     @contextlib.contextmanager
     def decoding(self) -> Iterator[None]:
         """Hold a share of the cores for one decode: waits while an engine call runs or waits to run."""
-        if not self.enabled:
-            yield
-            return
-        gate, work = self._fds()
-        fcntl.flock(gate, fcntl.LOCK_SH)
-        try:
-            fcntl.flock(work, fcntl.LOCK_SH)  # at once: an engine holds `work` only while it holds `gate`
-        finally:
-            fcntl.flock(gate, fcntl.LOCK_UN)
+        held = self._decode_turn() if self.active else ()
         try:
             yield
         finally:
-            fcntl.flock(work, fcntl.LOCK_UN)
+            self._release(held)
+
+    def _engine_turn(self) -> tuple[int, ...]:
+        try:
+            gate, work = self._fds()
+            if not self._take(gate, fcntl.LOCK_EX, MAX_HOLD_S):
+                return self._suspend("an engine call did not get its turn (another stopped holding it?)")
+            if not self._take(work, fcntl.LOCK_EX, MAX_DECODE_WAIT_S):  # a slow decode: run beside it
+                self._watch(gate)
+                return (gate,)
+        except OSError as exc:
+            return self._suspend(f"its lock files cannot be used ({exc})")
+        self._watch(gate, work)
+        return (work, gate)
+
+    def _decode_turn(self) -> tuple[int, ...]:
+        try:
+            gate, work = self._fds()
+            if not self._take(gate, fcntl.LOCK_SH, MAX_HOLD_S):
+                return self._suspend("a decode did not get its turn (an engine call stopped holding it?)")
+            try:
+                fcntl.flock(work, fcntl.LOCK_SH)  # at once: an engine holds `work` only while it holds `gate`
+            finally:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        except OSError as exc:
+            return self._suspend(f"its lock files cannot be used ({exc})")
+        return (work,)
+
+    def _release(self, held: tuple[int, ...]) -> None:
+        if held:
+            with self._holding_lock:
+                self._holding.pop(threading.get_ident(), None)
+                for fd in held:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _suspend(self, why: str) -> tuple[int, ...]:
+        self.overdue += 1
+        self._suspended_until = time.monotonic() + SUSPEND_S
+        logger.warning("turns: %s; this process serves as FASTINFER_SCHEDULING=shared for %g s", why, SUSPEND_S)
+        return ()
 
     def decode_queued(self) -> None:
         """A decode was queued (call from the event loop): this process is busy decoding until decode_ended."""
         if self.enabled:
             self._queued += 1
             if self._queued == 1:
-                fcntl.flock(self._busy_fd("hold"), fcntl.LOCK_SH)  # a probe holds it exclusively for a moment only
+                self._busy_lock("hold", fcntl.LOCK_SH)  # a probe holds it exclusively for a moment only
 
     def decode_ended(self) -> None:
         if self.enabled:
             self._queued -= 1
             if self._queued == 0:
-                fcntl.flock(self._busy_fd("hold"), fcntl.LOCK_UN)
+                self._busy_lock("hold", fcntl.LOCK_UN)
 
     async def after_decodes(self) -> None:
         """Wait (at most MAX_DEFER_S) while any process has decodes queued or running, then for their images to
         arrive: a batch formed now takes them. Nothing to wait for: returns at once (one client pays nothing)."""
-        if not self.enabled:
+        if not self.active:
             return
         give_up = time.monotonic() + MAX_DEFER_S
         waited = False
-        while self._decodes_pending() and time.monotonic() < give_up:
+        while not self._busy_lock("probe", fcntl.LOCK_EX | fcntl.LOCK_NB) and time.monotonic() < give_up:
             waited = True
             await asyncio.sleep(DEFER_POLL_S)
+        self._busy_lock("probe", fcntl.LOCK_UN)
         if waited:
             await asyncio.sleep(IN_TRANSIT_S)
 
-    def _decodes_pending(self) -> bool:
-        fd = self._busy_fd("probe")
+    def _busy_lock(self, role: str, operation: int) -> bool:
+        """``flock`` on `busy` through the role's own open file; False where it would block. A hint only: a
+        lock file that cannot be used counts as nobody decoding."""
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if role not in self._busy:  # not shared with the other role: a flock belongs to the open file
+                self._busy[role] = self._open("busy")
+            fcntl.flock(self._busy[role], operation)
         except BlockingIOError:
+            return False
+        except OSError:
             return True
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
+        return True
 
     def _fds(self) -> tuple[int, int]:
         fds = getattr(self._files, "fds", None)
@@ -161,17 +203,14 @@ class Turns:
             fds = self._files.fds = (self._open("gate"), self._open("work"))
         return fds
 
-    def _busy_fd(self, role: str) -> int:
-        if role not in self._busy:  # not shared with the other role: a flock belongs to the open file
-            self._busy[role] = self._open("busy")
-        return self._busy[role]
-
     def _open(self, name: str) -> int:
         assert self.directory is not None
         return os.open(self.directory / name, os.O_RDWR | os.O_CREAT, 0o600)
 
-    def _take(self, fd: int, mode: int, give_up: float) -> bool:
-        """Take the lock, polling with a short back-off; False (not taken) past ``give_up``."""
+    @staticmethod
+    def _take(fd: int, mode: int, wait_s: float) -> bool:
+        """Take the lock, polling with a short back-off; False (not taken) after ``wait_s``."""
+        give_up = time.monotonic() + wait_s
         pause = _FIRST_POLL_S
         while True:
             try:
@@ -183,26 +222,24 @@ class Turns:
                 time.sleep(pause)
                 pause = min(pause * 2, _LAST_POLL_S)
 
-    def _watch(self, gate: int, work: int) -> None:
+    def _watch(self, *fds: int) -> None:
         """Let the watchdog release this engine call's turn if it outlasts MAX_HOLD_S (a flock is the open
         file's, so another thread may release it)."""
-        self._holding[threading.get_ident()] = (time.monotonic(), (gate, work))
-        if self._watchdog is None:
-            self._watchdog = threading.Thread(target=self._release_overdue, name="fi-turns", daemon=True)
-            self._watchdog.start()
+        with self._holding_lock:
+            self._holding[threading.get_ident()] = (time.monotonic(), fds)
+            if self._watchdog is None:
+                self._watchdog = threading.Thread(target=self._release_overdue, name="fi-turns", daemon=True)
+                self._watchdog.start()
 
     def _release_overdue(self) -> None:
         while True:
             time.sleep(min(1.0, MAX_HOLD_S / 2))
-            for thread, turn in list(self._holding.items()):
-                since, fds = turn
-                if time.monotonic() - since > MAX_HOLD_S and self._holding.get(thread) is turn:
-                    del self._holding[thread]
-                    self._late("an engine call held its turn over %g s (stuck?): decoding goes on beside it")
-                    for fd in fds:
-                        fcntl.flock(fd, fcntl.LOCK_UN)
-
-    def _late(self, message: str) -> None:
-        self.overdue += 1
-        if self.overdue == 1:
-            logger.warning(message, MAX_HOLD_S)
+            with self._holding_lock:
+                for thread, (since, fds) in list(self._holding.items()):
+                    if time.monotonic() - since > MAX_HOLD_S:
+                        del self._holding[thread]
+                        self.overdue += 1
+                        logger.warning("turns: an engine call held its turn over %g s (stuck?): decoding goes on "
+                                       "beside it", MAX_HOLD_S)  # fmt: skip
+                        for fd in fds:
+                            fcntl.flock(fd, fcntl.LOCK_UN)

@@ -4,6 +4,7 @@ and no wait is unbounded."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import signal
 import subprocess
@@ -46,11 +47,37 @@ def test_a_decode_waits_while_an_engine_call_runs(tmp_path: Path) -> None:
     decode.leave.set()
 
 
-def test_an_engine_call_waits_for_the_decodes_under_way_and_goes_before_new_ones(tmp_path: Path) -> None:
+def gate_held_exclusively(directory: Path) -> bool:
+    """Wait (5 s at most) until an engine call holds `gate`: a shared lock on it is then refused."""
+    return gate_held_exclusively_within(directory, 5)
+
+
+def gate_held_exclusively_within(directory: Path, seconds: float) -> bool:
+    fd = os.open(directory / "gate", os.O_RDWR | os.O_CREAT)
+    try:
+        give_up = time.monotonic() + seconds
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            except BlockingIOError:
+                return True
+            if time.monotonic() >= give_up:
+                return False
+            time.sleep(0.01)
+    finally:
+        os.close(fd)
+
+
+def test_an_engine_call_waits_for_the_decodes_under_way_and_goes_before_new_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(turns, "MAX_DECODE_WAIT_S", 30.0)
     t = Turns(True, tmp_path)
     first = entered_in_thread(t.decoding)
     assert first.wait(5)
     engine = entered_in_thread(t.inferring)
+    assert gate_held_exclusively(tmp_path)  # the engine call is waiting, ahead of new decodes
     assert not engine.wait(SETTLE_S)  # the decode under way ends first
     later = entered_in_thread(t.decoding)
     assert not later.wait(SETTLE_S)  # a waiting engine call goes before a decode not yet started
@@ -99,25 +126,58 @@ def test_a_stuck_engine_call_loses_its_turn(tmp_path: Path, monkeypatch: pytest.
     t = Turns(True, tmp_path)
     engine = entered_in_thread(t.inferring)  # an engine call that does not end
     assert engine.wait(5)
-    started = time.monotonic()
-    with Turns(True, tmp_path).decoding():
-        waited = time.monotonic() - started
-    assert 0.25 < waited < 3 and t.overdue == 1
+    give_up = time.monotonic() + 5
+    while t.overdue == 0 and time.monotonic() < give_up:  # the watchdog lets its turn go
+        time.sleep(0.05)
+    assert t.overdue == 1 and not gate_held_exclusively_within(tmp_path, 0)
+    decode = Turns(True, tmp_path)
+    with decode.decoding():
+        pass
+    assert decode.overdue == 0  # got its turn: the stuck call no longer holds it
     engine.leave.set()
 
 
-def test_an_engine_call_waits_for_a_stopped_decode_only_so_long(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(turns, "MAX_HOLD_S", 0.3)
-    decode = entered_in_thread(Turns(True, tmp_path).decoding)  # a front worker stopped mid-decode
+def test_a_slow_decode_holds_an_engine_call_back_only_so_long(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(turns, "MAX_DECODE_WAIT_S", 0.3)
+    decode = entered_in_thread(Turns(True, tmp_path).decoding)  # a 50 MP image, decoding for a second
     assert decode.wait(5)
     t = Turns(True, tmp_path)
     started = time.monotonic()
-    with t.inferring():
+    with t.inferring():  # runs beside it, and still no new decode starts
         waited = time.monotonic() - started
-    assert 0.25 < waited < 3 and t.overdue == 1
+        later = entered_in_thread(Turns(True, tmp_path).decoding)
+        assert not later.wait(SETTLE_S)
+    assert waited > 0.25 and t.overdue == 0 and t.active
+    assert later.wait(5)
     decode.leave.set()
+    later.leave.set()
+
+
+def test_a_turn_that_does_not_come_suspends_turns_in_that_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(turns, "MAX_HOLD_S", 0.3)
+    stopped = os.open(tmp_path / "gate", os.O_RDWR | os.O_CREAT)  # a runner stopped mid-call (SIGSTOP)
+    fcntl.flock(stopped, fcntl.LOCK_EX)
+    try:
+        t = Turns(True, tmp_path)
+        started = time.monotonic()
+        with t.decoding():
+            first = time.monotonic() - started
+        started = time.monotonic()
+        with t.decoding(), t.inferring():  # suspended: neither waits
+            second = time.monotonic() - started
+    finally:
+        os.close(stopped)
+    assert first > 0.25 and second < 0.2 and t.overdue == 1 and not t.active
+    assert "serves as FASTINFER_SCHEDULING=shared" in caplog.text
+
+
+def test_lock_files_that_are_gone_suspend_turns_rather_than_fail(tmp_path: Path) -> None:
+    t = Turns(True, tmp_path / "gone")  # e.g. a temp cleaner removed the server's folder
+    with t.decoding(), t.inferring():
+        pass
+    assert t.overdue == 1 and not t.active
 
 
 def test_off_takes_no_turn(tmp_path: Path) -> None:
@@ -150,24 +210,43 @@ def test_the_setting(fresh_settings: pytest.MonkeyPatch) -> None:
         get_settings()
 
 
-def test_the_decode_pool_takes_its_turn(tmp_path: Path) -> None:
+def test_the_decode_pool_takes_its_turn_and_hashing_never_waits(tmp_path: Path) -> None:
     t = Turns(True, tmp_path)
-    pool = CpuPool(2, turns=t)
+    pool = CpuPool(1, turns=t)  # one decode thread, taken by a decode waiting for its turn
 
     async def main() -> list[str]:
         order: list[str] = []
         with t.inferring():
-            job = asyncio.ensure_future(pool.run(lambda: order.append("decoded"), decode=True))
-            await pool.run(lambda: order.append("hashed"))  # no turn: a cache hit never waits for the engine
+            decodes = [asyncio.ensure_future(pool.run(lambda: order.append("decoded"), decode=True)) for _ in "ab"]
             await asyncio.sleep(SETTLE_S)
+            await pool.run(lambda: order.append("hashed"))  # a cache lookup's hash does not wait behind them
             order.append("engine done")
-        await job
+        await asyncio.gather(*decodes)
         return order
 
     try:
-        assert asyncio.run(main()) == ["hashed", "engine done", "decoded"]
+        assert asyncio.run(main()) == ["hashed", "engine done", "decoded", "decoded"]
     finally:
         pool.close()
+
+
+def test_a_decode_whose_caller_is_gone_does_nothing_when_its_turn_comes(tmp_path: Path) -> None:
+    t = Turns(True, tmp_path)
+    pool = CpuPool(1, turns=t)
+    ran: list[str] = []
+
+    async def main() -> None:
+        with t.inferring():
+            decode = asyncio.ensure_future(pool.run(lambda: ran.append("decoded"), decode=True))
+            await asyncio.sleep(SETTLE_S)  # started: on the pool's thread, waiting for its turn
+            decode.cancel()  # the request's deadline passed (504)
+        await pool.run(lambda: None, decode=True)  # after it on the one decode thread
+
+    try:
+        asyncio.run(main())
+    finally:
+        pool.close()
+    assert ran == []
 
 
 def test_a_batch_waits_for_the_decodes_queued_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
