@@ -722,8 +722,9 @@ def test_the_first_table_is_the_rows_of_results_json(tmp_path, monkeypatch) -> N
 
 def tune_check() -> dict:
     """A saved `make tune-check` (OUT/tuning.json), run on another CPU."""
-    trial = {"label": "onnx-int8, runner", "config": {"backend": "onnx-int8"}, "req_per_s": 20.0, "p50_ms": 400,
-             "p95_ms": 500, "failures": 0, "requests": 200, "error": "", "position": 0, "qualified": True}  # fmt: skip
+    config = {"backend": "onnx-int8", "scheduling": "shared", "decode_threads": 0}
+    trial = {"label": "onnx-int8, runner", "config": config, "req_per_s": 20.0, "p50_ms": 400, "p95_ms": 500,
+             "failures": 0, "requests": 200, "error": "", "position": 0, "qualified": True}  # fmt: skip
     saved = {
         "format": check.FORMAT, "stage": "done", "command": "make tune-check", "date": "today",
         "hardware": {"cpu": "Other CPU", "cores": 2}, "goal": "throughput: most req/s at 10 clients",
@@ -807,3 +808,17 @@ def test_a_new_tune_check_is_drawn_even_over_rebuilt_results(tmp_path) -> None:
     results = bench([run("inference", "onnx-int8", 10, 58.0)]) | {"rebuilt": ["requests: req/s x 20 s"]}
     check.write_benchmarks(results, md, tmp_path, plots)
     assert (plots / "tuning.png").read_bytes() != b"an earlier check's" and "](plots/tuning.png)" in md.read_text()
+
+
+def test_every_engine_target_is_judged_on_the_configuration_that_served_most_not_on_its_own_best() -> None:
+    results = scheduled(engine_bench(95.0))
+    for r in results["placement"]:
+        if (r["placement"], r["scheduling"]) == ("front worker", "turns"):
+            r["req_per_s"] = 10.0  # the lowest engine figure, served least: a row may not pick it for itself
+    engine = row(results, "Engine beyond in-process")
+    assert engine.figure.startswith("best: ") and not engine.figure.startswith("best: front worker, turns")
+    assert "front worker, turns (median of 2 runs): 0.4 ms" in engine.figure
+    assert engine.verdict == "NOT met"  # met on front worker, turns alone (0.4 ms), which served least
+    names = ("Engine beyond", "Server CPU beyond", "Served / ceiling without", "Served / ceiling on")
+    tops = {row(results, name).figure.split(" (")[0] for name in names}
+    assert len(tops) == 1  # one configuration for every row

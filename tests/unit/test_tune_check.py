@@ -298,3 +298,14 @@ def test_a_head_to_head_without_its_tuned_row_is_not_met_not_a_crash() -> None:
               "runs": [trial]}], "tune": {"chosen": {"label": "y"}, "elapsed_s": 60, "budget_s": 420},
               "sweep": {"best": {"label": "x"}, "elapsed_s": 600}}  # fmt: skip
     assert "**NOT met**" in check.verdict(result)[0]
+
+
+def test_a_check_saved_before_the_scheduling_was_tuned_says_so_in_its_rows(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr("fastinfer.common.hardware.cpu_count", lambda: 2)
+    rates = {"openvino-int8, runner, max batch 16": 30.0, "onnx-int8, in front, max batch 4": 40.0}
+    tuner, swept, _ = _searches(tmp_path, rates)
+    result = check.compare(tuner, 60.0, swept, 2, by_rate(rates)) | ABOUT
+    assert not any("before the scheduling" in t.figure for t in check.targets(result))
+    del result["tune"]["chosen"]["config"]["scheduling"]  # as a check saved before it was tuned
+    for target in check.targets(result):
+        assert target.figure.endswith("before the scheduling and decode pool were tuned"), target.figure
