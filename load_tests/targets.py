@@ -208,7 +208,8 @@ def engine_targets(results: dict[str, Any], where: str) -> list[Target]:
                      f"the CPU reading missed {chosen[c]['missed_processes']} server process(es)"
                      if chosen[c].get("missed_processes") else "figures below their base"))
                  for c in sorted(chosen, key=lambda c: c != top)]  # fmt: skip
-        verdict = "not measured" if not figures else "not judged" if top not in figures else VERDICT[ok(figures[top])]
+        verdict = ("not measured" if not figures or (top is not None and top not in figures)
+                   else "not judged" if top is None else VERDICT[ok(figures[top])])  # fmt: skip
         return Target(name, "; ".join(cells), goal, verdict if errors == 0 or top is None else VERDICT[0], where)
 
     def share(of: str, at: str, cores: str = "") -> Callable[[dict[str, Any]], str]:

@@ -10,12 +10,11 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
-import functools
 import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from fastinfer.serving.turns import Turns
 
@@ -62,12 +61,12 @@ class CpuPool:
         loop = asyncio.get_running_loop()
         if self.turns is None or not decode:
             return await loop.run_in_executor(self._other, work)
-        gone = threading.Event()  # the caller stopped waiting (a 504): its turn, once come, does nothing
+        job = _TurnJob(self.turns, work)
         self.turns.decode_queued()
         try:
-            return await loop.run_in_executor(self._executor, functools.partial(_in_turn, self.turns, work, gone))
+            return await loop.run_in_executor(self._executor, job.run)
         except asyncio.CancelledError:
-            gone.set()
+            job.drop()
             raise
         finally:
             self.turns.decode_ended()
@@ -77,6 +76,24 @@ class CpuPool:
         self._other.shutdown(wait=False, cancel_futures=True)
 
 
-def _in_turn(turns: Turns, work: Callable[[], T], gone: threading.Event) -> T | None:
-    with turns.decoding():
-        return None if gone.is_set() else work()
+class _TurnJob(Generic[T]):
+    """A decode that waits for its turn on a pool thread; its caller may give up meanwhile (a 504): then, once its
+    turn comes, it does nothing."""
+
+    def __init__(self, turns: Turns, work: Callable[[], T]) -> None:
+        self.turns, self.work = turns, work
+        self._lock = threading.Lock()
+        self._state = "waiting"  # → running | dropped
+
+    def run(self) -> T | None:
+        with self.turns.decoding():
+            with self._lock:
+                if self._state == "dropped":
+                    return None
+                self._state = "running"
+            return self.work()
+
+    def drop(self) -> None:
+        with self._lock:
+            if self._state == "waiting":
+                self._state = "dropped"

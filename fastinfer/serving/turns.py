@@ -90,6 +90,7 @@ class Turns:
         self._suspended_until = 0.0
         self._holding: dict[int, tuple[float, tuple[int, int]]] = {}  # engine thread → (since, its locks)
         self._holding_lock = threading.Lock()
+        self._slow_decode = False  # an engine call found a decode under way after MAX_DECODE_WAIT_S
         self._watchdog: threading.Thread | None = None
         self._queued = 0  # this process's decodes queued or running (event-loop thread only)
         self._busy: dict[str, int] = {}  # `busy`, opened twice: one holds it for decodes, one probes it
@@ -119,17 +120,23 @@ class Turns:
             self._release(held)
 
     def _engine_turn(self) -> tuple[int, ...]:
+        held: tuple[int, ...] = ()
         try:
             gate, work = self._fds()
             if not self._take(gate, fcntl.LOCK_EX, MAX_HOLD_S):
                 return self._suspend("an engine call did not get its turn (another stopped holding it?)")
-            if not self._take(work, fcntl.LOCK_EX, MAX_DECODE_WAIT_S):  # a slow decode: run beside it
-                self._watch(gate)
-                return (gate,)
-        except OSError as exc:
+            held = (gate,)
+            # A decode that outlasted one wait is still under way: the next calls look once, and run beside it.
+            if self._take(work, fcntl.LOCK_EX, 0.0 if self._slow_decode else MAX_DECODE_WAIT_S):
+                held = (work, gate)
+            self._slow_decode = len(held) == 1
+            self._watch(*held)
+        except Exception as exc:
+            self._release(held)
+            if not isinstance(exc, OSError):
+                raise
             return self._suspend(f"its lock files cannot be used ({exc})")
-        self._watch(gate, work)
-        return (work, gate)
+        return held
 
     def _decode_turn(self) -> tuple[int, ...]:
         try:
@@ -161,8 +168,8 @@ class Turns:
         """A decode was queued (call from the event loop): this process is busy decoding until decode_ended."""
         if self.enabled:
             self._queued += 1
-            if self._queued == 1:
-                self._busy_lock("hold", fcntl.LOCK_SH)  # a probe holds it exclusively for a moment only
+            if self._queued == 1:  # a hint: where a probe holds it this instant, the batcher just does not wait
+                self._busy_lock("hold", fcntl.LOCK_SH | fcntl.LOCK_NB)
 
     def decode_ended(self) -> None:
         if self.enabled:
@@ -226,20 +233,24 @@ class Turns:
         """Let the watchdog release this engine call's turn if it outlasts MAX_HOLD_S (a flock is the open
         file's, so another thread may release it)."""
         with self._holding_lock:
-            self._holding[threading.get_ident()] = (time.monotonic(), fds)
             if self._watchdog is None:
-                self._watchdog = threading.Thread(target=self._release_overdue, name="fi-turns", daemon=True)
-                self._watchdog.start()
+                watchdog = threading.Thread(target=self._release_overdue, name="fi-turns", daemon=True)
+                watchdog.start()
+                self._watchdog = watchdog
+            self._holding[threading.get_ident()] = (time.monotonic(), fds)
 
     def _release_overdue(self) -> None:
         while True:
             time.sleep(min(1.0, MAX_HOLD_S / 2))
+            released = 0
             with self._holding_lock:
                 for thread, (since, fds) in list(self._holding.items()):
                     if time.monotonic() - since > MAX_HOLD_S:
                         del self._holding[thread]
-                        self.overdue += 1
-                        logger.warning("turns: an engine call held its turn over %g s (stuck?): decoding goes on "
-                                       "beside it", MAX_HOLD_S)  # fmt: skip
-                        for fd in fds:
+                        released += 1
+                        for fd in fds:  # `work` first, as _release: a decode past `gate` takes `work` at once
                             fcntl.flock(fd, fcntl.LOCK_UN)
+            if released:
+                self.overdue += released
+                logger.warning("turns: an engine call held its turn over %g s (stuck?): decoding goes on beside it",
+                               MAX_HOLD_S)  # fmt: skip
