@@ -100,9 +100,8 @@ class RunnerCore:
         self.batch_sizes: Counter[int] = Counter()
         self.calls: Counter[str] = Counter()  # per API, so that a test can tell infer_batched ran
         self.turns = turns.this_server()
-        self.batcher = MicroBatcher(
-            self._run, self.batching.max_batch_size, self.batching.max_latency_ms, self.turns.after_decodes
-        )
+        before = self.turns.after_decodes if self.turns.enabled else None  # shared: nothing on the batch's path
+        self.batcher = MicroBatcher(self._run, self.batching.max_batch_size, self.batching.max_latency_ms, before)
         self.failure: str | None = None
         self.engine_id = ""  # engine_identity() of the loaded engine
         self.failed_at = 0.0

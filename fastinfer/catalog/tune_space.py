@@ -60,8 +60,8 @@ class Point:
         return values
 
 
-def plain(backend: str, cores: int) -> Point:
-    """``backend`` as an untuned server serves it on ``cores`` cores: where each search begins."""
+def plain(backend: str) -> Point:
+    """``backend`` as an untuned server serves it: where each search begins."""
     return Point(backend)
 
 

@@ -80,7 +80,9 @@ def this_server() -> Turns:
 
 
 class Turns:
-    """The locks, opened per thread. ``enabled=False``: today's scheduling, where nothing waits."""
+    """The locks, opened per thread. ``enabled=False``: today's scheduling, where nothing waits. Not re-entrant: a
+    thread takes one turn at a time (a pool thread one decode, a model thread one engine call), since a nested turn
+    on the same open file would release the outer one."""
 
     def __init__(self, enabled: bool, directory: Path | None = None) -> None:
         self.enabled = enabled
@@ -88,7 +90,7 @@ class Turns:
         self._files = threading.local()
         self.overdue = 0  # turns not taken in time (the work then ran as if `shared`)
         self._suspended_until = 0.0
-        self._holding: dict[int, tuple[float, tuple[int, int]]] = {}  # engine thread → (since, its locks)
+        self._holding: dict[int, tuple[float, tuple[int, ...]]] = {}  # engine thread → (since, its locks)
         self._holding_lock = threading.Lock()
         self._slow_decode = False  # an engine call found a decode under way after MAX_DECODE_WAIT_S
         self._watchdog: threading.Thread | None = None

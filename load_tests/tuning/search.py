@@ -334,7 +334,7 @@ def tune(
         return search
     search.progress(f"worth serving: {', '.join(keep)}" + (f"; dropped {', '.join(dropped)}" if dropped else ""))
     cores = hardware.cpu_count()
-    served = serve([Config(**asdict(tune_space.plain(name, cores))) for name in keep], "backend", search, measure)
+    served = serve([Config(**asdict(tune_space.plain(name))) for name in keep], "backend", search, measure)
     current = baseline = search.chosen = search.best()
     if current is None:
         return search
@@ -417,7 +417,7 @@ def space(backends: list[str], cores: int, goal: Goal) -> list[Config]:
     ``cores_variants`` of the sweep's best cover those, rather than multiplying every configuration by them."""
     out = []
     for backend in backends:
-        plain = tune_space.plain(backend, cores)
+        plain = tune_space.plain(backend)
         out += [
             Config(**asdict(point))
             for point in tune_space.points(backend, cores, goal.kind)

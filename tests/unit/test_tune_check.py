@@ -56,7 +56,7 @@ def test_the_sweep_covers_every_configuration_the_search_can_reach(goal: Goal, c
     assert len(configs) == len(set(configs))
     every = {Config(**vars(p)) for b in BACKENDS for p in tune_space.points(b, cores, goal.kind)}  # what tuned.py takes
     for backend in BACKENDS:
-        plain = Config(**vars(tune_space.plain(backend, cores)))
+        plain = Config(**vars(tune_space.plain(backend)))
         found = reachable(plain, cores, goal)
         assert found <= every and len(found) == len([p for p in every if p.backend == backend])
         # Served by the sweep: as it is, or with an untuned server's scheduling and decode threads (then its best

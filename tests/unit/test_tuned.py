@@ -479,7 +479,7 @@ def test_the_tuner_writes_its_scheduling_and_decode_threads_only_when_not_the_de
     threads = {w.get("FASTINFER_DECODE_THREADS") for w in written}
     assert threads == ({None} if cores == 1 else {None, str(cores // 2)})  # 0, one per core, is left out
     first = tune_space.dimensions("onnx-int8", cores, "throughput")["scheduling"][0]
-    assert first == tune_space.plain("onnx-int8", cores).scheduling == config.Settings.scheduling == "shared"
+    assert first == tune_space.plain("onnx-int8").scheduling == config.Settings.scheduling == "shared"
 
 
 def resolved(**settings: str) -> str:
