@@ -49,6 +49,7 @@ SUSPEND_S = 60.0  # a process that could not take its turn serves as `shared` th
 MAX_DEFER_S = 0.05  # a batch waits at most this for decodes (~10 photos' on 2 cores): a flood cannot starve it
 DEFER_POLL_S = 0.002  # how often a waiting batcher looks: each look wakes its event loop
 IN_TRANSIT_S = 0.001  # after decodes end, their images' way to the runner's queue (a loopback hop)
+YIELD_S = 0.004  # an engine call right after another waits this long while decodes are queued (they look every 2 ms)
 _FIRST_POLL_S, _LAST_POLL_S = 0.0001, 0.002  # a waiting turn looks again after 0.1 ms, backing off to 2 ms
 
 
@@ -95,7 +96,8 @@ class Turns:
         self._slow_decode = False  # an engine call found a decode under way after MAX_DECODE_WAIT_S
         self._watchdog: threading.Thread | None = None
         self._queued = 0  # this process's decodes queued or running (event-loop thread only)
-        self._busy: dict[str, int] = {}  # `busy`, opened twice: one holds it for decodes, one probes it
+        self._busy_fd: int | None = None  # the open file of `busy` that holds it for this process's decodes
+        self._busy_held = False
 
     @property
     def active(self) -> bool:
@@ -111,6 +113,7 @@ class Turns:
             yield
         finally:
             self._release(held)
+            self._files.engine_ended = time.monotonic()
 
     @contextlib.contextmanager
     def decoding(self) -> Iterator[None]:
@@ -125,6 +128,7 @@ class Turns:
         held: tuple[int, ...] = ()
         try:
             gate, work = self._fds()
+            self._let_decodes_in()
             if not self._take(gate, fcntl.LOCK_EX, MAX_HOLD_S):
                 return self._suspend("an engine call did not get its turn (another stopped holding it?)")
             held = (gate,)
@@ -139,6 +143,14 @@ class Turns:
                 raise
             return self._suspend(f"its lock files cannot be used ({exc})")
         return held
+
+    def _let_decodes_in(self) -> None:
+        """Engine calls back to back (unbatched calls queued on a model thread) would retake `gate` before a
+        decode polling for it looks again, and starve it: a call within YIELD_S of this thread's last one waits
+        out the rest of YIELD_S while any process has decodes queued."""
+        wait = getattr(self._files, "engine_ended", 0.0) + YIELD_S - time.monotonic()
+        if wait > 0 and self._decodes_queued():
+            time.sleep(wait)
 
     def _decode_turn(self) -> tuple[int, ...]:
         try:
@@ -170,14 +182,15 @@ class Turns:
         """A decode was queued (call from the event loop): this process is busy decoding until decode_ended."""
         if self.enabled:
             self._queued += 1
-            if self._queued == 1:  # a hint: where a probe holds it this instant, the batcher just does not wait
-                self._busy_lock("hold", fcntl.LOCK_SH | fcntl.LOCK_NB)
+            if not self._busy_held:  # a hint: where a probe holds it this instant, the next decode queued retries
+                self._busy_held = self._busy_lock(fcntl.LOCK_SH | fcntl.LOCK_NB, hold=True)
 
     def decode_ended(self) -> None:
         if self.enabled:
             self._queued -= 1
-            if self._queued == 0:
-                self._busy_lock("hold", fcntl.LOCK_UN)
+            if self._queued == 0 and self._busy_held:
+                self._busy_lock(fcntl.LOCK_UN, hold=True)
+                self._busy_held = False
 
     async def after_decodes(self) -> None:
         """Wait (at most MAX_DEFER_S) while any process has decodes queued or running, then for their images to
@@ -186,20 +199,31 @@ class Turns:
             return
         give_up = time.monotonic() + MAX_DEFER_S
         waited = False
-        while not self._busy_lock("probe", fcntl.LOCK_EX | fcntl.LOCK_NB) and time.monotonic() < give_up:
+        while self._decodes_queued() and time.monotonic() < give_up:
             waited = True
             await asyncio.sleep(DEFER_POLL_S)
-        self._busy_lock("probe", fcntl.LOCK_UN)
         if waited:
             await asyncio.sleep(IN_TRANSIT_S)
 
-    def _busy_lock(self, role: str, operation: int) -> bool:
-        """``flock`` on `busy` through the role's own open file; False where it would block. A hint only: a
-        lock file that cannot be used counts as nobody decoding."""
+    def _decodes_queued(self) -> bool:
+        """Whether any process holds `busy`: has decodes queued or running."""
+        free = self._busy_lock(fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._busy_lock(fcntl.LOCK_UN)
+        return not free
+
+    def _busy_lock(self, operation: int, hold: bool = False) -> bool:
+        """``flock`` on `busy` through the open file that holds it for decodes (``hold``), else through this
+        thread's own (a flock belongs to the open file); False where it would block. A hint only: a lock file
+        that cannot be used counts as nobody decoding."""
         try:
-            if role not in self._busy:  # not shared with the other role: a flock belongs to the open file
-                self._busy[role] = self._open("busy")
-            fcntl.flock(self._busy[role], operation)
+            fd = self._busy_fd if hold else getattr(self._files, "busy", None)
+            if fd is None:
+                fd = self._open("busy")
+                if hold:
+                    self._busy_fd = fd
+                else:
+                    self._files.busy = fd
+            fcntl.flock(fd, operation)
         except BlockingIOError:
             return False
         except OSError:

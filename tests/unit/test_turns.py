@@ -283,3 +283,45 @@ def test_in_one_process_too_and_never_for_ever(tmp_path: Path, monkeypatch: pyte
         return time.monotonic() - started
 
     assert SETTLE_S <= asyncio.run(main()) < SETTLE_S + 0.5
+
+
+def test_engine_calls_back_to_back_let_a_queued_decode_in(tmp_path: Path) -> None:
+    """Unbatched calls queued on a model thread retake `gate` at once: a queued decode must still get a turn
+    soon, not after MAX_HOLD_S with this process suspended to `shared`."""
+    t = Turns(True, tmp_path)
+    stop = threading.Event()
+
+    def engine_calls() -> None:
+        while not stop.is_set():
+            with t.inferring():
+                time.sleep(0.02)
+
+    caller = threading.Thread(target=engine_calls, daemon=True)
+    caller.start()
+    try:
+        assert gate_held_exclusively(tmp_path)
+        t.decode_queued()
+        started = time.monotonic()
+        with t.decoding():
+            waited = time.monotonic() - started
+        t.decode_ended()
+    finally:
+        stop.set()
+        caller.join(5)
+    assert waited < 1.0 and t.overdue == 0 and t.active
+
+
+def test_a_busy_hold_missed_under_a_probe_is_taken_by_the_next_decode(tmp_path: Path) -> None:
+    front, runner = Turns(True, tmp_path), Turns(True, tmp_path)
+    assert not runner._decodes_queued()
+    probe = os.open(tmp_path / "busy", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(probe, fcntl.LOCK_EX)  # a batcher's probe at the instant the first decode is queued
+    front.decode_queued()
+    fcntl.flock(probe, fcntl.LOCK_UN)
+    os.close(probe)
+    front.decode_queued()
+    assert runner._decodes_queued()
+    front.decode_ended()
+    assert runner._decodes_queued()
+    front.decode_ended()
+    assert not runner._decodes_queued()
