@@ -401,9 +401,13 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv[1:]  # for a command handed over as it was given (tune)
     from fastinfer.catalog.backends import NotStored
     from fastinfer.catalog.store import FAMILY_ENV, BadFamilyName
+    from fastinfer.common.client import BadApiKey
 
     try:
         return int(args.func(args))
+    except BadApiKey as exc:  # a command that asks a server (evaluate --url)
+        print(f"fastinfer {args.command}: {exc}", file=sys.stderr)
+        return 1
     except NotStored as exc:  # a model this command needs: one line, never a traceback
         print(f"fastinfer {args.command}: {exc}", file=sys.stderr)
         return 1

@@ -46,7 +46,7 @@ import httpx
 from fastinfer.catalog import scheduling, store
 from fastinfer.catalog.backends import env_key
 from fastinfer.common import hardware
-from fastinfer.common.client import auth_headers
+from fastinfer.common.client import BadApiKey, auth_headers
 from fastinfer.common.home import use_project_store
 from fastinfer.measure import photos
 from load_tests.bodies import multipart
@@ -269,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"no results.json in {args.out} or {args.plots}")
         write_benchmarks(json.loads(saved.read_text()), args.markdown, args.out, args.plots)
         return 0
+    try:  # the load generator sends it on every request: a bad one is said here, not in locust's traceback
+        auth_headers()
+    except BadApiKey as exc:
+        parser.error(str(exc))
     command = "python -m load_tests " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     args.out.mkdir(parents=True, exist_ok=True)
     say("building the 60-image pool")

@@ -10,6 +10,7 @@ import shlex
 import signal
 import sys
 
+from fastinfer.common.client import BadApiKey, auth_headers
 from fastinfer.common.home import bentoml_home, use_project_store
 from load_tests.tuning import files
 from load_tests.tuning.search import Goal, shown, tune
@@ -20,6 +21,11 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="fastinfer tune", description=TUNE_DESCRIPTION)
     tune_arguments(parser)  # the same arguments `fastinfer tune` checks before it hands over
+    try:  # its requests send it: a bad one is said before any server starts
+        auth_headers()
+    except BadApiKey as exc:
+        print(f"fastinfer tune: {exc}", file=sys.stderr)
+        return 1
     args, wanted = parse(parser, argv, "fastinfer tune")
     if not wanted:
         return 1

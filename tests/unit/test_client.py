@@ -20,3 +20,23 @@ def test_a_key_no_header_can_carry_is_refused_without_echoing_it(monkeypatch, ke
     with pytest.raises(ValueError, match="FASTINFER_API_KEY is not a Bearer token") as refused:
         auth_headers()
     assert "secret" not in str(refused.value) and "clé" not in str(refused.value)
+
+
+def test_commands_that_send_the_key_refuse_a_bad_one_in_one_line(monkeypatch, capsys, tmp_path) -> None:
+    """evaluate --url, the benchmark and the tuner: one line naming the variable, no traceback, no server
+    started, the key never echoed."""
+    from fastinfer import cli
+    from load_tests.__main__ import main as bench_main
+    from load_tests.tuning.__main__ import main as tune_main
+
+    monkeypatch.setenv("FASTINFER_API_KEY", "sk-secret-0123 two words")
+    monkeypatch.setenv("FASTINFER_TUNED", str(tmp_path / "tuned.json"))
+    assert cli.main(["evaluate", str(tmp_path), "--url", "http://127.0.0.1:9"]) == 1
+    assert tune_main(["--budget", "60"]) == 1
+    with pytest.raises(SystemExit) as exited:
+        bench_main(["--url", "http://127.0.0.1:9", "--out", str(tmp_path / "bench")])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "FASTINFER_API_KEY" in line]
+    assert len(lines) == 3 and "Traceback" not in err and "secret" not in err
+    assert not (tmp_path / "bench").exists() and not (tmp_path / "tuned.json").exists()
