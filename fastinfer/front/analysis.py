@@ -45,6 +45,7 @@ class GroqTimeout(ApiError):
 
 # What may be sent: the fields of a classification result, nothing else (no bytes, no paths).
 TEXT_MAX = 100  # characters of any text field sent (labels are ~30, model tags ~40)
+MAX_NUMBER = 1e12  # beyond any score or timing in ms; NaN compares false, so it is left out too
 STAGES = ("read", "cache", "decode", "preprocess", "inference", "total")  # timings_ms keys worth sending
 
 
@@ -76,7 +77,9 @@ def _result(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """A number JSON can carry and a prompt can afford: not NaN or ±Infinity (json.loads accepts them, and
+    json.dumps would write them into the prompt as they came), nor an integer of thousands of digits."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and abs(value) <= MAX_NUMBER
 
 
 def messages(results: list[dict[str, Any]], question: str) -> list[dict[str, str]]:

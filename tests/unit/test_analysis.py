@@ -52,3 +52,20 @@ def test_a_prompt_stays_small_whatever_the_results_hold() -> None:
     assert len(clean["class"]) == analysis.TEXT_MAX and "confidence" not in clean and "cached" not in clean
     assert clean["timings_ms"] == {"total": 12.5} and len(clean["top_k"]) == 5
     assert clean["top_k"][0] == {"label": huge[: analysis.TEXT_MAX], "score": None}
+
+
+def test_numbers_json_cannot_carry_or_a_prompt_cannot_afford_are_left_out() -> None:
+    stuffed = {
+        "class": "cat",
+        "confidence": float("nan"),
+        "top_k": [{"label": "cat", "score": float("inf")}, {"label": "dog", "score": 0.25}],
+        "timings_ms": {"total": -float("inf"), "decode": 10**4000, "inference": 12.5},
+    }
+    (clean,) = analysis.sanitise([stuffed])
+    assert clean == {
+        "class": "cat",
+        "top_k": [{"label": "cat", "score": None}, {"label": "dog", "score": 0.25}],
+        "timings_ms": {"inference": 12.5},
+    }
+    prompt = analysis.messages([stuffed], "")[1]["content"]
+    json.loads(prompt.removeprefix("Results:\n"), parse_constant=lambda name: pytest.fail(f"{name} in the prompt"))
