@@ -44,8 +44,13 @@ def write_atomically(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
     try:
-        tmp.write_text(text)  # a file's usual mode (umask): a server running as another user reads it
+        # "x": a new file (O_EXCL), never through a link planted at that name; the usual mode (umask), so that
+        # a server running as another user reads it
+        with tmp.open("x") as out:
+            out.write(text)
         os.replace(tmp, path)
+    except FileExistsError:  # someone else's file at a random name: left alone
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

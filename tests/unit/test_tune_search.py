@@ -254,3 +254,18 @@ def test_on_any_cores_the_search_starts_shared_and_tries_turns_after_batching(tm
 
 def tuned_settings_of(search) -> dict[str, str]:
     return files.tuned_settings(search.chosen)
+
+
+def test_the_tuned_file_is_replaced_whole_and_never_written_through_a_planted_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target, elsewhere = tmp_path / "tuned.json", tmp_path / "elsewhere"
+    target.write_text("old")
+    monkeypatch.setattr(files.secrets, "token_hex", lambda n: "planted")
+    (tmp_path / ".tuned.json.planted").symlink_to(elsewhere)
+    with pytest.raises(FileExistsError):
+        files.write_atomically(target, "new")
+    assert target.read_text() == "old" and not elsewhere.exists()
+    (tmp_path / ".tuned.json.planted").unlink()
+    files.write_atomically(target, "new")
+    assert target.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["tuned.json"]
