@@ -42,6 +42,7 @@ from pathlib import Path
 from fastinfer.catalog.config import get_settings
 
 logger = logging.getLogger("fastinfer.turns")
+LOCK_FILES = ("gate", "work", "busy")
 DIR_ENV = "FASTINFER_TURNS_DIR"  # set once per `bentoml serve` (service.py): its processes share the files there
 MAX_HOLD_S = 5.0  # longer than any engine call here; past it the other side goes on anyway
 MAX_DECODE_WAIT_S = 0.1  # an engine call waits this long at most for decodes under way (a photo takes ~5 ms)
@@ -55,19 +56,23 @@ _FIRST_POLL_S, _LAST_POLL_S = 0.0001, 0.002  # a waiting turn looks again after 
 
 def new_server_dir() -> Path:
     """A folder of lock files for one server, named to the processes it starts (DIR_ENV); removed at exit."""
-    path = Path(tempfile.mkdtemp(prefix="fastinfer-turns-"))
+    path = make_lock_files(Path(tempfile.mkdtemp(prefix="fastinfer-turns-")))
     os.environ[DIR_ENV] = str(path)
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
 
 
+def make_lock_files(directory: Path) -> Path:
+    """The lock files, made once, before the server's processes start: they only open them, so that where a temp
+    cleaner removed them a process suspends its turns (and says so) instead of locking new files of its own."""
+    for name in LOCK_FILES:
+        os.close(os.open(directory / name, os.O_RDWR | os.O_CREAT, 0o600))
+    return directory
+
+
 def shared_dir() -> Path:
     """The lock files' folder: the server's (DIR_ENV), else a new one for this process and its children."""
-    if not os.environ.get(DIR_ENV):
-        return new_server_dir()
-    path = Path(os.environ[DIR_ENV])
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return Path(os.environ[DIR_ENV]) if os.environ.get(DIR_ENV) else new_server_dir()
 
 
 @functools.cache
@@ -238,7 +243,7 @@ class Turns:
 
     def _open(self, name: str) -> int:
         assert self.directory is not None
-        return os.open(self.directory / name, os.O_RDWR | os.O_CREAT, 0o600)
+        return os.open(self.directory / name, os.O_RDWR)  # never made here: make_lock_files
 
     @staticmethod
     def _take(fd: int, mode: int, wait_s: float) -> bool:

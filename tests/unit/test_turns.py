@@ -23,6 +23,12 @@ from fastinfer.serving.turns import Turns
 SETTLE_S = 0.2  # long enough for a thread that was not blocked to have entered
 
 
+@pytest.fixture(autouse=True)
+def lock_files(tmp_path: Path) -> None:
+    """Made by the server's parent before its processes start (turns.new_server_dir)."""
+    turns.make_lock_files(tmp_path)
+
+
 def entered_in_thread(enter) -> threading.Event:
     """Start a thread that runs ``enter`` (a context manager factory) and sets the event once inside."""
     inside = threading.Event()
@@ -325,3 +331,29 @@ def test_a_busy_hold_missed_under_a_probe_is_taken_by_the_next_decode(tmp_path: 
     assert runner._decodes_queued()
     front.decode_ended()
     assert not runner._decodes_queued()
+
+
+def test_lock_files_a_cleaner_removed_are_not_made_anew(tmp_path: Path) -> None:
+    """A thread or process that opens them after a temp cleaner removed them serves as `shared` and says so:
+    making new files would split the server in groups that exclude each other but not the rest."""
+    early = Turns(True, tmp_path)
+    engine = entered_in_thread(early.inferring)
+    assert engine.wait(5)
+    for name in turns.LOCK_FILES:
+        (tmp_path / name).unlink()
+    late = Turns(True, tmp_path)
+    with late.decoding():
+        pass
+    decode = entered_in_thread(early.decoding)  # a new thread of a process that took turns before
+    assert decode.wait(5)
+    engine.leave.set()
+    decode.leave.set()
+    assert late.overdue == early.overdue == 1 and not late.active and not early.active
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_new_server_folder_holds_its_lock_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(turns.DIR_ENV, raising=False)
+    folder = turns.new_server_dir()
+    assert os.environ[turns.DIR_ENV] == str(folder) and turns.shared_dir() == folder
+    assert sorted(p.name for p in folder.iterdir()) == sorted(turns.LOCK_FILES)

@@ -12,9 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fastinfer.serving import turns
 from fastinfer.serving.batching import MicroBatcher
 from fastinfer.serving.cpu import CpuPool
 from fastinfer.serving.turns import Turns
+
+
+@pytest.fixture(autouse=True)
+def lock_files(tmp_path: Path) -> None:
+    """Made by the server's parent before its processes start (turns.new_server_dir)."""
+    turns.make_lock_files(tmp_path)
 
 
 def entered(enter) -> tuple[threading.Event, threading.Event]:
