@@ -86,6 +86,8 @@ class _TurnJob(Generic[T]):
         self._state = "waiting"  # → running | dropped
 
     def run(self) -> T | None:
+        if self._state == "dropped":  # its caller gave up before a pool thread took it: no turn to wait for
+            return None
         with self.turns.decoding():
             with self._lock:
                 if self._state == "dropped":

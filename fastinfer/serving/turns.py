@@ -5,22 +5,27 @@ On few cores an engine call spreads over every core in a parallel region that en
 a decode thread that preempts one of those threads makes all of them wait, spinning. Taking turns costs only the
 wait for a decode under way (a few ms) and gives each kind of work the whole machine while it runs.
 
-Every process of one server shares two lock files (``flock``, so a process that dies releases its locks):
+Every process of one server shares lock files (``flock``, so a process that dies releases its locks):
 
 - an engine call holds ``gate`` exclusively (no decode starts), then ``work`` exclusively (the decodes under way
   end), runs, and releases both;
-- a decode holds ``gate`` shared just long enough to take ``work`` shared, and ``work`` while it decodes.
+- a decode holds ``gate`` shared just long enough to take ``work`` shared, and ``work`` while it decodes; while it
+  waits for ``gate`` it holds ``waiting`` shared.
 
 So engine calls also take turns with each other, and a waiting engine call goes before decodes not yet started
-(``flock`` alone would let a stream of shared holders starve it). Before a batch is formed the batcher also waits,
-at most ``MAX_DEFER_S``, while any front worker has decodes queued or running (each holds ``busy`` shared
-meanwhile): the images being decoded join the batch instead of waiting a whole engine call.
+(``flock`` alone would let a stream of shared holders starve it). Before it takes ``gate``, an engine call lets the
+decodes already waiting for it in, for at most ``YIELD_S``: engine calls back to back (unbatched calls queued,
+another runner's) would otherwise retake it before a decode polling for it looks again, and starve it. Before a
+batch is formed the batcher also waits, at most ``MAX_DEFER_S``, while any front worker has decodes queued or
+running (each holds ``busy`` shared meanwhile): the images being decoded join the batch instead of waiting a whole
+engine call.
 
-A ``flock`` belongs to an open file, so each thread opens its own: threads of one process exclude each other as
-processes do. No wait is unbounded: an engine call waits at most ``MAX_DECODE_WAIT_S`` for the decodes under way
-(a huge image must not stall everyone), and one that holds its turn past ``MAX_HOLD_S`` loses it to a watchdog.
-A process whose turn does not come within ``MAX_HOLD_S`` (a stopped process holds one) or whose lock files are
-gone serves as ``shared`` for ``SUSPEND_S``, and says so in its log.
+A ``flock`` belongs to an open file, so each thread opens its own (closed when the thread ends): threads of one
+process exclude each other as processes do. No wait is unbounded: an engine call waits at most
+``MAX_DECODE_WAIT_S`` for the decodes under way (a huge image must not stall everyone), and one that holds its turn
+past ``MAX_HOLD_S`` loses it to a watchdog. A process whose turn does not come within ``MAX_HOLD_S`` (a stopped
+process holds one) or whose lock files are gone (a temp cleaner) serves as ``shared`` for ``SUSPEND_S``, then tries
+again, and says so in its log each time.
 """
 
 from __future__ import annotations
@@ -36,13 +41,14 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from fastinfer.catalog.config import get_settings
 
 logger = logging.getLogger("fastinfer.turns")
-LOCK_FILES = ("gate", "work", "busy")
+LOCK_FILES = ("gate", "work", "waiting", "busy")
 DIR_ENV = "FASTINFER_TURNS_DIR"  # set once per `bentoml serve` (service.py): its processes share the files there
 MAX_HOLD_S = 5.0  # longer than any engine call here; past it the other side goes on anyway
 MAX_DECODE_WAIT_S = 0.1  # an engine call waits this long at most for decodes under way (a photo takes ~5 ms)
@@ -50,15 +56,18 @@ SUSPEND_S = 60.0  # a process that could not take its turn serves as `shared` th
 MAX_DEFER_S = 0.05  # a batch waits at most this for decodes (~10 photos' on 2 cores): a flood cannot starve it
 DEFER_POLL_S = 0.002  # how often a waiting batcher looks: each look wakes its event loop
 IN_TRANSIT_S = 0.001  # after decodes end, their images' way to the runner's queue (a loopback hop)
-YIELD_S = 0.004  # an engine call right after another waits this long while decodes are queued (they look every 2 ms)
+YIELD_S = 0.004  # an engine call lets decodes waiting at the gate in first, this long at most (they look every 2 ms)
+_YIELD_POLL_S = 0.0005
+_SIGNAL_S = 0.001  # a decode's wait to say it waits (`waiting`): only a probe's two system calls can be in its way
 _FIRST_POLL_S, _LAST_POLL_S = 0.0001, 0.002  # a waiting turn looks again after 0.1 ms, backing off to 2 ms
 
 
 def new_server_dir() -> Path:
     """A folder of lock files for one server, named to the processes it starts (DIR_ENV); removed at exit."""
-    path = make_lock_files(Path(tempfile.mkdtemp(prefix="fastinfer-turns-")))
-    os.environ[DIR_ENV] = str(path)
+    path = Path(tempfile.mkdtemp(prefix="fastinfer-turns-"))
     atexit.register(shutil.rmtree, path, ignore_errors=True)
+    make_lock_files(path)
+    os.environ[DIR_ENV] = str(path)
     return path
 
 
@@ -93,7 +102,7 @@ class Turns:
     def __init__(self, enabled: bool, directory: Path | None = None) -> None:
         self.enabled = enabled
         self.directory = directory if directory is not None or not enabled else shared_dir()
-        self._files = threading.local()
+        self._local = threading.local()
         self.overdue = 0  # turns not taken in time (the work then ran as if `shared`)
         self._suspended_until = 0.0
         self._holding: dict[int, tuple[float, tuple[int, ...]]] = {}  # engine thread → (since, its locks)
@@ -111,14 +120,13 @@ class Turns:
 
     @contextlib.contextmanager
     def inferring(self) -> Iterator[None]:
-        """Hold the cores for one engine call: no decode starts, and those under way end first (or within
-        MAX_DECODE_WAIT_S)."""
+        """Hold the cores for one engine call: decodes already waiting go first (at most YIELD_S), then no decode
+        starts, and those under way end first (or within MAX_DECODE_WAIT_S)."""
         held = self._engine_turn() if self.active else ()
         try:
             yield
         finally:
             self._release(held)
-            self._files.engine_ended = time.monotonic()
 
     @contextlib.contextmanager
     def decoding(self) -> Iterator[None]:
@@ -132,14 +140,16 @@ class Turns:
     def _engine_turn(self) -> tuple[int, ...]:
         held: tuple[int, ...] = ()
         try:
-            gate, work = self._fds()
-            self._let_decodes_in()
-            if not self._take(gate, fcntl.LOCK_EX, MAX_HOLD_S):
+            files = self._files()
+            give_up = time.monotonic() + YIELD_S
+            while self._held_elsewhere(files.waiting) and time.monotonic() < give_up:
+                time.sleep(_YIELD_POLL_S)
+            if not self._take(files.gate, fcntl.LOCK_EX, MAX_HOLD_S):
                 return self._suspend("an engine call did not get its turn (another stopped holding it?)")
-            held = (gate,)
+            held = (files.gate,)
             # A decode that outlasted one wait is still under way: the next calls look once, and run beside it.
-            if self._take(work, fcntl.LOCK_EX, 0.0 if self._slow_decode else MAX_DECODE_WAIT_S):
-                held = (work, gate)
+            if self._take(files.work, fcntl.LOCK_EX, 0.0 if self._slow_decode else MAX_DECODE_WAIT_S):
+                held = (files.work, files.gate)
             self._slow_decode = len(held) == 1
             self._watch(*held)
         except Exception as exc:
@@ -149,26 +159,23 @@ class Turns:
             return self._suspend(f"its lock files cannot be used ({exc})")
         return held
 
-    def _let_decodes_in(self) -> None:
-        """Engine calls back to back (unbatched calls queued on a model thread) would retake `gate` before a
-        decode polling for it looks again, and starve it: a call within YIELD_S of this thread's last one waits
-        out the rest of YIELD_S while any process has decodes queued."""
-        wait = getattr(self._files, "engine_ended", 0.0) + YIELD_S - time.monotonic()
-        if wait > 0 and self._decodes_queued():
-            time.sleep(wait)
-
     def _decode_turn(self) -> tuple[int, ...]:
         try:
-            gate, work = self._fds()
-            if not self._take(gate, fcntl.LOCK_SH, MAX_HOLD_S):
-                return self._suspend("a decode did not get its turn (an engine call stopped holding it?)")
+            files = self._files()
+            said = self._take(files.waiting, fcntl.LOCK_SH, _SIGNAL_S)
             try:
-                fcntl.flock(work, fcntl.LOCK_SH)  # at once: an engine holds `work` only while it holds `gate`
+                if not self._take(files.gate, fcntl.LOCK_SH, MAX_HOLD_S):
+                    return self._suspend("a decode did not get its turn (an engine call stopped holding it?)")
+                try:
+                    fcntl.flock(files.work, fcntl.LOCK_SH)  # at once: an engine holds `work` only with `gate`
+                finally:
+                    fcntl.flock(files.gate, fcntl.LOCK_UN)
             finally:
-                fcntl.flock(gate, fcntl.LOCK_UN)
+                if said:
+                    fcntl.flock(files.waiting, fcntl.LOCK_UN)
         except OSError as exc:
             return self._suspend(f"its lock files cannot be used ({exc})")
-        return (work,)
+        return (files.work,)
 
     def _release(self, held: tuple[int, ...]) -> None:
         if held:
@@ -187,14 +194,14 @@ class Turns:
         """A decode was queued (call from the event loop): this process is busy decoding until decode_ended."""
         if self.enabled:
             self._queued += 1
-            if not self._busy_held:  # a hint: where a probe holds it this instant, the next decode queued retries
-                self._busy_held = self._busy_lock(fcntl.LOCK_SH | fcntl.LOCK_NB, hold=True)
+            if self.active and not self._busy_held:  # where a probe holds it this instant, the next one retries
+                self._busy_held = self._hold_busy(fcntl.LOCK_SH | fcntl.LOCK_NB)
 
     def decode_ended(self) -> None:
         if self.enabled:
             self._queued -= 1
             if self._queued == 0 and self._busy_held:
-                self._busy_lock(fcntl.LOCK_UN, hold=True)
+                self._hold_busy(fcntl.LOCK_UN)
                 self._busy_held = False
 
     async def after_decodes(self) -> None:
@@ -204,46 +211,48 @@ class Turns:
             return
         give_up = time.monotonic() + MAX_DEFER_S
         waited = False
-        while self._decodes_queued() and time.monotonic() < give_up:
-            waited = True
-            await asyncio.sleep(DEFER_POLL_S)
+        try:
+            while self._held_elsewhere(self._files().busy) and time.monotonic() < give_up:
+                waited = True
+                await asyncio.sleep(DEFER_POLL_S)
+        except OSError as exc:
+            self._suspend(f"its lock files cannot be used ({exc})")
         if waited:
             await asyncio.sleep(IN_TRANSIT_S)
 
-    def _decodes_queued(self) -> bool:
-        """Whether any process holds `busy`: has decodes queued or running."""
-        free = self._busy_lock(fcntl.LOCK_EX | fcntl.LOCK_NB)
-        self._busy_lock(fcntl.LOCK_UN)
-        return not free
-
-    def _busy_lock(self, operation: int, hold: bool = False) -> bool:
-        """``flock`` on `busy` through the open file that holds it for decodes (``hold``), else through this
-        thread's own (a flock belongs to the open file); False where it would block. A hint only: a lock file
-        that cannot be used counts as nobody decoding."""
+    @staticmethod
+    def _held_elsewhere(fd: int) -> bool:
+        """Whether another open file holds this lock: probed by taking it and letting it go at once."""
         try:
-            fd = self._busy_fd if hold else getattr(self._files, "busy", None)
-            if fd is None:
-                fd = self._open("busy")
-                if hold:
-                    self._busy_fd = fd
-                else:
-                    self._files.busy = fd
-            fcntl.flock(fd, operation)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+
+    def _hold_busy(self, operation: int) -> bool:
+        """``flock`` on `busy` through the open file that holds it for this process's decodes; False where it would
+        block. A hint for batchers only: where it cannot be used, nobody waits for this process's decodes."""
+        try:
+            if self._busy_fd is None:
+                self._busy_fd = os.open(self._path("busy"), os.O_RDWR)
+            fcntl.flock(self._busy_fd, operation)
         except BlockingIOError:
             return False
         except OSError:
             return True
         return True
 
-    def _fds(self) -> tuple[int, int]:
-        fds = getattr(self._files, "fds", None)
-        if fds is None:
-            fds = self._files.fds = (self._open("gate"), self._open("work"))
-        return fds
+    def _files(self) -> _ThreadFiles:
+        """This thread's open lock files (OSError where they cannot be opened: a temp cleaner removed them)."""
+        files = getattr(self._local, "files", None)
+        if files is None:
+            files = self._local.files = _ThreadFiles(self._path)
+        return files
 
-    def _open(self, name: str) -> int:
+    def _path(self, name: str) -> Path:
         assert self.directory is not None
-        return os.open(self.directory / name, os.O_RDWR)  # never made here: make_lock_files
+        return self.directory / name
 
     @staticmethod
     def _take(fd: int, mode: int, wait_s: float) -> bool:
@@ -285,3 +294,24 @@ class Turns:
                 self.overdue += released
                 logger.warning("turns: an engine call held its turn over %g s (stuck?): decoding goes on beside it",
                                MAX_HOLD_S)  # fmt: skip
+
+
+class _ThreadFiles:
+    """One thread's open lock files, all or none; closed when the thread ends (its ``threading.local`` goes)."""
+
+    def __init__(self, path: Callable[[str], Path]) -> None:
+        fds: list[int] = []
+        try:
+            for name in ("gate", "work", "waiting", "busy"):
+                fds.append(os.open(path(name), os.O_RDWR))  # never made here: make_lock_files
+        except OSError:
+            _close_all(fds)
+            raise
+        self.gate, self.work, self.waiting, self.busy = fds
+        weakref.finalize(self, _close_all, fds)
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
