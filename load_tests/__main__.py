@@ -258,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
         "--report-only", action="store_true", help="rewrite BENCHMARKS.md from OUT/ or PLOTS/results.json"
     )
     args = parser.parse_args(argv)
+    try:  # the load generator sends it on every request: a bad one is said here, not in locust's traceback
+        auth_headers()
+    except BadApiKey as exc:
+        parser.error(str(exc))
     use_project_store()  # the store `make` uses (servers started here inherit it), not ~/bentoml
     # The servers started here serve what their labels say: no tuned file's placement or batching under every run,
     # no runner telemetry's cost on every runner's event loop. --url measures a server as it is.
@@ -269,10 +273,6 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"no results.json in {args.out} or {args.plots}")
         write_benchmarks(json.loads(saved.read_text()), args.markdown, args.out, args.plots)
         return 0
-    try:  # the load generator sends it on every request: a bad one is said here, not in locust's traceback
-        auth_headers()
-    except BadApiKey as exc:
-        parser.error(str(exc))
     command = "python -m load_tests " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     args.out.mkdir(parents=True, exist_ok=True)
     say("building the 60-image pool")

@@ -20,7 +20,7 @@ import time
 
 import httpx
 
-from fastinfer.common.client import auth_headers
+from fastinfer.common.client import BadApiKey, auth_headers
 from fastinfer.measure import photos
 from load_tests.bodies import multipart
 
@@ -88,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--cache", action="store_true", help="let the response cache answer (measures hits)")
     args = parser.parse_args(argv)
+    try:
+        auth_headers()
+    except BadApiKey as exc:
+        parser.error(str(exc))
     if args.cache:
         HEADERS.clear()
     data = photos.benchmark_photo()

@@ -21,11 +21,6 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="fastinfer tune", description=TUNE_DESCRIPTION)
     tune_arguments(parser)  # the same arguments `fastinfer tune` checks before it hands over
-    try:  # its requests send it: a bad one is said before any server starts
-        auth_headers()
-    except BadApiKey as exc:
-        print(f"fastinfer tune: {exc}", file=sys.stderr)
-        return 1
     args, wanted = parse(parser, argv, "fastinfer tune")
     if not wanted:
         return 1
@@ -64,6 +59,11 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None, prog: str) ->
     from fastinfer.catalog.tune_space import BACKENDS_TUNED
 
     args = parser.parse_args(argv)
+    try:  # its requests send it: a bad one is said before any server starts
+        auth_headers()
+    except BadApiKey as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return args, []
     if args.clients < 1 or args.budget <= 0 or args.seconds <= 0 or getattr(args, "rounds", 0) < 0:
         rounds = ", --rounds not negative" if "rounds" in args else ""
         parser.error(f"--clients, --budget and --seconds must be positive{rounds}")

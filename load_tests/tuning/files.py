@@ -46,7 +46,7 @@ def write_atomically(path: Path, text: str) -> None:
     try:
         # "x": a new file (O_EXCL), never through a link planted at that name; the usual mode (umask), so that
         # a server running as another user reads it
-        with tmp.open("x") as out:
+        with tmp.open("x", encoding="utf-8") as out:
             out.write(text)
         os.replace(tmp, path)
     except FileExistsError:  # someone else's file at a random name: left alone
