@@ -1,0 +1,34 @@
+"""``python -m load_tests.pipeline``: the in-process pipeline the scheduling figures in docs/tuning.md come from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fastinfer.common import hardware
+from load_tests.pipeline import main
+
+
+def test_each_scheduling_serves_every_image_and_takes_its_turns(built_models, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "pipeline.json"
+    argv = ["--images", "12", "--clients", "3", "--rounds", "1", "--decode-threads", "0,1", "--json", str(out)]
+    assert main(argv) == 0
+    rows = json.loads(out.read_text())["rows"]
+    cores = hardware.cpu_count()
+    assert [(r["scheduling"], r["decode_threads"]) for r in rows] == [
+        ("shared", cores), ("shared", 1), ("turns", cores), ("turns", 1)
+    ]  # fmt: skip
+    assert all(r["images_per_s"] > 0 and r["cpu_ms_per_image"] > 0 and r["turns_not_taken"] == 0 for r in rows)
+    assert "| 1 | turns |" in capsys.readouterr().out
+
+
+BAD = [["--schedulings", "fast"], ["--images", "0"], ["--decode-threads", "-1"], ["--decode-threads", "two"]]
+
+
+@pytest.mark.parametrize("argv", BAD)
+def test_bad_arguments_are_one_line(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
