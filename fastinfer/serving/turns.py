@@ -10,22 +10,22 @@ Every process of one server shares lock files (``flock``, so a process that dies
 - an engine call holds ``gate`` exclusively (no decode starts), then ``work`` exclusively (the decodes under way
   end), runs, and releases both;
 - a decode holds ``gate`` shared just long enough to take ``work`` shared, and ``work`` while it decodes; while it
-  waits for ``gate`` it holds ``waiting`` shared.
+  waits for ``gate`` it holds ``waiting`` shared (taken at its next look where a probe held it that instant).
 
 So engine calls also take turns with each other, and a waiting engine call goes before decodes not yet started
-(``flock`` alone would let a stream of shared holders starve it). Before it takes ``gate``, an engine call lets the
-decodes already waiting for it in, for at most ``YIELD_S``: engine calls back to back (unbatched calls queued,
-another runner's) would otherwise retake it before a decode polling for it looks again, and starve it. Before a
+(``flock`` alone would let a stream of shared holders starve it). An engine call that takes ``gate`` while decodes
+wait for it lets it go again for an instant, for at most ``YIELD_S``, so that they get in: engine calls back to
+back (unbatched calls queued, another runner's) would otherwise retake it before a waiting decode looks again. Before a
 batch is formed the batcher also waits, at most ``MAX_DEFER_S``, while any front worker has decodes queued or
 running (each holds ``busy`` shared meanwhile): the images being decoded join the batch instead of waiting a whole
 engine call.
 
-A ``flock`` belongs to an open file, so each thread opens its own (closed when the thread ends): threads of one
-process exclude each other as processes do. No wait is unbounded: an engine call waits at most
-``MAX_DECODE_WAIT_S`` for the decodes under way (a huge image must not stall everyone), and one that holds its turn
-past ``MAX_HOLD_S`` loses it to a watchdog. A process whose turn does not come within ``MAX_HOLD_S`` (a stopped
-process holds one) or whose lock files are gone (a temp cleaner) serves as ``shared`` for ``SUSPEND_S``, then tries
-again, and says so in its log each time.
+A ``flock`` belongs to an open file, so each thread opens its own (closed when the thread ends; the event loop's
+hold on ``busy`` has one more): threads of one process exclude each other as processes do. No wait is unbounded:
+an engine call waits at most ``MAX_DECODE_WAIT_S`` for the decodes under way (a huge image must not stall
+everyone), and one that holds its turn past ``MAX_HOLD_S`` loses it to a watchdog. A process whose turn does not
+come within ``MAX_HOLD_S`` (a stopped process holds one) or whose lock files are gone (a temp cleaner) serves as
+``shared`` for ``SUSPEND_S``, then tries again; each suspension says so in its log.
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ SUSPEND_S = 60.0  # a process that could not take its turn serves as `shared` th
 MAX_DEFER_S = 0.05  # a batch waits at most this for decodes (~10 photos' on 2 cores): a flood cannot starve it
 DEFER_POLL_S = 0.002  # how often a waiting batcher looks: each look wakes its event loop
 IN_TRANSIT_S = 0.001  # after decodes end, their images' way to the runner's queue (a loopback hop)
-YIELD_S = 0.004  # an engine call lets decodes waiting at the gate in first, this long at most (they look every 2 ms)
-_YIELD_POLL_S = 0.0005
-_SIGNAL_S = 0.001  # a decode's wait to say it waits (`waiting`): only a probe's two system calls can be in its way
+YIELD_S = 0.004  # an engine call lets decodes waiting at the gate in first, this long at most
+_YIELD_POLL_S = 0.0005  # how long it lets the gate go each time: a waiting decode looks every 1 ms at most
+_DECODE_POLL_S = 0.001
 _FIRST_POLL_S, _LAST_POLL_S = 0.0001, 0.002  # a waiting turn looks again after 0.1 ms, backing off to 2 ms
 
 
@@ -141,10 +141,7 @@ class Turns:
         held: tuple[int, ...] = ()
         try:
             files = self._files()
-            give_up = time.monotonic() + YIELD_S
-            while self._held_elsewhere(files.waiting) and time.monotonic() < give_up:
-                time.sleep(_YIELD_POLL_S)
-            if not self._take(files.gate, fcntl.LOCK_EX, MAX_HOLD_S):
+            if not self._gate_for_engine(files):
                 return self._suspend("an engine call did not get its turn (another stopped holding it?)")
             held = (files.gate,)
             # A decode that outlasted one wait is still under way: the next calls look once, and run beside it.
@@ -159,13 +156,33 @@ class Turns:
             return self._suspend(f"its lock files cannot be used ({exc})")
         return held
 
+    def _gate_for_engine(self, files: _ThreadFiles) -> bool:
+        """Take `gate` exclusively; while decodes wait for it (`waiting` held elsewhere), let it go again for an
+        instant so that they get in, for YIELD_S at most from the first time it was taken. False: not taken
+        within MAX_HOLD_S."""
+        yield_until = 0.0
+        while True:
+            if not self._take(files.gate, fcntl.LOCK_EX, MAX_HOLD_S):
+                return False
+            now = time.monotonic()
+            yield_until = yield_until or now + YIELD_S
+            if now >= yield_until or not self._held_elsewhere(files.waiting):
+                return True
+            fcntl.flock(files.gate, fcntl.LOCK_UN)
+            time.sleep(_YIELD_POLL_S)
+
     def _decode_turn(self) -> tuple[int, ...]:
+        said = False  # this decode holds `waiting`: it waits for `gate`
         try:
             files = self._files()
-            said = self._take(files.waiting, fcntl.LOCK_SH, _SIGNAL_S)
             try:
-                if not self._take(files.gate, fcntl.LOCK_SH, MAX_HOLD_S):
-                    return self._suspend("a decode did not get its turn (an engine call stopped holding it?)")
+                give_up, pause = time.monotonic() + MAX_HOLD_S, _FIRST_POLL_S
+                while not self._try(files.gate, fcntl.LOCK_SH):
+                    said = said or self._try(files.waiting, fcntl.LOCK_SH)  # a probe may hold it an instant
+                    if time.monotonic() > give_up:
+                        return self._suspend("a decode did not get its turn (an engine call stopped holding it?)")
+                    time.sleep(pause)
+                    pause = min(pause * 2, _DECODE_POLL_S)
                 try:
                     fcntl.flock(files.work, fcntl.LOCK_SH)  # at once: an engine holds `work` only with `gate`
                 finally:
@@ -220,12 +237,10 @@ class Turns:
         if waited:
             await asyncio.sleep(IN_TRANSIT_S)
 
-    @staticmethod
-    def _held_elsewhere(fd: int) -> bool:
+    @classmethod
+    def _held_elsewhere(cls, fd: int) -> bool:
         """Whether another open file holds this lock: probed by taking it and letting it go at once."""
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not cls._try(fd, fcntl.LOCK_EX):
             return True
         fcntl.flock(fd, fcntl.LOCK_UN)
         return False
@@ -255,19 +270,24 @@ class Turns:
         return self.directory / name
 
     @staticmethod
-    def _take(fd: int, mode: int, wait_s: float) -> bool:
+    def _try(fd: int, mode: int) -> bool:
+        """Take the lock if it is free now."""
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    @classmethod
+    def _take(cls, fd: int, mode: int, wait_s: float) -> bool:
         """Take the lock, polling with a short back-off; False (not taken) after ``wait_s``."""
-        give_up = time.monotonic() + wait_s
-        pause = _FIRST_POLL_S
-        while True:
-            try:
-                fcntl.flock(fd, mode | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                if time.monotonic() > give_up:
-                    return False
-                time.sleep(pause)
-                pause = min(pause * 2, _LAST_POLL_S)
+        give_up, pause = time.monotonic() + wait_s, _FIRST_POLL_S
+        while not cls._try(fd, mode):
+            if time.monotonic() > give_up:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, _LAST_POLL_S)
+        return True
 
     def _watch(self, *fds: int) -> None:
         """Let the watchdog release this engine call's turn if it outlasts MAX_HOLD_S (a flock is the open
@@ -289,7 +309,8 @@ class Turns:
                         del self._holding[thread]
                         released += 1
                         for fd in fds:  # `work` first, as _release: a decode past `gate` takes `work` at once
-                            fcntl.flock(fd, fcntl.LOCK_UN)
+                            with contextlib.suppress(OSError):  # the watchdog must outlive any one failure
+                                fcntl.flock(fd, fcntl.LOCK_UN)
             if released:
                 self.overdue += released
                 logger.warning("turns: an engine call held its turn over %g s (stuck?): decoding goes on beside it",
@@ -302,13 +323,14 @@ class _ThreadFiles:
     def __init__(self, path: Callable[[str], Path]) -> None:
         fds: list[int] = []
         try:
-            for name in ("gate", "work", "waiting", "busy"):
+            for name in LOCK_FILES:
                 fds.append(os.open(path(name), os.O_RDWR))  # never made here: make_lock_files
         except OSError:
             _close_all(fds)
             raise
-        self.gate, self.work, self.waiting, self.busy = fds
-        weakref.finalize(self, _close_all, fds)
+        self.gate, self.work, self.waiting, self.busy = fds  # as LOCK_FILES
+        # Not at exit: threads still running then may be mid-turn; the process's end closes them anyway.
+        weakref.finalize(self, _close_all, fds).atexit = False
 
 
 def _close_all(fds: list[int]) -> None:

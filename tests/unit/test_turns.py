@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import gc
 import os
 import shutil
 import signal
@@ -308,7 +307,7 @@ def back_to_back_engine_calls(t: Turns, stop: threading.Event) -> threading.Thre
 
 def test_engine_calls_back_to_back_let_a_waiting_decode_in(tmp_path: Path) -> None:
     """A decode waiting at the gate gets a turn soon, not after MAX_HOLD_S with its process suspended to `shared`;
-    from this process or another one (a front worker's, while a runner computes)."""
+    through the engine's Turns or another one (its own open files: another process's view)."""
     engines, stop = Turns(True, tmp_path), threading.Event()
     caller = back_to_back_engine_calls(engines, stop)
     try:
@@ -332,12 +331,85 @@ def test_engine_calls_back_to_back_wait_for_nothing_when_no_decode_waits(tmp_pat
         pass
     t.decode_queued()  # decodes queued elsewhere, but none waiting at the gate
     started = time.monotonic()
-    for _ in range(20):
+    for _ in range(40):
         with t.inferring():
             pass
     took = time.monotonic() - started
     t.decode_ended()
-    assert took < 20 * turns.YIELD_S * 0.75
+    assert took < 40 * turns.YIELD_S * 0.75
+
+
+def test_two_engines_back_to_back_let_a_waiting_decode_in(tmp_path: Path) -> None:
+    """Two runners (or backends) alternating: each lets go of the gate while decodes wait, not only its own
+    thread's next call."""
+    stop = threading.Event()
+    callers = [back_to_back_engine_calls(Turns(True, tmp_path), stop) for _ in range(2)]
+    decoder = Turns(True, tmp_path)
+    try:
+        assert gate_held_exclusively(tmp_path)
+        waits = []
+        for _ in range(5):
+            started = time.monotonic()
+            with decoder.decoding():
+                waits.append(time.monotonic() - started)
+    finally:
+        stop.set()
+        for caller in callers:
+            caller.join(5)
+    assert max(waits) < 1.0 and decoder.overdue == 0
+
+
+def test_a_decode_whose_first_signal_a_probe_blocked_says_so_at_its_next_look(tmp_path: Path) -> None:
+    engines, stop = Turns(True, tmp_path), threading.Event()
+    probe = os.open(tmp_path / "waiting", os.O_RDWR)
+    fcntl.flock(probe, fcntl.LOCK_EX)  # an engine's probe, preempted between its two system calls
+    caller = back_to_back_engine_calls(engines, stop)
+    try:
+        assert gate_held_exclusively(tmp_path)
+        decode = entered_in_thread(Turns(True, tmp_path).decoding)
+        time.sleep(0.005)
+        fcntl.flock(probe, fcntl.LOCK_UN)
+        assert decode.wait(1.0)
+        decode.leave.set()
+    finally:
+        stop.set()
+        caller.join(5)
+        os.close(probe)
+
+
+def test_decodes_that_keep_waiting_hold_an_engine_call_back_only_so_long(tmp_path: Path) -> None:
+    """A stream of decodes, each waiting at the gate in turn (or a stopped process holding `waiting`), delays an
+    engine call by YIELD_S at most."""
+    waiting = os.open(tmp_path / "waiting", os.O_RDWR)
+    fcntl.flock(waiting, fcntl.LOCK_SH)
+    t, took = Turns(True, tmp_path), []
+
+    def engine_call() -> None:
+        started = time.monotonic()
+        with t.inferring():
+            took.append(time.monotonic() - started)
+
+    try:
+        call = threading.Thread(target=engine_call, daemon=True)
+        call.start()
+        call.join(2)
+    finally:
+        os.close(waiting)
+    assert took and took[0] < turns.YIELD_S + 0.1 and t.overdue == 0
+
+
+def test_a_decode_dropped_before_a_thread_took_it_does_not_wait_for_a_turn(tmp_path: Path) -> None:
+    from fastinfer.serving.cpu import _TurnJob
+
+    t, ran = Turns(True, tmp_path), []
+    engine = entered_in_thread(t.inferring)
+    assert engine.wait(5)
+    job = _TurnJob(t, lambda: ran.append(1))
+    job.drop()  # its caller timed out (504) while the job sat in the pool's queue
+    started = time.monotonic()
+    assert job.run() is None
+    assert time.monotonic() - started < SETTLE_S and ran == []
+    engine.leave.set()
 
 
 def test_a_busy_hold_missed_under_a_probe_is_taken_by_the_next_decode(
@@ -382,7 +454,6 @@ def test_a_thread_that_ends_closes_its_lock_files(tmp_path: Path) -> None:
             thread.start()
         for thread in threads:
             thread.join(5)
-    gc.collect()
     assert open_fds() - before <= 1  # the watchdog's or the test's own, never 4 per thread
 
 
