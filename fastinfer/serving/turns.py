@@ -166,8 +166,12 @@ class Turns:
                 return False
             now = time.monotonic()
             yield_until = yield_until or now + YIELD_S
-            if now >= yield_until or not self._held_elsewhere(files.waiting):
-                return True
+            try:
+                if now >= yield_until or not self._held_elsewhere(files.waiting):
+                    return True
+            except BaseException:  # the caller releases only what it was given: never leave `gate` held
+                fcntl.flock(files.gate, fcntl.LOCK_UN)
+                raise
             fcntl.flock(files.gate, fcntl.LOCK_UN)
             time.sleep(_YIELD_POLL_S)
 

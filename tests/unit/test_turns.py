@@ -484,3 +484,17 @@ def test_a_new_server_folder_holds_its_lock_files(monkeypatch: pytest.MonkeyPatc
         assert sorted(p.name for p in folder.iterdir()) == sorted(turns.LOCK_FILES)
     finally:
         shutil.rmtree(folder)
+
+
+def test_a_failing_look_at_the_waiting_decodes_leaves_no_lock_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t = Turns(True, tmp_path)
+
+    def fails(fd: int) -> bool:
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(Turns, "_held_elsewhere", staticmethod(fails))
+    with t.inferring():
+        pass
+    assert t.overdue == 1 and not gate_held_exclusively_within(tmp_path, 0.1)
