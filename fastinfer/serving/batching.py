@@ -58,6 +58,12 @@ class MicroBatcher:
         self._worker: asyncio.Task[None] | None = None
         self.expired_rows = 0  # images dropped because their deadline passed before the model took them
 
+    def close(self) -> None:
+        """Let the model thread end once its work is done (a server's batchers live as long as it does)."""
+        if self._worker is not None:
+            self._worker.cancel()
+        self._executor.shutdown(wait=False)
+
     async def run_now(self, images: np.ndarray, deadline: float = 0.0) -> np.ndarray:
         """One model call with exactly these images, on the model thread; Expired past ``deadline`` (0: none)."""
 

@@ -203,3 +203,22 @@ def test_before_batch_is_awaited_before_a_batch_is_formed() -> None:
 
     asyncio.run(main())
     assert sizes == [4]
+
+
+def test_a_closed_batcher_lets_its_model_thread_end() -> None:
+    import threading
+
+    before = set(threading.enumerate())
+    batcher = MicroBatcher(lambda images: images * 2, 4, 0)
+
+    async def once() -> tuple[np.ndarray, set[threading.Thread]]:
+        result = await batcher.submit(np.ones((1, 2)))
+        started = set(threading.enumerate()) - before
+        batcher.close()
+        return result, started
+
+    result, started = asyncio.run(once())
+    assert result.tolist() == [[2.0, 2.0]]
+    (model_thread,) = (t for t in started if t.name.startswith("model"))
+    model_thread.join(5)
+    assert not model_thread.is_alive()
