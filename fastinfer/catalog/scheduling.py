@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-# The first is the default, today's: both at once. On a 2-core AVX2 EPYC taking turns changed neither throughput
-# nor CPU per image (docs/tuning.md#scheduling), so `fastinfer tune` measures it on each machine instead.
+# The first is the default, today's: both at once. On a 2-core AVX2 EPYC taking turns was a few percent slower in
+# process and within noise served (docs/tuning.md#scheduling), so `fastinfer tune` measures it on each machine.
 MODES = ("shared", "turns")
