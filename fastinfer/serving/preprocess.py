@@ -65,8 +65,16 @@ def decode(data: bytes | memoryview, max_pixels: int, target_short_side: int, fa
         raise
     except UnidentifiedImageError as exc:
         raise InvalidImage("The body is not an image format this service can read.") from exc
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-        raise InvalidImage(f"The image could not be decoded: {exc}") from exc
+    except Exception as exc:
+        # Pillow's format plugins raise whatever bad data leads them to (OSError, but also NotImplementedError,
+        # TypeError, struct.error, ...: scripts/fuzz_decode.py): all of it is the client's file, never a 500.
+        raise InvalidImage(f"The image could not be decoded: {_said(exc)}") from exc
+
+
+def _said(exc: BaseException) -> str:
+    """An exception as one short line for a client."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 200 else text[:199] + "…"
 
 
 JPEG_FORMATS = ("JPEG", "MPO")  # a phone's MPO is a JPEG followed by others: the first is the photo

@@ -108,6 +108,17 @@ def test_undecodable_input_is_invalid_image(data: bytes) -> None:
         prepare(data, SPEC, 10**9)
 
 
+CRASHERS = sorted((Path(__file__).parent.parent / "data" / "decode_crashers").iterdir())
+
+
+@pytest.mark.parametrize("path", CRASHERS, ids=[p.name for p in CRASHERS])
+def test_files_that_made_pillow_raise_oddly_are_invalid_images(path: Path) -> None:
+    """Inputs found by scripts/fuzz_decode.py on which Pillow raised something other than OSError/ValueError
+    (NotImplementedError, TypeError, RuntimeError, ...): once a 500, now a 400 that names the fault."""
+    with pytest.raises(InvalidImage, match=r"could not be decoded|not an image format"):
+        prepare(path.read_bytes(), SPEC, 50_000_000)
+
+
 def prepare_in_a_fresh_interpreter(make_data: str) -> dict:
     """``prepare`` of the bytes ``make_data`` (Python, with ``images`` and ``Image`` imported) in a
     new interpreter, so that its peak memory is its own: output shape, peak growth, seconds."""
