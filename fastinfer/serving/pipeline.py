@@ -53,6 +53,10 @@ def _digest(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+class NonFiniteScores(BackendUnavailable):
+    """The model computed NaN or infinity: no answer can be given, and it is not the request's fault."""
+
+
 @dataclass(eq=False)  # a pipeline is one object, compared and hashed by identity
 class Pipeline:
     backends: Sequence[str]  # every valid name, in the table's order
@@ -172,7 +176,12 @@ class Pipeline:
         if ready:
             batch = np.stack([p.pixels for _, p in ready])
             logits = await self._infer(backend, engine, batch, None, inference)
-            bodies = [(i, self._body(backend, engine, row, k)) for (i, _), row in zip(ready, logits, strict=True)]
+            bodies = []
+            for (i, _), row in zip(ready, logits, strict=True):
+                try:
+                    bodies.append((i, self._body(backend, engine, row, k)))
+                except NonFiniteScores as exc:  # this image's error; the others are answered
+                    answers[i] = exc.body()
             if store and not bypass:
                 await asyncio.gather(*(self.cache.store(keys[i], body) for i, body in bodies))
             for i, body in bodies:
@@ -200,11 +209,12 @@ class Pipeline:
             try:
                 engine = await self.engine_of(name)
                 logits = await self._infer(name, engine, prepared.pixels[np.newaxis], None, timings)
-            except RunnerNotLoaded:  # listed as unavailable (a runner that crashed is still an error)
+                body = self._body(name, engine, logits[0], k)
+            except (RunnerNotLoaded, NonFiniteScores):  # listed as unavailable (a runner that crashed is an error)
                 skipped.append(name)
                 continue
             timings["total"] = sum(timings.values())  # what a request to this backend alone would take
-            results.append(self._respond(name, self._body(name, engine, logits[0], k), timings, started))
+            results.append(self._respond(name, body, timings, started))
         if not results:
             raise BackendUnavailable(NO_BACKEND)
         return results, skipped
@@ -260,6 +270,11 @@ class Pipeline:
 
     def _body(self, backend: str, engine: str, logits: np.ndarray, k: int) -> dict[str, Any]:
         info = self.models[backend]
+        if not np.isfinite(logits).all():  # a broken model (the build refuses one; a store can still hold it)
+            raise NonFiniteScores(
+                f"{info.tag} computed NaN or infinite scores for this image: the stored model is broken. "
+                f"Rebuild the family from good weights ({build_hint()})."
+            )
         predictions = rank(logits, k, info.categories)
         return {
             "class": predictions[0].label,

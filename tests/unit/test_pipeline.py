@@ -4,13 +4,14 @@ test here), real decoding, the real in-memory cache, the real CPU pool."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from fastinfer.catalog.store import PreprocessSpec, StoredModelInfo
-from fastinfer.common.errors import BackendUnavailable, RunnerNotLoaded, UnknownBackend
+from fastinfer.common.errors import BackendUnavailable, InvalidImage, RunnerNotLoaded, UnknownBackend
 from fastinfer.common.schemas import BatchResponse, ClassifyResponse
 from fastinfer.serving.cache import MemoryCache
 from fastinfer.serving.cpu import CpuPool
@@ -260,3 +261,38 @@ def test_an_answer_names_its_engine_and_another_engine_never_serves_it() -> None
     assert other["engine"] == "stand-in 1.0 on CPU at bf16" and other["cached"] is False
     assert again["cached"] is True
     assert len(runner.calls) == 2
+
+
+DDS_FLAGS_0 = (Path(__file__).parent.parent / "data" / "decode_crashers" / "dds-pixel-format-flags-0.dds").read_bytes()
+
+
+def test_an_image_pillow_cannot_read_is_a_400_alone_and_its_batch_is_answered() -> None:
+    """A 192-byte DDS made Pillow raise NotImplementedError: once a 500 for the request and its whole batch."""
+    pipeline, _ = make()
+    with pytest.raises(InvalidImage, match="could not be decoded"):
+        run(pipeline.classify(Image(DDS_FLAGS_0), "onnx", 5, bypass=True))
+    results = run(pipeline.classify_many([Image(grey(10)), Image(DDS_FLAGS_0)], "onnx", 1, bypass=True))
+    assert results[0]["class"] == "class 10" and results[1]["error"]["code"] == "invalid_image"
+
+
+class NonFiniteRunner(StandInRunner):
+    """NaN scores for images darker than 50, as a model whose weights overflow would give."""
+
+    async def __call__(self, backend: str, pixels: np.ndarray, batched: bool | None, engine: str) -> np.ndarray:
+        logits = await super().__call__(backend, pixels, batched, engine)
+        logits[pixels.reshape(len(pixels), -1).mean(axis=1) < 50] = np.nan
+        return logits
+
+
+def test_nan_scores_are_a_clear_503_never_cached_and_alone_in_a_batch() -> None:
+    pipeline, runner = make(runner=NonFiniteRunner())
+    for _ in range(2):  # the second time too: nothing was cached
+        with pytest.raises(BackendUnavailable, match=r"NaN or infinite scores.*broken"):
+            run(pipeline.classify(Image(grey(10)), "onnx", 5))
+    assert len(runner.calls) == 2
+    results = run(pipeline.classify_many([Image(grey(10)), Image(grey(90))], "onnx", 1))
+    assert results[0]["error"]["code"] == "backend_unavailable" and results[1]["class"] == "class 90"
+    answered, skipped = run(pipeline.compare(Image(grey(90)), 1, ["onnx", "pytorch"]))
+    assert [a["backend"] for a in answered] == ["onnx", "pytorch"] and skipped == []
+    with pytest.raises(BackendUnavailable):  # no backend could answer this image
+        run(pipeline.compare(Image(grey(10)), 1, ["onnx", "pytorch"]))
