@@ -411,7 +411,8 @@ def placement(results: dict[str, Any], args: argparse.Namespace) -> list[dict[st
     for round_, (where, mode, env) in order:
         say(f"placement: {best} in the {where}, scheduling {mode} (round {round_}), one client, then 10 users for "
             f"{args.duration:g}s")  # fmt: skip
-        server = start_server(None, args.out / "serve-placement.log", {"FASTINFER_MAX_CONCURRENCY": "256", **env})
+        env = {"FASTINFER_MAX_CONCURRENCY": "256", "FASTINFER_BACKENDS": best, "FASTINFER_DEFAULT_BACKEND": best, **env}
+        server = start_server(None, args.out / "serve-placement.log", env)
         try:
             # One client first, on the idle server, as the sequential step does: the hop a placement saves
             # is most of what a single request pays beyond decode and inference.
@@ -440,6 +441,8 @@ def study(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
             f"FASTINFER_BATCHING_{key}": batching,
             "FASTINFER_MAX_CONCURRENCY": "256",
             "FASTINFER_IN_FRONT": "",  # engines in their runners, whatever the shell exports
+            "FASTINFER_BACKENDS": best,  # no idle runner beside the one measured
+            "FASTINFER_DEFAULT_BACKEND": best,
             **told(results),  # the main runs' scheduling (scheduling_here), recorded with them
         }
         say(f"study: {best}, front {front}, runner {runner}, batching {batching}")

@@ -149,13 +149,33 @@ BACKENDS: tuple[str, ...] = tuple(SPECS)  # API values, in the order they are sh
 RUNNERS: tuple[str, ...] = tuple(dict.fromkeys(s.runner_name for s in SPECS.values()))  # those owning a runner
 
 
+SERVED_ENV = "FASTINFER_BACKENDS"
+
+
+def switched_on() -> tuple[str, ...]:
+    """FASTINFER_BACKENDS: the backends this server serves, in the table's order (unset: every one), or ValueError
+    (read here, as the engines' options are: the settings are built from this table)."""
+    raw = os.environ.get(SERVED_ENV, "").strip()
+    if not raw or raw.lower() == "all":
+        return BACKENDS
+    names = [name.strip() for name in raw.split(",") if name.strip()]
+    if unknown := [name for name in names if name not in SPECS]:
+        raise ValueError(
+            f"{SERVED_ENV} names no backend: {', '.join(repr(n[:40]) for n in unknown)}; valid: {', '.join(BACKENDS)}"
+        )
+    return tuple(name for name in BACKENDS if name in names)
+
+
 def runs_here(runner: str) -> bool:
-    """Whether a runner process should be started on this machine at all."""
-    return any(s.runner_name == runner and s.platform() is None for s in SPECS.values())
+    """Whether a runner process should be started at all: one of its backends is switched on and runs here."""
+    on = switched_on()
+    return any(s.runner_name == runner and s.name in on and s.platform() is None for s in SPECS.values())
 
 
 def unavailable_reason(name: str) -> str | None:
-    """None when the backend can run on this machine, else why not (the platform first)."""
+    """None when the backend can run on this machine, else why not (switched off first, then the platform)."""
+    if name not in (on := switched_on()):
+        return f"switched off: {SERVED_ENV}={','.join(on)} leaves it out, so no runner serves it here"
     spec = SPECS[name]
     reason = spec.platform()
     try:

@@ -69,6 +69,13 @@ class Settings:
     model: str = _env(
         "FASTINFER_MODEL", "the model family served: `<model>-<backend>` in the store", store.DEFAULT_FAMILY
     )
+    backends: tuple[str, ...] = _env(
+        "FASTINFER_BACKENDS",
+        "comma-separated backends this server serves; one left out starts no runner and answers 503 saying so "
+        "(`all` or unset: every backend)",
+        BACKENDS,
+        shown="(every backend)",
+    )
     default_backend: str = _env(  # `auto` follows this machine (fastinfer/catalog/choice.py)
         "FASTINFER_DEFAULT_BACKEND",
         "backend of requests that name none; `auto` (any case): the tuned file's, else the one recommended for this "
@@ -246,6 +253,8 @@ def _in_front(raw: str, front_workers: int) -> frozenset[str]:
             "FASTINFER_IN_FRONT needs FASTINFER_FRONT_WORKERS=1: each front worker would load its own engine "
             f"and batch alone (FASTINFER_FRONT_WORKERS={front_workers}); runners batch across workers"
         )
+    if off := [name for name in names if name not in backends.switched_on()]:
+        raise ValueError(f"FASTINFER_IN_FRONT names backends FASTINFER_BACKENDS leaves out: {', '.join(off)}")
     return frozenset(SPECS[name].runner_name for name in names)
 
 
@@ -477,6 +486,11 @@ def _from_environment() -> Settings:
         raise ValueError("FASTINFER_CACHE must be one of auto, redis, memory, off")
     if default_backend != "auto" and default_backend not in BACKENDS:
         raise ValueError(f"FASTINFER_DEFAULT_BACKEND must be auto or one of {', '.join(BACKENDS)}")
+    served = backends.switched_on()
+    if default_backend != "auto" and default_backend not in served:
+        raise ValueError(
+            f"FASTINFER_DEFAULT_BACKEND={default_backend} is not among FASTINFER_BACKENDS={','.join(served)}"
+        )
     # Read where the engine opens (the backend table); checked here so that a bad value stops start-up.
     backends.openvino_precision()
     max_concurrency = _positive("FASTINFER_MAX_CONCURRENCY", Settings.max_concurrency)
@@ -485,6 +499,7 @@ def _from_environment() -> Settings:
     cache_hmac = _secret("FASTINFER_CACHE_HMAC_KEY", "FASTINFER_CACHE_HMAC_KEY_FILE")
     return Settings(
         model=_model(),
+        backends=served,
         default_backend=default_backend,
         max_bytes=_positive("FASTINFER_MAX_BYTES", Settings.max_bytes),
         max_pixels=_positive("FASTINFER_MAX_PIXELS", Settings.max_pixels),

@@ -46,6 +46,45 @@ def test_the_front_depends_on_every_runner_that_runs_here_and_no_other() -> None
     assert ("coreml_batched" in expected) == sys.platform.startswith("darwin")
 
 
+def test_fastinfer_backends_switches_runners_off_and_says_so(monkeypatch) -> None:
+    monkeypatch.setenv("FASTINFER_BACKENDS", " onnx-int8 , onnx,coreml")
+    assert backends.switched_on() == ("onnx", "onnx-int8", "coreml")  # the table's order
+    assert runs_here("onnx") and not runs_here("pytorch") and not runs_here("openvino-int8")
+    assert runs_here("coreml-batched") == sys.platform.startswith("darwin")  # coreml's runner
+    reason = unavailable_reason("pytorch")
+    assert reason is not None and reason.startswith("switched off: FASTINFER_BACKENDS=onnx,onnx-int8,coreml")
+    assert (unavailable_reason("coreml-batched") or "").startswith("switched off")  # not "needs macOS"
+    monkeypatch.setenv("FASTINFER_BACKENDS", "all")
+    assert backends.switched_on() == BACKENDS
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"FASTINFER_BACKENDS": "onnx,tensorrt"}, "FASTINFER_BACKENDS names no backend: 'tensorrt'"),
+        ({"FASTINFER_BACKENDS": "onnx-int8", "FASTINFER_DEFAULT_BACKEND": "onnx"}, "is not among FASTINFER_BACKENDS"),
+        ({"FASTINFER_BACKENDS": "onnx", "FASTINFER_IN_FRONT": "pytorch"}, "FASTINFER_BACKENDS leaves out: pytorch"),
+    ],
+)
+def test_a_fastinfer_backends_that_cannot_hold_stops_start_up_in_one_line(monkeypatch, env, said) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=said):
+            get_settings()
+    finally:
+        get_settings.cache_clear()
+
+
+def test_the_front_depends_only_on_the_runners_switched_on() -> None:
+    """In a fresh interpreter: the front's dependencies are fixed when service.py is imported."""
+    code = "import service; print(sorted(service.FastInfer.dependencies))"
+    env = {**os.environ, "FASTINFER_BACKENDS": "onnx-int8,onnx-int8-dynamic", "FASTINFER_DEFAULT_BACKEND": "auto"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[-2] == "['onnx_int8', 'onnx_int8_dynamic']"
+
+
 def test_without_openvino_its_backends_say_why_and_its_runners_do_not_start(built_models, monkeypatch) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else real(name, *a))

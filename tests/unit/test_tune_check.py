@@ -83,6 +83,7 @@ def test_two_cores_give_36_configurations_a_batching_backend_and_6_one_without()
 def test_a_server_env_serves_each_backend_its_own_settings() -> None:
     env = server_env([Config("openvino-int8", True, 4, 5), Config("onnx-int8", max_batch=16)])
     assert env["FASTINFER_IN_FRONT"] == "openvino-int8"
+    assert env["FASTINFER_BACKENDS"] == "openvino-int8,onnx-int8"  # no runner for a backend not measured
     assert env["FASTINFER_MAX_BATCH_SIZE_OPENVINO_INT8"] == "4" and env["FASTINFER_MAX_LATENCY_MS_OPENVINO_INT8"] == "5"
     assert env["FASTINFER_MAX_BATCH_SIZE_ONNX_INT8"] == "16" and env["FASTINFER_MAX_LATENCY_MS_ONNX_INT8"] == ""
     with pytest.raises(ValueError):
