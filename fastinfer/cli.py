@@ -231,17 +231,17 @@ def profile(args: argparse.Namespace) -> int:
 def evaluate(args: argparse.Namespace) -> int:
     from fastinfer.catalog.store import BadFamilyName
     from fastinfer.measure import evaluate as ev
-    from fastinfer.measure.accuracy import EvalDirError
+    from fastinfer.measure.accuracy import EvalDirError, visible
 
     try:
         report = ev.evaluate(args.dir, args.backends, args.url, family_name=args.model)
     except (ev.EvaluateError, EvalDirError, BadFamilyName) as exc:  # said in one line, no traceback
-        print(f"fastinfer evaluate: {exc}", file=sys.stderr)
+        print(f"fastinfer evaluate: {visible(str(exc))}", file=sys.stderr)  # it may quote a server's text
         return 1
     for line in report.summary():
         print(line, file=sys.stderr)
     print(report.table())
-    print(f"req/s: {report.extra['req_per_s_source']}", file=sys.stderr)
+    print(f"req/s: {visible(report.extra['req_per_s_source'])}", file=sys.stderr)
     _write_json(args.json, report.as_dict())
     if args.plot:
         print(f"wrote {ev.plot(report, args.plot)}", file=sys.stderr)

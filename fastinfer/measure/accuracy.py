@@ -310,7 +310,7 @@ class Report:
         if self.unevaluated:
             lines.append(f"{len(self.unevaluated)} of {self.labels} labels have no folder, not evaluated: "
                          f"{_listed(self.unevaluated)}")  # fmt: skip
-        return lines
+        return [visible(line) for line in lines]
 
     def table(self) -> str:
         with_rate = any(r.req_per_s is not None for r in self.rows)
@@ -328,8 +328,14 @@ class Report:
                 r.status + (f": {r.note}" if r.note else ""),
             ]
             cells += ["—" if r.req_per_s is None else f"{r.req_per_s:g}"] if with_rate else []
-            lines.append("| " + " | ".join(cells) + " |")
+            lines.append("| " + " | ".join(map(visible, cells)) + " |")
         return "\n".join(lines)
+
+
+def visible(text: str) -> str:
+    """``text`` as a terminal shows it literally: each non-printable character (ESC, CR, newline, bidi override,
+    zero-width mark) as its Python escape, so that a server's names cannot move the cursor or clear the screen."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _pct(value: float | None) -> str:
@@ -345,6 +351,6 @@ def printer(write: Callable[[str], None] | None = None, every_s: float = 2.0) ->
         now = time.monotonic()
         if done >= total or now - last.get(what, -every_s) >= every_s:
             last[what] = now
-            out(f"{what}: {done}/{total} images")
+            out(visible(f"{what}: {done}/{total} images"))
 
     return progress

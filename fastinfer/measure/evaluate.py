@@ -40,13 +40,15 @@ def _named(name: str, by_option: bool) -> str:
 
 
 def family_info(name: str, by_option: bool = False) -> StoredModelInfo:
-    """Labels and preprocessing of a family, from one of its stored models (PyTorch's first)."""
+    """Labels and preprocessing of a family, from one of the stored models a server would serve (PyTorch's first)."""
     import bentoml
 
     names = holdings.held().get(name, [])
     if not names:
         raise EvaluateError(str(holdings.missing_reason(name, "evaluate", lambda n: _named(n, by_option))))
-    for stored in sorted(names, key=lambda n: n != store.model_name(REFERENCE_BACKEND, family_name=name)):
+    apart = holdings.apart_now(name)  # of another source than the family's newest model: not the family's labels
+    served = [n for n in names if n not in apart] or names
+    for stored in sorted(served, key=lambda n: n != store.model_name(REFERENCE_BACKEND, family_name=name)):
         try:
             return store.describe(bentoml.models.get(f"{stored}:latest"))
         except Exception:  # unreadable: another of its models says the same
@@ -99,14 +101,16 @@ def in_process(root: Path, backends: Sequence[str] | None, progress: Progress, n
 
     images = photos(info.categories, info.preprocess)  # the folder checked before any engine loads
     names = backends if backends is not None else [n for n in SPECS if n != "coreml"]  # coreml-batched: its models
+    apart = holdings.apart_now(name)  # the server's same-source rule: what it would not serve, and why
     rows = []
     for backend in names:
         spec = SPECS[backend]
         found = {b: store.find(spec.artifact, b, name) for b in spec.static_batches}
         models = {b: m for b, m in found.items() if m is not None}
         missing = [store.model_name(spec.artifact, b, name) for b in found if b not in models]
-        why = spec.platform() or (f"{', '.join(missing)} not in the model store; {holdings.build_hint(name)}"
-                                  if missing else None)  # fmt: skip
+        refused = [why for b in models if (why := apart.get(store.model_name(spec.artifact, b, name)))]
+        lacking = f"{', '.join(missing)} not in the model store; {holdings.build_hint(name)}" if missing else None
+        why = spec.platform() or next(iter(refused), None) or lacking  # in the order a server gives them
         if why is not None:
             rows.append(Row(backend, status="not measured", note=why))
             continue
@@ -285,6 +289,8 @@ def plot(report: Report, path: Path) -> Path:
     """Top-1 against served req/s per backend where ``make bench`` measured them, else top-1 per backend."""
     from fastinfer.measure.plots import plot_accuracy
 
-    plot_accuracy([r.as_dict() for r in report.rows], path, report.extra.get("family", ""), report.images,
-                  report.extra.get("req_per_s_source", ""))  # fmt: skip
+    shown = accuracy.visible  # names a server gave: their control characters drawn as escapes, not as boxes
+    rows = [{k: shown(v) if isinstance(v, str) else v for k, v in r.as_dict().items()} for r in report.rows]
+    plot_accuracy(rows, path, shown(str(report.extra.get("family", ""))), report.images,
+                  shown(str(report.extra.get("req_per_s_source", ""))))  # fmt: skip
     return path.resolve()

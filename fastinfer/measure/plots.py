@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
 
 def pyplot() -> Any:
-    """matplotlib's pyplot on the Agg backend (no display needed), imported when first drawn."""
+    """matplotlib's pyplot on the Agg backend (no display needed), imported when first drawn. Every string is
+    drawn as typed: names come from data (a server's, a results file's), where ``$`` would be mathtext."""
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams.update({"text.parse_math": False, "text.usetex": False})
     import matplotlib.pyplot as plt
 
     return plt
@@ -168,6 +171,7 @@ def plot_accuracy(rows: list[dict[str, Any]], path: Path, family: str, images: i
         ax.set_ylabel("accuracy (%)")
         ax.set_ylim(0, 105)
         why = speed_source.removeprefix("none: ") or "no `make bench` result of this machine and family"
-        ax.set_title(f"{title}\n(not set against speed: {why})", fontsize=9, wrap=True)
+        # Wrapped here: matplotlib's wrap=True measures the text as mathtext whatever text.parse_math says.
+        ax.set_title(f"{title}\n" + textwrap.fill(f"(not set against speed: {why})", 100), fontsize=9)
         ax.legend(fontsize=8)
     save(fig, path)

@@ -204,6 +204,31 @@ def test_a_backend_whose_server_fails_is_a_row_saying_why(stand_in, no_bench, tm
     assert failed.status == "not measured" and "500 internal_error: the runner died" in failed.note
 
 
+@pytest.mark.filterwarnings("error:Glyph")  # a control character drawn as a missing glyph
+def test_a_server_s_text_is_shown_as_text(stand_in, no_bench, tmp_path, capsys) -> None:
+    """Issue 41, finding 8: a family or precision name in mathtext crashed the plot after the JSON was written;
+    a backend name with an escape sequence was printed raw (and cleared the terminal). The JSON keeps them as
+    the server said them; the plot draws them as typed, the terminal shows each control character escaped."""
+    clear, backwards, fraction = "pytorch\x1b[2J", "onnx\u202e\r", "$\\frac{$"
+    stand_in.backends["family"]["name"] = f"shapes {fraction}"
+    stand_in.backends["backends"] = [
+        {"name": clear, "available": True, "runs_on": {"precision": fraction}},
+        {"name": backwards, "available": True, "runs_on": {}},
+    ]
+    stand_in.fail = {backwards}  # its row: not measured, the server's answer as its note
+    plot = tmp_path / "e.png"
+    rc = cli.main(["evaluate", str(photos(tmp_path / "eval")), "--url", stand_in.url, "--json",
+                   str(tmp_path / "e.json"), "--plot", str(plot)])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert rc == 0 and plot.stat().st_size > 0, err
+    written = json.loads((tmp_path / "e.json").read_text())
+    assert written["family"] == f"shapes {fraction}" and [r["backend"] for r in written["rows"]] == [clear, backwards]
+    assert written["rows"][0]["precision"] == fraction.lower()
+    assert not any(c in out + err for c in "\x1b\r\u202e"), out + err
+    assert "| pytorch\\x1b[2J | $\\frac{$ | 6 |" in out and "| onnx\\u202e\\r | — |" in out, out
+    assert "pytorch\\x1b[2J: 8/8 images" in err, err  # the progress lines
+
+
 # --- one line, non-zero, when nothing can be measured -------------------------------------------------
 
 
