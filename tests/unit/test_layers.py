@@ -39,7 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fastinfer.measure", "fastinfer.front"),
     ("build_models", "runners"),
     ("service", "fastinfer.cli", "examples"),
-    ("load_tests",),  # it serves "service:FastInfer" to measure it
+    ("load_tests", "scripts"),  # load_tests serves "service:FastInfer" to measure it; scripts: tools
 )
 
 
