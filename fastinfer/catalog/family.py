@@ -11,6 +11,8 @@ from typing import Any
 from fastinfer.catalog.holdings import missing_reason
 from fastinfer.catalog.store import StoredModelInfo
 
+MAX_LABEL = 200  # characters in a class name the build accepts: a name, not a paragraph (every answer repeats it)
+
 # What /backends and doctor show of a stored model's ``accuracy`` (its eval folder's path is the builder's).
 ACCURACY_KEYS = ("top1", "top5", "reference_top1", "reference_top5", "precision", "images", "skipped")
 

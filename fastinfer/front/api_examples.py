@@ -228,6 +228,7 @@ CACHE_STATS: dict[str, Any] = {
     "bypasses": 0,
     "writes_refused": 0,
     "write_errors": 0,
+    "too_large": 0,
     "signed": False,
     "hit_rate": 0.25,
     "keys": 2,

@@ -34,6 +34,9 @@ class CacheStatsResponse(BaseModel):
         ge=0, description="answers not stored because the cache refuses writes (full, read-only), or backing off"
     )
     write_errors: int = Field(ge=0, description="answers not stored because the cache failed")
+    too_large: int = Field(
+        ge=0, description="answers not stored: larger than a read accepts (a model stored outside the build's bounds)"
+    )
     signed: bool = Field(description="entries carry an HMAC and are served only when it is valid")
     hit_rate: float = Field(ge=0.0, le=1.0, description="hits / (hits + misses + errors): every lookup tried")
     keys: int | None = Field(default=None, description="entries in the cache (null when it cannot be counted)")

@@ -10,7 +10,10 @@ NOREPLICAS) is no outage: only writes back off, reads go on (``writes_refused``,
 
 Every read is validated (a shared Redis may hold another version's entries, or one written by hand) and bounded to
 ``MAX_ENTRY_BYTES`` + 1 bytes (GETRANGE); a bad entry is an ``invalid`` miss that the next SET overwrites, never an
-error. With ``FASTINFER_CACHE_HMAC_KEY``, each entry carries an HMAC over its key and body text, checked on the
+error. ``MAX_ENTRY_BYTES`` holds the largest answer of any family a build accepts; a larger one (a model stored
+outside those bounds) is not written but counted (``too_large``): the cache writes only what it reads.
+
+With ``FASTINFER_CACHE_HMAC_KEY``, each entry carries an HMAC over its key and body text, checked on the
 stored bytes before parsing (the body is the value's last field, so its text is a slice).
 
 Key count without SCAN or DBSIZE (a shared Redis is not our own database): each SET also adds the key to the sorted
@@ -33,6 +36,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
+
+from fastinfer.catalog.family import MAX_LABEL
+from fastinfer.common.schemas import TOP_K_MAX
 
 logger = logging.getLogger("fastinfer.cache")
 
@@ -86,9 +92,20 @@ def entry_mac(hmac_key: bytes, key: str, body_text: str | bytes) -> str:
 
 def encode_entry(body: dict[str, Any], key: str = "", hmac_key: bytes = b"") -> str:
     """The stored value of ``body`` under ``key``, signed with ``hmac_key`` if any; the body last, as a slice."""
-    text = json.dumps(body)  # the body's own order: a hit answers in it
+    text = _body_text(body)
     mac = f'"{entry_mac(hmac_key, key, text)}"' if hmac_key else "null"
     return f'{{"v":"{CACHE_FORMAT}","mac":{mac},"body":{text}}}'
+
+
+def _body_text(body: dict[str, Any]) -> str:
+    # In the body's own order (a hit answers in it). Non-ASCII as UTF-8, so a CJK label costs 3 bytes, not a
+    # 6-byte \uXXXX escape; a lone surrogate (a label from a non-UTF-8 file name) cannot be UTF-8: escaped.
+    text = json.dumps(body, ensure_ascii=False)
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(body)
+    return text
 
 
 SIGNED_HEAD = f'{{"v":"{CACHE_FORMAT}","mac":"'.encode()
@@ -120,8 +137,12 @@ class Expected:
     categories: Sequence[str] = ()
 
 
-# An entry of ours is ~2 KB at top_k 20; reading or parsing a much larger value would stall the event loop.
-MAX_ENTRY_BYTES = 16 * 1024
+# The largest entry of any family a build accepts: its class names (top_k's and "class") at MAX_LABEL characters
+# of at most 4 UTF-8 bytes each (the build refuses control characters, the ones JSON escapes longer), plus the
+# rest (~2 KB at top_k 20: scores, tag, engine). An ImageNet entry is ~2 KB at top_k 20; reading or parsing a
+# much larger value would stall the event loop.
+LABEL_BYTES = 4
+MAX_ENTRY_BYTES = (TOP_K_MAX + 1) * MAX_LABEL * LABEL_BYTES + 8 * 1024
 
 
 def decode_entry(raw: str | bytes, expected: Expected, key: str = "", hmac_key: bytes = b"") -> dict[str, Any]:
@@ -215,6 +236,7 @@ class CacheStats:
     bypasses: int = 0
     writes_refused: int = 0  # answers not stored: refused by a store that still reads, or backing off after it
     write_errors: int = 0  # answers not stored: the SET failed, or skipped while the breaker was open
+    too_large: int = 0  # answers not stored: larger than a read accepts (MAX_ENTRY_BYTES)
     signed: bool = False  # entries carry an HMAC (FASTINFER_CACHE_HMAC_KEY)
     degraded: str | None = None  # why the cache is not working right now
 
@@ -231,6 +253,7 @@ class CacheStats:
             "bypasses": self.bypasses,
             "writes_refused": self.writes_refused,
             "write_errors": self.write_errors,
+            "too_large": self.too_large,
             "signed": self.signed,
             "hit_rate": round(self.hits / lookups, 4) if lookups else 0.0,
             "keys": keys,
@@ -255,6 +278,7 @@ class ResponseCache:
         self._outage: str | None = None  # why the store does not answer
         self._refusal: str | None = None  # why it answers but will not store
         self._last_log: dict[str, float] = {}  # kind of warning → when it was last logged
+        self._told_too_large = False
 
     async def lookup(self, key: str, expected: Expected) -> tuple[dict[str, Any] | None, str]:
         """The cached body (or None) and the event: ``hit``, ``miss``, ``invalid`` or ``error``."""
@@ -290,8 +314,12 @@ class ResponseCache:
         if now < self._writes_until:  # refused a moment ago: asking again costs a round trip for nothing
             self.stats.writes_refused += 1
             return
+        raw = encode_entry(value, key, self.hmac_key).encode()  # bytes: the limit is on what a read gets
+        if len(raw) > MAX_ENTRY_BYTES:  # a read would refuse it: writing it costs a SET for nothing
+            self._too_large(key, len(raw))
+            return
         try:
-            await self._set(key, encode_entry(value, key, self.hmac_key))
+            await self._set(key, raw)
         except WriteRefused as exc:
             self._refused(exc)
             return
@@ -336,6 +364,18 @@ class ResponseCache:
         self._update_degraded()
         self._writes_until = time.monotonic() + self.retry_after_s
         self._warn("refusal", "cache degraded, new answers not stored: %s", self._refusal)
+
+    def _too_large(self, key: str, size: int) -> None:
+        self.stats.too_large += 1
+        if not self._told_too_large:  # the same model's answers, again and again: once is enough
+            self._told_too_large = True
+            logger.warning(
+                "cache: an answer of %s bytes is not stored, over the %s bytes a read accepts (%s); answers this "
+                "large are computed every time, counted in too_large",
+                f"{size:,}",
+                f"{MAX_ENTRY_BYTES:,}",
+                key,
+            )
 
     def _invalid(self, key: str, exc: BaseException) -> None:
         # The store answered: a bad entry is the entry's fault, not an outage (no breaker).

@@ -765,6 +765,77 @@ def test_the_signing_key_reaches_every_mode_and_is_said() -> None:
     assert asyncio.run(ResponseCache().describe())["signed"] is False
 
 
+# --- every valid family's entries fit what a read accepts ---------------------------------------
+
+LONG_TAG = f"{'f' * 40}-onnx-int8:abcdefghijklmnop"  # the longest family name a build accepts
+
+
+def family_body(labels: list[str], k: int) -> dict[str, Any]:
+    """A response body naming ``labels``' first ``k`` classes, for a model of LONG_TAG."""
+    ranked = [{**p, "label": labels[p["index"]]} for p in body(k)["top_k"]]
+    return {**body(k, model=LONG_TAG), "class": ranked[0]["label"], "top_k": ranked}
+
+
+@pytest.mark.parametrize("signed_with", ["", HMAC_KEY], ids=["unsigned", "signed"])
+@pytest.mark.parametrize("char", ["中", "\U00020000"], ids=["CJK (3 UTF-8 bytes)", "CJK extension B (4 bytes)"])
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_the_largest_labels_a_build_accepts_are_cached_at_every_top_k(kind, char, signed_with, request) -> None:
+    """Review finding: 20 labels of 200 CJK characters missed at top_k 13, 14 and 20, every time (entries of
+    17.9-26.7 KB, the read limit 16 KB), and each request wrote one again. The second request is a hit."""
+    from build_models.labels import MAX_LABEL
+    from fastinfer.common.schemas import TOP_K_MAX
+
+    labels = [f"{i:02d}" + char * (MAX_LABEL - 2) for i in range(TOP_K_MAX)]
+
+    async def main() -> tuple[list[str], dict]:
+        cache = signed_cache(kind, request, hmac_key=signed_with)
+        events = []
+        try:
+            for k in range(1, TOP_K_MAX + 1):
+                key = cache_key(b"image", "onnx-int8", LONG_TAG, k, ENGINE)
+                expected = Expected("onnx", LONG_TAG, k, "random-init", ENGINE, labels)
+                for _ in range(2):  # a request: looked up, then stored on a miss
+                    found, event = await cache.lookup(key, expected)
+                    right = found in (None, family_body(labels, k))
+                    events.append(f"top_k {k}: {event}" if right else f"top_k {k}: another body")
+                    if found is None:
+                        await cache.store(key, family_body(labels, k))
+            return events, await cache.describe()
+        finally:
+            await cache.close()
+
+    events, stats = asyncio.run(main())
+    assert events == [f"top_k {k}: {event}" for k in range(1, TOP_K_MAX + 1) for event in ("miss", "hit")]
+    assert stats["invalid"] == 0 and stats["hits"] == TOP_K_MAX and stats["misses"] == TOP_K_MAX
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_an_entry_larger_than_a_read_accepts_is_never_written(kind: str, request, caplog) -> None:
+    """A model stored outside the build's bounds (labels of 1,000 characters): its answers are not stored, as a
+    read would refuse them, and the cache says so: counted in too_large, logged once."""
+    labels = [f"{i:02d}" + "中" * 998 for i in range(20)]
+    expected = Expected("onnx", LONG_TAG, 20, "random-init", ENGINE, labels)
+
+    async def main() -> tuple[list[str], bool, dict]:
+        cache = signed_cache(kind, request, hmac_key="")
+        try:
+            events = []
+            for _ in range(3):
+                events.append((await cache.lookup(KEY, expected))[1])
+                await cache.store(KEY, family_body(labels, 20))
+            written = KEY in cache._data if isinstance(cache, MemoryCache) else bool(await cache.client.exists(KEY))
+            return events, written, await cache.describe()
+        finally:
+            await cache.close()
+
+    with caplog.at_level("WARNING", logger="fastinfer.cache"):
+        events, written, stats = asyncio.run(main())
+    assert events == ["miss"] * 3 and not written
+    assert stats["too_large"] == 3 and stats["invalid"] == 0 and stats["healthy"] is True
+    told = [r.getMessage() for r in caplog.records if "not stored" in r.getMessage()]
+    assert len(told) == 1 and f"{MAX_ENTRY_BYTES:,} bytes a read accepts" in told[0], told
+
+
 # --- the password never shown -------------------------------------------------------------------
 
 
