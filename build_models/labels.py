@@ -10,10 +10,22 @@ import unicodedata
 from collections import Counter
 from pathlib import Path
 
+from fastinfer.catalog.family import MAX_LABEL
+
 IMAGENET_CLASSES = 1000
 SHOWN = 3  # names quoted in a refusal: enough to find them, short enough for one line
-MAX_LABEL = 200  # characters: a class name, not a paragraph (every answer repeats it)
 UNPRINTABLE = {"Cc", "Zl", "Zp"}  # control characters and line separators would break one-line messages
+# Bidirectional controls reorder the text shown around them (an override makes "gnp.exe" look like "exe.png"):
+# embeddings, overrides and isolates by their bidi class; the three marks have a letter's class, so by name.
+BIDI_CLASSES = {"LRE", "RLE", "PDF", "LRO", "RLO", "LRI", "RLI", "FSI", "PDI"}
+BIDI_MARKS = {"\u200e", "\u200f", "\u061c"}  # LEFT-TO-RIGHT, RIGHT-TO-LEFT and ARABIC LETTER MARK
+# Unicode's Default_Ignorable_Code_Point outside category Cf (unicodedata has no such property): shown as nothing.
+IGNORABLE = {
+    *"\u034f\u115f\u1160\u17b4\u17b5\u180b\u180c\u180d\u180f\u3164\uffa0",  # grapheme joiner, fillers, Mongolian FVS
+    *map(chr, range(0xFE00, 0xFE10)),  # variation selectors
+    *map(chr, range(0xE0100, 0xE01F0)),  # variation selectors supplement
+}
+BLANK = IGNORABLE | {"\u2800"}  # and BRAILLE PATTERN BLANK, a symbol that shows nothing
 
 
 class BadLabels(ValueError):
@@ -104,11 +116,17 @@ def folder_labels(directory: Path) -> list[str]:
 
 
 def check_labels(labels: list[str], num_classes: int, source: Path) -> None:
-    """One label per class, none empty, none twice, each printable on one line and at most MAX_LABEL characters."""
+    """One label per class, none empty or blank, none twice or alike, each printable text on one line, without
+    bidirectional controls and at most MAX_LABEL characters."""
     if len(labels) != num_classes:
         raise BadLabels(
             f"--labels {source} names {len(labels)} classes, but the weights' final layer has {num_classes}"
         )
+    lines = source.suffix.lower() != ".json" and not source.is_dir()  # a text file: one label a line
+
+    def place(i: int) -> str:
+        return f"line {i + 1}" if lines else f"class index {i}"
+
     empty = [i for i, label in enumerate(labels) if not label]
     if empty:
         raise BadLabels(
@@ -125,8 +143,38 @@ def check_labels(labels: list[str], num_classes: int, source: Path) -> None:
                 f"--labels {source}: the label at class index {i} is {len(label)} characters long "
                 f"({label[:40]!r}...); at most {MAX_LABEL}"
             )
+        _check_shown(label, f"--labels {source} {place(i)}")
     twice = [label for label, n in Counter(labels).items() if n > 1]
     if twice:
         raise BadLabels(
             f"--labels {source}: {len(twice)} label(s) appear more than once: {', '.join(map(repr, twice[:SHOWN]))}"
         )
+    seen: dict[str, int] = {}
+    for i, label in enumerate(labels):
+        first = seen.setdefault(lookalike_key(label), i)
+        if first != i:
+            raise BadLabels(
+                f"--labels {source} {place(i)}: {label[:60]!r} is {place(first)}'s "
+                f"{labels[first][:60]!r} (labels must differ in more than case, width or invisible characters)"
+            )
+
+
+def _check_shown(label: str, where: str) -> None:
+    """A label shown as what it holds: valid text, no bidirectional control, at least one visible character."""
+    if any(unicodedata.category(c) == "Cs" for c in label):  # from a JSON escape or a non-UTF-8 folder name
+        raise BadLabels(f"{where}: {label[:60]!r} holds a lone surrogate: not text that can be shown or stored")
+    if bidi := next((c for c in label if c in BIDI_MARKS or unicodedata.bidirectional(c) in BIDI_CLASSES), None):
+        raise BadLabels(
+            f"{where}: {label[:60]!r} holds the bidirectional control U+{ord(bidi):04X} "
+            f"({unicodedata.name(bidi)}), which reorders how the text around it is shown"
+        )
+    if all(unicodedata.category(c) in ("Cf", "Zs") or c in BLANK for c in label):
+        raise BadLabels(f"{where}: {label[:60]!r} has no visible character (only spaces or invisible characters)")
+
+
+def lookalike_key(label: str) -> str:
+    """What ``label`` looks like: without format and ignorable characters, NFKC-normalised (width, ligatures),
+    case-folded, runs of spaces as one: labels of one key differ only in case, width or invisible characters."""
+    kept = "".join(c for c in label if unicodedata.category(c) != "Cf" and c not in IGNORABLE)
+    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", kept).casefold())
+    return " ".join(folded.split())
