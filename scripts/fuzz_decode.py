@@ -28,6 +28,8 @@ import atheris
 with atheris.instrument_imports():
     from PIL import Image
 
+    Image.init()  # every format plugin imported now, so that its code is instrumented too
+
     from fastinfer.catalog.store import PreprocessSpec
     from fastinfer.common.errors import ImageTooLarge, InvalidImage
     from fastinfer.serving.preprocess import prepare
