@@ -26,6 +26,7 @@ from build_models import exporters
 from build_models.accuracy_gate import DEFAULT_JSON, DEFAULT_MAX_DROP_PP, AccuracyGate, AccuracyRefused
 from build_models.context import BuildContext, family_hash
 from build_models.labels import IMAGENET_CLASSES, SHOWN, family_labels
+from build_models.text import as_text, texts
 from fastinfer.catalog import store, store_check
 from fastinfer.catalog.backends import anywhere, open_engine, openvino_cache_dir, openvino_missing
 from fastinfer.catalog.store import PreprocessSpec
@@ -42,10 +43,19 @@ if TYPE_CHECKING:
 
 
 VERIFICATION_PHOTOS = 8  # real photos every verified export is compared on against PyTorch
+LISTED = 8  # calibration files skipped that are named one by one
 
 
 class VerificationError(RuntimeError):
     """An export that does not load, or diverges from the PyTorch reference beyond its tolerance."""
+
+
+class NonFiniteLogits(ValueError):
+    """Weights whose model computes NaN or infinity on real photos (finite weights that overflow float32)."""
+
+
+class UnknownArtifact(ValueError):
+    """An ``--only`` naming no backend the build knows."""
 
 
 # The same graph in another runtime: measured max |logit diff| ~3e-5 here.
@@ -196,6 +206,29 @@ def check_one_source(family: str, source_hash: str, names: Sequence[str], if_mis
         )
 
 
+def artifact_names(only: Sequence[str] | None) -> list[str]:
+    """The backends ``--only`` names (None or empty: all), or UnknownArtifact naming those it does not know."""
+    names = list(only or ARTIFACT_NAMES)
+    unknown = [n for n in names if n not in ARTIFACTS]
+    if unknown:
+        raise UnknownArtifact(
+            f"--only {','.join(map(as_text, unknown))}: no such backend; choose from {', '.join(ARTIFACT_NAMES)}"
+        )
+    return names
+
+
+def check_finite(reference: np.ndarray, weights: str) -> None:
+    """NonFiniteLogits when PyTorch's logits on the verification photos hold a NaN or an infinity: every backend
+    would answer with one (or be refused only after others were stored)."""
+    bad = ~np.isfinite(reference)
+    if bad.any():
+        photos_hit = int(bad.any(axis=1).sum())
+        raise NonFiniteLogits(
+            f"weights {weights}: PyTorch computes NaN or infinite logits on {photos_hit} of {len(reference)} real "
+            "photos (values beyond float32's range); no model can be built from them. Nothing stored."
+        )
+
+
 def verification_batch(spec: PreprocessSpec, own: np.ndarray | None = None) -> np.ndarray:
     """Real photos through the service's preprocessing: ``own`` (the family's eval or calibration photos, spread
     evenly) where given, since a fine-tuned head's INT8 logits stray far more on unlike photos (21.7 vs 2.4)."""
@@ -224,20 +257,23 @@ def build(
 ) -> list[BuildResult]:
     """Build (or confirm current) every artifact in ``only`` (default: all) of ``family``.
 
-    Bad arguments raise (BadFamilyName, BadPreprocessing, NotResNet50Weights, BadLabels, MixedSources) before
-    anything is exported; an export diverging from PyTorch raises VerificationError and is not stored. With
-    ``eval_dir``, an export whose top-1 falls more than ``max_accuracy_drop`` points below PyTorch's is not
-    stored, and the build goes on, then raises AccuracyRefused naming every one refused.
+    Bad arguments and inputs raise (UnknownArtifact, BadFamilyName, BadPreprocessing, NotResNet50Weights,
+    BadLabels, MixedSources, EvalDirError, BadCalibrationDir, NonFiniteLogits) before anything is exported; an
+    export diverging from PyTorch raises VerificationError and is not stored. With ``eval_dir``, an export whose
+    top-1 falls more than ``max_accuracy_drop`` points below PyTorch's is not stored, and the build goes on, then
+    raises AccuracyRefused naming every one refused.
     """
     import torch
 
     from build_models.weights import load_weights
     from fastinfer.engines.torch_model import resnet50
 
-    names = only or list(ARTIFACT_NAMES)
-    unknown = [n for n in names if n not in ARTIFACTS]
-    if unknown:
-        raise ValueError(f"unknown artifact(s) {unknown}; choose from {', '.join(ARTIFACT_NAMES)}")
+    said = progress
+
+    def progress(line: str) -> None:  # a file name's undecodable bytes would crash a strict stdout
+        said(as_text(line))
+
+    names = artifact_names(only)
     store.check_family(family)
     given = preprocess or PreprocessSpec()
     spec = preprocess_spec(given.mean, given.std, given.resize_size, given.crop_size)  # one line if it cannot be
@@ -269,13 +305,26 @@ def build(
         )
     # In the table's order, whatever the order of --only: openvino-int8 converts onnx-int8's result.
     jobs = [(a, b) for a in ARTIFACTS.values() if a.name in names for b in a.batches]
-    batch: np.ndarray | None = None
-    reference: np.ndarray | None = None
     results: list[BuildResult] = []
     gate: AccuracyGate | None = None
     try:
         if eval_dir is not None:  # the folder is checked against the labels before anything is exported
             gate = AccuracyGate.prepare(ctx, eval_dir, max_accuracy_drop, accuracy_json, progress)
+        if calibration_dir is not None:  # read before anything is exported: a folder of no images stops it here
+            calibration = ctx.calibration()
+            progress(f"calibration: {len(calibration.images)} images in {ctx.calibration_source}")
+            for path, why in calibration.skipped[:LISTED]:
+                progress(f"WARNING: calibration: skipped {path}: {why}")
+            if len(calibration.skipped) > LISTED:
+                progress(f"WARNING: calibration: ... and {len(calibration.skipped) - LISTED} more file(s) skipped")
+        # ImageNet's tolerances were set on the bundled photos; a family of yours: its own.
+        own = None
+        if not_imagenet and (gate is not None or calibration_dir is not None):
+            own = gate.images.pixels if gate is not None else np.stack(ctx.calibration_images())
+        batch = verification_batch(spec, own)
+        with torch.inference_mode():
+            reference = ctx.model(torch.from_numpy(batch)).numpy()
+        check_finite(reference, weights.description)  # before the first export: nothing is stored
         for i, (artifact, size) in enumerate(jobs, 1):
             name = store.model_name(artifact.name, size, family_name=family)
             step = f"[{i}/{len(jobs)}] {name}"
@@ -313,14 +362,6 @@ def build(
                 check: Fidelity | None = None
                 kept = f"; {existing.tag} stays" if existing is not None else ""
                 if artifact.tolerance is not None:
-                    if batch is None:
-                        # ImageNet's tolerances were set on the bundled photos; a family of yours: its own.
-                        own = None
-                        if not_imagenet and (gate is not None or ctx.calibration_dir is not None):
-                            own = gate.images.pixels if gate is not None else np.stack(ctx.calibration_images())
-                        batch = verification_batch(spec, own)
-                        with torch.inference_mode():
-                            reference = ctx.model(torch.from_numpy(batch)).numpy()
                     try:
                         engine = open_engine(artifact.name, dirs={None: tmp}, **artifact.verify_options)
                     except EngineUnavailable as exc:  # its runtime cannot run on this machine: not a bad export
@@ -391,6 +432,7 @@ def build(
                 }
                 import bentoml
 
+                labels, metadata = texts(labels), texts(metadata)  # all valid text, or no page can list it
                 with bentoml.models.create(name, labels=labels, metadata=metadata) as stored:
                     for f in Path(tmp).iterdir():  # not Path.rename: BentoML may stage across filesystems
                         shutil.move(f, Path(stored.path) / f.name)

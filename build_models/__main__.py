@@ -11,12 +11,16 @@ from build_models import (
     ARTIFACT_NAMES,
     BadPreprocessing,
     MixedSources,
+    NonFiniteLogits,
+    UnknownArtifact,
     VerificationError,
+    artifact_names,
     build,
     preprocess_spec,
     unusable,
 )
 from build_models.accuracy_gate import DEFAULT_JSON, AccuracyRefused, BadAccuracyDrop, max_drop
+from build_models.context import BadCalibrationDir
 from build_models.labels import BadLabels
 from build_models.weights import NotResNet50Weights
 from fastinfer.catalog.store import DEFAULT_FAMILY, BadFamilyName, PreprocessSpec, check_family
@@ -31,6 +35,7 @@ class WithoutEvalDir(ValueError):
 # What the build refuses with a reason: said in one line, no traceback, exit status 1.
 ONE_LINE = (NotResNet50Weights, BadLabels, BadFamilyName, BadPreprocessing, FileNotFoundError, VerificationError)
 ONE_LINE += (MixedSources, WithoutEvalDir, EvalDirError, AccuracyRefused, BadAccuracyDrop)
+ONE_LINE += (UnknownArtifact, BadCalibrationDir, NonFiniteLogits)
 DEFAULTS = PreprocessSpec()
 EVAL_ONLY = {"--max-accuracy-drop": "max_accuracy_drop", "--accuracy-json": "accuracy_json"}  # need --eval-dir
 
@@ -150,6 +155,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m build_models") ->
             if given:
                 raise WithoutEvalDir(f"{' and '.join(given)}: only with --eval-dir DIR, the photos to measure on")
         drop = max_drop(args.max_accuracy_drop)
+        only = artifact_names([n.strip() for n in args.only.split(",") if n.strip()] or None)
     except ONE_LINE as exc:
         print(f"build_models: {exc}", file=sys.stderr)
         return 1
@@ -166,7 +172,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m build_models") ->
             return 0
         for name, why in todo.items():
             print(f"build_models: {name}: {why}", flush=True)
-    only = [n.strip() for n in args.only.split(",") if n.strip()] or None
     try:
         build(
             args.weights,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from build_models.text import as_text
 from fastinfer.catalog.backends import SPECS, open_engine
 from fastinfer.engines import Engine, EngineUnavailable
 from fastinfer.measure import accuracy
@@ -147,7 +148,7 @@ class AccuracyGate:
         self.say(f"{name}: accuracy at {precision}: top-1 {result.top1:.2%}, top-5 {result.top5:.2%} "
                  f"(PyTorch {self.reference.top1:.2%}, {self.reference.top5:.2%})")  # fmt: skip
         return {
-            "eval_dir": str(self.images.root.resolve()),
+            "eval_dir": as_text(str(self.images.root.resolve())),  # stored with the model: valid text
             "images": result.images,
             "skipped": len(self.images.skipped),
             "top1": result.top1,
@@ -194,9 +195,9 @@ class AccuracyGate:
 
     def report(self) -> accuracy.Report:
         return accuracy.Report(
-            eval_dir=str(self.images.root.resolve()),
+            eval_dir=as_text(str(self.images.root.resolve())),
             images=len(self.images.targets),
-            skipped=self.images.skipped,
+            skipped=[accuracy.Skipped(as_text(s.path), as_text(s.why)) for s in self.images.skipped],
             unevaluated=self.images.unevaluated,
             labels=len(self.images.labels),
             reference=REFERENCE,

@@ -14,8 +14,10 @@ import numpy as np
 from PIL import Image
 
 from build_models.converters import int8_scheme, write_onnx_fp32, write_onnx_int8_static
+from build_models.text import as_text
 from fastinfer.catalog import store, store_check
 from fastinfer.catalog.store import PreprocessSpec
+from fastinfer.common.errors import ImageTooLarge, InvalidImage
 from fastinfer.measure import photos
 from fastinfer.serving.preprocess import prepare
 
@@ -44,11 +46,59 @@ def sample_calibration_images(spec: PreprocessSpec) -> list[np.ndarray]:
     return out
 
 
-def directory_images(directory: Path, spec: PreprocessSpec) -> list[np.ndarray]:
-    files = sorted(p for p in directory.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+class BadCalibrationDir(ValueError):
+    """A ``--calibration-dir`` that holds no image to calibrate on: said in one line."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    images: list[np.ndarray]  # through the service's preprocessing
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (file, why): named image files not used
+
+
+def calibration_pixel_limit() -> int:
+    """The server's FASTINFER_MAX_PIXELS: calibration decodes no image the server would refuse (a 30000×30000
+    PNG of 875 KB takes 5 GB to decode)."""
+    from fastinfer.catalog.config import get_settings
+
+    try:
+        return get_settings().max_pixels
+    except ValueError as exc:  # a bad setting: the same one would stop a server
+        raise BadCalibrationDir(
+            f"the settings do not hold, so the calibration photos' pixel limit is unknown: {exc}"
+        ) from None
+
+
+def directory_images(directory: Path, spec: PreprocessSpec, max_pixels: int | None = None) -> Calibration:
+    """Every image file under ``directory`` (hidden ones aside, as in the eval folder) through the service's
+    preprocessing; one it refuses (not an image, over the pixel limit, unreadable) is skipped and named, as the
+    eval folder's are. BadCalibrationDir when none is left."""
+    shown = as_text(str(directory))
+    if not directory.is_dir():
+        why = "not a folder" if directory.exists() else "no such folder"
+        raise BadCalibrationDir(f"--calibration-dir {shown}: {why}")
+    limit = calibration_pixel_limit() if max_pixels is None else max_pixels
+    found = (p for p in directory.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    files = sorted(p for p in found if not any(part.startswith(".") for part in p.relative_to(directory).parts))
     if not files:
-        raise ValueError(f"--calibration-dir {directory}: no images found")
-    return [prepare(p.read_bytes(), spec, 10**9).pixels for p in files]
+        raise BadCalibrationDir(
+            f"--calibration-dir {shown}: no images found (files ending {', '.join(sorted(IMAGE_SUFFIXES))})"
+        )
+    images: list[np.ndarray] = []
+    skipped: list[tuple[str, str]] = []
+    for path in files:
+        try:
+            images.append(prepare(path.read_bytes(), spec, limit).pixels)
+        except (InvalidImage, ImageTooLarge) as exc:  # the service's own verdict on the file
+            skipped.append((as_text(str(path)), str(exc)))
+        except Exception as exc:  # unreadable, or a decoder's surprise: named, never a traceback
+            skipped.append((as_text(str(path)), as_text(f"{type(exc).__name__}: {exc}")))
+    if not images:
+        first, why = skipped[0]
+        raise BadCalibrationDir(
+            f"--calibration-dir {shown}: none of its {len(files)} image file(s) can be used (first: {first}: {why})"
+        )
+    return Calibration(images, skipped)
 
 
 def stored_int8_sha256(family_name: str) -> str | None:
@@ -86,7 +136,7 @@ class BuildContext:
     _tmp: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
     _onnx: Path | None = None
     _onnx_int8: tuple[Path, dict[str, Any]] | None = None
-    _calibration: list[np.ndarray] | None = None
+    _calibration: Calibration | None = None
     _health: dict[str, store_check.Health] = field(default_factory=dict)
 
     def health(self, model: Model) -> store_check.Health:
@@ -110,7 +160,9 @@ class BuildContext:
 
     @property
     def calibration_source(self) -> str:
-        return str(self.calibration_dir) if self.calibration_dir else "bundled scikit-image photos (+crops, flips)"
+        if self.calibration_dir is None:
+            return "bundled scikit-image photos (+crops, flips)"
+        return as_text(str(self.calibration_dir))  # recorded with the INT8 models: valid text
 
     def onnx_fp32(self) -> Path:
         """The FP32 ONNX file, made at most once: a copy of the stored one when current (never the stored file
@@ -162,13 +214,17 @@ class BuildContext:
     def converts_stored_int8_as_asked(self, model: Model) -> bool:
         return self.converts_stored_int8(model) and self.calibrated_as_asked(model)
 
-    def calibration_images(self) -> list[np.ndarray]:
+    def calibration(self) -> Calibration:
+        """The calibration photos, read at most once (BadCalibrationDir when the folder has none)."""
         if self._calibration is None:
-            directory = self.calibration_dir
-            self._calibration = (
-                directory_images(directory, self.spec) if directory else sample_calibration_images(self.spec)
-            )
+            if self.calibration_dir is None:
+                self._calibration = Calibration(sample_calibration_images(self.spec))
+            else:
+                self._calibration = directory_images(self.calibration_dir, self.spec)
         return self._calibration
+
+    def calibration_images(self) -> list[np.ndarray]:
+        return self.calibration().images
 
     def close(self) -> None:
         self._tmp.cleanup()

@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 import torch
 
 from build_models.labels import IMAGENET_CLASSES
+from build_models.text import as_text
 from fastinfer.common.files import file_sha256
 
 logger = logging.getLogger(__name__)
@@ -144,7 +145,8 @@ def check_resnet50(state: dict[str, object], source: Path) -> int:
     classes = final_layer_classes(state, source)
     with torch.device("meta"):  # shapes only: no memory, no random init
         reference = resnet50(weights=None, num_classes=classes)
-    expected = {k: tuple(v.shape) for k, v in reference.state_dict().items()}
+    shapes = reference.state_dict()
+    expected = {k: tuple(v.shape) for k, v in shapes.items()}
     missing = sorted(expected.keys() - state.keys())
     unexpected = sorted(state.keys() - expected.keys())
     misshapen = sorted(
@@ -163,6 +165,10 @@ def check_resnet50(state: dict[str, object], source: Path) -> int:
         problems.append(f"{len(misshapen)} of the wrong shape (e.g. {name} {shape}, expected {list(expected[name])})")
     if problems:
         raise NotResNet50Weights(f"{source} is not a ResNet-50 state_dict: tensors {'; '.join(problems)}")
+    floating = {k for k, v in shapes.items() if v.is_floating_point()}
+    for name in expected:  # one no model can compute with fails here in one line, not deep in torch
+        if (why := not_plain(state[name], name in floating)) is not None:
+            raise NotResNet50Weights(f"{source}: tensor {name} {why}; save plain dense CPU tensors (a state_dict)")
     for name in expected:  # a NaN (a diverged fine-tune) would fail only a later backend's verification
         tensor = state[name]
         if tensor.is_floating_point() and not (finite := torch.isfinite(tensor)).all():
@@ -174,6 +180,20 @@ def check_resnet50(state: dict[str, object], source: Path) -> int:
     return classes
 
 
+def not_plain(tensor: torch.Tensor, floating: bool) -> str | None:
+    """Why ``tensor`` is no plain dense tensor of real numbers holding its values (None: it is one); a
+    ``floating`` one (every weight but BatchNorm's counters) must hold floating-point numbers."""
+    if tensor.layout != torch.strided:
+        return f"is {tensor.layout}, not a dense tensor"
+    if tensor.is_meta:
+        return "holds no values (a meta-device tensor)"
+    if tensor.is_quantized:
+        return f"is quantized ({tensor.dtype})"
+    if tensor.is_complex() or tensor.dtype == torch.bool or (floating and not tensor.is_floating_point()):
+        return f"holds {tensor.dtype}, not floating-point numbers"
+    return None
+
+
 def _random_init(fallback_reason: str | None = None) -> Weights:
     from torchvision.models import resnet50
 
@@ -181,7 +201,7 @@ def _random_init(fallback_reason: str | None = None) -> Weights:
     state = resnet50(weights=None).state_dict()
     description = f"seeded random init (seed {RANDOM_SEED})"
     if fallback_reason:  # says why in the store too, not only in this build's log
-        description += f"; {fallback_reason}"
+        description += f"; {as_text(fallback_reason)}"
     return Weights("random-init", description, state, state_hash(state))
 
 
@@ -210,4 +230,6 @@ def load_weights(choice: str) -> Weights:
     if not path.is_file():
         raise FileNotFoundError(f"--weights {choice!r}: not auto|imagenet|random and not a file")
     state, classes = _file(path)
-    return Weights("file", f"state_dict from {path.name} ({classes} classes)", state, state_hash(state), classes)
+    # The name as text: a byte that is not UTF-8 (os.fsdecode makes it a surrogate) breaks every page showing it.
+    description = f"state_dict from {as_text(path.name)} ({classes} classes)"
+    return Weights("file", description, state, state_hash(state), classes)

@@ -22,6 +22,7 @@ from build_models.labels import BadLabels, family_labels, imagenet_categories, r
 from build_models.weights import NotResNet50Weights, load_weights, state_hash
 from fastinfer.catalog import store
 from fastinfer.catalog.store import PreprocessSpec
+from fastinfer.measure import photos
 
 ROOT = Path(__file__).resolve().parents[2]
 CLASSES = ["red", "green", "blue"]
@@ -342,7 +343,10 @@ def test_int8_on_the_generic_photos_is_warned_about_for_a_family_of_ones_own(
     warning = [line for line in said if warned in line]
     assert len(warning) == 1 and "--calibration-dir" in warning[0], said
     assert warned not in caplog.text + capsys.readouterr().err  # said once, as progress: not logged again
-    assert not [line for line in said_until_the_first_step(weights_file, calibration_dir=tmp_path, **options)
+    own = tmp_path / "own"  # a folder of the user's photos, read before the first step
+    own.mkdir()
+    (own / "photo.jpg").write_bytes(photos.photo_jpeg("chelsea.png", width=320))
+    assert not [line for line in said_until_the_first_step(weights_file, calibration_dir=own, **options)
                 if warned in line]  # fmt: skip
     assert store.versions("warned-onnx-int8") == []
 
