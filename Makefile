@@ -13,7 +13,7 @@ MODEL ?= $(or $(FASTINFER_MODEL),resnet50)
 # The model store lives in the project unless you point BENTOML_HOME elsewhere.
 export BENTOML_HOME ?= $(CURDIR)/bentoml_home
 
-.PHONY: serve test system-deps models lint clean-models bento container bench tune tune-check docs
+.PHONY: serve test test-quick system-deps models lint clean-models bento container bench tune tune-check docs
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ system-deps:
 test: system-deps models
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
+
+# The loop while you work: the unit tests that need no built store, no server and no model build (docs/architecture.md).
+test-quick: $(VENV)/.installed
+	$(PY) -m pytest -m "unit and not heavy" -q
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

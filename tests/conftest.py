@@ -5,10 +5,12 @@ BENTOML_HOME must be set before anything imports bentoml, so it is set here, at 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,5 +47,76 @@ def built_models(bentoml_home: Path) -> list:
     return build("random", progress=lambda m: print(m, flush=True))
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+    """Large files hard-linked (a build writes new files, never into old ones), small ones (``latest``, model.yaml,
+    which BentoML and the tests rewrite in place) copied. A test that damages a large file in place breaks
+    the link first (:func:`unshared`)."""
+    if os.path.getsize(src) > 1 << 20:
+        os.link(src, dst)
+    else:
+        shutil.copy2(src, dst)
+
+
+def unshared(path: Path) -> Path:
+    """``path`` made a file of its own (a hard link replaced by a copy), so that writing into it changes no other."""
+    copy = path.with_name(path.name + ".unshared")
+    shutil.copy2(path, copy)
+    os.replace(copy, path)
+    return path
+
+
+@contextlib.contextmanager
+def model_store_at(home: Path) -> Iterator[Path]:
+    """BENTOML_HOME and BentoML's model store both at ``home`` (its ``models`` folder made if missing)."""
+    from bentoml._internal.configuration.containers import BentoMLContainer
+    from bentoml._internal.models.model import ModelStore
+
+    from fastinfer.catalog import store
+
+    (home / "models").mkdir(parents=True, exist_ok=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("BENTOML_HOME", str(home))
+        patch.delenv(store.PINS_ENV, raising=False)
+        with BentoMLContainer.model_store.patch(ModelStore(home / "models")):
+            yield home
+
+
+@pytest.fixture()
+def private_store(built_models: list, bentoml_home: Path, tmp_path: Path) -> Iterator[Path]:
+    """A home of this test's own holding the built models: a test that rebuilds, damages or deletes models does it
+    here, never in the store the session's servers read, so no order between test folders is needed."""
+    home = tmp_path / "private-home"
+    shutil.copytree(bentoml_home / "models", home / "models", copy_function=_link_or_copy)
+    with model_store_at(home):
+        yield home
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(_HOME, ignore_errors=True)
+
+
+# Fixtures that build models or start servers: a test that uses one is not in `make test-quick`.
+HEAVY_FIXTURES = {"built_models", "own_family", "server", "locked_server", "redis_server", "locked_redis"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test marked by its folder (unit, integration, e2e), and ``heavy`` where it needs the built store, a
+    server or a model build: ``-m "unit and not heavy"`` is `make test-quick`."""
+    for item in items:
+        folder = Path(str(item.path)).relative_to(ROOT / "tests").parts[0]
+        item.add_marker(folder)
+        if folder != "unit" or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker("heavy")
+
+
+_running: list[str] = []  # the test in progress, for an INTERNALERROR that names none
+
+
+def pytest_runtest_logstart(nodeid: str) -> None:
+    _running[:] = [nodeid]
+
+
+def pytest_internalerror(excrepr: object) -> None:
+    # pytest's own report of an INTERNALERROR names no test (one CI run died of "I/O operation on closed file").
+    # Written to the real stderr: the capture file may be what was closed.
+    sys.__stderr__.write(f"INTERNALERROR while running: {_running[0] if _running else '(no test yet)'}\n")

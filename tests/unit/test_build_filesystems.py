@@ -24,14 +24,14 @@ TMPFS = Path("/dev/shm")
 
 
 @pytest.fixture
-def tmpfs_tempdir(bentoml_home: Path, monkeypatch):
+def tmpfs_tempdir(private_store: Path, monkeypatch):
     """TMPDIR for this test on another filesystem than the store."""
     if not TMPFS.is_dir():
         pytest.skip(f"{TMPFS} does not exist: no second filesystem to put TMPDIR on")
     tmp = Path(tempfile.mkdtemp(prefix="fastinfer-test-", dir=TMPFS))
     try:
-        if os.stat(tmp).st_dev == os.stat(bentoml_home).st_dev:
-            pytest.skip(f"{TMPFS} and the store {bentoml_home} are on one filesystem here")
+        if os.stat(tmp).st_dev == os.stat(private_store).st_dev:
+            pytest.skip(f"{TMPFS} and the store {private_store} are on one filesystem here")
         monkeypatch.setattr(tempfile, "tempdir", str(tmp))
         monkeypatch.setenv("TMPDIR", str(tmp))
         yield tmp
@@ -40,11 +40,11 @@ def tmpfs_tempdir(bentoml_home: Path, monkeypatch):
 
 
 @pytest.fixture
-def bentoml_stages_next_to_the_store(bentoml_home: Path, monkeypatch) -> list[Path]:
+def bentoml_stages_next_to_the_store(private_store: Path, monkeypatch) -> list[Path]:
     """Make BentoML stage new models on the store's filesystem instead of in TMPDIR."""
     import bentoml._internal.models.model as bentoml_model
 
-    root = bentoml_home / "staging"
+    root = private_store / "staging"
     root.mkdir(exist_ok=True)
     staged: list[Path] = []
 
@@ -59,7 +59,7 @@ def bentoml_stages_next_to_the_store(bentoml_home: Path, monkeypatch) -> list[Pa
 
 
 def test_models_move_into_the_store_across_filesystems(
-    built_models, bentoml_home: Path, tmpfs_tempdir: Path, bentoml_stages_next_to_the_store: list[Path], monkeypatch
+    private_store: Path, tmpfs_tempdir: Path, bentoml_stages_next_to_the_store: list[Path], monkeypatch
 ) -> None:
     monkeypatch.setitem(ARTIFACTS, "coreml", replace(ARTIFACTS["coreml"], batches=(1,)))  # one is enough
     results = build("random", only=["pytorch", "onnx", "coreml"], force=True, progress=print)

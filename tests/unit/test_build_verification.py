@@ -53,7 +53,7 @@ def shifted_onnx(ctx: Any, out_dir: Path) -> dict[str, Any]:
     return extra
 
 
-def test_a_divergent_export_fails_the_build_and_stores_nothing(built_models, monkeypatch) -> None:
+def test_a_divergent_export_fails_the_build_and_stores_nothing(private_store, monkeypatch) -> None:
     before = stored_tags("resnet50-onnx")
     monkeypatch.setitem(ARTIFACTS, "onnx", replace(ARTIFACTS["onnx"], export=shifted_onnx))
     with pytest.raises(VerificationError, match=r"resnet50-onnx: .*max \|logit diff\| 0\.5\d* > 0\.001") as err:
@@ -62,7 +62,7 @@ def test_a_divergent_export_fails_the_build_and_stores_nothing(built_models, mon
     assert stored_tags("resnet50-onnx") == before  # the previous version stays, nothing new
 
 
-def test_int8_calibrated_on_a_black_image_fails_the_build(built_models, tmp_path) -> None:
+def test_int8_calibrated_on_a_black_image_fails_the_build(private_store, tmp_path) -> None:
     """The real INT8 tolerance against a real broken quantization (measured here: max |logit diff| 15.5)."""
     black = tmp_path / "calibration"
     black.mkdir()
@@ -73,7 +73,7 @@ def test_int8_calibrated_on_a_black_image_fails_the_build(built_models, tmp_path
     assert stored_tags("resnet50-onnx-int8") == before
 
 
-def test_a_runtime_that_cannot_run_here_skips_its_artifact_and_the_build_goes_on(built_models, monkeypatch) -> None:
+def test_a_runtime_that_cannot_run_here_skips_its_artifact_and_the_build_goes_on(private_store, monkeypatch) -> None:
     import build_models
     from fastinfer.engines import EngineUnavailable
 
@@ -93,7 +93,7 @@ def test_a_runtime_that_cannot_run_here_skips_its_artifact_and_the_build_goes_on
     assert stored_tags("resnet50-openvino") == before
 
 
-def test_an_export_that_does_not_load_fails_the_build_in_one_line(built_models, monkeypatch, capsys) -> None:
+def test_an_export_that_does_not_load_fails_the_build_in_one_line(private_store, monkeypatch, capsys) -> None:
     """A broken IR is the export's fault, not this CPU's: the build fails (it is not skipped)."""
     from build_models import __main__ as cli
 

@@ -51,7 +51,7 @@ def test_rebuild_with_same_weights_changes_nothing(built_models) -> None:
     assert {r.name: r.tag for r in again} == before
 
 
-def test_force_rebuilds(built_models) -> None:
+def test_force_rebuilds(private_store) -> None:
     before = str(store.find("pytorch").tag)
     (result,) = build("random", only=["pytorch"], force=True, progress=lambda m: None)
     assert result.built and result.tag != before

@@ -2,8 +2,7 @@
 
 Every file's size and sha256 is recorded at build time; the build, ``--if-missing``, the runners and
 ``fastinfer doctor`` check against it. A runner that could not load its model is not ready, and what
-it tells clients carries no path of this server. Tests that damage the test store repair it
-(``pytorch`` rebuilds in seconds).
+it tells clients carries no path of this server. Tests that damage a model do it in a store of their own.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from fastinfer.catalog import holdings, store, store_check
 from fastinfer.catalog.backends import SPECS, open_engine
 from fastinfer.common.errors import RunnerNotLoaded, without_paths
 from fastinfer.engines import EngineUnavailable
+from tests.conftest import unshared
 
 STATE_DICT = "state_dict.pt"
 
@@ -36,22 +36,20 @@ def pytorch_file() -> Path:
 
 
 def cut_short(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+    unshared(path).write_bytes(path.read_bytes()[: path.stat().st_size // 3])
 
 
 def altered_in_place(path: Path) -> None:
     """Same size, a few bytes in the middle changed: only the sha256 tells (and torch may still load it)."""
-    with path.open("r+b") as f:
+    with unshared(path).open("r+b") as f:
         f.seek(path.stat().st_size // 2)
         f.write(b"\x00\x01\x02\x03")
 
 
 @pytest.fixture
-def pytorch_model(built_models) -> bentoml.Model:
-    """The stored pytorch model, for a test to damage: rebuilt afterwards if the test left it so."""
-    yield store.find("pytorch")
-    if (left := store.find("pytorch")) is None or not store_check.check(left).intact:
-        build("random", only=["pytorch"], progress=print)
+def pytorch_model(private_store) -> bentoml.Model:
+    """The stored pytorch model of a store of this test's own, for the test to damage."""
+    return store.find("pytorch")
 
 
 def test_every_stored_file_is_recorded_with_its_size_and_sha256(built_models) -> None:
