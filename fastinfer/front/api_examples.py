@@ -16,6 +16,7 @@ from fastinfer.front import http, image_api
 from fastinfer.front.access import ANALYZE_ROUTE, NO_KEY, analyze_guard, rate_limited, unauthorized
 from fastinfer.front.analysis import GroqFailed, GroqTimeout, GroqUnavailable
 from fastinfer.front.image_routes import ROUTES
+from fastinfer.serving.preprocess import NOT_AN_IMAGE
 
 BASE_URL = "http://127.0.0.1:3000"
 ORT_ENGINE = "ONNX Runtime 1.32.0 on CPUExecutionProvider; CPU instructions avx2+avx512+avx512_bf16+avx512_vnni"
@@ -60,7 +61,7 @@ BATCH: dict[str, Any] = {
             "timings_ms": {"read": 0.055, "cache": 0.02, "decode": 10.524, "preprocess": 2.369, "inference": 21.141,
                            "total": 71.724},
         },
-        {"error": {"code": "invalid_image", "message": "The body is not an image format this service can read."}},
+        {"error": {"code": "invalid_image", "message": NOT_AN_IMAGE}},
     ]
 }  # fmt: skip
 
@@ -309,7 +310,7 @@ def errors(settings: Settings) -> dict[tuple[str, str], dict[str, Any]]:
         ("400", "invalid_field"): http.validation_error(
             [{"loc": ["question"], "msg": "String should have at most 500 characters"}]
         ),
-        ("400", "invalid_image"): InvalidImage("The body is not an image format this service can read.").body(),
+        ("400", "invalid_image"): InvalidImage(NOT_AN_IMAGE).body(),
         ("400", "too_many_images"): image_api.too_many_images(limit + 1, limit).body(),
         ("401", "no_key"): unauthorized(NO_KEY).body,
         ("408", "slow_body"): http.slow_body(settings.body_idle_s, settings.request_timeout_s),

@@ -263,15 +263,21 @@ def test_an_answer_names_its_engine_and_another_engine_never_serves_it() -> None
     assert len(runner.calls) == 2
 
 
-DDS_FLAGS_0 = (Path(__file__).parent.parent / "data" / "decode_crashers" / "dds-pixel-format-flags-0.dds").read_bytes()
+CRASHERS = Path(__file__).parent.parent / "data" / "decode_crashers"
 
 
-def test_an_image_pillow_cannot_read_is_a_400_alone_and_its_batch_is_answered() -> None:
-    """A 192-byte DDS made Pillow raise NotImplementedError: once a 500 for the request and its whole batch."""
+@pytest.mark.parametrize(
+    ("file", "said"),
+    [("tiff-float-tile-typeerror.tif", "could not be decoded"), ("dds-pixel-format-flags-0.dds", "not an image in")],
+)
+def test_an_image_pillow_cannot_read_is_a_400_alone_and_its_batch_is_answered(file: str, said: str) -> None:
+    """A fuzzed TIFF made Pillow raise TypeError, a 192-byte DDS NotImplementedError: once a 500 for the request
+    and its whole batch. (DDS is no longer opened at all.)"""
+    bad = (CRASHERS / file).read_bytes()
     pipeline, _ = make()
-    with pytest.raises(InvalidImage, match="could not be decoded"):
-        run(pipeline.classify(Image(DDS_FLAGS_0), "onnx", 5, bypass=True))
-    results = run(pipeline.classify_many([Image(grey(10)), Image(DDS_FLAGS_0)], "onnx", 1, bypass=True))
+    with pytest.raises(InvalidImage, match=said):
+        run(pipeline.classify(Image(bad), "onnx", 5, bypass=True))
+    results = run(pipeline.classify_many([Image(grey(10)), Image(bad)], "onnx", 1, bypass=True))
     assert results[0]["class"] == "class 10" and results[1]["error"]["code"] == "invalid_image"
 
 

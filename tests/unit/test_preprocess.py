@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -114,9 +115,27 @@ CRASHERS = sorted((Path(__file__).parent.parent / "data" / "decode_crashers").it
 @pytest.mark.parametrize("path", CRASHERS, ids=[p.name for p in CRASHERS])
 def test_files_that_made_pillow_raise_oddly_are_invalid_images(path: Path) -> None:
     """Inputs found by scripts/fuzz_decode.py on which Pillow raised something other than OSError/ValueError
-    (NotImplementedError, TypeError, RuntimeError, ...): once a 500, now a 400 that names the fault."""
-    with pytest.raises(InvalidImage, match=r"could not be decoded|not an image format"):
+    (NotImplementedError, TypeError, RuntimeError, ...): once a 500, now a 400 that names the fault (DDS, BLP and
+    SPIDER files are no longer opened at all: not among the formats accepted)."""
+    with pytest.raises(InvalidImage, match=r"could not be decoded|not an image in a format this service reads"):
         prepare(path.read_bytes(), SPEC, 50_000_000)
+
+
+def fits(side: int) -> bytes:
+    cards = ["SIMPLE  =                    T", "BITPIX  =                    8", "NAXIS   =                    2",
+             f"NAXIS1  = {side:20d}", f"NAXIS2  = {side:20d}", "END"]  # fmt: skip
+    header = "".join(card.ljust(80) for card in cards).ljust(2880).encode()
+    return header + bytes(side * side).ljust(2880, b"\0")
+
+
+@pytest.mark.parametrize("fmt", ["ICO", "ICNS", "FITS", "PPM", "TGA", "JPEG2000"])
+def test_formats_outside_the_photo_formats_are_not_opened(fmt: str) -> None:
+    """ICO and ICNS decode their picture while opening, before any size check (a 875 KB ICO became 900 MP in
+    memory); a gzip FITS is decoded in Python (49 MP: 12 s). Only the formats photos come in are opened."""
+    data = fits(4) if fmt == "FITS" else images.encode(Image.new("RGB", (64, 64), (9, 99, 199)), fmt)
+    assert Image.open(io.BytesIO(data)).format == fmt  # Pillow reads it
+    with pytest.raises(InvalidImage, match=r"not an image in a format this service reads \(JPEG, PNG"):
+        prepare(data, SPEC, 50_000_000)
 
 
 def prepare_in_a_fresh_interpreter(make_data: str) -> dict:
