@@ -144,7 +144,10 @@ class CompareSummary(BaseModel):
     slowest: str
     all_agree_top1: bool
     top1: dict[str, str] = Field(description="backend → top-1 label")
-    unavailable: list[str] = Field(description="backends this machine cannot run (see /backends)")
+    unavailable: list[str] = Field(
+        description="backends that could not answer: this machine cannot run them (see /backends), or their model "
+        "computed NaN or infinite scores for this image (logged)"
+    )
 
 
 class CompareResponse(BaseModel):

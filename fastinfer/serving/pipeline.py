@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ EngineOf = Callable[[str], Awaitable[str]]
 NO_BACKEND = "No backend can run here; see GET /backends for why."
 HASH_INLINE_MAX = 256 * 1024  # hashing more than this (~0.15 ms) goes to the CPU pool, off the event loop
 STAGES = tuple(Timings.model_fields)
+
+logger = logging.getLogger("fastinfer.pipeline")
 
 
 @dataclass(frozen=True)
@@ -203,6 +206,7 @@ class Pipeline:
         shared: dict[str, float] = {}
         prepared = await self._prepare(image.data, self.models[names[0]], shared)
         results, skipped = [], [n for n in backends if n not in names]
+        broken: NonFiniteScores | None = None
         for name in names:
             started = time.perf_counter()
             timings = dict(shared)
@@ -210,13 +214,18 @@ class Pipeline:
                 engine = await self.engine_of(name)
                 logits = await self._infer(name, engine, prepared.pixels[np.newaxis], None, timings)
                 body = self._body(name, engine, logits[0], k)
-            except (RunnerNotLoaded, NonFiniteScores):  # listed as unavailable (a runner that crashed is an error)
+            except RunnerNotLoaded:  # listed as unavailable (a runner that crashed is still an error)
                 skipped.append(name)
+                continue
+            except NonFiniteScores as exc:  # listed as unavailable too; said if no other backend answers
+                logger.warning("%s", exc.message)
+                skipped.append(name)
+                broken = broken or exc
                 continue
             timings["total"] = sum(timings.values())  # what a request to this backend alone would take
             results.append(self._respond(name, body, timings, started))
         if not results:
-            raise BackendUnavailable(NO_BACKEND)
+            raise broken or BackendUnavailable(NO_BACKEND)
         return results, skipped
 
     async def _hash_timed(self, data: bytes | memoryview, timings: dict[str, float]) -> str:
