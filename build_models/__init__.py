@@ -217,15 +217,23 @@ def artifact_names(only: Sequence[str] | None) -> list[str]:
     return names
 
 
+LOGIT_CEILING = 65504.0  # FP16's largest value: the CoreML models compute in FP16; trained classifiers give tens
+
+
 def check_finite(reference: np.ndarray, weights: str) -> None:
-    """NonFiniteLogits when PyTorch's logits on the verification photos hold a NaN or an infinity: every backend
-    would answer with one (or be refused only after others were stored)."""
+    """NonFiniteLogits when PyTorch's logits on the verification photos hold a NaN, an infinity or a value beyond
+    FP16's range: every backend would answer NaN, or be refused for it only after others were stored."""
     bad = ~np.isfinite(reference)
     if bad.any():
         photos_hit = int(bad.any(axis=1).sum())
         raise NonFiniteLogits(
             f"weights {weights}: PyTorch computes NaN or infinite logits on {photos_hit} of {len(reference)} real "
             "photos (values beyond float32's range); no model can be built from them. Nothing stored."
+        )
+    if (largest := float(np.abs(reference).max())) > LOGIT_CEILING:
+        raise NonFiniteLogits(
+            f"weights {weights}: PyTorch computes logits up to {largest:.3g} on real photos, beyond FP16's range "
+            f"(±{LOGIT_CEILING:g}; a trained classifier's are tens): the weights overflow. Nothing stored."
         )
 
 

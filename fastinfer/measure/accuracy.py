@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 
 from fastinfer.catalog.store import PreprocessSpec
-from fastinfer.common.errors import ImageTooLarge, InvalidImage
+from fastinfer.common.errors import ApiError
 from fastinfer.engines import Engine
+from fastinfer.measure.photos import read_photo
 from fastinfer.serving.preprocess import prepare
 
 BATCH = 16  # images per engine call: OpenVINO gains nothing beyond 8-16 rows
@@ -159,8 +160,8 @@ def load(
     total = len(folder.files)
     for done, (path, target) in enumerate(zip(folder.files, folder.targets, strict=True), 1):
         try:
-            pixels.append(prepare(path.read_bytes(), spec, limit).pixels)
-        except (InvalidImage, ImageTooLarge) as exc:  # the service's own verdict on the file
+            pixels.append(prepare(read_photo(path), spec, limit).pixels)
+        except ApiError as exc:  # the service's own verdict on the file (not an image, too large)
             skipped.append(Skipped(str(path), str(exc)))
         except Exception as exc:  # unreadable, or a decoder's surprise: a bad file is counted, never a crash
             skipped.append(Skipped(str(path), f"{type(exc).__name__}: {exc}"))

@@ -87,3 +87,17 @@ def benchmark_pool(directory: Path | None = None) -> list[tuple[str, bytes]]:
         for filename, data in pool:
             (directory / filename).write_bytes(data)
     return pool
+
+
+def read_photo(path: Path) -> bytes:
+    """A user's photo file, read as the server takes an upload: one larger than FASTINFER_MAX_BYTES is refused
+    unread (a 3 GB file named .png was read whole), as the server refuses the body."""
+    from fastinfer.catalog.config import get_settings
+    from fastinfer.common.errors import PayloadTooLarge
+
+    limit = get_settings().max_bytes
+    with path.open("rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise PayloadTooLarge(f"the file is larger than FASTINFER_MAX_BYTES ({limit:,} bytes); it was not read")
+    return data

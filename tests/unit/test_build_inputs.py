@@ -135,6 +135,18 @@ def test_weights_that_overflow_are_refused_before_anything_is_stored(labels_file
     assert store.versions("refused-pytorch") == [] and store.versions("refused-onnx") == []
 
 
+def test_weights_whose_logits_are_huge_but_finite_are_refused_before_anything_is_stored(labels_file, tmp_path, capsys):
+    """fc.weight × 1e30: logits near 1e28 pass the finite check; onnx was refused on its absolute tolerance only
+    after pytorch was stored."""
+    path = tmp_path / "huge.pth"
+    state = three_class_state()
+    torch.save({**state, "fc.weight": state["fc.weight"] * 1e30}, path)
+    argv = ["--weights", str(path), "--labels", str(labels_file), "--name", "refused", "--only", "pytorch,onnx"]
+    said = one_line_refusal(argv, capsys)
+    assert "beyond FP16's range" in said and "Nothing stored" in said
+    assert store.versions("refused-pytorch") == [] and store.versions("refused-onnx") == []
+
+
 # --- 6: inputs that got a traceback ----------------------------------------------------------------------
 
 
@@ -183,7 +195,7 @@ def test_a_non_image_in_the_calibration_folder_is_skipped_and_named(tmp_path) ->
     (folder / "notes.png").write_text("not an image")
     said = said_before_the_first_export(folder)
     warned = [line for line in said if line.startswith("WARNING: calibration: skipped ")]
-    assert len(warned) == 1 and "notes.png: " in warned[0] and "not an image format" in warned[0], said
+    assert len(warned) == 1 and "notes.png: " in warned[0] and "not an image in a format" in warned[0], said
     assert f"calibration: 1 images in {folder}" in said
 
 
@@ -242,3 +254,22 @@ def test_calibration_follows_the_servers_pixel_setting(tmp_path, monkeypatch) ->
     assert f"calibration: 1 images in {tmp_path}" in said, said
     (warned,) = [line for line in said if line.startswith("WARNING: calibration: skipped ")]
     assert "big.png: The image is 451×300 = 135,300 pixels; the limit is 120,000" in warned, warned
+
+
+def test_a_calibration_file_over_the_servers_byte_limit_is_skipped_unread(tmp_path, monkeypatch) -> None:
+    """A 3 GB file named .png was read whole before it was found not to be an image."""
+    from fastinfer.catalog.config import get_settings
+
+    folder = tmp_path / "cal"
+    photo(folder / "cat.png")
+    with (folder / "huge.png").open("wb") as f:
+        f.truncate(50_000_000)  # sparse: no disk used
+    monkeypatch.setenv("FASTINFER_MAX_BYTES", "10000000")
+    get_settings.cache_clear()
+    try:
+        found = directory_images(folder, PreprocessSpec())
+    finally:
+        get_settings.cache_clear()
+    assert len(found.images) == 1
+    ((name, why),) = found.skipped
+    assert name.endswith("huge.png") and "larger than FASTINFER_MAX_BYTES (10,000,000 bytes); it was not read" in why
