@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import unicodedata
-from collections import Counter
 from pathlib import Path
 
 from fastinfer.catalog.family import MAX_LABEL
@@ -129,34 +128,31 @@ def check_labels(labels: list[str], num_classes: int, source: Path) -> None:
 
     empty = [i for i, label in enumerate(labels) if not label]
     if empty:
-        raise BadLabels(
-            f"--labels {source}: {len(empty)} empty label(s), at class index {', '.join(map(str, empty[:SHOWN]))}"
-        )
+        at = ", ".join(place(i) for i in empty[:SHOWN])
+        raise BadLabels(f"--labels {source}: {len(empty)} empty label(s), at {at}")
     for i, label in enumerate(labels):
         if bad := next((c for c in label if unicodedata.category(c) in UNPRINTABLE), None):
             raise BadLabels(
-                f"--labels {source}: the label at class index {i} holds the control character {bad!r} "
+                f"--labels {source} {place(i)}: the label holds the control character {bad!r} "
                 f"({label[:60]!r}); a label is printable text on one line"
             )
         if len(label) > MAX_LABEL:
             raise BadLabels(
-                f"--labels {source}: the label at class index {i} is {len(label)} characters long "
+                f"--labels {source} {place(i)}: the label is {len(label)} characters long "
                 f"({label[:40]!r}...); at most {MAX_LABEL}"
             )
         _check_shown(label, f"--labels {source} {place(i)}")
-    twice = [label for label, n in Counter(labels).items() if n > 1]
-    if twice:
-        raise BadLabels(
-            f"--labels {source}: {len(twice)} label(s) appear more than once: {', '.join(map(repr, twice[:SHOWN]))}"
-        )
     seen: dict[str, int] = {}
     for i, label in enumerate(labels):
         first = seen.setdefault(lookalike_key(label), i)
-        if first != i:
-            raise BadLabels(
-                f"--labels {source} {place(i)}: {label[:60]!r} is {place(first)}'s "
-                f"{labels[first][:60]!r} (labels must differ in more than case, width or invisible characters)"
-            )
+        if first == i:
+            continue
+        if label == labels[first]:
+            raise BadLabels(f"--labels {source} {place(i)}: {label[:60]!r} is {place(first)}'s too (each label once)")
+        raise BadLabels(
+            f"--labels {source} {place(i)}: {label[:60]!r} is {place(first)}'s "
+            f"{labels[first][:60]!r} (labels must differ in more than case, width or invisible characters)"
+        )
 
 
 def _check_shown(label: str, where: str) -> None:
