@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -62,15 +63,35 @@ def test_a_divergent_export_fails_the_build_and_stores_nothing(private_store, mo
     assert stored_tags("resnet50-onnx") == before  # the previous version stays, nothing new
 
 
-def test_int8_calibrated_on_a_black_image_fails_the_build(private_store, tmp_path) -> None:
-    """The real INT8 tolerance against a real broken quantization (measured here: max |logit diff| 15.5)."""
+def test_int8_calibrated_on_a_black_image_fails_the_build_and_the_fidelity_gates(
+    private_store, tmp_path, monkeypatch
+) -> None:
+    """The real INT8 tolerance against a real broken quantization (measured here: max |logit diff| 15.5); the
+    fidelity gates (`fastinfer fidelity`, 36 other photos) refuse the same model."""
+    from fastinfer.catalog.backends import open_engine
+    from fastinfer.catalog.store import PreprocessSpec
+    from fastinfer.engines.onnx import OnnxEngine
+    from fastinfer.measure import fidelity as fid
+
     black = tmp_path / "calibration"
     black.mkdir()
     Image.new("RGB", (300, 300)).save(black / "black.png")
+    refused, export = tmp_path / "refused", ARTIFACTS["onnx-int8"].export
+
+    def keeping_a_copy(ctx: Any, out_dir: Path) -> dict[str, Any]:
+        meta = export(ctx, out_dir)
+        shutil.copytree(out_dir, refused)
+        return meta
+
+    monkeypatch.setitem(ARTIFACTS, "onnx-int8", replace(ARTIFACTS["onnx-int8"], export=keeping_a_copy))
     before = stored_tags("resnet50-onnx-int8")
     with pytest.raises(VerificationError, match=r"resnet50-onnx-int8: .*max \|logit diff\| [\d.]+ > 5"):
         build("random", only=["onnx-int8"], force=True, progress=print, calibration_dir=black)
     assert stored_tags("resnet50-onnx-int8") == before
+    images = fid.fidelity_images(PreprocessSpec())
+    reference = fid.run_batched(open_engine("pytorch"), images)
+    f = fid.compare("broken", reference, fid.run_batched(OnnxEngine(refused, cpu_only=True), images))
+    assert not fid.INT8_GATE.passes(f), f
 
 
 def test_a_runtime_that_cannot_run_here_skips_its_artifact_and_the_build_goes_on(private_store, monkeypatch) -> None:

@@ -3,7 +3,7 @@
 Thresholds (random-init weights, which is what this machine can have; measured here:
 static INT8 top-1 97%, top-5 96%, max |logit error| 1.6; dynamic INT8 100%, 90%, 1.8):
 
-* top-1 agreement >= 90%  — a static INT8 model calibrated on black images agrees on 81%,
+* top-1 agreement >= 90%  — a static INT8 model calibrated on black images agrees on 81% (test_build_verification.py),
   one calibrated on a single photo on 89%;
 * top-5 overlap >= 85%    — feeding the model the wrong input scale (0..4 instead of 0..255)
   keeps top-1 on this random network (97%) but drops top-5 to 82%;
@@ -19,7 +19,6 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from fastinfer.catalog.backends import open_engine
 from fastinfer.catalog.store import PreprocessSpec
@@ -84,28 +83,6 @@ def test_the_bf16_gates_catch_a_shifted_input_a_wrong_scale_and_an_int8_model(im
     ):
         f = fid.compare(name, reference, logits)
         assert not fid.BF16_GATE.passes(f), f
-
-
-def test_the_gates_catch_a_model_calibrated_on_nothing(built_models, images, reference, tmp_path) -> None:
-    from build_models import exporters, preprocess_spec
-    from build_models.context import BuildContext
-    from build_models.weights import load_weights
-    from fastinfer.engines.onnx import OnnxEngine
-    from fastinfer.engines.torch_model import resnet50
-
-    black = tmp_path / "calibration"
-    black.mkdir()
-    Image.new("RGB", (300, 300)).save(black / "black.png")
-    weights = load_weights("random")
-    ctx = BuildContext(weights, preprocess_spec(), resnet50(weights.state_dict), calibration_dir=black)
-    out = tmp_path / "broken"
-    out.mkdir()
-    try:
-        exporters.export_onnx_int8_static(ctx, out)
-    finally:
-        ctx.close()
-    f = fid.compare("broken", reference, fid.run_batched(OnnxEngine(out, cpu_only=True), images))
-    assert not passes(f), f
 
 
 def test_the_gates_catch_a_wrong_input_scale(images, reference) -> None:
