@@ -1,6 +1,6 @@
 """Fuzz the server's image decoder: any bytes, mutated from images, must end in a 4xx error or pixels.
 
-Coverage-guided with atheris (``.venv/bin/pip install atheris``) over Pillow's Python plugins and FastInfer's
+Coverage-guided with atheris (``.venv/bin/pip install -e '.[fuzz]'``) over Pillow's Python plugins and FastInfer's
 preprocessing, seeded with a small image in every format the service accepts (ACCEPTED_FORMATS), in each mode and
 TIFF compression Pillow writes it in. Any exception other than ``InvalidImage``/``ImageTooLarge`` is a FINDING (a
 500); each new (exception class, raising line) behind a 4xx is printed as a ``cause``. Each is printed once, its

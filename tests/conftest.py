@@ -96,7 +96,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 # Fixtures that build models or start servers: a test that uses one is not in `make test-quick`.
-HEAVY_FIXTURES = {"built_models", "own_family", "server", "locked_server", "redis_server", "locked_redis"}
+HEAVY_FIXTURES = {"built_models", "private_store", "measured_build", "own_family", "server", "locked_server",
+                  "redis_server", "locked_redis"}  # fmt: skip
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -333,6 +333,7 @@ def test_the_build_command_says_a_bad_eval_folder_in_one_line(measured_build, tm
     assert last.startswith("build_models: eval folder") and last.endswith("does not exist")
 
 
+@pytest.mark.heavy  # three model builds
 def test_a_refused_model_does_not_stop_the_build_of_the_others(tmp_path, capsys, monkeypatch) -> None:
     """Every step runs real exports, verification and engines, but for the refused model's accuracy: a
     stand-in for its engine (any real INT8 export of a random init answers as PyTorch does) answers a

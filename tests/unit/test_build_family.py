@@ -24,6 +24,8 @@ from fastinfer.catalog import store
 from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.measure import photos
 
+pytestmark = pytest.mark.heavy  # model builds
+
 ROOT = Path(__file__).resolve().parents[2]
 CLASSES = ["red", "green", "blue"]
 # The small build's preprocessing: none of it ImageNet's, so that each must travel to be right.

@@ -21,6 +21,8 @@ from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.measure import photos
 from tests.unit.test_build_family import CLASSES, one_line_refusal, three_class_state
 
+pytestmark = pytest.mark.heavy  # model builds
+
 
 def odd(name: str) -> str:
     """``name`` with a byte that is not UTF-8 (0xff), as os.fsdecode gives it: U+DCFF."""

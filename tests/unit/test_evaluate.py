@@ -15,7 +15,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from email.parser import BytesParser
@@ -24,7 +23,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 from PIL import Image
@@ -321,59 +319,3 @@ def test_make_bench_records_the_family_the_server_serves(stand_in) -> None:
 
 
 # --- the real server, evaluated from an empty store -----------------------------------------------------
-
-
-def answers_with_pytorch(url: str) -> bool:
-    image = io.BytesIO()
-    Image.new("RGB", (32, 32), (1, 2, 3)).save(image, "PNG")
-    answer = httpx.post(f"{url}/classify", files={"image": ("a.png", image.getvalue())}, data={"backend": "pytorch"},
-                        timeout=30)  # fmt: skip
-    return answer.status_code == 200
-
-
-SERVED = "evaluate-served"
-
-
-@pytest.mark.integration
-def test_a_served_family_is_evaluated_from_an_empty_store_as_in_process(tmp_path, bentoml_home, no_bench) -> None:
-    """A family's PyTorch model served by ``bentoml serve``; ``evaluate --url`` from a machine whose model store
-    is empty gives what ``evaluate`` in process gives, an oversized photo skipped (413), not the backend."""
-    import bentoml
-
-    from build_models import build
-    from tests.servers import start_server, stop_server
-
-    build("random", only=["pytorch"], progress=lambda m: None, family=SERVED)
-    root = tmp_path / "eval"
-    for c, (name, colour) in enumerate({"tabby": (150, 120, 90), "Egyptian cat": (120, 110, 100)}.items()):
-        (root / name).mkdir(parents=True)
-        for i in range(3):
-            Image.new("RGB", (240 + 17 * i, 260 + 11 * c), colour).save(root / name / f"{i}.png")
-    noise = np.random.default_rng(0).integers(0, 256, (700, 700, 3), dtype=np.uint8)
-    Image.fromarray(noise).save(root / "tabby" / "big.png")  # ~1.5 MB: over the server's 1 MB
-    env = {"FASTINFER_MODEL": SERVED, "FASTINFER_CACHE": "off", "FASTINFER_MAX_BYTES": "1000000"}
-    # Ready once PyTorch answers: the family's other backends are not built, so /readyz never says ready.
-    server = start_server(bentoml_home, tmp_path / "serve.log", env, ready=answers_with_pytorch)
-    try:
-        empty = tmp_path / "empty-home"
-        empty.mkdir()
-        out = tmp_path / "url.json"
-        done = subprocess.run(
-            [sys.executable, "-m", "fastinfer.cli", "evaluate", str(root), "--url", server.url, "--backends",
-             "pytorch", "--json", str(out), "--plot", str(tmp_path / "url.png")],
-            cwd=ROOT, env={**os.environ, "BENTOML_HOME": str(empty)}, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout + done.stderr
-        # In process, the server's 1 MB limit has no say: the big photo is left out first.
-        (root / "tabby" / "big.png").unlink()
-        here = ev.evaluate(root, "pytorch", progress=quiet, family_name=SERVED).rows[0]
-    finally:
-        stop_server(server)
-        for stored in bentoml.models.list(f"{SERVED}-pytorch"):
-            bentoml.models.delete(stored.tag)
-    through = json.loads(out.read_text())
-    (big,) = [s for s in through["skipped_files"] if s["path"].endswith("big.png")]
-    assert "payload_too_large" in big["why"]
-    row = {r["backend"]: r for r in through["rows"]}["pytorch"]
-    assert row["status"] == "measured" and row["images"] == 6 and through["family"] == SERVED
-    assert through["labels"] == 1000 and (row["top1"], row["top5"]) == (here.top1, here.top5)

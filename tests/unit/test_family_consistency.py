@@ -19,6 +19,8 @@ from build_models.__main__ import main
 from fastinfer.catalog import store
 from fastinfer.catalog.store import PreprocessSpec
 
+pytestmark = pytest.mark.heavy  # model builds
+
 ROOT = Path(__file__).resolve().parents[2]
 FAMILY = "onesource"
 OWN = PreprocessSpec(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))  # not the default: a flag left out changes it

@@ -124,7 +124,7 @@ def test_asking_the_engine_of_a_runner_that_could_not_load_retries_the_load_when
     assert asyncio.run(calls.engine(BACKEND)) == broken.engine_id != ""
 
 
-def test_a_bento_built_with_engines_in_front_still_packs_their_models() -> None:
+def test_a_bento_built_with_engines_in_front_still_packs_their_models(built_models) -> None:
     """`bentoml build` packs the models of the services in the graph; the in-front runners leave it, so
     the front carries their models: the packed set does not depend on the setting."""
     import json
