@@ -16,6 +16,7 @@ import httpx
 import pytest
 import redis
 
+from fastinfer.catalog.backends import BACKENDS
 from load_tests.service import Server, free_port, stop_server
 from load_tests.service import start_server as _start
 from tests.fake_groq import FakeGroq
@@ -34,6 +35,16 @@ SERVER_ENV = {
     "FASTINFER_ANALYZE_TOTAL_PER_MINUTE": "1000",
 }
 NO_CACHE = {"Cache-Control": "no-cache"}
+
+
+def serving(*backends: str) -> dict[str, str]:
+    """The environment of a server that serves ``backends`` alone (FASTINFER_BACKENDS): no runner process for
+    the others, which answer 503 "switched off". Requests that name no backend go to SERVER_ENV's default,
+    or, where that one is left out, to the first of ``backends``."""
+    env = {"FASTINFER_BACKENDS": ",".join(backends)}
+    if SERVER_ENV["FASTINFER_DEFAULT_BACKEND"] not in backends:
+        env["FASTINFER_DEFAULT_BACKEND"] = backends[0]
+    return env
 
 
 class RedisServer:
@@ -205,6 +216,12 @@ API_KEYS = ("test-key-one-0123456789abcdef", "test-key-two-fedcba9876543210")
 ANALYZE_LIMITS = {"FASTINFER_ANALYZE_PER_MINUTE": "2", "FASTINFER_ANALYZE_TOTAL_PER_MINUTE": "3"}
 REDIS_PASSWORD = "redis-pw-never-shown-4c1d"
 HMAC_KEY = "cache-signing-key-never-shown-0123456789abcdef"
+# locked_server's: every backend the API page's examples call (tests/integration/test_api_page.py runs each
+# one on it: pytorch, onnx, onnx-int8, openvino, openvino-int8, and CoreML's, whose 503 must say "needs macOS",
+# not "switched off"; they start no runner off macOS). onnx-int8-dynamic, which nothing sent to it names, is
+# left out: tests/integration/test_access.py checks what a switched-off backend answers behind the key.
+LOCKED_OFF = "onnx-int8-dynamic"
+LOCKED_BACKENDS = tuple(name for name in BACKENDS if name != LOCKED_OFF)
 
 
 @pytest.fixture(scope="session")
@@ -224,7 +241,8 @@ def locked_server(
 ) -> Server:
     """A server as a public deploy (deploy/k8s) runs it: API keys on, /analyze limited to 2 per client and
     3 in all per minute (against the fake Groq), a Redis behind a password with entries signed; the keys,
-    the password and the signing key given as secret files. Its own home over the test models."""
+    the password and the signing key given as secret files. Its own home over the test models; it serves
+    LOCKED_BACKENDS."""
     work = tmp_path_factory.mktemp("locked")
     files = {"api_keys": "\n".join(API_KEYS), "redis-password": REDIS_PASSWORD, "cache-hmac-key": HMAC_KEY}
     for file, value in files.items():
@@ -237,6 +255,7 @@ def locked_server(
         "GROQ_API_KEY": GROQ_KEY,
         "FASTINFER_GROQ_BASE_URL": fake_groq.url,
         **ANALYZE_LIMITS,
+        **serving(*LOCKED_BACKENDS),
     }
     with serve(work, env, store=bentoml_home) as srv:
         yield srv

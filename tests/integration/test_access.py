@@ -14,7 +14,7 @@ import pytest
 from fastinfer.measure import photos
 from load_tests.service import ROOT
 from tests.fake_groq import ANSWER
-from tests.servers import API_KEYS, GROQ_KEY, NO_CACHE
+from tests.servers import API_KEYS, GROQ_KEY, LOCKED_OFF, NO_CACHE, service_pids
 
 GOOD = {"Authorization": f"Bearer {API_KEYS[0]}"}
 OTHER = {"Authorization": f"Bearer {API_KEYS[1]}"}
@@ -67,6 +67,23 @@ def test_every_data_route_needs_a_key_and_works_with_one(locked) -> None:
             assert not any(key in r.text for key in API_KEYS)
         r = send(locked, method, path, kwargs, GOOD if path != "/compare" else OTHER)
         assert r.status_code == 200, (path, r.text[:300])
+
+
+def test_a_backend_switched_off_is_a_503_saying_so_behind_the_key(locked, locked_server) -> None:
+    """FASTINFER_BACKENDS leaves LOCKED_OFF out (tests/servers.py): no runner process for it; a request naming
+    it is refused 401 without a key like any other, and with one answered 503 saying it is switched off,
+    as /backends says too; the backends served answer."""
+    photo = {"files": {"image": ("p.jpg", photos.benchmark_photo(), "image/jpeg")}, "data": {"backend": LOCKED_OFF}}
+    assert send(locked, "POST", "/classify", photo, {}).status_code == 401
+    refused = send(locked, "POST", "/classify", photo, GOOD)
+    assert refused.status_code == 503, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "backend_unavailable" and "switched off: FASTINFER_BACKENDS=" in error["message"], error
+    listed = {b["name"]: b for b in send(locked, "GET", "/backends", {}, GOOD).json()["backends"]}
+    assert listed[LOCKED_OFF]["available"] is False and listed[LOCKED_OFF]["reason"] == error["message"]
+    assert listed[LOCKED_OFF]["reason"].startswith("switched off: FASTINFER_BACKENDS="), listed[LOCKED_OFF]
+    assert not service_pids(locked_server, f"runner-{LOCKED_OFF}")
+    assert service_pids(locked_server, "runner-onnx-int8") and listed["onnx-int8"]["available"] is True
 
 
 def test_the_probes_metrics_api_page_and_dashboard_files_stay_open(locked) -> None:

@@ -25,7 +25,7 @@ import yaml
 from fastinfer import __version__
 from fastinfer.measure import photos
 from load_tests.service import ROOT, free_port
-from tests.servers import home_over, serve
+from tests.servers import home_over, serve, serving
 from tests.spec_checks import spec_problems
 
 BENTOML = Path(sys.executable).parent / "bentoml"
@@ -105,13 +105,17 @@ def test_bento_holds_code_dashboard_models_and_a_dockerfile(bento) -> None:
     assert "## This server" not in built["info"]["description"]  # built here, served elsewhere
 
 
+BENTO_SERVES = ("onnx-int8", "openvino-int8")  # an ONNX Runtime and an OpenVINO backend: both runtimes packed
+
+
 def test_the_built_bento_serves_by_tag(bento, redis_server, tmp_path) -> None:
     home, tag = bento
-    with serve(tmp_path, {"REDIS_URL": redis_server.url}, home=home, target=tag, cwd=tmp_path) as srv:
+    env = {"REDIS_URL": redis_server.url, **serving(*BENTO_SERVES)}
+    with serve(tmp_path, env, home=home, target=tag, cwd=tmp_path) as srv:
         photo = tmp_path / "moto.jpg"
         photo.write_bytes(photos.benchmark_photo())
         with bentoml.SyncHTTPClient(srv.url, timeout=120) as client:
-            for backend in ("onnx-int8", "openvino-int8"):
+            for backend in BENTO_SERVES:
                 result = client.classify(image=photo, backend=backend, top_k=3)
                 assert result["backend"] == backend and len(result["top_k"]) == 3
         spec = httpx.get(f"{srv.url}/docs.json", timeout=30).json()

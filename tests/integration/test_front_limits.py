@@ -36,7 +36,7 @@ import pytest
 from fastinfer.measure import photos
 from fastinfer.serving.disk import METRICS_ROOT
 from tests.full_disk import fill, small_filesystem
-from tests.servers import home_over, serve, service_pids
+from tests.servers import home_over, serve, service_pids, serving
 
 KEY = "front-limits-key-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -72,7 +72,8 @@ def front(built_models, bentoml_home: Path, tmp_path_factory) -> Front:
             stack.enter_context(small_filesystem(home, HOME_MB))
         except pytest.skip.Exception as skipped:
             why_not = str(skipped)
-        env = {"FASTINFER_CACHE": "memory", "FASTINFER_API_KEYS": KEY, **LIMITS}
+        # One backend, the one every request here names: the front is what these tests are about.
+        env = {"FASTINFER_CACHE": "memory", "FASTINFER_API_KEYS": KEY, **LIMITS, **serving("onnx-int8")}
         server = stack.enter_context(serve(work, env, home=home_over(home, bentoml_home)))
         yield Front(server.url, home, why_not, server)
 

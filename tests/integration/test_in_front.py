@@ -19,15 +19,17 @@ from fastinfer.measure import photos
 from fastinfer.serving import turns
 from load_tests.service import Server
 from tests import images
-from tests.servers import NO_CACHE, serve, service_pids
+from tests.servers import NO_CACHE, serve, service_pids, serving
 
 IN_FRONT = "onnx-int8"
+SERVED = ("onnx", IN_FRONT)  # onnx: the default backend, in its runner beside the engine in front
 
 
 @pytest.fixture(scope="module")
 def in_front_server(built_models, bentoml_home: Path, tmp_path_factory) -> Server:
     # Taking turns: the engine and the decode pool in one process, batches formed after the decodes.
     env = {"FASTINFER_IN_FRONT": IN_FRONT, "FASTINFER_CACHE": "memory", "FASTINFER_SCHEDULING": "turns"}
+    env |= serving(*SERVED)
     with serve(tmp_path_factory.mktemp("in-front"), env, store=bentoml_home) as srv:
         yield srv
 
@@ -58,6 +60,19 @@ def test_the_engine_runs_in_the_front_and_answers_as_its_runner_does(in_front_se
     assert backends["onnx"]["runs_on"]["placement"] == "runner process"
     assert not service_pids(in_front_server, f"runner-{IN_FRONT}")  # no process started for it
     assert service_pids(in_front_server, "runner-onnx")
+
+
+def test_a_backend_left_out_of_fastinfer_backends_has_no_runner_and_answers_503(in_front_server: Server) -> None:
+    with httpx.Client(base_url=in_front_server.url, timeout=60) as client:
+        listed = {b["name"]: b for b in client.get("/backends").json()["backends"]}
+        refused = classify(client, photos.photo_jpeg("coffee.png", width=320), backend="pytorch")
+    assert sorted(name for name, b in listed.items() if b["available"]) == sorted(SERVED)
+    reason = listed["pytorch"]["reason"]
+    assert reason.startswith(f"switched off: FASTINFER_BACKENDS={','.join(SERVED)} leaves it out"), reason
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["error"] == {"code": "backend_unavailable", "message": reason}
+    for name in listed.keys() - set(SERVED):
+        assert not service_pids(in_front_server, f"runner-{name}"), name
 
 
 def test_concurrent_requests_are_batched_in_the_front_and_bad_input_stays_4xx(in_front_server: Server) -> None:

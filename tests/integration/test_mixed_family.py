@@ -27,12 +27,13 @@ import yaml
 from load_tests.service import ROOT, Server
 from tests.family_data import Family, images
 from tests.integration.test_own_family import run_build
-from tests.servers import NO_CACHE, serve
+from tests.servers import NO_CACHE, serve, serving
 
 pytestmark = pytest.mark.integration
 
 OLD = ("pytorch", "onnx", "onnx-int8-dynamic")  # built from the old source: quick, no calibration needed
 NEW = ("pytorch", "onnx")  # then rebuilt from the new one before the rebuild was cut short
+NEVER_BUILT = "onnx-int8"
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,9 @@ def mixed(own_family: Family, tmp_path_factory) -> Mixed:
 
 @pytest.fixture(scope="module")
 def mixed_server(mixed: Mixed, tmp_path_factory) -> Server:
-    # Ready although two runners hold nothing to serve: one model of another source, others never built.
-    env = {"FASTINFER_MODEL": mixed.name, "FASTINFER_CACHE": "memory"}
+    # Ready although two runners hold nothing to serve: one model of another source, one never built. The
+    # backends neither built nor needed for that are switched off (FASTINFER_BACKENDS): no runner for them.
+    env = {"FASTINFER_MODEL": mixed.name, "FASTINFER_CACHE": "memory", **serving(*OLD, NEVER_BUILT)}
     with serve(tmp_path_factory.mktemp("mixed-serve"), env, home=mixed.home) as srv:
         yield srv
 
@@ -96,6 +98,7 @@ def test_a_server_of_a_mixed_family_serves_only_its_newest_source_and_says_so(
         available = sorted(b["name"] for b in listed["backends"] if b["available"])
         assert available == sorted(NEW), listed["backends"]
         assert listed["family"]["labels"] == mixed.new_labels, listed["family"]
+        assert "not in the model store" in {b["name"]: b for b in listed["backends"]}[NEVER_BUILT]["reason"]
         (apart,) = [b for b in listed["backends"] if b["name"] == "onnx-int8-dynamic"]
         reason = apart["reason"]
         assert "built from other weights, labels or preprocessing" in reason and "not served" in reason, reason

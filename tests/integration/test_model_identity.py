@@ -31,7 +31,7 @@ from fastinfer.measure import photos
 from fastinfer.serving.postprocess import top_k
 from fastinfer.serving.preprocess import prepare
 from load_tests.service import ROOT, Server, stop_server
-from tests.servers import home_over, serve, service_pids
+from tests.servers import home_over, serve, service_pids, serving
 
 REBUILT = "resnet50-onnx"
 SPEC = PreprocessSpec(resize_size=232, crop_size=224)
@@ -44,7 +44,7 @@ def _photo(name: str, width: int) -> bytes:
 @pytest.fixture(scope="module")
 def home(built_models, bentoml_home: Path, tmp_path_factory) -> Path:
     """A store of its own holding the onnx model alone (a copy): a family of one backend, which a rebuild
-    with other weights replaces whole (the other backends answer 503, not stored)."""
+    with other weights replaces whole (the servers serve onnx alone: the other backends are switched off)."""
     return home_over(tmp_path_factory.mktemp("identity") / "home", bentoml_home, copy=(REBUILT,), only=())
 
 
@@ -174,7 +174,7 @@ def _rebuild(home: Path, weights: Path, force: bool = True) -> str:
 
 
 def test_answers_and_cache_entries_name_the_model_that_computed_them(home, redis_server, tmp_path) -> None:
-    env = {"REDIS_URL": redis_server.url}
+    env = {"REDIS_URL": redis_server.url, **serving("onnx")}
     with contextlib.ExitStack() as servers:
         a = servers.enter_context(serve(tmp_path, env, home=home, name="a"))
         with httpx.Client(base_url=a.url, timeout=60) as client:

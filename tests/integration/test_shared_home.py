@@ -20,7 +20,7 @@ import psutil
 
 from fastinfer.catalog import store
 from fastinfer.measure import photos
-from tests.servers import home_over, serve
+from tests.servers import home_over, serve, serving
 
 REQUESTS = 'fastinfer_requests_total{backend="onnx",route="/classify",status="200"}'
 
@@ -30,7 +30,7 @@ def _counted(url: str) -> bool:
 
 
 def test_two_servers_on_one_home_keep_their_metrics_and_pins(built_models, bentoml_home, tmp_path, monkeypatch):
-    home, env = home_over(tmp_path / "home", bentoml_home), {"FASTINFER_CACHE": "memory"}
+    home, env = home_over(tmp_path / "home", bentoml_home), {"FASTINFER_CACHE": "memory", **serving("onnx")}
     with serve(tmp_path, env, home=home, name="first") as first:
         data = photos.photo_jpeg(width=320, quality=81)
         answer = httpx.post(f"{first.url}/classify", data={"backend": "onnx"}, files={"image": ("a.jpg", data)})

@@ -33,7 +33,8 @@ def tune_env(tuned: Path) -> dict[str, str]:
 
 def test_tune_serves_for_real_and_the_next_server_serves_what_it_chose(built_models, tmp_path) -> None:
     tuned = tmp_path / "tuned" / "tuned.json"
-    argv = ["--backends", "onnx-int8,onnx", "--budget", "100", "--seconds", "3", "--clients", "4"]
+    tuned_backends = "onnx-int8,onnx"
+    argv = ["--backends", tuned_backends, "--budget", "100", "--seconds", "3", "--clients", "4"]
     done = subprocess.run(
         [sys.executable, "-m", "fastinfer.cli", "tune", *argv],
         cwd=tmp_path,  # from anywhere: it finds the store through BENTOML_HOME, like every command
@@ -54,8 +55,10 @@ def test_tune_serves_for_real_and_the_next_server_serves_what_it_chose(built_mod
     served = {t["config"]["backend"] for t in result["trials"] if t["stage"] == "backend" and not t["error"]}
     assert served and served <= {"onnx-int8", "onnx"} and served | set(result["dropped"]) == {"onnx-int8", "onnx"}
 
-    # Without the test limits (base={}): the settings are the tuned file's, on the test store (BENTOML_HOME).
-    with serve(tmp_path, {"FASTINFER_TUNED": str(tuned)}, base={}) as server:
+    # Without the test limits (base={}): the settings are the tuned file's, on the test store (BENTOML_HOME);
+    # it serves the two backends tuned (FASTINFER_BACKENDS is no tuned setting: the environment's).
+    env = {"FASTINFER_TUNED": str(tuned), "FASTINFER_BACKENDS": tuned_backends}
+    with serve(tmp_path, env, base={}) as server:
         info = httpx.get(f"{server.url}/backends", timeout=30).json()
         assert info["tuned"]["status"] == "in force", info["tuned"]
         assert info["default"] == chosen and info["default_choice"]["source"] == "tuned"
@@ -68,7 +71,8 @@ def test_tune_serves_for_real_and_the_next_server_serves_what_it_chose(built_mod
 
 
 def test_a_server_without_settings_serves_this_machines_choice(built_models, tmp_path) -> None:
-    """FASTINFER_DEFAULT_BACKEND unset (auto) and no tuned file: the rule's (or a bench's) choice, used."""
+    """FASTINFER_DEFAULT_BACKEND unset (auto) and no tuned file: the rule's (or a bench's) choice, used. Every
+    backend served: the choice, and the recommendation it must equal, are among all this machine runs."""
     env = {"FASTINFER_TUNED": "off", "FASTINFER_DEFAULT_BACKEND": ""}
     with serve(tmp_path, env, base={}) as server:
         info = httpx.get(f"{server.url}/backends", timeout=30).json()
