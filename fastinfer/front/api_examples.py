@@ -317,7 +317,7 @@ def errors(settings: Settings) -> dict[tuple[str, str], dict[str, Any]]:
         ("413", "too_large"): http.too_large(25_000_000, settings.max_bytes),
         ("413", "get_body"): http.no_body("GET", "/backends"),
         ("413", "image_too_large"): ImageTooLarge(
-            f"The image is 12000×10000 = 120,000,000 pixels; the limit is {settings.max_pixels:,} "
+            f"The image holds a picture of 120,000,000 pixels; the limit is {settings.max_pixels:,} "
             "(FASTINFER_MAX_PIXELS). It was not decoded."
         ).body(),
         ("415", "unsupported"): image_api.unsupported("text/csv", ROUTES["/classify"]).body(),

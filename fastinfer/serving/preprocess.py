@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import time
 import warnings
 from dataclasses import dataclass
@@ -26,8 +27,9 @@ except ImportError:  # pragma: no cover - a platform without simplejpeg's wheels
 from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.common.errors import ImageTooLarge, InvalidImage
 
-# Our own pixel limit (checked from the header, before decoding) replaces Pillow's warning.
-Image.MAX_IMAGE_PIXELS = None
+# Pillow checks every size it reads before decoding (an image's, a GIF frame's, which may exceed its screen): over
+# its MAX_IMAGE_PIXELS (ours, set per call) it warns, and the warning is an error here.
+warnings.filterwarnings("error", category=Image.DecompressionBombWarning)
 
 
 @dataclass(frozen=True)
@@ -44,15 +46,12 @@ def decode(data: bytes | memoryview, max_pixels: int, target_short_side: int, fa
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            Image.MAX_IMAGE_PIXELS = max_pixels  # one setting per server: the same value in every call
             img = Image.open(io.BytesIO(data), formats=ACCEPTED_FORMATS)
             width, height = img.size
             if width < 1 or height < 1:
                 raise InvalidImage(f"The image has no pixels ({width}×{height}).")
-            if width * height > max_pixels:
-                raise ImageTooLarge(
-                    f"The image is {width}×{height} = {width * height:,} pixels; the limit is "
-                    f"{max_pixels:,} (FASTINFER_MAX_PIXELS). It was not decoded."
-                )
             if img.format in JPEG_FORMATS:
                 scale = target_short_side / min(width, height)
                 img.draft(None, (math.ceil(width * scale), math.ceil(height * scale)))
@@ -65,6 +64,12 @@ def decode(data: bytes | memoryview, max_pixels: int, target_short_side: int, fa
         raise
     except UnidentifiedImageError as exc:
         raise InvalidImage(NOT_AN_IMAGE) from exc
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
+        size = re.search(r"\((\d+) pixels\)", str(exc))
+        holds = f"holds a picture of {int(size.group(1)):,} pixels" if size else "holds a larger picture"
+        raise ImageTooLarge(
+            f"The image {holds}; the limit is {max_pixels:,} (FASTINFER_MAX_PIXELS). It was not decoded."
+        ) from exc
     except Exception as exc:
         # Pillow's format plugins raise whatever bad data leads them to (OSError, but also NotImplementedError,
         # TypeError, struct.error, ...: scripts/fuzz_decode.py): all of it is the client's file, never a 500.

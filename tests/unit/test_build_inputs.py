@@ -255,7 +255,7 @@ def test_calibration_follows_the_servers_pixel_setting(tmp_path, monkeypatch) ->
         get_settings.cache_clear()
     assert f"calibration: 1 images in {tmp_path}" in said, said
     (warned,) = [line for line in said if line.startswith("WARNING: calibration: skipped ")]
-    assert "big.png: The image is 451×300 = 135,300 pixels; the limit is 120,000" in warned, warned
+    assert "big.png: The image holds a picture of 135,300 pixels; the limit is 120,000" in warned, warned
 
 
 def test_a_calibration_file_over_the_servers_byte_limit_is_skipped_unread(tmp_path, monkeypatch) -> None:

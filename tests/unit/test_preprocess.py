@@ -117,8 +117,16 @@ def test_files_that_made_pillow_raise_oddly_are_invalid_images(path: Path) -> No
     """Inputs found by scripts/fuzz_decode.py on which Pillow raised something other than OSError/ValueError
     (NotImplementedError, TypeError, RuntimeError, ...): once a 500, now a 400 that names the fault (DDS, BLP and
     SPIDER files are no longer opened at all: not among the formats accepted)."""
-    with pytest.raises(InvalidImage, match=r"could not be decoded|not an image in a format this service reads"):
+    with pytest.raises((InvalidImage, ImageTooLarge), match=r"could not be decoded|not an image in a|not decoded"):
         prepare(path.read_bytes(), SPEC, 50_000_000)
+
+
+def test_a_gif_frame_larger_than_its_screen_is_refused_before_decoding() -> None:
+    """A 2.6 KB GIF whose first frame claims 7.8 G pixels: 4 GB of memory (the fuzzer's out-of-memory) while the
+    server had switched Pillow's own size checks off."""
+    data = (Path(__file__).parent.parent / "data" / "decode_crashers" / "gif-frame-of-7.8-gigapixels.gif").read_bytes()
+    with pytest.raises(ImageTooLarge, match=r"holds a picture of 7,839,981,056 pixels.*not decoded"):
+        prepare(data, SPEC, 50_000_000)
 
 
 def fits(side: int) -> bytes:
