@@ -9,11 +9,13 @@ and every JPEG simplejpeg refuses, so a broken file gets Pillow's verdict. CPU-b
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import re
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,10 +46,9 @@ def decode(data: bytes | memoryview, max_pixels: int, target_short_side: int, fa
     if not data:
         raise InvalidImage("The image is empty (0 bytes).")
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), pillow_pixel_limit(max_pixels):
             warnings.simplefilter("ignore")
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            Image.MAX_IMAGE_PIXELS = max_pixels  # one setting per server: the same value in every call
             img = Image.open(io.BytesIO(data), formats=ACCEPTED_FORMATS)
             width, height = img.size
             if width < 1 or height < 1:
@@ -74,6 +75,17 @@ def decode(data: bytes | memoryview, max_pixels: int, target_short_side: int, fa
         # Pillow's format plugins raise whatever bad data leads them to (OSError, but also NotImplementedError,
         # TypeError, struct.error, ...: scripts/fuzz_decode.py): all of it is the client's file, never a 500.
         raise InvalidImage(f"The image could not be decoded: {_said(exc)}") from exc
+
+
+@contextlib.contextmanager
+def pillow_pixel_limit(max_pixels: int) -> Iterator[None]:
+    """Pillow's limit (a global) at ``max_pixels`` while decoding, as it was afterwards: a server sets one value in
+    every call, and other Pillow code (the photo pool, the dashboard's pictures) keeps its own."""
+    before, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, max_pixels
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = before
 
 
 def _said(exc: BaseException) -> str:
