@@ -34,7 +34,8 @@ def tune_env(tuned: Path) -> dict[str, str]:
 def test_tune_serves_for_real_and_the_next_server_serves_what_it_chose(built_models, tmp_path) -> None:
     tuned = tmp_path / "tuned" / "tuned.json"
     tuned_backends = "onnx-int8,onnx"
-    argv = ["--backends", tuned_backends, "--budget", "100", "--seconds", "3", "--clients", "4"]
+    # ~30 s here: each server serves one or two runners (FASTINFER_BACKENDS), so trials start in seconds.
+    argv = ["--backends", tuned_backends, "--budget", "45", "--seconds", "2", "--clients", "4"]
     done = subprocess.run(
         [sys.executable, "-m", "fastinfer.cli", "tune", *argv],
         cwd=tmp_path,  # from anywhere: it finds the store through BENTOML_HOME, like every command
