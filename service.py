@@ -19,7 +19,7 @@ from starlette.routing import Route
 from starlette.types import Scope, Send
 
 from fastinfer.catalog import family, holdings, store, tuned
-from fastinfer.catalog.backends import served_models
+from fastinfer.catalog.backends import SERVED_ENV, served_models
 from fastinfer.catalog.choice import DefaultChoice, default_choice, default_now
 from fastinfer.catalog.config import get_settings
 from fastinfer.common import hardware
@@ -61,7 +61,9 @@ store.hold_pins()
     # BentoML's access log decodes the Content-Type as UTF-8: one \xff in it cut the answer short.
     logging={"access": {"request_content_type": False}},
     # The family this server serves (FASTINFER_MODEL): a bento built for one sets it in its image's environment.
-    envs=[{"name": store.FAMILY_ENV, "value": settings.model}],
+    # So does one built with FASTINFER_BACKENDS set, which packs only those backends' models.
+    envs=[{"name": store.FAMILY_ENV, "value": settings.model}]
+    + ([{"name": SERVED_ENV, "value": ",".join(settings.backends)}] if os.environ.get(SERVED_ENV, "").strip() else []),
 )
 @image_apis  # one BentoML API per image route (fastinfer/front/image_routes.py)
 @attach  # one bentoml.depends per runner that can run here (fastinfer/catalog/backends.py is the table)

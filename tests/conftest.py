@@ -30,7 +30,7 @@ for _name in ("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE", "FASTINFER_API_KE
               "FASTINFER_ANALYZE_PER_MINUTE", "FASTINFER_ANALYZE_TOTAL_PER_MINUTE",
               "FASTINFER_DEFAULT_BACKEND", "FASTINFER_TUNED", "FASTINFER_TUNED_RESOLVED",
               "FASTINFER_RUNNER_TELEMETRY", "BENTOML_CONFIG", "BENTOML_CONFIG_OPTIONS",
-              "BENTOML_CONFIG_OVERRIDES", "FASTINFER_MODEL"):  # fmt: skip
+              "BENTOML_CONFIG_OVERRIDES", "FASTINFER_MODEL", "FASTINFER_BACKENDS", "FASTINFER_IN_FRONT"):  # fmt: skip
     os.environ.pop(_name, None)
 
 
@@ -115,6 +115,10 @@ _running: list[str] = []  # the test in progress, for an INTERNALERROR that name
 
 def pytest_runtest_logstart(nodeid: str) -> None:
     _running[:] = [nodeid]
+
+
+def pytest_runtest_logfinish() -> None:
+    _running[:] = ["(between tests)"]
 
 
 def pytest_internalerror(excrepr: object) -> None:

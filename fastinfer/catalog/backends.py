@@ -159,6 +159,8 @@ def switched_on() -> tuple[str, ...]:
     if not raw or raw.lower() == "all":
         return BACKENDS
     names = [name.strip() for name in raw.split(",") if name.strip()]
+    if not names:  # "," serves nothing, yet would say ready
+        raise ValueError(f"{SERVED_ENV} names no backend: {raw[:40]!r}; valid: all, {', '.join(BACKENDS)}")
     if unknown := [name for name in names if name not in SPECS]:
         raise ValueError(
             f"{SERVED_ENV} names no backend: {', '.join(repr(n[:40]) for n in unknown)}; valid: {', '.join(BACKENDS)}"

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fastinfer import __version__
 from fastinfer.catalog import family
-from fastinfer.catalog.backends import served_models, unavailable_reason
+from fastinfer.catalog.backends import BACKENDS, served_models, unavailable_reason
 from fastinfer.catalog.choice import configuration, default_choice
 from fastinfer.catalog.config import Settings
 from fastinfer.common.schemas import TOP_K_MAX
@@ -90,8 +90,16 @@ def this_server(settings: Settings, svc: bentoml.Service[Any]) -> str:
         f"`{name}` {literal(entry['value'])} ({entry['source']})"
         for name, entry in configuration(settings, chosen).items()
     )
+    off = [name for name in BACKENDS if name not in settings.backends]
+    served = (
+        f"serves {', '.join(f'`{n}`' for n in settings.backends)}; switched off by `FASTINFER_BACKENDS` (503): "
+        + ", ".join(f"`{n}`" for n in off)
+        if off
+        else "every backend switched on (`FASTINFER_BACKENDS` unset); `GET /backends` says which can run here"
+    )
     lines = [
         f"- FastInfer {version(svc)}; {default}.",
+        f"- Backends: {served}.",
         f"- {family_line(family.summary(settings.model, served_models()))}.",
         f"- Configuration: {tuning}.",
         f"- Its values and where each came from: {values}.",

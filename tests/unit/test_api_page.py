@@ -309,3 +309,12 @@ def test_this_server_says_where_each_value_came_from(monkeypatch) -> None:
     line = next(x for x in server.splitlines() if x.startswith("- Its values and where each came from:"))
     assert "`FASTINFER_FRONT_WORKERS` 2 (environment)" in line and "`FASTINFER_DEFAULT_BACKEND` " in line
     assert "`FASTINFER_RUNNER_WORKERS` 1 (default)" in line
+
+
+def test_this_server_names_the_backends_switched_off() -> None:
+    from dataclasses import replace
+
+    off = api_page.this_server(replace(get_settings(), backends=("onnx", "onnx-int8")), SERVICE)
+    assert "- Backends: serves `onnx`, `onnx-int8`; switched off by `FASTINFER_BACKENDS` (503): `pytorch`," in off
+    every = api_page.this_server(get_settings(), SERVICE)
+    assert "- Backends: every backend switched on (`FASTINFER_BACKENDS` unset)" in every

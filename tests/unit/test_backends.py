@@ -62,6 +62,7 @@ def test_fastinfer_backends_switches_runners_off_and_says_so(monkeypatch) -> Non
     ("env", "said"),
     [
         ({"FASTINFER_BACKENDS": "onnx,tensorrt"}, "FASTINFER_BACKENDS names no backend: 'tensorrt'"),
+        ({"FASTINFER_BACKENDS": " , ,"}, "FASTINFER_BACKENDS names no backend: ', ,'"),
         ({"FASTINFER_BACKENDS": "onnx-int8", "FASTINFER_DEFAULT_BACKEND": "onnx"}, "is not among FASTINFER_BACKENDS"),
         ({"FASTINFER_BACKENDS": "onnx", "FASTINFER_IN_FRONT": "pytorch"}, "FASTINFER_BACKENDS leaves out: pytorch"),
     ],

@@ -30,9 +30,9 @@ def assert_loads(backend: str, model: bentoml.Model) -> None:
         assert package.is_dir() and (package / "Manifest.json").is_file(), package
 
 
-# The steps that read an artifact an earlier step of the same run supersedes: the INT8 models read the FP32
-# ONNX file, openvino-int8 the INT8 one. The other exports take no such path (tests/unit/test_models.py).
-CHAINED = ["onnx", "onnx-int8", "openvino-int8"]
+# The steps that read an artifact an earlier step of the same run supersedes: the INT8 models and openvino read
+# the FP32 ONNX file, openvino-int8 the INT8 one. pytorch and CoreML export from the weights in memory.
+CHAINED = ["onnx", "onnx-int8", "onnx-int8-dynamic", "openvino", "openvino-int8"]
 
 
 def test_force_rebuilds_the_artifacts_that_read_each_other_in_one_run(private_store) -> None:

@@ -91,6 +91,21 @@ def test_the_service_puts_its_family_in_the_bento_environment() -> None:
     assert [(env.name, env.value) for env in service.FastInfer.envs] == [("FASTINFER_MODEL", "resnet50")]
 
 
+def test_a_bento_built_with_fastinfer_backends_carries_it() -> None:
+    """Built with FASTINFER_BACKENDS, a bento packs only those backends' models: served without the setting it
+    would start runners with no model. So the setting goes into its image's environment too."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import service; print([(e.name, e.value) for e in service.FastInfer.envs])"
+    env = {**os.environ, "FASTINFER_BACKENDS": "onnx-int8, onnx", "FASTINFER_DEFAULT_BACKEND": "onnx"}
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, check=True)
+    said = out.stdout.strip().splitlines()[-1]
+    assert said == "[('FASTINFER_MODEL', 'resnet50'), ('FASTINFER_BACKENDS', 'onnx,onnx-int8')]"
+
+
 # --- top_k is capped at the family's class count ----------------------------------------------------------
 
 
