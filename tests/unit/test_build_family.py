@@ -321,7 +321,7 @@ def test_every_source_of_the_models_is_in_their_hash() -> None:
     assert len({base, *others}) == 1 + len(others) and base == family_hash("w", list(CLASSES), spec)
 
 
-def said_until_the_first_step(weights: Path, **options) -> list[str]:
+def said_until_the_first_step(weights: Path | str, **options) -> list[str]:
     """What a build says before its first step (stopped there: the tests need the words, not the models)."""
     said: list[str] = []
 

@@ -19,7 +19,7 @@ from build_models.weights import NotResNet50Weights, load_weights
 from fastinfer.catalog import store
 from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.measure import photos
-from tests.unit.test_build_family import CLASSES, one_line_refusal, three_class_state
+from tests.unit.test_build_family import CLASSES, one_line_refusal, said_until_the_first_step, three_class_state
 
 pytestmark = pytest.mark.heavy  # model builds
 
@@ -176,26 +176,12 @@ def test_a_calibration_folder_of_no_image_is_refused_naming_the_file(tmp_path, c
     assert store.versions("refused-pytorch") == []
 
 
-def said_before_the_first_export(calibration_dir: Path) -> list[str]:
-    """What an INT8 build calibrated on ``calibration_dir`` says before its first export (stopped there)."""
-    said: list[str] = []
-
-    def progress(line: str) -> None:
-        said.append(line)
-        if line.startswith("[1/"):
-            raise InterruptedError
-
-    with pytest.raises(InterruptedError):
-        build("random", only=["onnx-int8"], family="skips", calibration_dir=calibration_dir, progress=progress)
-    return said
-
-
 def test_a_non_image_in_the_calibration_folder_is_skipped_and_named(tmp_path) -> None:
     """As in the eval folder: a file that is no image is left out and named; the others calibrate."""
     folder = tmp_path / "cal"
     photo(folder / "good.jpg")
     (folder / "notes.png").write_text("not an image")
-    said = said_before_the_first_export(folder)
+    said = said_until_the_first_step("random", only=["onnx-int8"], family="skips", calibration_dir=folder)
     warned = [line for line in said if line.startswith("WARNING: calibration: skipped ")]
     assert len(warned) == 1 and "notes.png: " in warned[0] and "not an image in a format" in warned[0], said
     assert f"calibration: 1 images in {folder}" in said
@@ -249,7 +235,7 @@ def test_calibration_follows_the_servers_pixel_setting(tmp_path, monkeypatch) ->
     monkeypatch.setenv("FASTINFER_MAX_PIXELS", "120000")  # small.jpg: 320×213 = 68,160
     get_settings.cache_clear()
     try:
-        said = said_before_the_first_export(tmp_path)
+        said = said_until_the_first_step("random", only=["onnx-int8"], family="skips", calibration_dir=tmp_path)
     finally:
         monkeypatch.undo()
         get_settings.cache_clear()
