@@ -17,9 +17,8 @@ from build_models.converters import int8_scheme, write_onnx_fp32, write_onnx_int
 from build_models.text import as_text
 from fastinfer.catalog import store, store_check
 from fastinfer.catalog.store import PreprocessSpec
-from fastinfer.common.errors import ApiError
 from fastinfer.measure import photos
-from fastinfer.measure.photos import read_photo
+from fastinfer.measure.photos import UnusablePhoto, photo_pixels
 from fastinfer.serving.preprocess import prepare
 
 if TYPE_CHECKING:
@@ -89,11 +88,9 @@ def directory_images(directory: Path, spec: PreprocessSpec, max_pixels: int | No
     skipped: list[tuple[str, str]] = []
     for path in files:
         try:
-            images.append(prepare(read_photo(path), spec, limit).pixels)
-        except ApiError as exc:  # the service's own verdict on the file (not an image, too large)
-            skipped.append((as_text(str(path)), str(exc)))
-        except Exception as exc:  # unreadable, or a decoder's surprise: named, never a traceback
-            skipped.append((as_text(str(path)), as_text(f"{type(exc).__name__}: {exc}")))
+            images.append(photo_pixels(path, spec, limit))
+        except UnusablePhoto as exc:
+            skipped.append((as_text(str(path)), as_text(str(exc))))
     if not images:
         first, why = skipped[0]
         raise BadCalibrationDir(

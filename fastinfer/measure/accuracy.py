@@ -19,10 +19,8 @@ from typing import Any
 import numpy as np
 
 from fastinfer.catalog.store import PreprocessSpec
-from fastinfer.common.errors import ApiError
 from fastinfer.engines import Engine
-from fastinfer.measure.photos import read_photo
-from fastinfer.serving.preprocess import prepare
+from fastinfer.measure.photos import UnusablePhoto, photo_pixels
 
 BATCH = 16  # images per engine call: OpenVINO gains nothing beyond 8-16 rows
 TOP_K = 5
@@ -160,11 +158,9 @@ def load(
     total = len(folder.files)
     for done, (path, target) in enumerate(zip(folder.files, folder.targets, strict=True), 1):
         try:
-            pixels.append(prepare(read_photo(path), spec, limit).pixels)
-        except ApiError as exc:  # the service's own verdict on the file (not an image, too large)
+            pixels.append(photo_pixels(path, spec, limit))
+        except UnusablePhoto as exc:  # a bad file is counted, never a crash
             skipped.append(Skipped(str(path), str(exc)))
-        except Exception as exc:  # unreadable, or a decoder's surprise: a bad file is counted, never a crash
-            skipped.append(Skipped(str(path), f"{type(exc).__name__}: {exc}"))
         else:
             targets.append(target)
             kept.append(path)

@@ -6,7 +6,12 @@ import io
 from importlib.util import find_spec
 from pathlib import Path
 
+import numpy as np
 from PIL import Image
+
+from fastinfer.catalog.store import PreprocessSpec
+from fastinfer.common.errors import ApiError
+from fastinfer.serving.preprocess import prepare
 
 PHOTOS: tuple[str, ...] = (  # natural photos (colour and greyscale) in scikit-image's data directory
     "astronaut.png",
@@ -89,15 +94,23 @@ def benchmark_pool(directory: Path | None = None) -> list[tuple[str, bytes]]:
     return pool
 
 
-def read_photo(path: Path) -> bytes:
-    """A user's photo file, read as the server takes an upload: one larger than FASTINFER_MAX_BYTES is refused
-    unread (a 3 GB file named .png was read whole), as the server refuses the body."""
+class UnusablePhoto(ValueError):
+    """A user's photo file the service would refuse (too large, not an image) or that cannot be read: why."""
+
+
+def photo_pixels(path: Path, spec: PreprocessSpec, max_pixels: int) -> np.ndarray:
+    """A user's photo file through the service's preprocessing, read as the server takes an upload: one larger than
+    FASTINFER_MAX_BYTES is refused unread (a 3 GB file named .png was read whole). UnusablePhoto says why not."""
     from fastinfer.catalog.config import get_settings
-    from fastinfer.common.errors import PayloadTooLarge
 
     limit = get_settings().max_bytes
-    with path.open("rb") as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise PayloadTooLarge(f"the file is larger than FASTINFER_MAX_BYTES ({limit:,} bytes); it was not read")
-    return data
+    try:
+        with path.open("rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise UnusablePhoto(f"the file is larger than FASTINFER_MAX_BYTES ({limit:,} bytes); it was not read")
+        return prepare(data, spec, max_pixels).pixels
+    except ApiError as exc:  # the service's own verdict on the file (not an image, too large)
+        raise UnusablePhoto(str(exc)) from exc
+    except OSError as exc:  # unreadable: named, never a traceback
+        raise UnusablePhoto(f"{type(exc).__name__}: {exc}") from exc
