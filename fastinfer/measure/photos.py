@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import stat
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -105,6 +106,8 @@ def photo_pixels(path: Path, spec: PreprocessSpec, max_pixels: int) -> np.ndarra
 
     limit = get_settings().max_bytes
     try:
+        if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block for ever, a device never end
+            raise UnusablePhoto("not a regular file")
         with path.open("rb") as f:
             data = f.read(limit + 1)
         if len(data) > limit:

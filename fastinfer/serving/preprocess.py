@@ -9,13 +9,12 @@ and every JPEG simplejpeg refuses, so a broken file gets Pillow's verdict. CPU-b
 
 from __future__ import annotations
 
-import contextlib
 import io
 import math
 import re
+import threading
 import time
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,10 +45,10 @@ def decode(data: bytes | memoryview, max_pixels: int, target_short_side: int, fa
     if not data:
         raise InvalidImage("The image is empty (0 bytes).")
     try:
-        with warnings.catch_warnings(), pillow_pixel_limit(max_pixels):
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data), formats=ACCEPTED_FORMATS)
+            img = open_checked(data, max_pixels)
             width, height = img.size
             if width < 1 or height < 1:
                 raise InvalidImage(f"The image has no pixels ({width}×{height}).")
@@ -77,15 +76,18 @@ def decode(data: bytes | memoryview, max_pixels: int, target_short_side: int, fa
         raise InvalidImage(f"The image could not be decoded: {_said(exc)}") from exc
 
 
-@contextlib.contextmanager
-def pillow_pixel_limit(max_pixels: int) -> Iterator[None]:
-    """Pillow's limit (a global) at ``max_pixels`` while decoding, as it was afterwards: a server sets one value in
-    every call, and other Pillow code (the photo pool, the dashboard's pictures) keeps its own."""
-    before, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, max_pixels
-    try:
-        yield
-    finally:
-        Image.MAX_IMAGE_PIXELS = before
+_PILLOW_LIMIT = threading.Lock()
+
+
+def open_checked(data: bytes | memoryview, max_pixels: int) -> Image.Image:
+    """``Image.open`` with Pillow's own size checks at ``max_pixels``. Its limit is a global: set, used and put back
+    under a lock, so that two decodes never see each other's (opening reads headers only: decodes still overlap)."""
+    with _PILLOW_LIMIT:
+        before, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, max_pixels
+        try:
+            return Image.open(io.BytesIO(data), formats=ACCEPTED_FORMATS)
+        finally:
+            Image.MAX_IMAGE_PIXELS = before
 
 
 def _said(exc: BaseException) -> str:

@@ -498,3 +498,16 @@ def test_dangling_symlinks_and_symlinked_sub_folders_are_counted_as_skipped(tmp_
         "loose.png": "a dangling symlink: its target is gone",
         "fish/pipe": "not a regular file",
     }
+
+
+def test_a_fifo_or_a_device_named_as_a_photo_is_skipped_never_read(tmp_path) -> None:
+    """A FIFO named x.png blocked the eval folder's and calibration's reader for ever."""
+    import os
+
+    from fastinfer.measure.photos import UnusablePhoto, photo_pixels
+
+    os.mkfifo(tmp_path / "x.png")
+    (tmp_path / "z.png").symlink_to("/dev/zero")
+    for name in ("x.png", "z.png"):
+        with pytest.raises(UnusablePhoto, match="not a regular file"):
+            photo_pixels(tmp_path / name, PreprocessSpec(), 50_000_000)

@@ -213,3 +213,28 @@ def test_crop_only_resampling_matches_the_whole_resize(size: tuple[int, int]) ->
     ours = resize_and_crop(img, SPEC).astype(np.int16)
     ref = reference(images.encode(img, "PNG")).astype(np.int16)
     assert np.abs(ours - ref).max() <= 1
+
+
+def test_decodes_in_two_threads_keep_their_own_pixel_limit_and_put_pillows_back() -> None:
+    """Pillow's limit is a global: set per call without a lock, one decode ran under another's limit (an image
+    over the limit decoded) and the last one's value stayed after both had ended."""
+    import threading
+
+    before = Image.MAX_IMAGE_PIXELS
+    over = images.encode(Image.new("RGB", (200, 200)), "PNG")  # 40,000 pixels
+    decoded: list[int] = []
+
+    def refuse_many() -> None:
+        for _ in range(1500):
+            try:
+                prepare(over, SPEC, 10_000)
+                decoded.append(1)
+            except ImageTooLarge:
+                pass
+
+    threads = [threading.Thread(target=refuse_many) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert decoded == [] and before == Image.MAX_IMAGE_PIXELS
