@@ -31,7 +31,6 @@ from fastinfer.front.connections import install_front_protocol
 from fastinfer.front.http import FrontMiddleware, front_options
 from fastinfer.front.image_routes import ROUTES, image_apis
 from fastinfer.front.openapi import DocumentedService
-from fastinfer.serving import turns
 from fastinfer.serving.cache import ResponseCache, open_cache
 from fastinfer.serving.cpu import CpuPool
 from fastinfer.serving.disk import claim_metrics_dir, guard_metric_files, own_metrics_dir
@@ -80,7 +79,7 @@ class FastInfer:
         logger.info("default backend: %s", self.default.describe())
         self.live = LiveStats()
         # Decoding is CPU-bound; more threads than cores only adds contention (see fastinfer.serving.cpu).
-        self.cpu = CpuPool(settings.decode_threads or hardware.cpu_count(), "front-cpu", turns=turns.this_server())
+        self.cpu = CpuPool(settings.decode_threads or hardware.cpu_count(), "front-cpu")
         # FASTINFER_IN_FRONT: engines run in this worker, no hop to a runner; loaded before it answers (1-2 s each).
         self.in_front = {attribute(r): RunnerCore(r, workers=1) for r in sorted(settings.in_front) if runs_here(r)}
         calls = self.runner_calls = RunnerCalls(
@@ -129,12 +128,7 @@ class FastInfer:
         os.environ[store.UNSERVED_ENV] = json.dumps(unserved)
         # Every worker takes the tuned configuration read here, even if the file changes meanwhile.
         tuned.export(settings.tuned)
-        if settings.scheduling == "turns":  # the lock files by which this server's processes take turns
-            try:
-                turns.new_server_dir()
-            except OSError as exc:  # no writable temp folder (a read-only container): serve, as shared
-                logger.warning("FASTINFER_SCHEDULING=turns: no folder for its lock files (%s): serving as shared", exc)
-                os.environ["FASTINFER_SCHEDULING"] = "shared"
+        tuned.warn_removed(tuned.removed_in_environment(), "the environment")
         try:
             atexit.register(store.record_pins(pinned).unlink, missing_ok=True)
         except OSError as exc:  # a read-only store (a container's): a build through a writable mount may prune them

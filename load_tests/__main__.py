@@ -9,9 +9,9 @@ Steps, with progress on stderr:
  5. the cache-hit scenario (one photo repeated), reported apart;
  6. ``POST /classify/batch`` on the best backend, 8 photos per request (where the server has it);
  7. the bare BentoML baseline (load_tests/bare_service.py): the cache-hit body, same users and time;
- 8. the engine's placement × scheduling on the best backend, one client then 10 users: in its runner process vs in
-    the front worker (FASTINFER_IN_FRONT), × decoding and inference sharing the cores vs taking turns
-    (FASTINFER_SCHEDULING), each a fresh ``bentoml serve``: 4 configurations × PLACEMENT_ROUNDS (2) rounds, ~8 min;
+ 8. the engine's placement on the best backend, one client then 10 users: in its runner process vs in the front
+    worker (FASTINFER_IN_FRONT), each a fresh ``bentoml serve``: 2 configurations × PLACEMENT_ROUNDS (2) rounds,
+    ~4 min;
  9. optionally (``--study``) front workers × runner workers × batching, on the best backend;
 10. the HTTP path's cost, measured, and the ceilings recomputed with it; each run against the engine's
     ceiling without HTTP, its CPU beyond decode and inference split by cause; results.json, plots,
@@ -21,8 +21,7 @@ Around every locust run the CPU time of each process of the server's tree is rea
 front, the backend's runner, the rest, and the load generator; and, within the front and the runner,
 of each thread (event loop, decode, engine). With ``--url`` the server is not ours and that accounting is
 skipped, unless ``--server-pid`` names its ``bentoml serve`` process. Every FastInfer server started here is told
-its FASTINFER_SCHEDULING and FASTINFER_DECODE_THREADS, recorded with its runs: outside the placement step, the
-shell's.
+the shell's FASTINFER_DECODE_THREADS, recorded with its runs.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from fastinfer.catalog import scheduling, store
+from fastinfer.catalog import store
 from fastinfer.catalog.backends import env_key
 from fastinfer.common import hardware
 from fastinfer.common.client import BadApiKey, auth_headers
@@ -213,21 +212,17 @@ def measure_http(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def scheduling_here() -> dict[str, Any]:
-    """FASTINFER_SCHEDULING and FASTINFER_DECODE_THREADS as the shell sets them: what the bench's servers outside
-    the placement step are told, so that their runs' labels are true."""
+def decode_threads_here() -> dict[str, Any]:
+    """FASTINFER_DECODE_THREADS as the shell sets it: what the bench's servers are told, so that their runs' labels
+    are true."""
     from fastinfer.catalog.config import get_settings
 
-    settings = get_settings()
-    return {"scheduling": settings.scheduling, "decode_threads": settings.decode_threads}
+    return {"decode_threads": get_settings().decode_threads}
 
 
-def told(scheduling: dict[str, Any]) -> dict[str, str]:
-    """A server's environment for ``scheduling`` (scheduling_here's keys)."""
-    return {
-        "FASTINFER_SCHEDULING": scheduling["scheduling"],
-        "FASTINFER_DECODE_THREADS": str(scheduling["decode_threads"]),
-    }
+def told(results: dict[str, Any]) -> dict[str, str]:
+    """A server's environment for the decode pool ``results`` recorded (decode_threads_here)."""
+    return {"FASTINFER_DECODE_THREADS": str(results["decode_threads"])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -302,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     if url is None:
         say("starting bentoml serve")
         # Engines in their runners, whatever the shell exports: the runs are labelled "runner process".
-        results.update(scheduling_here())  # the runs' scheduling, recorded (unknown with --url: not ours)
+        results.update(decode_threads_here())  # the runs' decode pool, recorded (unknown with --url: not ours)
         env = {"FASTINFER_MAX_CONCURRENCY": "256", "FASTINFER_IN_FRONT": "", **told(results)}
         server = start_server(None, args.out / "serve.log", env)
         url, pid = server.url, server.process.pid
@@ -388,29 +383,25 @@ def bare_baseline(backend: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 # Rounds of the placement step: on shared 2-core VMs a request's CPU moved by 25% between two runs of one
-# configuration minutes apart, so one run each cannot rank two configurations. 4 configurations × 2 rounds, each
-# a fresh server (~1 min: start-up, one client, 10 users): ~8 minutes of the bench.
+# configuration minutes apart, so one run each cannot rank two configurations. 2 configurations × 2 rounds, each
+# a fresh server (~1 min: start-up, one client, 10 users): ~4 minutes of the bench.
 PLACEMENT_ROUNDS = 2
 
 
 def placement(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
     """The best backend at 10 users, its engine in a runner process or in the front worker (FASTINFER_IN_FRONT),
-    × scheduling shared or turns (FASTINFER_SCHEDULING), for PLACEMENT_ROUNDS rounds, each run a fresh server."""
+    for PLACEMENT_ROUNDS rounds, each run a fresh server."""
     best = best_backend(results)
     if best is None:
         return []
     rows = []
-    threads = results["decode_threads"]
     # Set, not inherited from the shell: the labels must be true, and the front worker needs a single worker.
-    places = (("runner process", ""), ("front worker", best))
-    configs = [(where, mode, {"FASTINFER_IN_FRONT": engine, "FASTINFER_FRONT_WORKERS": "1",
-                              **told({"scheduling": mode, "decode_threads": threads})})
-               for (where, engine), mode in product(places, scheduling.MODES)]  # fmt: skip
+    configs = [(where, {"FASTINFER_IN_FRONT": engine, "FASTINFER_FRONT_WORKERS": "1", **told(results)})
+               for where, engine in (("runner process", ""), ("front worker", best))]  # fmt: skip
     # Each round in the reverse order of the one before: a machine that drifts in speed favours none.
     order = [(r, c) for r in range(1, PLACEMENT_ROUNDS + 1) for c in (configs if r % 2 else configs[::-1])]
-    for round_, (where, mode, env) in order:
-        say(f"placement: {best} in the {where}, scheduling {mode} (round {round_}), one client, then 10 users for "
-            f"{args.duration:g}s")  # fmt: skip
+    for round_, (where, env) in order:
+        say(f"placement: {best} in the {where} (round {round_}), one client, then 10 users for {args.duration:g}s")
         env = {"FASTINFER_MAX_CONCURRENCY": "256", "FASTINFER_BACKENDS": best, "FASTINFER_DEFAULT_BACKEND": best, **env}
         server = start_server(None, args.out / "serve-placement.log", env)
         try:
@@ -424,7 +415,7 @@ def placement(results: dict[str, Any], args: argparse.Namespace) -> list[dict[st
             run = inference_run(server.url, best, 10, args, server.process.pid)
         finally:
             stop_server(server)
-        row = {"placement": where, "scheduling": mode, "decode_threads": threads, "round": round_}
+        row = {"placement": where, "decode_threads": results["decode_threads"], "round": round_}
         rows.append({**row, **run, "sequential": alone})
     return rows
 
@@ -443,7 +434,7 @@ def study(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
             "FASTINFER_IN_FRONT": "",  # engines in their runners, whatever the shell exports
             "FASTINFER_BACKENDS": best,  # no idle runner beside the one measured
             "FASTINFER_DEFAULT_BACKEND": best,
-            **told(results),  # the main runs' scheduling (scheduling_here), recorded with them
+            **told(results),  # the main runs' decode pool (decode_threads_here), recorded with them
         }
         say(f"study: {best}, front {front}, runner {runner}, batching {batching}")
         server = start_server(None, args.out / "serve-study.log", env)
@@ -452,7 +443,7 @@ def study(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
         finally:
             stop_server(server)
         config = {"front_workers": front, "runner_workers": runner, "batching": batching == "true"}
-        config |= {k: results[k] for k in ("scheduling", "decode_threads")}  # told(results): the main runs
+        config["decode_threads"] = results["decode_threads"]  # told(results): the main runs'
         rows.append({**config, **run})
     return rows
 

@@ -58,11 +58,15 @@ def _served_section(results: dict[str, Any], rel: str) -> list[str]:
     if not (splits := served_splits(results)):
         return []
     causes = next((list(s["causes"]) for s in splits if s["causes"]), [])
+    pool: dict[str, Cell] = {"decode threads": lambda s: "—" if s["decode_threads"] is None
+                             else s["decode_threads"] or "one per core"}  # fmt: skip
+    if any(s["scheduling"] for s in splits):  # a run while FASTINFER_SCHEDULING existed (removed) recorded it
+        pool = {"scheduling (decode threads)": lambda s: f"{s['scheduling']} ({s['decode_threads'] or 'one per core'})"
+                if s["scheduling"] else "—"}  # fmt: skip
     columns: dict[str, Cell] = {
         "backend": "`{backend}`", "engine in": lambda s: s["placement"] + (
             f" (placement step, round {s['run_round']})" if s["run_round"] else ""),
-        "scheduling (decode threads)": lambda s: f"{s['scheduling']} ({s['decode_threads'] or 'one per core'})"
-        if s["scheduling"] else "—", "users": "{users}", "served req/s": "{req_per_s}",
+        **pool, "users": "{users}", "served req/s": "{req_per_s}",
         "ceiling req/s (decode + inference CPU ms)": lambda s: "{ceiling_req_per_s} ({decode_ms:g} + {inference_ms:g} "
         "ms at b{batch:g}".format_map(s) + "".join(f", {p} from the run" for p in s["base_from_run"]) + ")",
         "served / ceiling": lambda s: f"**{_share(s['share'])}**",

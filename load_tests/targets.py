@@ -70,7 +70,8 @@ def served_splits(results: dict[str, Any]) -> list[dict[str, Any]]:
     costs, cores = _costs(results), results.get("profile", {}).get("cores", 0)
     if not costs or not cores:
         return []
-    # The bench's own server ran with the scheduling it recorded (none: a results.json from before it did).
+    # The bench's own server ran with the decode pool it recorded (none: a results.json from before it did), and a
+    # run while FASTINFER_SCHEDULING existed (removed) with the scheduling it recorded too.
     main = {k: results.get(k) for k in ("scheduling", "decode_threads")}
     runs = [({**main, **r}, "runner process") for r in measured_runs(results).values()]
     # A placement run is a step's round even where an older results.json did not number it.
@@ -80,7 +81,8 @@ def served_splits(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def config(placement: str, scheduling: str | None) -> str:
-    """A configuration's label: the engine's placement, and its scheduling where the run recorded it."""
+    """A configuration's label: the engine's placement, and its scheduling where the run recorded it (a run while
+    FASTINFER_SCHEDULING existed)."""
     return f"{placement}, {scheduling}" if scheduling else placement
 
 
@@ -185,9 +187,10 @@ def single_client_target(results: dict[str, Any], where: str) -> list[Target]:
 
 
 def engine_targets(results: dict[str, Any], where: str) -> list[Target]:
-    """The best backend at 10 clients: each configuration (placement × scheduling) by the placement step's median
-    run (else the main run); every target judged on one configuration, the one that served the most req/s (what
-    `fastinfer tune` would choose), named first: not each on its own best, which noise alone would flatter."""
+    """The best backend at 10 clients: each configuration (its placement, and scheduling where recorded) by the
+    placement step's median run (else the main run); every target judged on one configuration, the one that served
+    the most req/s (what `fastinfer tune` would choose), named first: not each on its own best, which noise alone
+    would flatter."""
     best = best_backend(results)
     if not (mine := [s for s in served_splits(results) if s["backend"] == best and s["users"] == 10]):
         return []

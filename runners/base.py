@@ -28,7 +28,7 @@ from fastinfer.common import hardware
 from fastinfer.common.errors import under_home, without_paths
 from fastinfer.compat import bentoml as bentoml_compat
 from fastinfer.engines import Engine, EngineUnavailable, check_batch, warm_up
-from fastinfer.serving import deadlines, turns
+from fastinfer.serving import deadlines
 from fastinfer.serving.batching import Expired, MicroBatcher
 from fastinfer.serving.metrics import BATCH_SIZE
 from runners.drain import leave_after_front
@@ -99,9 +99,7 @@ class RunnerCore:
         self.models = [f"{store.model_name(spec.artifact, size)}:latest" for size in spec.static_batches]
         self.batch_sizes: Counter[int] = Counter()
         self.calls: Counter[str] = Counter()  # per API, so that a test can tell infer_batched ran
-        self.turns = turns.this_server()
-        before = self.turns.after_decodes if self.turns.enabled else None  # shared: nothing on the batch's path
-        self.batcher = MicroBatcher(self._run, self.batching.max_batch_size, self.batching.max_latency_ms, before)
+        self.batcher = MicroBatcher(self._run, self.batching.max_batch_size, self.batching.max_latency_ms)
         self.failure: str | None = None
         self.engine_id = ""  # engine_identity() of the loaded engine
         self.failed_at = 0.0
@@ -187,8 +185,7 @@ class RunnerCore:
             return np.concatenate([self._run(images[i : i + 1]) for i in range(len(images))])
         self.batch_sizes[len(images)] += 1
         BATCH_SIZE.labels(backend=self.name).observe(len(images))
-        with self.turns.inferring():  # FASTINFER_SCHEDULING: decoding waits while the engine has the cores
-            return self.engine.run(images)
+        return self.engine.run(images)
 
     def _holds(self, model: str, engine: str) -> None:
         """Compute only for the model and engine the caller names in its answer (and cache key): a front and a

@@ -17,7 +17,7 @@ PAGE = Path(__file__).resolve().parents[1] / "configuration.md"
 MARKERS = ("settings-table", "elsewhere-table")  # <!-- name --> … <!-- /name --> in the page
 
 # Read outside Settings (names, default, meaning): by the backend table, the tools, the clients, or handed by
-# a server or the load tests to the processes they start.
+# a server or the load tests to the processes they start; or removed, read only to say it is ignored.
 ELSEWHERE = (
     (
         "FASTINFER_OPENVINO_PRECISION",
@@ -37,17 +37,21 @@ ELSEWHERE = (
         "the key the clients send: `examples/client.py`, `python -m load_tests --url …`, locust, `load_tests.quick`",
     ),
     (
-        "FASTINFER_PINNED_MODELS FASTINFER_UNSERVED_MODELS FASTINFER_PIN_FILE FASTINFER_TUNED_RESOLVED "
-        "FASTINFER_TURNS_DIR",
+        "FASTINFER_PINNED_MODELS FASTINFER_UNSERVED_MODELS FASTINFER_PIN_FILE FASTINFER_TUNED_RESOLVED",
         "(set by the server)",
-        "not settings: how `bentoml serve`'s parent hands its model versions, the tuned file it read and the "
-        "folder of its [turns](tuning.md#scheduling)' lock files to its workers (a malformed value outside a server "
-        "stops the tools with a message)",
+        "not settings: how `bentoml serve`'s parent hands its model versions and the tuned file it read to its "
+        "workers (a malformed value outside a server stops the tools with a message)",
     ),
     (
         "FASTINFER_STARTED_AS FASTINFER_BENCH_BACKEND FASTINFER_BENCH_IMAGES FASTINFER_BENCH_SUMMARY",
         "(set by the load tests)",
         "not settings: how `python -m load_tests` marks the servers it starts and tells locust what to send",
+    ),
+    (
+        "FASTINFER_SCHEDULING",
+        "(removed)",
+        "not a setting any more: ignored where set (the environment, or a tuned file an earlier version wrote), "
+        "and said once at start-up; `turns` measured no gain ([Tuning](tuning.md#scheduling))",
     ),
 )
 

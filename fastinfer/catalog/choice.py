@@ -232,7 +232,6 @@ def configuration(settings: Settings, default: DefaultChoice) -> dict[str, dict[
             source("FASTINFER_THREADS", rule=not threads),
         ),
         "FASTINFER_IN_FRONT": (",".join(sorted(settings.in_front)) or "(none)", source("FASTINFER_IN_FRONT")),
-        "FASTINFER_SCHEDULING": (settings.scheduling, source("FASTINFER_SCHEDULING")),
         "FASTINFER_DECODE_THREADS": (
             str(decode) if (decode := settings.decode_threads) else "0 (one per core)",
             source("FASTINFER_DECODE_THREADS", rule=not decode),

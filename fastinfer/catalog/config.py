@@ -12,7 +12,7 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from fastinfer.catalog import backends, scheduling, store
+from fastinfer.catalog import backends, store
 from fastinfer.catalog.backends import BACKENDS, SPECS
 from fastinfer.common.client import API_KEY_SYNTAX
 
@@ -93,12 +93,6 @@ class Settings:
         "FASTINFER_DECODE_THREADS",
         f"threads per front worker that read, hash and decode images (0–{MAX_THREADS}; 0: one per core)",
         0,
-    )
-    scheduling: str = _env(
-        "FASTINFER_SCHEDULING",
-        "`shared`: decoding and engine calls run at once and the OS shares the cores; `turns`: they take the cores "
-        "one after the other, server-wide ([Tuning](tuning.md#scheduling))",
-        scheduling.MODES[0],
     )
     runner_telemetry: bool = _env(
         "FASTINFER_RUNNER_TELEMETRY",
@@ -467,13 +461,6 @@ def _parse(tuned_values: dict[str, str], tuned: dict[str, Any]) -> Settings:
     return replace(settings, tuned=tuned, sources=sources)
 
 
-def _scheduling() -> str:
-    value = _setting("FASTINFER_SCHEDULING").lower() or Settings.scheduling  # the environment, else the tuned file
-    if value not in scheduling.MODES:
-        raise ValueError(f"FASTINFER_SCHEDULING must be one of {', '.join(scheduling.MODES)}; got {value[:40]!r}")
-    return value
-
-
 def tuning_name(name: str) -> bool:
     from fastinfer.catalog.tuned import TUNABLE
 
@@ -507,7 +494,6 @@ def _from_environment() -> Settings:
         runner_workers=_bounded("FASTINFER_RUNNER_WORKERS", Settings.runner_workers, 1, MAX_WORKERS),
         threads=_bounded("FASTINFER_THREADS", Settings.threads, 0, MAX_THREADS),
         decode_threads=_bounded("FASTINFER_DECODE_THREADS", Settings.decode_threads, 0, MAX_THREADS),
-        scheduling=_scheduling(),
         runner_telemetry=_bool("FASTINFER_RUNNER_TELEMETRY", Settings.runner_telemetry),
         request_timeout_s=_positive("FASTINFER_TIMEOUT_S", Settings.request_timeout_s),
         max_concurrency=max_concurrency,

@@ -8,22 +8,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastinfer.catalog.backends import BACKENDS, SPECS, env_key
-from fastinfer.catalog.scheduling import MODES as SCHEDULING
 
 GOALS = ("throughput", "latency")
 # coreml-batched serves coreml's models too (batch 1 among them): the tuner measures that one row.
 BACKENDS_TUNED = tuple(backend for backend in BACKENDS if backend != "coreml")
-# Values the tuned file leaves out: each restates the table's value or the rule's (a file tuned before
-# FASTINFER_SCHEDULING existed was measured with its default, `shared`).
+# Values the tuned file leaves out: each restates the table's value or the rule's.
 PLAIN = {
     "FASTINFER_IN_FRONT": "",
     "FASTINFER_FRONT_WORKERS": "1",
     "FASTINFER_THREADS": "0",
-    "FASTINFER_SCHEDULING": SCHEDULING[0],
     "FASTINFER_DECODE_THREADS": "0",
 }
 # How the server shares its cores: the tune-check's sweep serves these only on its best (load_tests/tuning/search.py).
-CORES_DIMENSIONS = ("scheduling", "decode_threads")
+CORES_DIMENSIONS = ("decode_threads",)
 
 
 @dataclass(frozen=True)
@@ -36,7 +33,6 @@ class Point:
     max_latency_ms: int | None = None
     front_workers: int = 1
     threads: int = 0
-    scheduling: str = SCHEDULING[0]
     decode_threads: int = 0
 
     @property
@@ -50,7 +46,6 @@ class Point:
             "FASTINFER_IN_FRONT": self.backend if self.in_front else "",
             "FASTINFER_FRONT_WORKERS": str(self.front_workers),
             "FASTINFER_THREADS": str(self.threads),
-            "FASTINFER_SCHEDULING": self.scheduling,
             "FASTINFER_DECODE_THREADS": str(self.decode_threads),
         }
         if self.max_batch is not None:
@@ -77,9 +72,8 @@ def dimensions(backend: str, cores: int, goal: str) -> dict[str, list[Any]]:
         dims["max_latency_ms"] = [None, 5 if table_wait == 0 else 0]
     dims["front_workers"] = [1, 2] if cores >= 2 else [1]
     dims["threads"] = [0, cores - 1] if cores >= 2 else [0]
-    dims["scheduling"] = list(SCHEDULING)
-    # One per core (today's), or half the cores: while the engine runs beside the decodes (shared), the other half
-    # is left to it. One more value would cost one more served trial.
+    # One per core (today's), or half the cores: while the engine runs beside the decodes, the other half is left
+    # to it. One more value would cost one more served trial.
     dims["decode_threads"] = [0, max(1, cores // 2)] if cores >= 2 else [0]
     return dims
 

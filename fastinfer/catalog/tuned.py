@@ -32,9 +32,12 @@ MAX_WHY = 300  # characters of a reason to ignore it
 # The settings that decide served throughput; a tuned file holds only the values the tuner chooses from.
 _KEYS = "|".join(env_key(backend) for backend in BACKENDS)
 TUNABLE = re.compile(
-    rf"FASTINFER_(DEFAULT_BACKEND|FRONT_WORKERS|RUNNER_WORKERS|THREADS|IN_FRONT|SCHEDULING|DECODE_THREADS"
+    rf"FASTINFER_(DEFAULT_BACKEND|FRONT_WORKERS|RUNNER_WORKERS|THREADS|IN_FRONT|DECODE_THREADS"
     rf"|(BATCHING|MAX_BATCH_SIZE|MAX_LATENCY_MS)_({_KEYS}))"
 )
+# Settings since removed, which a tuned file of an earlier version or the environment may still set: ignored, and
+# said once (a server says so in its parent, where it reads the file).
+REMOVED = {"FASTINFER_SCHEDULING": "`turns` measured no gain: docs/tuning.md#scheduling"}
 RUNTIMES = ("fastinfer", "bentoml", "onnxruntime", "openvino", "torch", "coremltools")
 MACHINE_KEYS = ("machine", "cpu", "cores", "isa")  # what makes two machines the same for a measurement
 
@@ -108,6 +111,9 @@ def check(
     settings, recorded = data.get("settings"), data.get("fingerprint")
     if not isinstance(settings, dict) or not isinstance(recorded, dict) or not isinstance(recorded.get("models"), dict):
         return {}, "its settings or fingerprint are missing"
+    if gone := sorted(REMOVED.keys() & settings.keys()):
+        warn_removed(gone, "the tuned file")
+        settings = {name: value for name, value in settings.items() if name not in REMOVED}
     if not settings:
         return {}, "it sets nothing"
     if not recorded["models"]:
@@ -209,6 +215,16 @@ def model_tags(names: list[str] | None = None) -> dict[str, str | None]:
             model = None
         tags[name] = str(model.tag) if model is not None else None
     return tags
+
+
+def warn_removed(names: list[str], where: str) -> None:
+    for name in names:
+        logger.warning("%s in %s is ignored: the setting was removed (%s)", name, where, REMOVED[name])
+
+
+def removed_in_environment() -> list[str]:
+    """The removed settings the environment still sets (said once, by the server's deployment hook)."""
+    return [name for name in REMOVED if os.environ.get(name, "").strip()]
 
 
 def warn_ignored(where: str, why: str) -> None:

@@ -154,7 +154,6 @@ BACKENDS: dict[str, Any] = {
         "FASTINFER_RUNNER_WORKERS": {"value": "1", "source": "default"},
         "FASTINFER_THREADS": {"value": "0 (the cores ÷ runner workers)", "source": "rule"},
         "FASTINFER_IN_FRONT": {"value": "(none)", "source": "default"},
-        "FASTINFER_SCHEDULING": {"value": "shared", "source": "default"},
         "FASTINFER_DECODE_THREADS": {"value": "0 (one per core)", "source": "rule"},
         "FASTINFER_RUNNER_TELEMETRY": {"value": "false", "source": "default"},
     },

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -36,20 +36,12 @@ class _Job:
 
 
 class MicroBatcher:
-    def __init__(
-        self,
-        run: Callable[[np.ndarray], np.ndarray],
-        max_batch_size: int,
-        max_latency_ms: float,
-        before_batch: Callable[[], Awaitable[None]] | None = None,
-    ) -> None:
-        """``before_batch``: awaited before each batch is formed (taking turns: fastinfer/serving/turns.py)."""
+    def __init__(self, run: Callable[[np.ndarray], np.ndarray], max_batch_size: int, max_latency_ms: float) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be >= 1")
         self._run = run
         self.max_batch_size = max_batch_size
         self.linger_s = max(0.0, max_latency_ms) / 1000
-        self.before_batch = before_batch
         self._executor = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="model", initializer=name_os_thread, initargs=(MODEL_THREAD,)
         )
@@ -57,12 +49,6 @@ class MicroBatcher:
         self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
         self.expired_rows = 0  # images dropped because their deadline passed before the model took them
-
-    def close(self) -> None:
-        """Let the model thread end once its work is done (a server's batchers live as long as it does)."""
-        if self._worker is not None:
-            self._worker.cancel()
-        self._executor.shutdown(wait=False)
 
     async def run_now(self, images: np.ndarray, deadline: float = 0.0) -> np.ndarray:
         """One model call with exactly these images, on the model thread; Expired past ``deadline`` (0: none)."""
@@ -102,8 +88,6 @@ class MicroBatcher:
                 deadline = self._queue[0].enqueued + self.linger_s
                 while self._queued_rows() < self.max_batch_size and time.perf_counter() < deadline:
                     await asyncio.sleep(min(0.0005, max(0.0, deadline - time.perf_counter())))
-            if self.before_batch is not None:
-                await self.before_batch()
             jobs = self._take()
             if jobs:
                 await self._run_batch(jobs)

@@ -260,7 +260,7 @@ class Pipeline:
         return key, None if cached is None else {**cached, "cached": True}
 
     async def _prepare(self, data: bytes | memoryview, info: StoredModelInfo, timings: dict[str, float]) -> Prepared:
-        prepared = await self.cpu.run(lambda: prepare(data, info.preprocess, self.max_pixels), decode=True)
+        prepared = await self.cpu.run(lambda: prepare(data, info.preprocess, self.max_pixels))
         timings["decode"], timings["preprocess"] = prepared.decode_ms, prepared.preprocess_ms
         return prepared
 

@@ -3,8 +3,8 @@ exhaustive sweep of the same space, on this machine, and put the verdict in BENC
 
 1. the search (load_tests/tuning/search.py ``tune``), timed, as ``fastinfer tune`` runs it; its tuned
    file goes to OUT/tuning/, never to the server's store;
-2. the sweep (``sweep``): every configuration of the same space served, unpruned, timed (the scheduling and
-   the decode threads on its best configuration only: every other one takes them as an untuned server does);
+2. the sweep (``sweep``): every configuration of the same space served, unpruned, timed (the decode threads on
+   its best configuration only: every other one takes them as an untuned server does);
 3. head to head: the sweep's best few (CONTENDERS) and the search's choice, each on fresh servers,
    ``--rounds`` times in alternating order. The sweep's best is the maximum of ~100 noisy runs, so its
    own figure flatters it (the winner's curse): the verdict is judged here, on the means.
@@ -179,7 +179,7 @@ def targets(result: dict[str, Any]) -> list[Target]:
         if stage != "done":
             figure += "; the head to head was interrupted after this round"
         if cores := cores_said(tuned.get("config") or {}):
-            figure += f"; the choice's scheduling: {cores}"
+            figure += f"; the choice's decode pool: {cores}"
     elif stage != "done":
         figure = ("the head to head was interrupted before its first round (in the sweep's own runs "
                   f"{_pct(result['share_in_sweep'])})")  # fmt: skip
@@ -190,7 +190,7 @@ def targets(result: dict[str, Any]) -> list[Target]:
     t, s = result["tune"]["elapsed_s"], swept["elapsed_s"]
     budget = result["tune"]["budget_s"] / 60
     took = f"{t / 60:.1f} min (its budget {budget:g} min) vs {s / 60:.1f} min ({_pct(t / s if s else None)})"
-    if tuned is not None and "scheduling" not in (tuned.get("config") or {}):  # saved before these were tuned
+    if tuned is not None and "decode_threads" not in (tuned.get("config") or {}):  # saved before either existed
         older = f"; a check of {result.get('date', '?')}, before the scheduling and decode pool were tuned"
         figure, took = figure + older, took + older
     return [
@@ -231,7 +231,7 @@ def section(result: dict[str, Any] | None, plot: str | None) -> list[str]:
         f"{', '.join(result['backends'])}; {result['seconds']:g} s of load per run.",
         "",
         f"- `fastinfer tune` chose **{tuned['label'] if tuned else 'nothing'}**"
-        + (f" (scheduling and decode pool: {cores})" if cores else "")
+        + (f" (decode pool: {cores})" if cores else "")
         + f" after {tune_part['trials']} "
         f"served trials in {tune_part['elapsed_s'] / 60:.1f} min"
         + (f"; the budget left untried: {'; '.join(tune_part['skipped'])}" if tune_part["skipped"] else "")
@@ -266,28 +266,20 @@ def section(result: dict[str, Any] | None, plot: str | None) -> list[str]:
         header = ["configuration", "req/s", "p50 ms", "p95 ms", "run on its server"]
         lines += ["", "The sweep's ten best (within the goal):", "", table(header, rows)]
         if variants := cores_rows(swept["trials"]):
-            rows = [
-                [
-                    t["config"]["scheduling"],
-                    t["config"]["decode_threads"] or "one per core",
-                    _fig(t),
-                    f"{t['p95_ms']:g}",
-                ]
-                for t in variants
-            ]
-            header = ["scheduling", "decode threads", "req/s (p50 ms)", "p95 ms"]
-            lines += ["", "The sweep's best with each scheduling and decode pool:", "", table(header, rows)]
+            rows = [[t["config"]["decode_threads"] or "one per core", _fig(t), f"{t['p95_ms']:g}"] for t in variants]
+            header = ["decode threads", "req/s (p50 ms)", "p95 ms"]
+            lines += ["", "The sweep's best with each decode pool:", "", table(header, rows)]
     return [*lines, ""]
 
 
 def cores_rows(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The sweep's runs of its best configuration under each scheduling and decode pool (none in a check saved
-    before they were tuned): the one configuration served more than once when those settings are set aside."""
+    """The sweep's runs of its best configuration under each decode pool (none in a check saved before it was
+    tuned): the one configuration served more than once when that setting is set aside."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for t in trials:
         rest = {k: v for k, v in (t.get("config") or {}).items() if k not in tune_space.CORES_DIMENSIONS}
         groups.setdefault(json.dumps(rest, sort_keys=True), []).append(t)
-    return next((ts for ts in groups.values() if len(ts) > 1 and "scheduling" in (ts[0].get("config") or {})), [])
+    return next((ts for ts in groups.values() if len(ts) > 1 and "decode_threads" in (ts[0].get("config") or {})), [])
 
 
 def bench_section(

@@ -86,9 +86,7 @@ def markdown(result: dict[str, Any], plot: str | None) -> str:
         f"{result['budget_s']:g} s budget, {result['seconds_per_run']:g} s per load run (locust, the benchmark "
         "pool, cache bypassed).",
         "",
-        f"**Chosen: {chosen}.** Scheduling and decode pool: {cores}."
-        if chosen
-        else "**Nothing served: no configuration to choose.**",
+        f"**Chosen: {chosen}.** Decode pool: {cores}." if chosen else "**Nothing served: no configuration to choose.**",
         "",
     ]
     if plot:

@@ -5,7 +5,7 @@ by measurement rather than swept:
  2. one server with the table's settings serves each remaining backend under the goal's load (locust, the
     benchmark pool, cache bypassed); the best is kept;
  3. a fresh server per candidate: one setting at a time from the best so far; a change is kept only when it
-    beats the best by more than MIN_GAIN (the scheduling after batching, the decode threads last);
+    beats the best by more than MIN_GAIN (the decode threads last);
  4. the choice and the table's settings served once more each: the choice stands only if it still wins on
     the mean of both rounds.
 In-process figures only decide what is worth serving: every trial is a real server under real load. When
@@ -53,8 +53,6 @@ class Config(tune_space.Point):
             parts.append(f"{self.front_workers} front workers")
         if self.threads:
             parts.append(f"{self.threads} engine threads")
-        if self.scheduling != tune_space.PLAIN["FASTINFER_SCHEDULING"]:
-            parts.append(f"{self.scheduling} scheduling")
         if self.decode_threads:
             parts.append(f"{self.decode_threads} decode threads")
         return ", ".join(parts)
@@ -241,8 +239,8 @@ def untuned() -> dict[str, str]:
 
 def server_env(configs: list[Config]) -> dict[str, str]:
     """The environment of one server serving every config at once: one per backend (batching and placement are
-    per backend), all sharing the server-wide settings (front workers, engine threads, scheduling, decode threads)."""
-    wide = {(c.front_workers, c.threads, c.scheduling, c.decode_threads) for c in configs}
+    per backend), all sharing the server-wide settings (front workers, engine threads, decode threads)."""
+    wide = {(c.front_workers, c.threads, c.decode_threads) for c in configs}
     if len({c.backend for c in configs}) != len(configs) or len(wide) != 1:
         raise ValueError("one server serves one configuration per backend, with one set of server-wide settings")
     env = {**untuned(), "FASTINFER_TUNED": "off", "FASTINFER_MAX_CONCURRENCY": "256"}
@@ -305,7 +303,6 @@ def alternatives(config: Config, cores: int, goal: Goal) -> list[tuple[str, list
     if "max_batch" in dims:
         steps.append(("max batch", [replace(config, max_batch=b) for b in dims["max_batch"][1:]]))
         steps.append(("max wait", [replace(config, max_latency_ms=w) for w in dims["max_latency_ms"][1:]]))
-    steps.append(("scheduling", [replace(config, scheduling=s) for s in dims["scheduling"][1:]]))
     if not config.in_front:
         steps.append(("front workers", [replace(config, front_workers=w) for w in dims["front_workers"][1:]]))
     steps.append(("engine threads", [replace(config, threads=t) for t in dims["threads"][1:]]))
@@ -384,11 +381,11 @@ def confirm(search: Search, baseline: Trial, measure: Measure) -> None:
 
 
 def cores_said(config: dict[str, Any]) -> str:
-    """A configuration's scheduling and decode pool in words ("" for one saved before they were tuned)."""
-    if "scheduling" not in config:
+    """A configuration's decode pool in words ("" for one saved before it was tuned)."""
+    if "decode_threads" not in config:
         return ""
-    threads = config.get("decode_threads")
-    return f"{config['scheduling']}, {f'{threads} decode threads' if threads else 'a decode thread per core'}"
+    threads = config["decode_threads"]
+    return f"{threads} decode threads" if threads else "a decode thread per core"
 
 
 def shown(trial: Trial) -> str:
@@ -428,11 +425,9 @@ def space(backends: list[str], cores: int, goal: Goal) -> list[Config]:
 
 
 def cores_variants(config: Config, cores: int, goal: Goal) -> list[Config]:
-    """``config`` with each other combination of the cores' settings (scheduling × decode threads)."""
+    """``config`` with each other value of the cores' settings (the decode threads)."""
     dims = tune_space.dimensions(config.backend, cores, goal.kind)
-    every = [
-        replace(config, scheduling=s, decode_threads=d) for s in dims["scheduling"] for d in dims["decode_threads"]
-    ]
+    every = [replace(config, decode_threads=d) for d in dims["decode_threads"]]
     return [variant for variant in every if variant != config]
 
 
@@ -445,7 +440,7 @@ def server_groups(configs: list[Config], cores: int, goal: Goal) -> list[list[Co
         position = tuple(
             dims[name].index(getattr(config, name)) if name in dims else 0 for name in ("max_batch", "max_latency_ms")
         )
-        wide = (config.in_front, config.front_workers, config.threads, config.scheduling, config.decode_threads)
+        wide = (config.in_front, config.front_workers, config.threads, config.decode_threads)
         groups.setdefault((*wide, *position), []).append(config)
     return list(groups.values())
 
@@ -471,7 +466,7 @@ def sweep(
     variants = len(cores_variants(configs[0], cores, goal)) if configs else 0
     search.progress(
         f"sweep: {len(configs)} configurations of {', '.join(backends)} on {len(groups)} servers, then its best "
-        f"with {variants} other scheduling and decode threads (~{_mmss(estimate)} estimated)"
+        f"with {variants} other decode threads (~{_mmss(estimate)} estimated)"
     )
     for i, group in enumerate(groups):
         turn = i % len(group)

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from fastinfer.measure import photos
-from fastinfer.serving import turns
 from load_tests.service import Server
 from tests import images
 from tests.servers import NO_CACHE, serve, service_pids, serving
@@ -27,16 +26,10 @@ SERVED = ("onnx", IN_FRONT)  # onnx: the default backend, in its runner beside t
 
 @pytest.fixture(scope="module")
 def in_front_server(built_models, bentoml_home: Path, tmp_path_factory) -> Server:
-    # Taking turns: the engine and the decode pool in one process, batches formed after the decodes.
-    env = {"FASTINFER_IN_FRONT": IN_FRONT, "FASTINFER_CACHE": "memory", "FASTINFER_SCHEDULING": "turns"}
+    env = {"FASTINFER_IN_FRONT": IN_FRONT, "FASTINFER_CACHE": "memory"}
     env |= serving(*SERVED)
     with serve(tmp_path_factory.mktemp("in-front"), env, store=bentoml_home) as srv:
         yield srv
-
-
-def environment(pid: int) -> dict[str, str]:
-    pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
 
 
 def classify(client: httpx.Client, data: bytes, backend: str = IN_FRONT) -> httpx.Response:
@@ -88,13 +81,6 @@ def test_concurrent_requests_are_batched_in_the_front_and_bad_input_stays_4xx(in
         for bad in (images.truncated_jpeg(), b"not an image", images.bomb_png(8000)):
             refused = classify(client, bad)
             assert 400 <= refused.status_code < 500 and "error" in refused.json(), refused.text
-        configuration = client.get("/backends").json()["configuration"]
-    assert configuration["FASTINFER_SCHEDULING"] == {"value": "turns", "source": "environment"}
-    # Every process of the server takes its turns through the same lock files (fastinfer/serving/turns.py).
-    pids = service_pids(in_front_server, "fastinfer") + service_pids(in_front_server, "runner-onnx")
-    folders = {environment(pid).get(turns.DIR_ENV) for pid in pids}
-    assert len(folders) == 1 and None not in folders, folders
-    assert {"gate", "work", "busy"} <= {p.name for p in Path(folders.pop()).iterdir()}
 
 
 def test_an_engine_crash_takes_the_front_worker_down_until_it_restarts(in_front_server: Server) -> None:

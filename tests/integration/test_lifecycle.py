@@ -67,8 +67,6 @@ def own_server(own_home, redis_server, tmp_path_factory):
         "FASTINFER_TIMEOUT_S": str(TIMEOUT_S),
         # The shared server runs openvino at `auto` (BF16 where the CPU has it): test_another_precision_*.
         "FASTINFER_OPENVINO_PRECISION": "f32",
-        # Deadlines, draining and corrupt models hold when decoding and engine calls take turns too.
-        "FASTINFER_SCHEDULING": "turns",
     }
     with serve(tmp_path_factory.mktemp("serve-lifecycle"), env, home=own_home, ready=runners_settled) as srv:
         yield srv

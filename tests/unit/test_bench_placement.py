@@ -1,5 +1,5 @@
-"""``make bench``'s placement step runs placement × scheduling on fresh servers, each told every setting its label
-names; the bench's other servers are told the scheduling they record (unset: the default, ``shared``)."""
+"""``make bench``'s placement step runs each placement on fresh servers, each told every setting its label names;
+the bench's other servers are told the decode pool they record."""
 
 from __future__ import annotations
 
@@ -16,29 +16,21 @@ from fastinfer.catalog.config import get_settings
 def settings(monkeypatch: pytest.MonkeyPatch):
     """FASTINFER_* as the test sets them, read afresh (get_settings caches)."""
     monkeypatch.setenv("FASTINFER_TUNED", "off")
-    for name in ("FASTINFER_SCHEDULING", "FASTINFER_DECODE_THREADS"):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("FASTINFER_DECODE_THREADS", raising=False)
     get_settings.cache_clear()
     yield monkeypatch
     get_settings.cache_clear()
 
 
-@pytest.mark.parametrize(
-    ("setting", "cores", "resolved"),
-    [("", 2, "shared"), ("", 8, "shared"), ("shared", 2, "shared"), ("turns", 2, "turns"), (" Turns ", 8, "turns")],
-)
-def test_the_bench_records_the_scheduling_its_servers_are_told(
-    settings, setting: str, cores: int, resolved: str
-) -> None:
-    settings.setenv("FASTINFER_SCHEDULING", setting)
-    settings.setenv("FASTINFER_DECODE_THREADS", "3")
-    settings.setattr(bench.hardware, "cpu_count", lambda: cores)
-    here = bench.scheduling_here()
-    assert here == {"scheduling": resolved, "decode_threads": 3}
-    assert bench.told(here) == {"FASTINFER_SCHEDULING": resolved, "FASTINFER_DECODE_THREADS": "3"}
+@pytest.mark.parametrize(("setting", "resolved"), [("", 0), ("3", 3)])
+def test_the_bench_records_the_decode_pool_its_servers_are_told(settings, setting: str, resolved: int) -> None:
+    settings.setenv("FASTINFER_DECODE_THREADS", setting)
+    here = bench.decode_threads_here()
+    assert here == {"decode_threads": resolved}
+    assert bench.told(here) == {"FASTINFER_DECODE_THREADS": str(resolved)}
 
 
-def test_the_placement_step_runs_each_placement_and_scheduling_in_alternating_order(monkeypatch, tmp_path) -> None:
+def test_the_placement_step_runs_each_placement_in_alternating_order(monkeypatch, tmp_path) -> None:
     started: list[dict[str, str]] = []
 
     def start(home, log, env, **_):
@@ -55,27 +47,20 @@ def test_the_placement_step_runs_each_placement_and_scheduling_in_alternating_or
     monkeypatch.setattr(bench.photos, "benchmark_photo", lambda: b"jpeg")
     results = {
         "runs": [{"scenario": "inference", "backend": "onnx-int8", "users": 10, "req_per_s": 50.0}],
-        "scheduling": "turns",
         "decode_threads": 0,
     }
     args = argparse.Namespace(duration=1.0, out=tmp_path, sequential=3)
     rows = bench.placement(results, args)
-    configs = [("runner process", "shared"), ("runner process", "turns"), ("front worker", "shared"),
-               ("front worker", "turns")]  # fmt: skip
     # each round in the reverse order of the one before: a machine drifting in speed favours none
-    assert [(r["placement"], r["scheduling"], r["round"]) for r in rows] == [
-        *((p, s, 1) for p, s in configs),
-        *((p, s, 2) for p, s in reversed(configs)),
+    assert [(r["placement"], r["round"]) for r in rows] == [
+        ("runner process", 1),
+        ("front worker", 1),
+        ("front worker", 2),
+        ("runner process", 2),
     ]
-    assert len(rows) == 4 * bench.PLACEMENT_ROUNDS
+    assert len(rows) == 2 * bench.PLACEMENT_ROUNDS
     for n, (row, env) in enumerate(zip(rows, started, strict=True), 1):  # every label is what its server was told
-        assert env["FASTINFER_SCHEDULING"] == row["scheduling"] and env["FASTINFER_DECODE_THREADS"] == "0"
+        assert env["FASTINFER_DECODE_THREADS"] == "0" and "FASTINFER_SCHEDULING" not in env
         assert env["FASTINFER_IN_FRONT"] == ("onnx-int8" if row["placement"] == "front worker" else "")
-        assert env["FASTINFER_FRONT_WORKERS"] == "1" and row["decode_threads"] == 0
+        assert env["FASTINFER_FRONT_WORKERS"] == "1" and row["decode_threads"] == 0 and "scheduling" not in row
         assert row["sequential"]["median_ms"] == 20.0 and row["req_per_s"] == float(n)  # its own server's run
-
-
-def test_auto_is_no_scheduling_now_and_stops_the_bench_before_any_run(settings) -> None:
-    settings.setenv("FASTINFER_SCHEDULING", "auto")  # the first design's value: refused, never recorded as a mode
-    with pytest.raises(ValueError, match="FASTINFER_SCHEDULING must be one of shared, turns"):
-        bench.scheduling_here()

@@ -629,6 +629,19 @@ def test_a_family_rebuilt_whole_is_served_whole_again(own_store: Path, monkeypat
     assert all(backends.unavailable_reason(b) is None for b in SERVABLE)
 
 
+def test_the_removed_scheduling_in_the_environment_is_said_once_at_start_up_and_ignored(
+    own_store: Path, monkeypatch, caplog
+) -> None:
+    monkeypatch.setenv("FASTINFER_MODEL", "tiles")
+    monkeypatch.setenv("FASTINFER_SCHEDULING", "turns")  # an earlier version's setting, left in a deployment
+    for backend in SERVABLE:
+        stored(f"tiles-{backend}", backend)
+    assert start_up(monkeypatch, caplog) == [  # the settings parsed: the server starts
+        "FASTINFER_SCHEDULING in the environment is ignored: the setting was removed (`turns` measured no gain: "
+        "docs/tuning.md#scheduling)"
+    ]
+
+
 def test_a_runner_without_its_model_at_start_up_does_not_hold_the_server_s_readiness(
     own_store: Path, monkeypatch
 ) -> None:

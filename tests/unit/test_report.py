@@ -468,9 +468,10 @@ def test_each_placement_keeps_its_own_runs_whatever_the_step_left_out() -> None:
 
 
 def scheduled(results: dict, front_engine: float = 15.4, runner_engine: float = 16.5) -> dict:
-    """``results`` (engine_bench's) with the bench's own server recorded as taking turns, and the placement step
-    run under both schedulings: shared as it was, turns 2 req/s faster with the engine's threads at
-    ``front_engine`` ms per request in the front worker; every engine in a runner at ``runner_engine``."""
+    """``results`` (engine_bench's) as a bench recorded them while FASTINFER_SCHEDULING existed (since removed; its
+    results.json still reads): the bench's own server taking turns, and the placement step run under both
+    schedulings: shared as it was, turns 2 req/s faster with the engine's threads at ``front_engine`` ms per
+    request in the front worker; every engine in a runner at ``runner_engine``."""
     results |= {"scheduling": "turns", "decode_threads": 0}
     steps = [dict(r, scheduling="shared") for r in results["placement"]]
     turns = [json.loads(json.dumps(r)) | {"scheduling": "turns"} for r in steps]
@@ -520,6 +521,13 @@ def test_each_engine_target_is_judged_on_its_best_placement_and_scheduling_named
         del r["cpu"]["threads_ms_per_request"]  # no threads told apart: no engine figure at all
     engine = row(results, "Engine beyond in-process")
     assert engine.verdict == "not measured" and "runner process (median of 2 runs): not measured" in engine.figure
+
+
+def test_the_served_table_names_each_runs_decode_pool_and_its_scheduling_only_where_recorded() -> None:
+    text = "\n".join(_served_section(engine_bench(95.0) | {"decode_threads": 0}, "docs/bench"))
+    assert "| decode threads |" in text and "| one per core |" in text and "scheduling" not in text
+    text = "\n".join(_served_section(scheduled(engine_bench(95.0)), "docs/bench"))  # an earlier version's run
+    assert "| scheduling (decode threads) |" in text and "| turns (one per core) |" in text
 
 
 def test_served_on_the_servers_cores_leaves_out_the_load_generators_share() -> None:
@@ -722,7 +730,7 @@ def test_the_first_table_is_the_rows_of_results_json(tmp_path, monkeypatch) -> N
 
 def tune_check() -> dict:
     """A saved `make tune-check` (OUT/tuning.json), run on another CPU."""
-    config = {"backend": "onnx-int8", "scheduling": "shared", "decode_threads": 0}
+    config = {"backend": "onnx-int8", "decode_threads": 0}
     trial = {"label": "onnx-int8, runner", "config": config, "req_per_s": 20.0, "p50_ms": 400, "p95_ms": 500,
              "failures": 0, "requests": 200, "error": "", "position": 0, "qualified": True}  # fmt: skip
     saved = {

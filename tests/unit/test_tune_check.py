@@ -59,12 +59,12 @@ def test_the_sweep_covers_every_configuration_the_search_can_reach(goal: Goal, c
         plain = Config(**vars(tune_space.plain(backend)))
         found = reachable(plain, cores, goal)
         assert found <= every and len(found) == len([p for p in every if p.backend == backend])
-        # Served by the sweep: as it is, or with an untuned server's scheduling and decode threads (then its best
-        # with every other combination of those: cores_variants).
-        untuned = {replace(c, scheduling=plain.scheduling, decode_threads=0) for c in found}
+        # Served by the sweep: as it is, or with an untuned server's decode threads (then its best with every
+        # other value of them: cores_variants).
+        untuned = {replace(c, decode_threads=0) for c in found}
         assert untuned == {c for c in configs if c.backend == backend}
-        assert {c.scheduling for c in found} == {"turns", "shared"}
-        assert len(cores_variants(plain, cores, goal)) == (1 if cores == 1 else 3)
+        assert {c.decode_threads for c in found} == ({0} if cores == 1 else {0, cores // 2})
+        assert len(cores_variants(plain, cores, goal)) == (0 if cores == 1 else 1)
     assert not any(c.in_front and c.front_workers != 1 for c in configs)
 
 
@@ -97,14 +97,12 @@ def test_the_sweep_measures_every_configuration_once_and_stops_every_server(tmp_
     servers = FakeServers()
     rates = {"onnx-int8, in front, max batch 16, 1 engine threads": 40.0}
     swept = sweep(Goal(), 5, tmp_path, BACKENDS, by_rate(rates), servers.start, servers.stop)
-    assert len(swept.trials) == 78 + 3 and swept.servers == 36 + 3 == len(servers.started) and servers.running == 0
+    assert len(swept.trials) == 78 + 1 and swept.servers == 36 + 1 == len(servers.started) and servers.running == 0
     assert swept.chosen is not None and swept.chosen.config == Config("onnx-int8", True, 16, threads=1)
-    best = Config("onnx-int8", True, 16, threads=1)  # then it alone, with each other scheduling and decode pool:
-    assert [t.config for t in swept.trials[-3:]] == [replace(best, decode_threads=1),
-                                                     replace(best, scheduling="turns"),
-                                                     replace(best, scheduling="turns", decode_threads=1)]  # fmt: skip
-    assert {env["FASTINFER_SCHEDULING"] for env in servers.started[:-2]} == {"shared"}  # the default, said
-    assert [env["FASTINFER_SCHEDULING"] for env in servers.started[-2:]] == ["turns", "turns"]
+    best = Config("onnx-int8", True, 16, threads=1)  # then it alone, with the other decode pool
+    assert swept.trials[-1].config == replace(best, decode_threads=1)
+    assert {env["FASTINFER_DECODE_THREADS"] for env in servers.started[:-1]} == {"0"}  # the default, said
+    assert servers.started[-1]["FASTINFER_DECODE_THREADS"] == "1"
     # Its estimate counts what it serves: each server's start, each run.
     runs = len(swept.trials) * (5 + RUN_OVERHEAD_S)
     assert sweep_estimate_s(BACKENDS, 2, Goal(), 5) == swept.servers * SERVER_S + runs
@@ -138,15 +136,15 @@ def test_the_check_judges_the_choice_head_to_head_against_the_sweeps_best_few(tm
     assert check.contenders(Goal(), swept, Config("onnx")) == [*(Config(**r["runs"][0]["config"]) for r in rows),
                                                                Config("onnx")]  # fmt: skip
     assert all(len(r["runs"]) == 2 for r in rows) and servers.running == 0
-    assert result["sweep"]["configurations"] == 75 and result["tune"]["elapsed_s"] == 60.0  # not the sweep's time
+    assert result["sweep"]["configurations"] == 73 and result["tune"]["elapsed_s"] == 60.0  # not the sweep's time
     lines = check.verdict(result)
     assert "**NOT met**, 75% head to head" in lines[0] and lines[0].endswith("— CPU, 2 cores")
     text = "\n".join(check.section(result, "docs/bench/tuning.png"))
     assert "| **onnx-int8, in front, max batch 4** |" in text and "★ tuned" in text and "tuning.png" in text
-    said = "chose **openvino-int8, runner, max batch 16** (scheduling and decode pool: shared, a decode thread per core"
-    assert said in text and "; the choice's scheduling: shared, a decode thread per core" in lines[0]
-    # The sweep's best under each scheduling and decode pool: its own run and the three others.
-    assert "| shared | one per core | 40.0 (100) | 200 |" in text and "| turns | 1 | 10.0 (100) | 200 |" in text
+    said = "chose **openvino-int8, runner, max batch 16** (decode pool: a decode thread per core)"
+    assert said in text and "; the choice's decode pool: a decode thread per core" in lines[0]
+    # The sweep's best under each decode pool: its own run and the other.
+    assert "| one per core | 40.0 (100) | 200 |\n| 1 | 10.0 (100) | 200 |" in text
 
 
 def test_a_tuned_choice_that_fails_head_to_head_is_not_met_not_judged_on_its_sweep_run(tmp_path, monkeypatch) -> None:
@@ -191,7 +189,7 @@ def test_the_sweep_rotates_its_order_and_saves_after_each_server(tmp_path, monke
                   after_each=lambda s: saved.append(len(s.trials)))  # fmt: skip
     first = [t for t in swept.trials if t.config in (Config("openvino-int8"), Config("onnx-int8"))]
     assert [t.config.backend for t in first] == ["openvino-int8", "onnx-int8"]
-    assert swept.servers == 39 and len(saved) == 39 and saved[-1] == 75  # 36 servers, then 3 of its best
+    assert swept.servers == 37 and len(saved) == 37 and saved[-1] == 73  # 36 servers, then 1 of its best
     second = [t.config.backend for t in swept.trials[2:4]]
     assert second == ["onnx-int8", "openvino-int8"]  # the next server takes them the other way round
     assert [t.position for t in swept.trials[:4]] == [0, 1, 0, 1]
@@ -301,12 +299,12 @@ def test_a_head_to_head_without_its_tuned_row_is_not_met_not_a_crash() -> None:
     assert "**NOT met**" in check.verdict(result)[0]
 
 
-def test_a_check_saved_before_the_scheduling_was_tuned_says_so_in_its_rows(tmp_path, monkeypatch) -> None:
+def test_a_check_saved_before_the_decode_pool_was_tuned_says_so_in_its_rows(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr("fastinfer.common.hardware.cpu_count", lambda: 2)
     rates = {"openvino-int8, runner, max batch 16": 30.0, "onnx-int8, in front, max batch 4": 40.0}
     tuner, swept, _ = _searches(tmp_path, rates)
     result = check.compare(tuner, 60.0, swept, 2, by_rate(rates)) | ABOUT
     assert not any("before the scheduling" in t.figure for t in check.targets(result))
-    del result["tune"]["chosen"]["config"]["scheduling"]  # as a check saved before it was tuned
+    del result["tune"]["chosen"]["config"]["decode_threads"]  # as a check saved before it was tuned
     for target in check.targets(result):
         assert target.figure.endswith("before the scheduling and decode pool were tuned"), target.figure

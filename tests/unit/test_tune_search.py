@@ -18,7 +18,7 @@ from load_tests.tuning.search import MIN_GAIN, Config, Goal, Search, Trial, alte
 
 @pytest.fixture(autouse=True)
 def two_cores(monkeypatch) -> None:
-    """The search's space follows the cores (threads, front workers, scheduling): these tests are of 2."""
+    """The search's space follows the cores (threads, front workers, decode threads): these tests are of 2."""
     monkeypatch.setattr("fastinfer.common.hardware.cpu_count", lambda: 2)
 
 
@@ -117,16 +117,14 @@ def test_errors_and_the_p95_limit_disqualify_and_latency_prefers_the_lowest_p50(
 
 def test_dimensions_follow_the_backend_and_the_goal() -> None:
     names = [name for name, _ in alternatives(Config("openvino-int8"), 2, Goal())]
-    assert names == ["where the engine runs", "max batch", "max wait", "scheduling", "front workers",
-                     "engine threads", "decode threads"]  # fmt: skip
+    assert names == ["where the engine runs", "max batch", "max wait", "front workers", "engine threads",
+                     "decode threads"]  # fmt: skip
     latency = [name for name, _ in alternatives(Config("openvino-int8"), 2, Goal("latency"))]
     assert "max batch" not in latency and "max wait" not in latency  # no batch forms at one client
     (batches,) = [opts for name, opts in alternatives(Config("coreml-batched"), 8, Goal()) if name == "max batch"]
     assert all(c.max_batch is not None and c.max_batch <= 8 for c in batches)  # its largest static batch
-    assert [n for n, _ in alternatives(Config("onnx"), 1, Goal())][-1] == "scheduling"  # no threads to share out
-    for cores in (2, 8):  # shared is the default on every core count: turns is the one other value
-        (scheduling,) = [opts for name, opts in alternatives(Config("onnx"), cores, Goal()) if name == "scheduling"]
-        assert [c.scheduling for c in scheduling] == ["turns"] and Config("onnx").scheduling == "shared"
+    one_core = {n for n, _ in alternatives(Config("onnx"), 1, Goal())}
+    assert not one_core & {"front workers", "engine threads", "decode threads"}  # no cores to share out
 
 
 def test_it_writes_the_tuned_file_last_and_the_report_beside_it(tmp_path, built_models, monkeypatch) -> None:
@@ -138,13 +136,13 @@ def test_it_writes_the_tuned_file_last_and_the_report_beside_it(tmp_path, built_
     assert data["settings"] == {
         "FASTINFER_DEFAULT_BACKEND": "openvino-int8",
         "FASTINFER_MAX_BATCH_SIZE_OPENVINO_INT8": "16",
-    }  # no FASTINFER_SCHEDULING: shared, the default, is left out like every other plain value
+    }  # one decode thread per core, the default, is left out like every other plain value
     assert set(data["fingerprint"]["models"]) == {"resnet50-openvino-int8", "resnet50-onnx-int8"}
     monkeypatch.setenv(tuned.FILE_ENV, str(written))
     assert tuned.load().status == "in force"  # what it writes, the server takes
     report = (tmp_path / "report.md").read_text()
     assert "**Chosen: openvino-int8, runner, max batch 16.**" in report and "★" in report
-    assert "Scheduling and decode pool: shared, a decode thread per core." in report
+    assert "Decode pool: a decode thread per core." in report
     assert (tmp_path / "tuned.png").stat().st_size > 10_000 and not list(tmp_path.glob(".tuned.json.*"))
     assert written.stat().st_mode & 0o777 == 0o666 & ~_umask()  # readable by a server running as another user
 
@@ -208,48 +206,43 @@ def test_a_choice_that_wins_again_is_confirmed(tmp_path) -> None:
     assert "again beat" in search.decisions[-1]
 
 
-def test_scheduling_and_decode_threads_are_one_step_each_on_the_leading_configuration(tmp_path) -> None:
+def test_the_decode_threads_are_one_step_on_the_leading_configuration(tmp_path) -> None:
     servers = FakeServers()
     rates = {
         "openvino-int8, runner": 20.0,
         "openvino-int8, runner, max batch 16": 23.0,
-        "openvino-int8, runner, max batch 16, turns scheduling": 26.0,  # kept: the later steps start from it
-        "openvino-int8, runner, max batch 16, turns scheduling, 1 decode threads": 30.0,
+        "openvino-int8, runner, max batch 16, 2 front workers": 26.0,  # kept: the later steps start from it
+        "openvino-int8, runner, max batch 16, 2 front workers, 1 decode threads": 30.0,
     }
     search = tune(Goal(), 10_000, 5, tmp_path, list(FIGURES), by_rate(rates), FIGURES, servers.start, servers.stop)
     assert search.chosen is not None
-    assert search.chosen.config == Config("openvino-int8", max_batch=16, scheduling="turns", decode_threads=1)
-    assert servers.started[0]["FASTINFER_SCHEDULING"] == "shared"  # the backend stage: the default, said
-    assert servers.started[0]["FASTINFER_DECODE_THREADS"] == "0"  # and said, not the shell's
+    assert search.chosen.config == Config("openvino-int8", max_batch=16, front_workers=2, decode_threads=1)
+    assert servers.started[0]["FASTINFER_DECODE_THREADS"] == "0"  # the backend stage: the default, said
     steps = [t.stage for t in search.trials if t.stage not in ("backend", "confirmation")]
-    # Two served trials more than before them (6 on 2 cores), not four times the space: one value each.
-    assert len(steps) == 8 and steps.count("scheduling") == 1 and steps.count("decode threads") == 1
-    assert [t.config.label() for t in search.trials if t.stage == "front workers"] == [
-        "openvino-int8, runner, max batch 16, 2 front workers, turns scheduling"  # scheduling kept for later steps
+    # One served trial more than before it (6 on 2 cores), not twice the space: one value.
+    assert len(steps) == 7 and steps.count("decode threads") == 1 and steps[-1] == "decode threads"
+    assert [t.config.label() for t in search.trials if t.stage == "decode threads"] == [
+        "openvino-int8, runner, max batch 16, 2 front workers, 1 decode threads"  # front workers kept
     ]
     assert tuned_settings_of(search) == {
         "FASTINFER_DEFAULT_BACKEND": "openvino-int8",
         "FASTINFER_MAX_BATCH_SIZE_OPENVINO_INT8": "16",
-        "FASTINFER_SCHEDULING": "turns",  # not the default: written
-        "FASTINFER_DECODE_THREADS": "1",
+        "FASTINFER_FRONT_WORKERS": "2",
+        "FASTINFER_DECODE_THREADS": "1",  # not the default: written
     }
 
 
 @pytest.mark.parametrize("cores", [2, 8])
-def test_on_any_cores_the_search_starts_shared_and_tries_turns_after_batching(tmp_path, monkeypatch, cores) -> None:
+def test_on_any_cores_the_search_tries_a_decode_pool_of_half_the_cores_last(tmp_path, monkeypatch, cores) -> None:
     monkeypatch.setattr("fastinfer.common.hardware.cpu_count", lambda: cores)
     servers = FakeServers()
     search = tune(Goal(), 10_000, 5, tmp_path, list(FIGURES), by_rate({}), FIGURES, servers.start, servers.stop)
-    assert {env["FASTINFER_SCHEDULING"] for env in servers.started[:1]} == {"shared"}  # the default, on any cores
-    stages = [t.stage for t in search.trials]
-    assert stages.index("scheduling") > max(stages.index("max batch"), stages.index("max wait"))
-    (tried,) = [t.config for t in search.trials if t.stage == "scheduling"]
-    assert tried.scheduling == "turns" and tried.backend == "openvino-int8"
-    assert "turns scheduling" in tried.label() and "scheduling" not in search.trials[0].config.label()
+    assert not any("FASTINFER_SCHEDULING" in env for env in servers.started)  # removed: never tried, never said
     halves = [t.config.decode_threads for t in search.trials if t.stage == "decode threads"]
     assert halves == [cores // 2]  # half the cores
-    assert search.chosen is not None and search.chosen.config.scheduling == "shared"  # nothing beat it
-    assert "FASTINFER_SCHEDULING" not in files.tuned_settings(search.chosen)  # the default: left out
+    assert [t.stage for t in search.trials if t.stage != "confirmation"][-1] == "decode threads"
+    assert search.chosen is not None and search.chosen.config.decode_threads == 0  # nothing beat it
+    assert "FASTINFER_DECODE_THREADS" not in files.tuned_settings(search.chosen)  # the default: left out
 
 
 def tuned_settings_of(search) -> dict[str, str]:

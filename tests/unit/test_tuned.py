@@ -49,18 +49,6 @@ def test_a_file_measured_here_is_in_force() -> None:
 
 
 @pytest.mark.parametrize(
-    "scheduling",
-    [{}, {"FASTINFER_SCHEDULING": "turns"}, {"FASTINFER_SCHEDULING": " turns\n"},
-     {"FASTINFER_SCHEDULING": "shared"}, {"FASTINFER_SCHEDULING": "turns", "FASTINFER_DECODE_THREADS": "1"}],
-)  # fmt: skip
-def test_a_file_without_the_scheduling_holds_as_does_one_naming_a_scheduling_the_tuner_chooses(scheduling) -> None:
-    # Without it: the default, shared, which the tuner leaves out (and files tuned before the setting were served).
-    written = chose("onnx-int8", FASTINFER_MAX_BATCH_SIZE_ONNX_INT8="16", **scheduling)
-    settings, why = tuned.check(tuned_data(settings=written), HERE, STORED, CAN_RUN)
-    assert (settings, why) == (written, "in force")
-
-
-@pytest.mark.parametrize(
     ("data", "said"),
     [
         ([1, 2], "not a tuned file"),
@@ -146,12 +134,12 @@ def in_force(built_models, monkeypatch, tmp_path) -> Path:
 
 
 def test_its_values_become_the_settings_below_the_environment(in_force, monkeypatch) -> None:
-    unset = ("FASTINFER_DEFAULT_BACKEND", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8", "FASTINFER_SCHEDULING")
+    unset = ("FASTINFER_DEFAULT_BACKEND", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8")
     settings = settings_with(monkeypatch, *unset, "FASTINFER_DECODE_THREADS")
     assert settings.tuned["status"] == "in force", settings.tuned
     assert settings.default_backend == "onnx-int8" and settings.batching_for("onnx-int8").max_batch_size == 16
     assert settings.sources == {"FASTINFER_DEFAULT_BACKEND": "tuned", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8": "tuned"}
-    assert settings.scheduling == "shared" and settings.decode_threads == 0  # not in the file: the defaults
+    assert settings.decode_threads == 0  # not in the file: the default
     # The operator's variable wins, and says so.
     settings = settings_with(monkeypatch, FASTINFER_MAX_BATCH_SIZE_ONNX_INT8="4")
     assert settings.batching_for("onnx-int8").max_batch_size == 4
@@ -243,14 +231,16 @@ def test_counts_in_other_digits_are_refused_with_the_reason_not_as_unreadable(va
 
 def test_spaces_in_a_tuned_file_read_as_in_the_environment_and_auto_is_no_tuning(in_force, monkeypatch) -> None:
     data = json.loads(in_force.read_text())
-    data["settings"] = chose("onnx-int8\n", FASTINFER_MAX_BATCH_SIZE_ONNX_INT8=" 16\n", FASTINFER_SCHEDULING="turns ")
+    data["settings"] = chose("onnx-int8\n", FASTINFER_MAX_BATCH_SIZE_ONNX_INT8=" 16\n", FASTINFER_IN_FRONT="onnx-int8 ")
     in_force.write_text(json.dumps(data))
-    settings = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8")
+    unset = ("FASTINFER_DEFAULT_BACKEND", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8", "FASTINFER_IN_FRONT")
+    settings = settings_with(monkeypatch, *unset, FASTINFER_FRONT_WORKERS="1")
     assert settings.tuned["status"] == "in force", settings.tuned
     assert settings.default_backend == "onnx-int8" and settings.batching_for("onnx-int8").max_batch_size == 16
+    assert settings.in_front == {"onnx-int8"}
     data["settings"]["FASTINFER_DEFAULT_BACKEND"] = "AUTO"  # the tuner always chooses a backend
     in_force.write_text(json.dumps(data))
-    settings = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8")
+    settings = settings_with(monkeypatch, *unset)
     assert settings.tuned["status"] == "ignored" and "chooses: 'AUTO'" in settings.tuned["why"]
 
 
@@ -428,9 +418,6 @@ def test_a_home_that_is_a_symlink_loop_shows_the_files_name_not_a_failed_start(t
         (chose("onnx-int8", FASTINFER_IN_FRONT="none"), "FASTINFER_IN_FRONT='none'"),
         (chose("onnx-int8", FASTINFER_IN_FRONT="onnx-int8,onnx"), "FASTINFER_IN_FRONT='onnx-int8,onnx'"),
         (chose("onnx-int8", FASTINFER_IN_FRONT="onnx-int8", FASTINFER_FRONT_WORKERS="2"), "together"),
-        (chose("onnx-int8", FASTINFER_SCHEDULING="bogus"), "FASTINFER_SCHEDULING='bogus' is not a value"),
-        (chose("onnx-int8", FASTINFER_SCHEDULING="auto"), "SCHEDULING='auto' is not a value"),  # no such mode now
-        (chose("onnx-int8", FASTINFER_SCHEDULING="TURNS"), "FASTINFER_SCHEDULING='TURNS'"),  # as the tuner writes it
         (chose("onnx-int8", FASTINFER_DECODE_THREADS="2"), "FASTINFER_DECODE_THREADS='2'"),  # 2 cores: 0 or 1
         (chose("onnx-int8", FASTINFER_DECODE_THREADS="-1"), "FASTINFER_DECODE_THREADS='-1'"),
         (chose("auto"), "names no backend `fastinfer tune` chooses: 'auto'"),
@@ -472,14 +459,13 @@ def test_every_configuration_the_tuner_can_write_is_in_force(cores) -> None:
 
 
 @pytest.mark.parametrize("cores", [1, 2, 8])
-def test_the_tuner_writes_its_scheduling_and_decode_threads_only_when_not_the_defaults(cores) -> None:
+def test_the_tuner_writes_its_decode_threads_only_when_not_the_default(cores) -> None:
     points = [p for goal in tune_space.GOALS for p in tune_space.points("onnx-int8", cores, goal)]
     written = [tune_space.written(p.settings()) for p in points]
-    assert {w.get("FASTINFER_SCHEDULING") for w in written} == {None, "turns"}  # shared, the default, is left out
     threads = {w.get("FASTINFER_DECODE_THREADS") for w in written}
     assert threads == ({None} if cores == 1 else {None, str(cores // 2)})  # 0, one per core, is left out
-    first = tune_space.dimensions("onnx-int8", cores, "throughput")["scheduling"][0]
-    assert first == tune_space.plain("onnx-int8").scheduling == config.Settings.scheduling == "shared"
+    first = tune_space.dimensions("onnx-int8", cores, "throughput")["decode_threads"][0]
+    assert first == tune_space.plain("onnx-int8").decode_threads == config.Settings.decode_threads == 0
 
 
 def resolved(**settings: str) -> str:
@@ -487,20 +473,36 @@ def resolved(**settings: str) -> str:
     return json.dumps({"path": "t", "settings": settings, "status": "in force", "why": "", "created": "", "goal": ""})
 
 
-def test_tuned_scheduling_and_decode_threads_reach_the_settings_below_the_environment(monkeypatch) -> None:
-    names = ("FASTINFER_DEFAULT_BACKEND", "FASTINFER_SCHEDULING", "FASTINFER_DECODE_THREADS")
-    monkeypatch.setenv(tuned.RESOLVED_ENV, resolved(**chose("onnx-int8", FASTINFER_SCHEDULING="turns",
-                                                            FASTINFER_DECODE_THREADS="1")))  # fmt: skip
+def test_tuned_decode_threads_reach_the_settings_below_the_environment(monkeypatch) -> None:
+    names = ("FASTINFER_DEFAULT_BACKEND", "FASTINFER_DECODE_THREADS")
+    monkeypatch.setenv(tuned.RESOLVED_ENV, resolved(**chose("onnx-int8", FASTINFER_DECODE_THREADS="1")))
     settings = settings_with(monkeypatch, *names)
-    assert (settings.scheduling, settings.decode_threads) == ("turns", 1)
-    assert settings.sources == dict.fromkeys(names, "tuned")
-    settings = settings_with(monkeypatch, FASTINFER_SCHEDULING="shared", FASTINFER_DECODE_THREADS="2")
-    assert (settings.scheduling, settings.decode_threads) == ("shared", 2)
-    assert settings.sources["FASTINFER_SCHEDULING"] == settings.sources["FASTINFER_DECODE_THREADS"] == "environment"
+    assert settings.decode_threads == 1 and settings.sources == dict.fromkeys(names, "tuned")
+    settings = settings_with(monkeypatch, FASTINFER_DECODE_THREADS="2")
+    assert settings.decode_threads == 2 and settings.sources["FASTINFER_DECODE_THREADS"] == "environment"
 
 
-def test_a_bogus_scheduling_from_the_parent_leaves_the_tuned_values_out_not_the_server_down(monkeypatch) -> None:
-    monkeypatch.setenv(tuned.RESOLVED_ENV, resolved(**chose("onnx-int8", FASTINFER_SCHEDULING="bogus")))
-    settings = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND", "FASTINFER_SCHEDULING")
-    assert settings.tuned["status"] == "ignored" and "FASTINFER_SCHEDULING" in settings.tuned["why"]
-    assert (settings.scheduling, settings.default_backend, settings.sources) == ("shared", "auto", {})
+def test_a_bogus_decode_pool_from_the_parent_leaves_the_tuned_values_out_not_the_server_down(monkeypatch) -> None:
+    monkeypatch.setenv(tuned.RESOLVED_ENV, resolved(**chose("onnx-int8", FASTINFER_DECODE_THREADS="bogus")))
+    settings = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND", "FASTINFER_DECODE_THREADS")
+    assert settings.tuned["status"] == "ignored" and "FASTINFER_DECODE_THREADS" in settings.tuned["why"]
+    assert (settings.decode_threads, settings.default_backend, settings.sources) == (0, "auto", {})
+
+
+@pytest.mark.parametrize("value", ["shared", "turns"])
+def test_a_file_naming_the_removed_scheduling_holds_without_it_and_says_so_once(
+    in_force, monkeypatch, caplog, value
+) -> None:
+    """A file tuned while FASTINFER_SCHEDULING existed: that entry is ignored, in one line, and the rest holds."""
+    data = json.loads(in_force.read_text())
+    data["settings"]["FASTINFER_SCHEDULING"] = value
+    in_force.write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING, logger="fastinfer.tuned"):
+        settings = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8")
+    assert settings.tuned["status"] == "in force", settings.tuned
+    assert settings.tuned["settings"] == {"FASTINFER_DEFAULT_BACKEND": "onnx-int8",
+                                          "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8": "16"}  # fmt: skip
+    assert "FASTINFER_SCHEDULING" not in settings.sources and settings.batching_for("onnx-int8").max_batch_size == 16
+    (line,) = [r.getMessage() for r in caplog.records if "FASTINFER_SCHEDULING" in r.getMessage()]
+    assert line == ("FASTINFER_SCHEDULING in the tuned file is ignored: the setting was removed (`turns` measured "
+                    "no gain: docs/tuning.md#scheduling)")  # fmt: skip
