@@ -41,9 +41,12 @@ serve: models
 system-deps:
 	@scripts/system-deps
 
+# Two processes by default (tests/conftest.py): each starts the session's servers it needs, so more workers cost
+# a server each; `make test TEST_WORKERS=0` runs in one process.
+TEST_WORKERS ?= 2
 test: system-deps models
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The loop while you work: the unit tests that need no built store, no server and no model build (docs/architecture.md).
 test-quick: $(VENV)/.installed
@@ -53,6 +56,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/deptry .
+	$(VENV)/bin/lint-imports --no-cache
 
 # The docs site (mkdocs.yml, docs/) into site/, its configuration tables regenerated from the settings'
 # definitions first; --strict: a broken link or anchor fails it.
