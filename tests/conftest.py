@@ -7,19 +7,28 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
+
+T = TypeVar("T")
 
 pytest_plugins = ["tests.servers"]  # the real bentoml serve, redis-server and fake Groq, shared by all suites
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+# The project's store (`make test` builds it first, as `make serve` does): where the test store starts from. Kept
+# in the environment for pytest-xdist's workers, which inherit the BENTOML_HOME set below.
+_PROJECT_HOME = Path(
+    os.environ.setdefault("FASTINFER_SUITE_PROJECT_HOME", os.environ.get("BENTOML_HOME") or str(ROOT / "bentoml_home"))
+)
 _HOME = Path(tempfile.mkdtemp(prefix="fastinfer-bentoml-home-"))
 os.environ["BENTOML_HOME"] = str(_HOME)
 os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
@@ -39,12 +48,58 @@ def bentoml_home() -> Path:
     return _HOME
 
 
-@pytest.fixture(scope="session")
-def built_models(bentoml_home: Path) -> list:
-    """Every model built once into the temporary store (seeded random init: no network here)."""
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _start_from_project_store(home: Path) -> None:
+    """``home`` given copies (never links: tests damage their stores) of the project store's default family. The
+    build below keeps what is current, and rebuilds the rest: on a fresh clone, where `make models` found no
+    downloadable weights, the project's models are this seeded random init's, and the test store costs a check of
+    their sha256 (seconds) instead of a build (~45 s)."""
+    from fastinfer.catalog import store
+
+    for model in sorted((_PROJECT_HOME / "models").glob(f"{store.DEFAULT_FAMILY}-*")):
+        shutil.copytree(model, home / "models" / model.name, dirs_exist_ok=True)
+
+
+def run_folder(factory: pytest.TempPathFactory) -> Path:
+    """The test run's temporary folder, which every pytest-xdist worker shares (each has its own below it)."""
+    base = factory.getbasetemp()
+    return base.parent if "PYTEST_XDIST_WORKER" in os.environ else base
+
+
+def once_per_run(factory: pytest.TempPathFactory, name: str, make: Callable[[Path], T]) -> T:
+    """``make(folder)`` done once per test run, by whichever pytest-xdist worker asks first (`make test` runs two):
+    the others wait for it and get its result, pickled beside the folder. ``make`` must leave the folder as it is
+    afterwards: every worker reads it."""
+    from filelock import FileLock
+
+    folder, made = run_folder(factory) / name, run_folder(factory) / f"{name}.pickle"
+    with FileLock(f"{folder}.lock"):
+        if not made.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a worker's failed attempt: start again
+            folder.mkdir()
+            made.write_bytes(pickle.dumps(make(folder)))
+        return pickle.loads(made.read_bytes())
+
+
+def _make_store(home: Path) -> list:
     from build_models import build
 
-    return build("random", progress=lambda m: print(m, flush=True))
+    _start_from_project_store(home)
+    with model_store_at(home):
+        return build("random", progress=_say)
+
+
+@pytest.fixture(scope="session")
+def built_models(bentoml_home: Path, tmp_path_factory: pytest.TempPathFactory) -> list:
+    """Every model of the default family, current for the seeded random init (no network here), made once per run
+    and linked into this process's store; the build's results."""
+    results = once_per_run(tmp_path_factory, "built-store", _make_store)
+    made = run_folder(tmp_path_factory) / "built-store" / "models"
+    shutil.copytree(made, bentoml_home / "models", copy_function=_link_or_copy, dirs_exist_ok=True)
+    return results
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -102,12 +157,16 @@ HEAVY_FIXTURES = {"built_models", "private_store", "measured_build", "own_family
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test marked by its folder (unit, integration, e2e), and ``heavy`` where it needs the built store, a
-    server or a model build: ``-m "unit and not heavy"`` is `make test-quick`."""
+    server or a model build: ``-m "unit and not heavy"`` is `make test-quick`. On pytest-xdist's workers, the
+    files with heavy tests go first: the longest files then start early and the quick ones fill in at the end."""
     for item in items:
         folder = Path(str(item.path)).relative_to(ROOT / "tests").parts[0]
         item.add_marker(folder)
         if folder != "unit" or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker("heavy")
+    heavy_files = {item.path for item in items if item.get_closest_marker("heavy")}
+    if "PYTEST_XDIST_WORKER" in os.environ:  # every worker sorts alike: xdist checks they collected the same list
+        items.sort(key=lambda item: item.path not in heavy_files)
 
 
 _running: list[str] = []  # the test in progress, for an INTERNALERROR that names none

@@ -20,6 +20,8 @@ label order answers 0-33%, a static INT8 calibrated on blank images 63%: all far
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -270,6 +272,43 @@ def _make_family(root: Path) -> Family:
         NAME, classes, weights, labels_file, sets["train"], sets["heldout"], sets["calibration"],
         MEAN, STD, RESIZE, CROP, accuracy["train"], accuracy["heldout"], seconds,
     )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Built:
+    home: Path
+    output: str  # the build's stdout and stderr
+    table: dict  # the accuracy table it wrote (--accuracy-json)
+
+    def rows(self, family: str) -> dict[str, dict]:
+        """Served backend name → its measured row (``<family>-<backend>`` in the table)."""
+        prefix = f"{family}-"
+        return {
+            r["backend"].removeprefix(prefix): r
+            for r in self.table["rows"]
+            if r["backend"].startswith(prefix) and r["status"] == "measured"
+        }
+
+
+def run_build(home: Path, args: list[str], timeout: float = 1800) -> subprocess.CompletedProcess:
+    """The real CLI (``python -m build_models``), into ``home``'s store."""
+    return subprocess.run(
+        [sys.executable, "-m", "build_models", *args],
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**os.environ, "BENTOML_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def build_family(family: Family, work: Path) -> Built:
+    """Every backend of ``family`` built with the real CLI into work/home, calibrated and measured on its photos."""
+    home, table = work / "home", work / "accuracy.json"
+    done = run_build(home, [*family.build_args(), "--accuracy-json", str(table)])
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-6000:]
+    return Built(home, output, json.loads(table.read_text()))
 
 
 def main(argv: list[str]) -> int:

@@ -16,7 +16,6 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -24,7 +23,7 @@ import pytest
 
 from fastinfer.catalog.backends import openvino_missing
 from load_tests.service import ROOT, Server
-from tests.family_data import Family, images
+from tests.family_data import Built, Family, images, run_build
 from tests.servers import NO_CACHE, serve
 
 pytestmark = pytest.mark.integration
@@ -34,54 +33,15 @@ ALWAYS_HERE = ("pytorch", "onnx", "onnx-int8", "onnx-int8-dynamic")
 """The backends every machine the suite runs on builds and serves (OpenVINO's where it is installed)."""
 
 
-@dataclass(frozen=True)
-class Built:
-    home: Path
-    output: str  # the build's stdout and stderr
-    table: dict  # the accuracy table it wrote (--accuracy-json)
-
-    def rows(self, family: str) -> dict[str, dict]:
-        """Served backend name → its measured row (``<family>-<backend>`` in the table)."""
-        prefix = f"{family}-"
-        return {
-            r["backend"].removeprefix(prefix): r
-            for r in self.table["rows"]
-            if r["backend"].startswith(prefix) and r["status"] == "measured"
-        }
-
-
-def run_build(home: Path, args: list[str], timeout: float = 1800) -> subprocess.CompletedProcess:
-    """The real CLI, into ``home``'s store."""
-    return subprocess.run(
-        [sys.executable, "-m", "build_models", *args],
-        cwd=ROOT,
-        env={**os.environ, "BENTOML_HOME": str(home)},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def stored(home: Path) -> list[str]:
     models = home / "models"
     return sorted(p.name for p in models.iterdir() if p.is_dir()) if models.is_dir() else []
 
 
 @pytest.fixture(scope="module")
-def built(own_family: Family, tmp_path_factory) -> Built:
-    """Every backend of the family built, calibrated and measured on its photos (~4 min on 2 cores)."""
-    work = tmp_path_factory.mktemp("own-family-build")
-    home, table = work / "home", work / "accuracy.json"
-    done = run_build(home, [*own_family.build_args(), "--accuracy-json", str(table)])
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-6000:]
-    return Built(home, output, json.loads(table.read_text()))
-
-
-@pytest.fixture(scope="module")
-def family_server(built: Built, own_family: Family, redis_server, tmp_path_factory) -> Server:
+def family_server(family_build: Built, own_family: Family, redis_server, tmp_path_factory) -> Server:
     env = {"FASTINFER_MODEL": own_family.name, "REDIS_URL": redis_server.url}
-    with serve(tmp_path_factory.mktemp("own-family-serve"), env, home=built.home) as srv:
+    with serve(tmp_path_factory.mktemp("own-family-serve"), env, store=family_build.home) as srv:
         yield srv
 
 
@@ -96,26 +56,26 @@ def expected_backends() -> set[str]:
 
 
 def test_the_build_stores_every_backend_as_the_family_and_measures_it_on_the_heldout_photos(
-    built: Built, own_family: Family
+    family_build: Built, own_family: Family
 ) -> None:
     heldout = images(own_family.heldout)
-    table = built.table
+    table = family_build.table
     assert (table["images"], table["skipped"], table["labels"]) == (len(heldout), 0, len(own_family.classes)), table
     # The build's PyTorch reference is the weights with the family's mean/std and crop: what PyTorch measured
     # here. Had the build normalised with ImageNet's, it would be about 3%.
     (reference,) = [r for r in table["rows"] if r["backend"].startswith("pytorch")]
     assert round(reference["top1"] * len(heldout)) == round(own_family.heldout_top1 * len(heldout)), reference
-    rows = built.rows(own_family.name)
-    assert expected_backends() <= set(rows), f"measured: {sorted(rows)}\n{built.output[-4000:]}"
+    rows = family_build.rows(own_family.name)
+    assert expected_backends() <= set(rows), f"measured: {sorted(rows)}\n{family_build.output[-4000:]}"
     for backend, row in rows.items():
         assert row["images"] == len(heldout) and row["top1"] >= MIN_TOP1, (backend, row)
         if row["precision"] in ("int8", "bf16"):  # the default --max-accuracy-drop: 1 point
             assert reference["top1"] - row["top1"] <= 0.01 + 1e-9, (backend, row, reference)
     # Only the family's models, named after it; each carries its labels, preprocessing and measured accuracy.
-    names = stored(built.home)
+    names = stored(family_build.home)
     assert names and all(n.startswith(f"{own_family.name}-") for n in names), names
     for name in names:
-        model = latest_model(built.home, name)
+        model = latest_model(family_build.home, name)
         meta = model["metadata"]
         assert model["labels"]["family"] == own_family.name, model["labels"]
         assert meta["categories"] == list(own_family.classes) and meta["num_classes"] == len(own_family.classes)
@@ -146,13 +106,13 @@ def ask(client: httpx.Client, backend: str, photo: Path, top_k: int | None = Non
 
 
 def test_every_backend_serves_the_heldout_photos_with_the_family_labels_as_the_build_measured(
-    client: httpx.Client, built: Built, own_family: Family
+    client: httpx.Client, family_build: Built, own_family: Family
 ) -> None:
     listed = client.get("/backends").json()
     family = listed["family"]
     assert (family["name"], family["num_classes"]) == (own_family.name, len(own_family.classes)), family
     available = {b["name"]: b for b in listed["backends"] if b["available"]}
-    rows = built.rows(own_family.name)
+    rows = family_build.rows(own_family.name)
     assert set(available) == set(rows), f"served {sorted(available)}, built and measured {sorted(rows)}"
 
     classes = list(own_family.classes)
@@ -191,21 +151,21 @@ def test_top_k_above_the_class_count_is_a_400_naming_it(client: httpx.Client, ow
 
 
 def test_evaluate_through_the_server_agrees_with_the_build(
-    family_server: Server, built: Built, own_family: Family, tmp_path: Path
+    family_server: Server, family_build: Built, own_family: Family, tmp_path: Path
 ) -> None:
     out = tmp_path / "evaluate.json"
     done = subprocess.run(
         [sys.executable, "-m", "fastinfer.cli", "evaluate", str(own_family.heldout), "--url", family_server.url,
          "--model", own_family.name, "--json", str(out), "--plot", str(tmp_path / "evaluate.png")],
         cwd=ROOT,
-        env={**os.environ, "BENTOML_HOME": str(built.home)},
+        env={**os.environ, "BENTOML_HOME": str(family_build.home)},
         capture_output=True,
         text=True,
         timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     through = {r["backend"]: r for r in json.loads(out.read_text())["rows"] if r["status"] == "measured"}
-    rows = built.rows(own_family.name)
+    rows = family_build.rows(own_family.name)
     assert set(through) >= set(rows), (sorted(through), sorted(rows))
     for backend, row in rows.items():
         assert (through[backend]["images"], through[backend]["top1"]) == (row["images"], row["top1"]), backend

@@ -26,6 +26,13 @@ def as_in_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:  # it ended (or is a zombie not yet reaped) between listing and reading
+        return []
+
+
 def tune_env(tuned: Path) -> dict[str, str]:
     # Its own tuned file: the test servers started over the same store must never read it.
     return {**os.environ, "FASTINFER_TUNED": str(tuned)}
@@ -119,8 +126,8 @@ def test_an_interrupted_tune_stops_every_server_and_keeps_the_previous_file(buil
         while not servers and time.monotonic() < deadline:  # wait for its `bentoml serve` to be under load
             time.sleep(1)
             children = psutil.Process(tune.pid).children(recursive=True)
-            if any("locust" in " ".join(c.cmdline()) for c in children):
-                servers = [c for c in children if "bentoml" in " ".join(c.cmdline()[:3]) and "serve" in c.cmdline()]
+            if any("locust" in " ".join(cmdline(c)) for c in children):
+                servers = [c for c in children if "bentoml" in " ".join(cmdline(c)[:3]) and "serve" in cmdline(c)]
         assert servers, "the tune never got a server under load"
         server_tree = [p for s in servers for p in [s, *s.children(recursive=True)]]
         tune.send_signal(signal.SIGINT)  # Ctrl-C
