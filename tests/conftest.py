@@ -157,16 +157,12 @@ HEAVY_FIXTURES = {"built_models", "private_store", "measured_build", "own_family
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test marked by its folder (unit, integration, e2e), and ``heavy`` where it needs the built store, a
-    server or a model build: ``-m "unit and not heavy"`` is `make test-quick`. On pytest-xdist's workers, the
-    files with heavy tests go first: the longest files then start early and the quick ones fill in at the end."""
+    server or a model build: ``-m "unit and not heavy"`` is `make test-quick`."""
     for item in items:
         folder = Path(str(item.path)).relative_to(ROOT / "tests").parts[0]
         item.add_marker(folder)
         if folder != "unit" or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker("heavy")
-    heavy_files = {item.path for item in items if item.get_closest_marker("heavy")}
-    if "PYTEST_XDIST_WORKER" in os.environ:  # every worker sorts alike: xdist checks they collected the same list
-        items.sort(key=lambda item: item.path not in heavy_files)
 
 
 _running: list[str] = []  # the test in progress, for an INTERNALERROR that names none

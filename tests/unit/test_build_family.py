@@ -4,11 +4,10 @@ cannot be, before anything is stored; and a real small build of a 3-class family
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,12 +16,14 @@ import torch
 import yaml
 
 from build_models import BadPreprocessing, build, preprocess_spec
+from build_models.__main__ import main as build_main
 from build_models.context import family_hash
 from build_models.labels import BadLabels, family_labels, imagenet_categories, read_labels, text_labels
 from build_models.weights import NotResNet50Weights, load_weights, state_hash
 from fastinfer.catalog import store
 from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.measure import photos
+from tests.conftest import model_store_at
 
 pytestmark = pytest.mark.heavy  # model builds
 
@@ -366,18 +367,16 @@ def test_a_model_of_ones_own_without_a_name_is_warned_to_replace_the_default_fam
 
 
 def build_family(home: Path, weights: Path, labels: Path, *extra: str, status: int = 0) -> str:
-    """``python -m build_models`` for the 3-class family into ``home``: its own BentoML store (BentoML
-    fixes a process's store at its first use, so the build runs in a process of its own). Its stdout; its
-    stderr when it is to fail (``status``)."""
+    """The build command (``python -m build_models``'s main, in process) for the 3-class family into ``home``'s
+    store. Its stdout; its stderr when it is to fail (``status``)."""
     argv = ["--weights", str(weights), "--labels", str(labels), "--name", "tri", "--only", "pytorch,onnx"]
     argv += ["--mean", ",".join(map(str, MEAN)), "--std", ",".join(map(str, STD))]
     argv += ["--resize", str(RESIZE), "--crop", str(CROP), *extra]
-    env = {**os.environ, "BENTOML_HOME": str(home), "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-m", "build_models", *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == status, done.stdout[-3000:] + done.stderr[-3000:]
-    return done.stdout if status == 0 else done.stderr
+    out, err = io.StringIO(), io.StringIO()
+    with model_store_at(home), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = build_main(argv)
+    assert code == status, out.getvalue()[-3000:] + err.getvalue()[-3000:]
+    return out.getvalue() if status == 0 else err.getvalue()
 
 
 def stored(home: Path, name: str) -> tuple[Path, dict]:
