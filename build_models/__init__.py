@@ -24,7 +24,7 @@ import numpy as np
 
 from build_models import exporters
 from build_models.accuracy_gate import DEFAULT_JSON, DEFAULT_MAX_DROP_PP, AccuracyGate, AccuracyRefused
-from build_models.context import BuildContext, family_hash
+from build_models.context import BuildContext, build_code, family_hash
 from build_models.labels import IMAGENET_CLASSES, SHOWN, family_labels
 from build_models.text import as_text, texts
 from fastinfer.catalog import store, store_check
@@ -348,7 +348,8 @@ def build(
                 if gate is not None:
                     gate.not_measured(name, f"not built here: {cannot}")
                 continue
-            if not force and store.is_current(existing, ctx.source_hash) and artifact.still_current(ctx, existing):
+            current = store.is_current(existing, ctx.source_hash, build_code())
+            if not force and current and artifact.still_current(ctx, existing):
                 health = ctx.health(existing)  # labels alone would call a truncated copy current
                 if health.intact:
                     progress(f"{step}: up to date ({existing.tag}; its files match their sha256), skipped")
@@ -409,6 +410,7 @@ def build(
                     "weights": weights.kind,
                     "source_hash": ctx.source_hash,  # weights, labels and preprocessing: any change rebuilds
                     "build_format": store.BUILD_FORMAT,
+                    "built_by": build_code(),  # this build code and runtimes: another version rebuilds
                 }
                 metadata = {
                     "input": store.input_spec(spec.crop_size),

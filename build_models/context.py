@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.metadata
 import json
 import shutil
 import tempfile
@@ -26,6 +28,27 @@ if TYPE_CHECKING:
 
     from build_models.weights import Weights
     from fastinfer.engines.torch_model import Uint8Classifier
+
+# What an export's bytes depend on beyond the source: the runtimes it is exported and quantized with.
+EXPORT_RUNTIMES = ("torch", "onnx", "onnxruntime", "openvino", "nncf", "coremltools")
+
+
+@functools.cache
+def build_code() -> str:
+    """The ``built_by`` label: a digest of the code that exports (this package and the model it wraps) and of the
+    runtimes' versions, so that a model an older build made is rebuilt rather than called up to date."""
+    from fastinfer.engines import torch_model
+
+    digest = hashlib.sha256()
+    for path in [*sorted(Path(__file__).parent.glob("*.py")), Path(torch_model.__file__)]:
+        digest.update(path.read_bytes())
+    for runtime in EXPORT_RUNTIMES:
+        try:
+            digest.update(f"{runtime}=={importlib.metadata.version(runtime)}".encode())
+        except importlib.metadata.PackageNotFoundError:
+            digest.update(f"{runtime} absent".encode())
+    return digest.hexdigest()[:16]
+
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -150,7 +173,8 @@ class BuildContext:
 
     def current_and_intact(self, model: Model | None) -> bool:
         """A stored model whose file an export may start from: built from this source, and intact."""
-        return model is not None and store.is_current(model, self.source_hash) and self.health(model).intact
+        current = model is not None and store.is_current(model, self.source_hash, build_code())
+        return current and self.health(model).intact
 
     @property
     def activation_type(self) -> str:

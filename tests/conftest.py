@@ -39,7 +39,8 @@ for _name in ("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE", "FASTINFER_API_KE
               "FASTINFER_ANALYZE_PER_MINUTE", "FASTINFER_ANALYZE_TOTAL_PER_MINUTE",
               "FASTINFER_DEFAULT_BACKEND", "FASTINFER_TUNED", "FASTINFER_TUNED_RESOLVED",
               "FASTINFER_RUNNER_TELEMETRY", "BENTOML_CONFIG", "BENTOML_CONFIG_OPTIONS",
-              "BENTOML_CONFIG_OVERRIDES", "FASTINFER_MODEL", "FASTINFER_BACKENDS", "FASTINFER_IN_FRONT"):  # fmt: skip
+              "BENTOML_CONFIG_OVERRIDES", "FASTINFER_MODEL", "FASTINFER_BACKENDS", "FASTINFER_IN_FRONT",
+              "FASTINFER_SCHEDULING"):  # fmt: skip
     os.environ.pop(_name, None)
 
 
@@ -57,10 +58,14 @@ def _start_from_project_store(home: Path) -> None:
     build below keeps what is current, and rebuilds the rest: on a fresh clone, where `make models` found no
     downloadable weights, the project's models are this seeded random init's, and the test store costs a check of
     their sha256 (seconds) instead of a build (~45 s)."""
+    from build_models import ARTIFACTS
     from fastinfer.catalog import store
 
-    for model in sorted((_PROJECT_HOME / "models").glob(f"{store.DEFAULT_FAMILY}-*")):
-        shutil.copytree(model, home / "models" / model.name, dirs_exist_ok=True)
+    for artifact in ARTIFACTS.values():  # by name: a family called resnet50-shop is not the default family
+        for batch in artifact.batches:
+            model = _PROJECT_HOME / "models" / store.model_name(artifact.name, batch)
+            if model.is_dir():
+                shutil.copytree(model, home / "models" / model.name)
 
 
 def run_folder(factory: pytest.TempPathFactory) -> Path:
@@ -75,12 +80,18 @@ def once_per_run(factory: pytest.TempPathFactory, name: str, make: Callable[[Pat
     afterwards: every worker reads it."""
     from filelock import FileLock
 
-    folder, made = run_folder(factory) / name, run_folder(factory) / f"{name}.pickle"
+    folder = run_folder(factory) / name
+    made, failed = folder.with_suffix(".pickle"), folder.with_suffix(".failed")
     with FileLock(f"{folder}.lock"):
+        if failed.exists():  # the same failure again would only cost the other worker the same minutes
+            pytest.fail(f"{name}, made by another worker, failed: {failed.read_text()}")
         if not made.exists():
-            shutil.rmtree(folder, ignore_errors=True)  # a worker's failed attempt: start again
             folder.mkdir()
-            made.write_bytes(pickle.dumps(make(folder)))
+            try:
+                made.write_bytes(pickle.dumps(make(folder)))
+            except BaseException as exc:
+                failed.write_text(f"{type(exc).__name__}: {exc}"[:4000])
+                raise
         return pickle.loads(made.read_bytes())
 
 
@@ -107,9 +118,10 @@ def _link_or_copy(src: str, dst: str) -> None:
     which BentoML and the tests rewrite in place) copied. A test that damages a large file in place breaks
     the link first (:func:`unshared`)."""
     if os.path.getsize(src) > 1 << 20:
-        os.link(src, dst)
-    else:
-        shutil.copy2(src, dst)
+        with contextlib.suppress(OSError):  # another filesystem (EXDEV): copied instead
+            os.link(src, dst)
+            return
+    shutil.copy2(src, dst)
 
 
 def unshared(path: Path) -> Path:

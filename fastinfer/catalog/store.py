@@ -294,9 +294,14 @@ def _triple(values: Any) -> tuple[float, float, float]:
     return (r, g, b)
 
 
-def is_current(model: Model | None, source_hash: str) -> bool:
-    """True when a stored model was built from this source hash by this build format."""
+def is_current(model: Model | None, source_hash: str, built_by: str) -> bool:
+    """True when a stored model was built from this source hash, in this build format, by this build code
+    (``built_by``: build_models.context.build_code)."""
     if model is None:
         return False
     labels = model.info.labels
-    return labels.get("source_hash") == source_hash and labels.get("build_format") == BUILD_FORMAT
+    return (labels.get("source_hash"), labels.get("build_format"), labels.get("built_by")) == (
+        source_hash,
+        BUILD_FORMAT,
+        built_by,
+    )

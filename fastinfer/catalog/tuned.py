@@ -35,8 +35,8 @@ TUNABLE = re.compile(
     rf"FASTINFER_(DEFAULT_BACKEND|FRONT_WORKERS|RUNNER_WORKERS|THREADS|IN_FRONT|DECODE_THREADS"
     rf"|(BATCHING|MAX_BATCH_SIZE|MAX_LATENCY_MS)_({_KEYS}))"
 )
-# Settings since removed, which a tuned file of an earlier version or the environment may still set: ignored, and
-# said once (a server says so in its parent, where it reads the file).
+# Settings since removed, which the environment or a tuned file of an earlier version may still set: the environment's
+# is ignored and said once (the server's deployment hook), a tuned file naming one is ignored whole.
 REMOVED = {"FASTINFER_SCHEDULING": "`turns` measured no gain: docs/tuning.md#scheduling"}
 RUNTIMES = ("fastinfer", "bentoml", "onnxruntime", "openvino", "torch", "coremltools")
 MACHINE_KEYS = ("machine", "cpu", "cores", "isa")  # what makes two machines the same for a measurement
@@ -111,9 +111,11 @@ def check(
     settings, recorded = data.get("settings"), data.get("fingerprint")
     if not isinstance(settings, dict) or not isinstance(recorded, dict) or not isinstance(recorded.get("models"), dict):
         return {}, "its settings or fingerprint are missing"
-    if gone := sorted(REMOVED.keys() & settings.keys()):
-        warn_removed(gone, "the tuned file")
-        settings = {name: value for name, value in settings.items() if name not in REMOVED}
+    if gone := sorted(REMOVED.keys() & settings.keys()):  # the tuner wrote it only when it chose `turns`
+        return {}, (
+            f"it was tuned with {gone[0]}, since removed ({REMOVED[gone[0]]}), and its other values were "
+            "measured with it; run `fastinfer tune` again"
+        )
     if not settings:
         return {}, "it sets nothing"
     if not recorded["models"]:

@@ -13,6 +13,7 @@ import contextlib
 import importlib
 import inspect
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -26,13 +27,56 @@ ROOT = Path(__file__).resolve().parents[2]
 NOT_LAYERED = ("tests", "docs")  # the tests and the docs site's hooks may import any layer; no layer imports them
 LOADERS = ("import_module", "__import__", "resolve_name")  # called with a module's (or a name's) path
 IMPORTLINTER = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+ROOTS = IMPORTLINTER["root_packages"]
 
 
 def test_the_import_contracts_hold() -> None:
     """Layers, peers, no circles, no import of the tests, uvicorn's and BentoML's private packages: pyproject.toml."""
-    lint = Path(sys.executable).with_name("lint-imports")  # import-linter's command, installed beside this Python
-    run = subprocess.run([lint, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    run = lint_imports(ROOT)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    lint = Path(sys.executable).with_name("lint-imports")  # import-linter's command, installed beside this Python
+    return subprocess.run([lint, "--no-cache"], cwd=root, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        ("fastinfer/common/errors.py", "import fastinfer.serving.cache", "Layers"),  # upward
+        ("fastinfer/front/http.py", "import fastinfer.measure.plots", "Layers"),  # a peer
+        ("fastinfer/serving/cache.py", "import tests.images", "tests"),
+        ("fastinfer/serving/metrics.py", "import _bentoml_impl", "adapters"),
+    ],
+)
+def test_the_contracts_fail_on_an_import_they_forbid(tmp_path: Path, module: str, line: str, contract: str) -> None:
+    """On a copy of the project with one forbidden import added: a contract that checked nothing would pass."""
+    for package in ROOTS:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(ROOT / "pyproject.toml", tmp_path)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "__init__.py").touch()
+    (tmp_path / "tests" / "images.py").touch()
+    assert lint_imports(tmp_path).returncode == 0  # the copy is what is linted, and it holds
+    target = tmp_path / module
+    target.write_text(target.read_text() + f"\n{line}  # noqa\n")
+    run = lint_imports(tmp_path)
+    assert run.returncode == 1 and "BROKEN" in run.stdout and contract.lower() in run.stdout.lower(), run.stdout
+
+
+def test_no_two_modules_import_each_other_even_through_others() -> None:
+    """What import-linter's acyclic_siblings leaves out, a package's __init__ and a module below it, included."""
+    import grimp
+
+    graph = grimp.build_graph(*ROOTS)
+    circles = [
+        (module, imported)
+        for module in sorted(graph.modules)
+        for imported in sorted(graph.find_modules_directly_imported_by(module))
+        if graph.chain_exists(importer=imported, imported=module)
+    ]
+    assert not circles, circles
 
 
 def layer_numbers() -> dict[str, int]:

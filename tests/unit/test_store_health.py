@@ -21,6 +21,7 @@ from bentoml.exceptions import ServiceUnavailable
 
 from build_models import VerificationError, build
 from build_models import __main__ as build_cli
+from build_models.context import build_code
 from fastinfer import cli
 from fastinfer.catalog import holdings, store, store_check
 from fastinfer.catalog.backends import SPECS, open_engine
@@ -100,6 +101,19 @@ def test_a_model_stored_without_a_record_is_rebuilt_once(pytorch_model) -> None:
     (result,) = build("random", only=["pytorch"], progress=said.append)
     assert f"{old.tag} cannot be verified: {store_check.NOT_RECORDED}; rebuilding" in "\n".join(said), said
     assert result.built and store_check.check(store.find("pytorch")).intact
+    (again,) = build("random", only=["pytorch"], progress=said.append)
+    assert not again.built
+
+
+def test_a_model_an_older_build_code_made_is_rebuilt(pytorch_model) -> None:
+    """The same weights exported by other build code or another runtime version are not called up to date."""
+    labels = {**pytorch_model.info.labels, "built_by": "an-older-build"}
+    with bentoml.models.create("resnet50-pytorch", labels=labels, metadata=dict(pytorch_model.info.metadata)) as old:
+        shutil.copyfile(pytorch_file(), Path(old.path) / STATE_DICT)
+    said: list[str] = []
+    (result,) = build("random", only=["pytorch"], progress=said.append)
+    assert result.built and result.tag != str(old.tag), said
+    assert store.find("pytorch").info.labels["built_by"] == build_code()
     (again,) = build("random", only=["pytorch"], progress=said.append)
     assert not again.built
 
