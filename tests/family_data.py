@@ -302,12 +302,27 @@ def run_build(home: Path, args: list[str], timeout: float = 1800) -> subprocess.
     )
 
 
+def build_here(home: Path, args: list[str]) -> str:
+    """The build command (``python -m build_models``'s main) in this process, into ``home``'s store: what it said.
+    A process of its own costs seconds of start-up; ``run_build`` is for what only the real process shows."""
+    import contextlib
+    import io
+
+    from build_models.__main__ import main
+    from tests.conftest import model_store_at
+
+    said = io.StringIO()
+    with model_store_at(home), contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+        code = main(args)
+    assert code == 0, said.getvalue()[-6000:]
+    return said.getvalue()
+
+
 def build_family(family: Family, work: Path) -> Built:
-    """Every backend of ``family`` built with the real CLI into work/home, calibrated and measured on its photos."""
+    """Every backend of ``family`` built with the build command into work/home, calibrated and measured on its
+    photos."""
     home, table = work / "home", work / "accuracy.json"
-    done = run_build(home, [*family.build_args(), "--accuracy-json", str(table)])
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-6000:]
+    output = build_here(home, [*family.build_args(), "--accuracy-json", str(table)])
     return Built(home, output, json.loads(table.read_text()))
 
 

@@ -11,26 +11,29 @@ model computes in this process: a tag paired with another model's output fails t
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import io
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 import redis
 
+from build_models.__main__ import main as build_main
 from fastinfer.catalog.backends import open_engine
 from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.measure import photos
 from fastinfer.serving.postprocess import top_k
 from fastinfer.serving.preprocess import prepare
-from load_tests.service import ROOT, Server, stop_server
+from load_tests.service import Server, stop_server
+from tests.conftest import model_store_at
 from tests.servers import home_over, serve, service_pids, serving
 
 REBUILT = "resnet50-onnx"
@@ -63,11 +66,15 @@ def _versions(home: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.is_dir())
 
 
+@functools.cache
+def _engine(home: Path, tag: str) -> Any:
+    name, version = tag.split(":")
+    return open_engine("onnx", 1, {None: home / "models" / name / version}, cpu_only=True)
+
+
 def _expected(home: Path, tag: str, data: bytes, k: int = 5) -> list[tuple[int, float]]:
     """What the model stored under ``tag`` answers for ``data``, computed here."""
-    name, version = tag.split(":")
-    engine = open_engine("onnx", 1, {None: home / "models" / name / version}, cpu_only=True)
-    logits = engine.run(prepare(data, SPEC, 10**9).pixels[np.newaxis])[0]
+    logits = _engine(home, tag).run(prepare(data, SPEC, 10**9).pixels[np.newaxis])[0]
     return [(p.index, p.score) for p in top_k(logits, k, [])]
 
 
@@ -160,17 +167,12 @@ def _holds(proc: Path, path: Path) -> bool:
 
 
 def _rebuild(home: Path, weights: Path, force: bool = True) -> str:
-    env = {**os.environ, "BENTOML_HOME": str(home)}
-    done = subprocess.run(
-        [sys.executable, "-m", "build_models", "--weights", str(weights), "--only", "onnx", *["--force"][:force]],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
+    """The build command (in process) of onnx alone into ``home``'s store; what it printed."""
+    out = io.StringIO()
+    with model_store_at(home), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = build_main(["--weights", str(weights), "--only", "onnx", *["--force"][:force]])
+    assert code == 0, out.getvalue()
+    return out.getvalue()
 
 
 def test_answers_and_cache_entries_name_the_model_that_computed_them(home, redis_server, tmp_path) -> None:
