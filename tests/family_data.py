@@ -302,9 +302,10 @@ def run_build(home: Path, args: list[str], timeout: float = 1800) -> subprocess.
     )
 
 
-def build_here(home: Path, args: list[str]) -> str:
-    """The build command (``python -m build_models``'s main) in this process, into ``home``'s store: what it said.
-    A process of its own costs seconds of start-up; ``run_build`` is for what only the real process shows."""
+def build_here(home: Path, args: list[str], status: int = 0) -> str:
+    """The build command (``python -m build_models``'s main) in this process, into ``home``'s store, asserted to exit
+    with ``status``: what it said (stdout and stderr). A process of its own costs seconds of start-up;
+    ``run_build`` is for what only the real process shows."""
     import contextlib
     import io
 
@@ -314,7 +315,7 @@ def build_here(home: Path, args: list[str]) -> str:
     said = io.StringIO()
     with model_store_at(home), contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
         code = main(args)
-    assert code == 0, said.getvalue()[-6000:]
+    assert code == status, said.getvalue()[-6000:]
     return said.getvalue()
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import io
 import json
 import os
 import signal
@@ -26,14 +25,13 @@ import numpy as np
 import pytest
 import redis
 
-from build_models.__main__ import main as build_main
 from fastinfer.catalog.backends import open_engine
 from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.measure import photos
 from fastinfer.serving.postprocess import top_k
 from fastinfer.serving.preprocess import prepare
 from load_tests.service import Server, stop_server
-from tests.conftest import model_store_at
+from tests.family_data import build_here
 from tests.servers import home_over, serve, service_pids, serving
 
 REBUILT = "resnet50-onnx"
@@ -167,12 +165,8 @@ def _holds(proc: Path, path: Path) -> bool:
 
 
 def _rebuild(home: Path, weights: Path, force: bool = True) -> str:
-    """The build command (in process) of onnx alone into ``home``'s store; what it printed."""
-    out = io.StringIO()
-    with model_store_at(home), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        code = build_main(["--weights", str(weights), "--only", "onnx", *["--force"][:force]])
-    assert code == 0, out.getvalue()
-    return out.getvalue()
+    """The build command of onnx alone into ``home``'s store; what it said."""
+    return build_here(home, ["--weights", str(weights), "--only", "onnx", *["--force"][:force]])
 
 
 def test_answers_and_cache_entries_name_the_model_that_computed_them(home, redis_server, tmp_path) -> None:

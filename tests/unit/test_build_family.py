@@ -4,8 +4,6 @@ cannot be, before anything is stored; and a real small build of a 3-class family
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import re
 from pathlib import Path
@@ -16,18 +14,16 @@ import torch
 import yaml
 
 from build_models import BadPreprocessing, build, preprocess_spec
-from build_models.__main__ import main as build_main
 from build_models.context import family_hash
 from build_models.labels import BadLabels, family_labels, imagenet_categories, read_labels, text_labels
 from build_models.weights import NotResNet50Weights, load_weights, state_hash
 from fastinfer.catalog import store
 from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.measure import photos
-from tests.conftest import model_store_at
+from tests.family_data import build_here
 
 pytestmark = pytest.mark.heavy  # model builds
 
-ROOT = Path(__file__).resolve().parents[2]
 CLASSES = ["red", "green", "blue"]
 # The small build's preprocessing: none of it ImageNet's, so that each must travel to be right.
 MEAN, STD, RESIZE, CROP = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3), 176, 160
@@ -367,16 +363,10 @@ def test_a_model_of_ones_own_without_a_name_is_warned_to_replace_the_default_fam
 
 
 def build_family(home: Path, weights: Path, labels: Path, *extra: str, status: int = 0) -> str:
-    """The build command (``python -m build_models``'s main, in process) for the 3-class family into ``home``'s
-    store. Its stdout; its stderr when it is to fail (``status``)."""
+    """The build command for the 3-class family (pytorch and onnx) into ``home``'s store: what it said."""
     argv = ["--weights", str(weights), "--labels", str(labels), "--name", "tri", "--only", "pytorch,onnx"]
     argv += ["--mean", ",".join(map(str, MEAN)), "--std", ",".join(map(str, STD))]
-    argv += ["--resize", str(RESIZE), "--crop", str(CROP), *extra]
-    out, err = io.StringIO(), io.StringIO()
-    with model_store_at(home), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = build_main(argv)
-    assert code == status, out.getvalue()[-3000:] + err.getvalue()[-3000:]
-    return out.getvalue() if status == 0 else err.getvalue()
+    return build_here(home, [*argv, "--resize", str(RESIZE), "--crop", str(CROP), *extra], status)
 
 
 def stored(home: Path, name: str) -> tuple[Path, dict]:
