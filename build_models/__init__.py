@@ -488,7 +488,8 @@ def prune(name: str, current: str, step: str, progress: Callable[[str], None]) -
 
 
 def unusable(family: str = store.DEFAULT_FAMILY) -> dict[str, str]:
-    """Store name → why, for each model this machine can build that is missing, corrupt or unverifiable."""
+    """Store name → why, for each model this machine can build that is missing, corrupt, unverifiable, or made by
+    other build code or runtimes (what a plain build would rebuild for that reason too)."""
     found: dict[str, str] = {}
     for artifact in ARTIFACTS.values():
         if artifact.requires() is not None:
@@ -499,5 +500,9 @@ def unusable(family: str = store.DEFAULT_FAMILY) -> dict[str, str]:
             if health is None or not health.intact:
                 state = "is corrupt" if health and health.corrupt else "cannot be verified"
                 why = "not in the store" if health is None else f"{health.tag} {state}: {health.why()}"
-                found[store.model_name(artifact.name, size, family_name=family)] = why
+            elif model.info.labels.get("built_by") != build_code():
+                why = f"{model.tag} was made by other build code or runtimes"
+            else:
+                continue
+            found[store.model_name(artifact.name, size, family_name=family)] = why
     return found

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import shutil
 import tempfile
@@ -31,16 +32,18 @@ if TYPE_CHECKING:
 
 # What an export's bytes depend on beyond the source: the runtimes it is exported and quantized with.
 EXPORT_RUNTIMES = ("torch", "onnx", "onnxruntime", "openvino", "nncf", "coremltools")
+EXPORT_CODE = ("exporters", "converters", "weights", "context")  # build_models/ modules that write the bytes
 
 
 @functools.cache
 def build_code() -> str:
-    """The ``built_by`` label: a digest of the code that exports (this package and the model it wraps) and of the
-    runtimes' versions, so that a model an older build made is rebuilt rather than called up to date."""
-    from fastinfer.engines import torch_model
-
+    """The ``built_by`` label: a digest of the code that writes the exports' bytes and of the runtimes' versions, so
+    that a model an older build made is rebuilt rather than called up to date. Not the CLI's or the gate's code:
+    editing a message must not make the whole store out of date."""
+    here, engines = Path(__file__).parent, Path(importlib.util.find_spec("fastinfer.engines").origin).parent
     digest = hashlib.sha256()
-    for path in [*sorted(Path(__file__).parent.glob("*.py")), Path(torch_model.__file__)]:
+    # This module (calibration, the shared FP32 and INT8 files) among them; read by path: no import cycle.
+    for path in (*(here / f"{m}.py" for m in EXPORT_CODE), engines / "torch_model.py", engines / "pytorch.py"):
         digest.update(path.read_bytes())
     for runtime in EXPORT_RUNTIMES:
         try:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from bentoml.exceptions import ServiceUnavailable
 
-from build_models import VerificationError, build
+from build_models import VerificationError, build, unusable
 from build_models import __main__ as build_cli
 from build_models.context import build_code
 from fastinfer import cli
@@ -109,10 +109,13 @@ def test_a_model_an_older_build_code_made_is_rebuilt(pytorch_model) -> None:
     """The same weights exported by other build code or another runtime version are not called up to date."""
     labels = {**pytorch_model.info.labels, "built_by": "an-older-build"}
     with bentoml.models.create("resnet50-pytorch", labels=labels, metadata=dict(pytorch_model.info.metadata)) as old:
-        shutil.copyfile(pytorch_file(), Path(old.path) / STATE_DICT)
+        shutil.copytree(pytorch_model.path, old.path, dirs_exist_ok=True, ignore=shutil.ignore_patterns("model.yaml"))
+    assert store_check.check(store.find("pytorch")).intact  # the same files: only who made them differs
+    assert unusable()["resnet50-pytorch"] == f"{old.tag} was made by other build code or runtimes"  # --if-missing
     said: list[str] = []
     (result,) = build("random", only=["pytorch"], progress=said.append)
     assert result.built and result.tag != str(old.tag), said
+    assert "resnet50-pytorch" not in unusable()
     assert store.find("pytorch").info.labels["built_by"] == build_code()
     (again,) = build("random", only=["pytorch"], progress=said.append)
     assert not again.built
@@ -285,7 +288,6 @@ def test_backends_shows_the_openvino_cache_under_home_not_its_path(monkeypatch) 
 
 @pytest.mark.parametrize("damage", ["deleted", "garbled"])
 def test_a_model_whose_model_yaml_is_gone_or_garbled_is_rebuilt(pytorch_model, damage: str) -> None:
-    from build_models import unusable
 
     meta = Path(pytorch_model.path) / "model.yaml"
     if damage == "deleted":
