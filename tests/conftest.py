@@ -6,16 +6,19 @@ BENTOML_HOME must be set before anything imports bentoml, so it is set here, at 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pickle
 import shutil
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from xdist.scheduler import LoadFileScheduling
 
 T = TypeVar("T")
 
@@ -167,14 +170,61 @@ HEAVY_FIXTURES = {"built_models", "private_store", "measured_build", "own_family
                   "redis_server", "locked_redis"}  # fmt: skip
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+# Fixtures made once per worker (the session's servers) or waited for (the family's build): under pytest-xdist,
+# every file that uses one runs on one worker, so that each server starts once and no worker idles on a lock.
+# First in this order: the longest groups are handed out first.
+SHARED_FIXTURES = {"family_build": "family", "server": "servers", "locked_server": "servers"}
+_GROUPS = "file-groups.json"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each test marked by its folder (unit, integration, e2e), and ``heavy`` where it needs the built store, a
-    server or a model build: ``-m "unit and not heavy"`` is `make test-quick`."""
+    server or a model build: ``-m "unit and not heavy"`` is `make test-quick`. Under pytest-xdist, each file's group
+    (SHARED_FIXTURES) is written for the scheduler below."""
+    groups: dict[str, str] = {}
     for item in items:
         folder = Path(str(item.path)).relative_to(ROOT / "tests").parts[0]
         item.add_marker(folder)
-        if folder != "unit" or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if folder != "unit" or HEAVY_FIXTURES & fixtures:
             item.add_marker("heavy")
+        for fixture, group in SHARED_FIXTURES.items():
+            if fixture in fixtures:
+                groups.setdefault(item.nodeid.split("::", 1)[0], group)
+                break
+    if "PYTEST_XDIST_WORKER" in os.environ:  # every worker collects the same tests: the last write is as good
+        written = run_folder(config._tmp_path_factory) / f"{_GROUPS}.{os.environ['PYTEST_XDIST_WORKER']}"
+        written.write_text(json.dumps(groups))
+        written.replace(written.parent / _GROUPS)
+
+
+class _GroupedFiles(LoadFileScheduling):
+    """``--dist loadfile``, with the files of one group (SHARED_FIXTURES) handed to one worker as one unit, the
+    groups first."""
+
+    def schedule(self) -> None:
+        if self.collection is None:  # the first call, once every worker has collected
+            written = self.config._tmp_path_factory.getbasetemp() / _GROUPS
+            groups = json.loads(written.read_text()) if written.exists() else {}
+            self.groups = {file: f"group {group}" for file, group in groups.items()}
+            rank = {f"group {group}": r for r, group in enumerate(dict.fromkeys(SHARED_FIXTURES.values()))}
+            for node, collection in self.registered_collections.items():
+                scopes = [self._split_scope(nodeid) for nodeid in collection]
+                count = Counter(scopes)
+                # The groups in their order, then the other files by their number of tests, as loadfile would.
+                key = {scope: (rank.get(scope, len(rank)), -count[scope]) for scope in count}
+                ranked = sorted(zip(scopes, collection, strict=True), key=lambda pair: key[pair[0]])
+                self.registered_collections[node] = [nodeid for _, nodeid in ranked]
+            self.config.option.loadscopereorder = False
+        super().schedule()
+
+    def _split_scope(self, nodeid: str) -> str:
+        file = super()._split_scope(nodeid)
+        return self.groups.get(file, file)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> LoadFileScheduling | None:
+    return _GroupedFiles(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 _running: list[str] = []  # the test in progress, for an INTERNALERROR that names none
