@@ -13,13 +13,27 @@ MODEL ?= $(or $(FASTINFER_MODEL),resnet50)
 # The model store lives in the project unless you point BENTOML_HOME elsewhere.
 export BENTOML_HOME ?= $(CURDIR)/bentoml_home
 
-.PHONY: serve test test-quick system-deps models lint clean-models bento container bench tune tune-check docs
+.PHONY: serve test test-quick system-deps models lint clean-models bento container bench tune tune-check docs lock
 
-$(VENV)/.installed: pyproject.toml
+# Every package at the version and hashes of the lock (the bento installs the same file), then the project
+# itself; pip check fails when pyproject.toml pins a version the lock does not hold (run `make lock`).
+LOCK := requirements.lock.txt
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --require-hashes -r $(LOCK)
+	$(PY) -m pip install --quiet --no-deps -e .
+	@$(PY) -m pip check || { echo "$(LOCK) does not match pyproject.toml: run make lock"; exit 1; }
 	@touch $@
+
+# Regenerates the lock from pyproject.toml (its runtime and dev requirements) for every platform (macOS,
+# Linux x86-64 and aarch64, ...), with hashes. Versions already locked are kept where pyproject allows:
+# `make lock LOCK_ARGS=--upgrade` (or `--upgrade-package NAME`) moves them to the newest. It needs only the
+# venv's uv: a venv whose install stopped at pip check (pyproject.toml ahead of the lock) has it.
+lock:
+	@test -x $(VENV)/bin/uv || $(MAKE) --no-print-directory $(VENV)/.installed || test -x $(VENV)/bin/uv
+	$(VENV)/bin/uv pip compile pyproject.toml --extra dev --universal --python-version 3.11 --generate-hashes \
+	  --quiet --output-file $(LOCK) $(LOCK_ARGS)
 
 # Idempotent: a rerun with the same weights only checks the store (seconds). Another family than the
 # default is not built here (its weights and labels are yours): it only has to be in the store.
@@ -85,7 +99,7 @@ tune: models
 tune-check: models
 	$(PY) -m load_tests.tuning.check $(TUNE_ARGS)
 
-# The bento: service, code, dashboard and MODEL's models (by tag) — offline (lock_packages: false). It
+# The bento: service, code, dashboard and MODEL's models (by tag), its packages from the lock — offline. It
 # carries its family: the bento argument `model` (BentoML sets it again wherever the bento is served) and
 # FASTINFER_MODEL in its image's environment (fastinfer/catalog/config.py, service.py).
 bento: models
