@@ -12,7 +12,6 @@ import pickle
 import shutil
 import sys
 import tempfile
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -41,7 +40,7 @@ os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
 for _name in ("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE", "FASTINFER_API_KEY", "GROQ_API_KEY_FILE",
               "FASTINFER_ANALYZE_PER_MINUTE", "FASTINFER_ANALYZE_TOTAL_PER_MINUTE",
               "FASTINFER_DEFAULT_BACKEND", "FASTINFER_TUNED", "FASTINFER_TUNED_RESOLVED",
-              "FASTINFER_RUNNER_TELEMETRY", "BENTOML_CONFIG", "BENTOML_CONFIG_OPTIONS",
+              "BENTOML_CONFIG", "BENTOML_CONFIG_OPTIONS",
               "BENTOML_CONFIG_OVERRIDES", "FASTINFER_MODEL", "FASTINFER_BACKENDS", "FASTINFER_IN_FRONT",
               "FASTINFER_SCHEDULING"):  # fmt: skip
     os.environ.pop(_name, None)
@@ -200,23 +199,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 class _GroupedFiles(LoadFileScheduling):
     """``--dist loadfile``, with the files of one group (SHARED_FIXTURES) handed to one worker as one unit, the
-    groups first."""
+    groups first, then the other files by their number of tests, as loadfile hands them."""
+
+    def __init__(self, config: pytest.Config, log: object = None) -> None:
+        super().__init__(config, log)
+        self.groups: dict[str, str] = {}
 
     def schedule(self) -> None:
-        if self.collection is None:  # the first call, once every worker has collected
-            written = self.config._tmp_path_factory.getbasetemp() / _GROUPS
-            groups = json.loads(written.read_text()) if written.exists() else {}
-            self.groups = {file: f"group {group}" for file, group in groups.items()}
-            rank = {f"group {group}": r for r, group in enumerate(dict.fromkeys(SHARED_FIXTURES.values()))}
-            for node, collection in self.registered_collections.items():
-                scopes = [self._split_scope(nodeid) for nodeid in collection]
-                count = Counter(scopes)
-                # The groups in their order, then the other files by their number of tests, as loadfile would.
-                key = {scope: (rank.get(scope, len(rank)), -count[scope]) for scope in count}
-                ranked = sorted(zip(scopes, collection, strict=True), key=lambda pair: key[pair[0]])
-                self.registered_collections[node] = [nodeid for _, nodeid in ranked]
-            self.config.option.loadscopereorder = False
-        super().schedule()
+        if self.collection is not None or not self._check_nodes_have_same_collection():
+            return super().schedule()  # a later call, or a collection that differs (xdist reports it)
+        written = self.config._tmp_path_factory.getbasetemp() / _GROUPS
+        self.groups = {f: f"group {g}" for f, g in json.loads(written.read_text()).items()} if written.exists() else {}
+        # The collections' order is what the workers run by (xdist sends indices into it): only the units are ranked.
+        self.collection = list(next(iter(self.registered_collections.values())))
+        units: dict[str, dict[str, bool]] = {}
+        for nodeid in self.collection:
+            units.setdefault(self._split_scope(nodeid), {})[nodeid] = False
+        rank = {f"group {group}": r for r, group in enumerate(dict.fromkeys(SHARED_FIXTURES.values()))}
+        for scope in sorted(units, key=lambda scope: (rank.get(scope, len(rank)), -len(units[scope]))):
+            self.workqueue[scope] = units[scope]
+        for node in self.nodes:
+            self._assign_work_unit(node)
+        for node in self.nodes:
+            self._reschedule(node)
+        if not self.workqueue:
+            for node in self.nodes:
+                node.shutdown()
+        return None
 
     def _split_scope(self, nodeid: str) -> str:
         file = super()._split_scope(nodeid)
