@@ -108,9 +108,10 @@ class FastInfer:
                            "route is open to whoever reaches the port")  # fmt: skip
             if os.environ.get("FASTINFER_API_KEY"):
                 logger.warning("FASTINFER_API_KEY is what clients send; the server's keys are FASTINFER_API_KEYS")
-        if not settings.runner_telemetry:
-            logger.info("runners: BentoML's access log and request metrics cover the front's requests only, not each "
-                        "call to a runner (FASTINFER_RUNNER_TELEMETRY=true adds them)")  # fmt: skip
+        logger.info(
+            "runners: BentoML's access log and request metrics cover the front's requests only, not each "
+            "call to a runner (BentoML's configuration adds them: docs/metrics.md#runner-telemetry)"
+        )
 
     @bentoml.on_deployment
     def _pin_models() -> None:

@@ -259,10 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         except BadApiKey as exc:
             parser.error(str(exc))
     use_project_store()  # the store `make` uses (servers started here inherit it), not ~/bentoml
-    # The servers started here serve what their labels say: no tuned file's placement or batching under every run,
-    # no runner telemetry's cost on every runner's event loop. --url measures a server as it is.
+    # The servers started here serve what their labels say: no tuned file's placement or batching under every run.
+    # --url measures a server as it is.
     os.environ["FASTINFER_TUNED"] = "off"
-    os.environ["FASTINFER_RUNNER_TELEMETRY"] = "false"
     if args.report_only:  # OUT's last run, else the one BENCHMARKS.md was written from (beside its plots)
         saved = next((p for p in (args.out / "results.json", args.plots / "results.json") if p.exists()), None)
         if saved is None:

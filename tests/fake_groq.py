@@ -1,6 +1,6 @@
 """A real HTTP server on loopback that speaks Groq's chat-completions route, for tests.
 
-The service reaches it through FASTINFER_GROQ_BASE_URL exactly as it would reach Groq.
+The service reaches it through GROQ_BASE_URL exactly as it would reach Groq.
 ``mode`` switches its behaviour: ``ok``, ``error`` (HTTP 500) or ``slow`` (answers after
 ``delay_s``). Every request is recorded (headers and JSON body) for the tests to inspect.
 """

@@ -205,7 +205,7 @@ def server(
     env = {
         "REDIS_URL": redis_server.url,
         "GROQ_API_KEY": GROQ_KEY,
-        "FASTINFER_GROQ_BASE_URL": fake_groq.url,
+        "GROQ_BASE_URL": fake_groq.url,
         "FASTINFER_GROQ_TIMEOUT_S": "2",
     }
     with serve(tmp_path_factory.mktemp("serve"), env, home=bentoml_home) as srv:
@@ -253,7 +253,7 @@ def locked_server(
         "FASTINFER_REDIS_PASSWORD_FILE": str(work / "redis-password"),
         "FASTINFER_CACHE_HMAC_KEY_FILE": str(work / "cache-hmac-key"),
         "GROQ_API_KEY": GROQ_KEY,
-        "FASTINFER_GROQ_BASE_URL": fake_groq.url,
+        "GROQ_BASE_URL": fake_groq.url,
         **ANALYZE_LIMITS,
         **serving(*LOCKED_BACKENDS),
     }

@@ -1,23 +1,32 @@
 """docs/configuration.md's tables of environment variables, generated from the settings' own definitions (the
-fields of fastinfer/catalog/config.py) and kept in the page between their markers, so that the page reads whole
-on a code host too. `make docs` (or `python docs/hooks/settings_table.py`) rewrites them; tests/unit/test_docs.py
-fails when the page is not what this generates, or when a variable the code reads is missing."""
+pydantic fields of fastinfer/catalog/config.py: variables, default, description) and kept in the page between their
+markers, so that the page reads whole on a code host too. `make docs` (or `python docs/hooks/settings_table.py`)
+rewrites them; tests/unit/test_docs.py fails when the page is not what this generates, or when a variable the code
+reads is missing."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from fastinfer.catalog.backends import SPECS
-from fastinfer.catalog.config import BatchingConfig, GroqConfig, Settings
+from fastinfer.catalog.config import BatchingConfig, GroqConfig, Settings, variables
+from fastinfer.catalog.tuned import REMOVED
 
 PAGE = Path(__file__).resolve().parents[1] / "configuration.md"
 MARKERS = ("settings-table", "elsewhere-table")  # <!-- name --> … <!-- /name --> in the page
 
+# Read before the settings, by fastinfer/catalog/tuned.py: the file whose values sit below the environment's.
+TUNED = (
+    "FASTINFER_TUNED",
+    "`$BENTOML_HOME/tuned/tuned.json`",
+    "the tuned file `fastinfer tune` writes and the server reads at start-up (see [Tuning](tuning.md)); `off`: "
+    "ignore it",
+)
+
 # Read outside Settings (names, default, meaning): by the backend table, the tools, the clients, or handed by
-# a server or the load tests to the processes they start; or removed, read only to say it is ignored.
+# a server or the load tests to the processes they start.
 ELSEWHERE = (
     (
         "FASTINFER_OPENVINO_PRECISION",
@@ -47,12 +56,6 @@ ELSEWHERE = (
         "(set by the load tests)",
         "not settings: how `python -m load_tests` marks the servers it starts and tells locust what to send",
     ),
-    (
-        "FASTINFER_SCHEDULING",
-        "(removed)",
-        "not a setting any more: ignored where set (the environment, or a tuned file an earlier version wrote), "
-        "and said once at start-up; `turns` measured no gain ([Tuning](tuning.md#scheduling))",
-    ),
 )
 
 
@@ -80,17 +83,26 @@ def rows() -> list[tuple[list[str], str, str]]:
     """(variable names, default, meaning) of every field a variable sets, in the order of the definitions."""
     found = []
     for cls in (Settings, BatchingConfig, GroqConfig):
-        for index, f in enumerate(dataclasses.fields(cls)):
-            if "env" not in f.metadata:
+        for index, (name, field) in enumerate(cls.model_fields.items()):
+            if field.description is None:  # not a variable
                 continue
-            if f.metadata["shown"]:
-                default = f.metadata["shown"]
+            if isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get("shown"):
+                default = str(field.json_schema_extra["shown"])
             elif cls is BatchingConfig:
                 default = _per_backend(index)
             else:
-                default = _shown(f.default_factory() if f.default is dataclasses.MISSING else f.default)
-            found.append((f.metadata["env"], default, f.metadata["doc"]))
-    return found + [(names.split(), default, doc) for names, default, doc in ELSEWHERE]
+                default = _shown(field.get_default(call_default_factory=True))
+            found.append((variables(name, field), default, field.description))
+        if cls is Settings:
+            found.append(([TUNED[0]], TUNED[1], TUNED[2]))
+    return found + [(names.split(), default, doc) for names, default, doc in elsewhere()]
+
+
+def elsewhere() -> list[tuple[str, str, str]]:
+    """ELSEWHERE, then each variable removed (fastinfer/catalog/tuned.py's REMOVED), which start-up says it ignores."""
+    removed = [(name, "(removed)", f"not a setting any more: ignored where set, and said once at start-up; {instead}")
+               for name, instead in REMOVED.items()]  # fmt: skip
+    return [*ELSEWHERE, *removed]
 
 
 def _table(table_rows: list[tuple[list[str], str, str]]) -> str:
@@ -107,8 +119,8 @@ def documented() -> set[str]:
 
 def page(markdown: str) -> str:
     """``markdown`` with the text between each pair of markers replaced by its table, as generated now."""
-    settings, elsewhere = rows()[: -len(ELSEWHERE)], rows()[-len(ELSEWHERE) :]
-    for name, table in zip(MARKERS, (settings, elsewhere), strict=True):
+    outside = len(elsewhere())
+    for name, table in zip(MARKERS, (rows()[:-outside], rows()[-outside:]), strict=True):
         begin, end = f"<!-- {name} -->", f"<!-- /{name} -->"
         if markdown.count(begin) != 1 or markdown.count(end) != 1 or markdown.index(begin) > markdown.index(end):
             raise ValueError(f"the page needs {begin} once, then {end} once: the table goes between them")

@@ -152,10 +152,10 @@ RUNNERS: tuple[str, ...] = tuple(dict.fromkeys(s.runner_name for s in SPECS.valu
 SERVED_ENV = "FASTINFER_BACKENDS"
 
 
-def switched_on() -> tuple[str, ...]:
-    """FASTINFER_BACKENDS: the backends this server serves, in the table's order (unset: every one), or ValueError
-    (read here, as the engines' options are: the settings are built from this table)."""
-    raw = os.environ.get(SERVED_ENV, "").strip()
+def switched_on(raw: str | None = None) -> tuple[str, ...]:
+    """FASTINFER_BACKENDS (or ``raw``, its value): the backends this server serves, in the table's order (unset: every
+    one), or ValueError (read here, as the engines' options are: the settings are built from this table)."""
+    raw = (os.environ.get(SERVED_ENV, "") if raw is None else raw).strip()
     if not raw or raw.lower() == "all":
         return BACKENDS
     names = [name.strip() for name in raw.split(",") if name.strip()]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
@@ -235,11 +234,6 @@ def configuration(settings: Settings, default: DefaultChoice) -> dict[str, dict[
         "FASTINFER_DECODE_THREADS": (
             str(decode) if (decode := settings.decode_threads) else "0 (one per core)",
             source("FASTINFER_DECODE_THREADS", rule=not decode),
-        ),
-        # Not tuned, but a runner's per-call instrumentation costs it ~0.8 CPU ms (README, Configuration).
-        "FASTINFER_RUNNER_TELEMETRY": (
-            str(settings.runner_telemetry).lower(),
-            "environment" if os.environ.get("FASTINFER_RUNNER_TELEMETRY", "").strip() else "default",
         ),
     }
     for backend in BACKENDS:

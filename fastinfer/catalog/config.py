@@ -1,5 +1,6 @@
-"""Settings: every ``FASTINFER_*`` environment variable, parsed once into one object that runners and the front
-share, so a value means the same in every process ``bentoml serve`` starts. Defaults serve out of the box."""
+"""Settings: every ``FASTINFER_*`` environment variable as one pydantic-settings model, read once into one object
+that runners and the front share, so a value means the same in every process ``bentoml serve`` starts. Each field
+carries its type, default, bounds and description; docs/configuration.md's table is generated from them."""
 
 from __future__ import annotations
 
@@ -7,10 +8,25 @@ import os
 import re
 import stat
 import sys
-from dataclasses import MISSING, dataclass, field, replace
+from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any
+from typing import Annotated, Any, Literal
 from urllib.parse import quote, urlsplit, urlunsplit
+
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from fastinfer.catalog import backends, store
 from fastinfer.catalog.backends import BACKENDS, SPECS
@@ -18,7 +34,9 @@ from fastinfer.common.client import API_KEY_SYNTAX
 
 API_KEY_MIN_LENGTH = 16  # a short key is guessed: 401s are not rate limited
 CACHE_HMAC_KEY_MIN_LENGTH = 32  # anyone who can read Redis holds (key, entry, MAC) triples: a short key is guessed
-
+SECRET_FILE_MAX_BYTES = 64 * 1024  # a secret is a few lines; /dev/zero as a secret file must not hang start-up
+BACKEND_KEY = "<BACKEND>"  # in a per-backend variable's name: the backend's name as in ONNX_INT8
+BENTO_MODEL_ARGUMENT = "model"  # `make bento MODEL=NAME`: BentoML keeps it in the bento, set again where it is served
 
 # Beyond these a value is a typo or a broken tuned file, not a configuration: refused at start-up.
 MAX_WORKERS = 256
@@ -27,300 +45,342 @@ MAX_BATCH_SIZE = 1024
 MAX_LATENCY_MS = 10_000
 
 
-def _env(names: str, doc: str, default: Any = MISSING, shown: str = "", **field_args: Any) -> Any:
-    """A field set by the variable(s) ``names`` (space-separated) and its meaning, for docs/configuration.md's table
-    (docs/hooks/settings_table.py); ``shown``: the default as the table says it, where the field's does not."""
-    return field(default=default, metadata={"env": names.split(), "doc": doc, "shown": shown}, **field_args)
+def _count(value: Any) -> Any:
+    """Plain ASCII digits only: int() would also take "1_000", "٨" or "８" for a count."""
+    if isinstance(value, str) and not re.fullmatch(r"[+-]?[0-9]{1,15}", value.strip()):
+        raise ValueError(f"must be an integer, got {value.strip()[:40]!r}")
+    return value
 
 
-@dataclass(frozen=True)
-class BatchingConfig:
+CONTACT_URL = re.compile(r"https?://[^\s<>\"]+", re.IGNORECASE)
+CONTACT_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
+
+
+def _contact(raw: Any) -> Any:
+    """FASTINFER_CONTACT as OpenAPI's ``info.contact``. A name holds no angle brackets: Swagger UI renders HTML."""
+    if not isinstance(raw, str) or not (raw := raw.strip()):
+        return raw or {}
+    if len(raw) > 200 or not raw.isprintable():
+        raise ValueError("FASTINFER_CONTACT must be one line of at most 200 printable characters")
+    name, target = "", raw
+    if (named := re.fullmatch(r"([^<>]*?)\s*<([^<>]*)>", raw)) is not None:
+        name, target = named.group(1).strip(), named.group(2).strip()
+    if target[:7].lower() == "mailto:":
+        target = target[7:]
+    if CONTACT_URL.fullmatch(target):
+        return {"name": name or target, "url": target}
+    if CONTACT_EMAIL.fullmatch(target):
+        return {"name": name or target, "email": target}
+    if named is None and not re.search(r"://|@|[<>]", raw):
+        return {"name": raw}
+    raise ValueError("FASTINFER_CONTACT must be an http(s) URL, an e-mail address, a name, or 'Name <URL or address>'")
+
+
+Count = Annotated[int, BeforeValidator(_count)]
+Positive = Annotated[Count, Field(ge=1)]  # a limit of 0 would refuse everything, not switch the limit off
+Workers = Annotated[Count, Field(ge=1, le=MAX_WORKERS)]
+Threads = Annotated[Count, Field(ge=0, le=MAX_THREADS)]
+
+
+def _doc(default: Any, text: str, shown: str = "", **field_args: Any) -> Any:
+    """A field with its meaning for docs/configuration.md's table; ``shown``: the default as the table says it."""
+    return Field(default, description=text, json_schema_extra={"shown": shown} if shown else None, **field_args)
+
+
+class BatchingConfig(BaseModel):
     """A backend's adaptive batching (defaults: the backend table); ``<BACKEND>``: its name as in ``ONNX_INT8``."""
 
-    enabled: bool = _env("FASTINFER_BATCHING_<BACKEND>", "requests go to the runner's `infer_batched` (on) or `infer`")
-    max_batch_size: int = _env(
-        "FASTINFER_MAX_BATCH_SIZE_<BACKEND>", f"largest batch a runner forms (1–{MAX_BATCH_SIZE})"
+    model_config = ConfigDict(frozen=True, validate_by_name=True)
+
+    enabled: bool = _doc(
+        ..., "requests go to the runner's `infer_batched` (on) or `infer`", alias="FASTINFER_BATCHING_<BACKEND>"
     )
-    max_latency_ms: int = _env(
-        "FASTINFER_MAX_LATENCY_MS_<BACKEND>",
+    max_batch_size: Annotated[Count, Field(ge=1, le=MAX_BATCH_SIZE)] = _doc(
+        ..., f"largest batch a runner forms (1–{MAX_BATCH_SIZE})", alias="FASTINFER_MAX_BATCH_SIZE_<BACKEND>"
+    )
+    max_latency_ms: Annotated[Count, Field(ge=0, le=MAX_LATENCY_MS)] = _doc(
+        ...,
         "how long a request reaching an idle runner waits for companions (under load batches form anyway; "
         f"0–{MAX_LATENCY_MS})",
+        alias="FASTINFER_MAX_LATENCY_MS_<BACKEND>",
     )
 
 
-@dataclass(frozen=True)
-class GroqConfig:
-    api_key: str = _env(  # never printed
-        "GROQ_API_KEY GROQ_API_KEY_FILE",
+class GroqConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, validate_by_name=True)
+
+    api_key: str = _doc(  # never printed
+        "",
         "enables `/analyze`; `_FILE`: a file holding the key (a secret), instead. An empty or unreadable file stops "
         "start-up",
-        "",
         repr=False,
+        validation_alias=AliasChoices("GROQ_API_KEY", "GROQ_API_KEY_FILE"),
     )
-    model: str = _env("FASTINFER_GROQ_MODEL", "Groq model", "llama-3.1-8b-instant")
-    base_url: str | None = _env(
-        "FASTINFER_GROQ_BASE_URL GROQ_BASE_URL", "where the Groq API is (the first one set)", None, shown="Groq's"
+    model: str = _doc("llama-3.1-8b-instant", "Groq model", alias="FASTINFER_GROQ_MODEL")
+    base_url: str | None = _doc(
+        None, "where the Groq API is (the `groq` SDK's variable)", "Groq's", alias="GROQ_BASE_URL"
     )
-    timeout_s: float = _env("FASTINFER_GROQ_TIMEOUT_S", "Groq request timeout, seconds", 20.0)
+    timeout_s: Annotated[float, BeforeValidator(_count)] = _doc(
+        20.0, "Groq request timeout, seconds", alias="FASTINFER_GROQ_TIMEOUT_S"
+    )
 
 
-@dataclass(frozen=True)
-class Settings:
-    model: str = _env(
-        "FASTINFER_MODEL", "the model family served: `<model>-<backend>` in the store", store.DEFAULT_FAMILY
+class Settings(BaseSettings):
+    """The server's settings. ``Settings()``: the environment over the defaults; :func:`get_settings` adds the tuned
+    file between them. A field without a description is not a variable: it says where the others came from."""
+
+    model_config = SettingsConfigDict(env_prefix="FASTINFER_", frozen=True, validate_by_name=True, extra="ignore")
+
+    model: Annotated[str, AfterValidator(store.check_family)] = _doc(
+        store.DEFAULT_FAMILY, "the model family served: `<model>-<backend>` in the store"
     )
-    backends: tuple[str, ...] = _env(
-        "FASTINFER_BACKENDS",
+    backends: tuple[str, ...] = _doc(
+        BACKENDS,
         "comma-separated backends this server serves; one left out starts no runner and answers 503 saying so "
         "(`all` or unset: every backend)",
-        BACKENDS,
-        shown="(every backend)",
+        "(every backend)",
     )
-    default_backend: str = _env(  # `auto` follows this machine (fastinfer/catalog/choice.py)
-        "FASTINFER_DEFAULT_BACKEND",
+    default_backend: str = _doc(  # `auto` follows this machine (fastinfer/catalog/choice.py)
+        "auto",
         "backend of requests that name none; `auto` (any case): the tuned file's, else the one recommended for this "
         "machine (measured, else by rule: see [Backends](backends.md#the-default-backend))",
-        "auto",
     )
-    max_bytes: int = _env("FASTINFER_MAX_BYTES", "largest request body (413 above it)", 20 * 1024 * 1024)
-    max_pixels: int = _env("FASTINFER_MAX_PIXELS", "largest image, width × height (413, not decoded)", 50_000_000)
-    front_workers: int = _env("FASTINFER_FRONT_WORKERS", f"front worker processes (1–{MAX_WORKERS})", 1)
-    runner_workers: int = _env("FASTINFER_RUNNER_WORKERS", f"worker processes per runner (1–{MAX_WORKERS})", 1)
-    threads: int = _env(
-        "FASTINFER_THREADS", f"intra-op threads per runner process (0–{MAX_THREADS}; 0: cores ÷ runner workers)", 0
+    max_bytes: Positive = _doc(20 * 1024 * 1024, "largest request body (413 above it)")
+    max_pixels: Positive = _doc(50_000_000, "largest image, width × height (413, not decoded)")
+    front_workers: Workers = _doc(1, f"front worker processes (1–{MAX_WORKERS})")
+    runner_workers: Workers = _doc(1, f"worker processes per runner (1–{MAX_WORKERS})")
+    threads: Threads = _doc(0, f"intra-op threads per runner process (0–{MAX_THREADS}; 0: cores ÷ runner workers)")
+    decode_threads: Threads = _doc(
+        0, f"threads per front worker that read, hash and decode images (0–{MAX_THREADS}; 0: one per core)"
     )
-    decode_threads: int = _env(
-        "FASTINFER_DECODE_THREADS",
-        f"threads per front worker that read, hash and decode images (0–{MAX_THREADS}; 0: one per core)",
-        0,
+    request_timeout_s: Positive = _doc(
+        30, "request timeout, upload included (504; 408 if the body was not in)", alias="FASTINFER_TIMEOUT_S"
     )
-    runner_telemetry: bool = _env(
-        "FASTINFER_RUNNER_TELEMETRY",
-        "`true`: BentoML's log, metrics and spans for each call to a runner ([Metrics](metrics.md#runner-telemetry))",
-        False,
+    max_concurrency: Positive = _doc(
+        64,
+        "requests in flight per front worker (their body in), and twice as many bodies arriving at once; more get 429",
     )
-    request_timeout_s: int = _env(
-        "FASTINFER_TIMEOUT_S", "request timeout, upload included (504; 408 if the body was not in)", 30
-    )
-    max_concurrency: int = _env(
-        "FASTINFER_MAX_CONCURRENCY", "requests in flight per front worker (their body in); more get 429", 64
-    )
-    max_uploads: int = _env(
-        "FASTINFER_MAX_UPLOADS",
-        "bodies arriving at once per front worker; more get 429",
-        128,
-        shown="2 × `FASTINFER_MAX_CONCURRENCY` (`128`)",
-    )
-    body_idle_s: int = _env("FASTINFER_BODY_IDLE_S", "a request body that stalls this long gets 408", 10)
+    body_idle_s: Positive = _doc(10, "a request body that stalls this long gets 408")
     # Per front worker, below the ASGI app (fastinfer/front/connections.py): before a request's headers are in.
-    keepalive_s: int = _env(
-        "FASTINFER_KEEPALIVE_S",
+    keepalive_s: Positive = _doc(
+        5,
         "a connection with no request in progress closes after this long without a byte (before its first request "
         "too); behind a load balancer, set it above the balancer's idle timeout. It replaces "
         "`bentoml serve --timeout-keep-alive`",
-        5,
     )
-    header_timeout_s: int = _env(
-        "FASTINFER_HEADER_TIMEOUT_S", "a request's line and headers must arrive within this of its first byte (408)", 10
+    header_timeout_s: Positive = _doc(
+        10, "a request's line and headers must arrive within this of its first byte (408)"
     )
-    max_header_bytes: int = _env("FASTINFER_MAX_HEADER_BYTES", "largest request line + headers (431)", 32768)
-    max_headers: int = _env("FASTINFER_MAX_HEADERS", "most header fields in a request (431)", 100)
-    max_connections: int = _env(
-        "FASTINFER_MAX_CONNECTIONS",
-        "open connections per front worker ([beyond it](overload.md#connections-and-headers))",
-        1000,
+    max_header_bytes: Positive = _doc(32768, "largest request line + headers (431)")
+    max_headers: Positive = _doc(100, "most header fields in a request (431)")
+    max_connections: Positive = _doc(
+        1000, "open connections per front worker ([beyond it](overload.md#connections-and-headers))"
     )
-    min_free_disk_mb: int = _env(
-        "FASTINFER_MIN_FREE_DISK_MB",
+    min_free_disk_mb: Annotated[Count, Field(ge=0)] = _doc(
+        16,
         "less free than this under `BENTOML_HOME` and `/readyz` answers 503 (`0`: only once metric files cannot "
         "be written)",
-        16,
     )
-    max_batch_images: int = _env(
-        "FASTINFER_MAX_BATCH_IMAGES",
-        "images in one `POST /classify/batch` (400 above it; the body still counts against `FASTINFER_MAX_BYTES`)",
-        32,
+    max_batch_images: Positive = _doc(
+        32, "images in one `POST /classify/batch` (400 above it; the body still counts against `FASTINFER_MAX_BYTES`)"
     )
-    batching: dict[str, BatchingConfig] = field(default_factory=dict)
-    cache: str = _env("FASTINFER_CACHE", "`auto` | `redis` | `memory` | `off` (see [Cache](cache.md))", "auto")
-    redis_url: str = _env(  # may carry a password
-        "REDIS_URL FASTINFER_REDIS_PASSWORD FASTINFER_REDIS_PASSWORD_FILE",
+    batching: dict[str, BatchingConfig] = Field({}, validate_default=True)
+    cache: Annotated[Literal["auto", "redis", "memory", "off"], BeforeValidator(str.lower)] = _doc(
+        "auto", "`auto` | `redis` | `memory` | `off` (see [Cache](cache.md))"
+    )
+    redis_url: str = _doc(  # may carry a password
+        "redis://127.0.0.1:6379/0",
         "the cache's Redis; its password apart (a secret): `FASTINFER_REDIS_PASSWORD`, put into the URL for you "
         "(percent-encoded; not also in the URL; never shown), or `_FILE`, a file holding it. An empty or unreadable "
         "file stops start-up",
-        "redis://127.0.0.1:6379/0",
-        shown="`redis://127.0.0.1:6379/0`, no password",
+        "`redis://127.0.0.1:6379/0`, no password",
         repr=False,
+        validation_alias=AliasChoices("REDIS_URL", "FASTINFER_REDIS_PASSWORD", "FASTINFER_REDIS_PASSWORD_FILE"),
     )
-    cache_ttl_s: int = _env("FASTINFER_CACHE_TTL", "seconds an entry lives", 86400)
-    cache_timeout_ms: int = _env("FASTINFER_CACHE_TIMEOUT_MS", "limit on each Redis call, ms", 50)
-    cache_max_entries: int = _env("FASTINFER_CACHE_MAX_ENTRIES", "bound of the memory cache", 10000)
-    cache_hmac_key: str = _env(  # empty: unsigned (never printed)
-        "FASTINFER_CACHE_HMAC_KEY FASTINFER_CACHE_HMAC_KEY_FILE",
+    cache_ttl_s: Count = _doc(86400, "seconds an entry lives", alias="FASTINFER_CACHE_TTL")
+    cache_timeout_ms: Count = _doc(50, "limit on each Redis call, ms")
+    cache_max_entries: Count = _doc(10000, "bound of the memory cache")
+    cache_hmac_key: str = _doc(  # empty: unsigned (never printed)
+        "",
         f"signs cache entries (≥ {CACHE_HMAC_KEY_MIN_LENGTH} characters; the same on every server sharing the "
         "Redis); an entry without a valid signature is never served; `_FILE`: a file holding it, instead",
-        "",
-        shown="(none: unsigned)",
+        "(none: unsigned)",
         repr=False,
+        validation_alias=AliasChoices("FASTINFER_CACHE_HMAC_KEY", "FASTINFER_CACHE_HMAC_KEY_FILE"),
     )
-    groq: GroqConfig = field(default_factory=GroqConfig)
-    api_keys: tuple[str, ...] = _env(  # empty: no key needed (never printed)
-        "FASTINFER_API_KEYS FASTINFER_API_KEYS_FILE",
+    groq: GroqConfig = Field(default_factory=GroqConfig)
+    api_keys: tuple[str, ...] = _doc(  # empty: no key needed (never printed)
+        (),
         f"comma-separated API keys (each ≥ {API_KEY_MIN_LENGTH} characters of letters, digits, `-._~+/`); when set, "
         "every API needs `Authorization: Bearer <key>` (see [Access](access.md)); `_FILE`: a file holding them "
         "(comma- or newline-separated), e.g. a Compose secret, instead. An empty or unreadable file stops start-up",
-        (),
-        shown="(none: open)",
+        "(none: open)",
         repr=False,
+        validation_alias=AliasChoices("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE"),
     )
     api_keys_from: str = ""  # the variable the keys came from (FASTINFER_API_KEYS or its _FILE), for the log
-    analyze_per_minute: int = _env(  # each spends Groq quota
-        "FASTINFER_ANALYZE_PER_MINUTE",
-        "`/analyze` calls per client in any 60 s, per front worker (429 with `Retry-After` above it)",
-        10,
+    analyze_per_minute: Positive = _doc(  # each spends Groq quota
+        10, "`/analyze` calls per client in any 60 s, per front worker (429 with `Retry-After` above it)"
     )
-    analyze_total_per_minute: int = _env(
-        "FASTINFER_ANALYZE_TOTAL_PER_MINUTE",
+    analyze_total_per_minute: Positive = _doc(
+        30,
         "`/analyze` calls from all clients in any 60 s, per replica, shared out among its front workers (30: the "
         "free-tier request rate Groq publishes for its small models; not checked from here, so match it to your plan)",
-        30,
     )
-    contact: dict[str, str] = _env(  # noqa: RUF009 (a field(): default_factory) {}: not set
-        "FASTINFER_CONTACT",
+    contact: Annotated[dict[str, str], BeforeValidator(_contact)] = _doc(  # {}: not set
+        {},
         "who answers for this server, shown on the API page: an `http(s)://` URL, an e-mail address (`mailto:` "
         "too), a name, or `Name <URL or address>`; anything else stops start-up",
-        default_factory=dict,
     )
-    in_front: frozenset[str] = _env(  # the runners whose engine the front worker holds
-        "FASTINFER_IN_FRONT",
+    in_front: frozenset[str] = _doc(  # the runners whose engine the front worker holds
+        frozenset(),
         "comma-separated backends whose engine runs inside the front worker instead of in a runner process (see "
         "[Architecture](architecture.md#where-engines-run)); needs `FASTINFER_FRONT_WORKERS=1`; `none`: every "
         "engine in its runner, whatever a tuned file says",
-        frozenset(),
-        shown="(none: every engine in its runner)",
+        "(none: every engine in its runner)",
     )
-    tuned: dict[str, Any] = _env(  # noqa: RUF009 (a field()) the tuned file as found (fastinfer/catalog/tuned.py)
-        "FASTINFER_TUNED",
-        "the tuned file `fastinfer tune` writes and the server reads at start-up (see [Tuning](tuning.md)); `off`: "
-        "ignore it",
-        shown="`$BENTOML_HOME/tuned/tuned.json`",
-        default_factory=dict,
-    )
-    sources: dict[str, str] = field(default_factory=dict)  # tunable variable → environment | tuned (if set)
+    tuned: dict[str, Any] = {}  # the tuned file as found (fastinfer/catalog/tuned.py)
+    sources: dict[str, str] = {}  # tunable variable → environment | tuned (if set)
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource, *_: Any, **__: Any
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, Variables(settings_cls, os.environ)
+
+    @field_validator("backends", mode="before")
+    @classmethod
+    def _served(cls, value: Any) -> Any:
+        return backends.switched_on(value) if isinstance(value, str) else value
+
+    @field_validator("default_backend")
+    @classmethod
+    def _default_backend(cls, value: str, info: ValidationInfo) -> str:
+        if value.lower() == "auto":
+            return "auto"
+        if value not in BACKENDS:
+            raise ValueError(f"must be auto or one of {', '.join(BACKENDS)}")
+        if value not in (served := info.data.get("backends", BACKENDS)):
+            raise ValueError(f"={value} is not among FASTINFER_BACKENDS={','.join(served)}")
+        return value
+
+    @field_validator("batching", mode="before")
+    @classmethod
+    def _per_backend(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Every backend's batching: the variables set, over the backend table's defaults."""
+        table = {name: dict(zip(BatchingConfig.model_fields, SPECS[name].batching, strict=True)) for name in BACKENDS}
+        if unknown := set(given) - set(table):
+            raise ValueError(f"names no backend: {', '.join(sorted(unknown))}")
+        return {name: given.get(name) if isinstance(given.get(name), BatchingConfig) else
+                {**defaults, **(given.get(name) or {})} for name, defaults in table.items()}  # fmt: skip
+
+    @field_validator("in_front", mode="before")
+    @classmethod
+    def _in_front(cls, value: Any, info: ValidationInfo) -> Any:
+        """The runners named (``coreml`` brings in the runner serving it); ``none``: every engine in its runner,
+        whatever a tuned file says (an empty value is unset, so it cannot)."""
+        if not isinstance(value, str):
+            return value
+        if value.lower() == "none":
+            return frozenset()
+        names = [name.strip() for name in value.split(",") if name.strip()]
+        if unknown := [name for name in names if name not in BACKENDS]:
+            raise ValueError(
+                f"names no backend: {', '.join(repr(n[:40]) for n in unknown)}; valid: {', '.join(BACKENDS)}"
+            )
+        workers = info.data.get("front_workers", 1)
+        if names and workers != 1:
+            raise ValueError(
+                "needs FASTINFER_FRONT_WORKERS=1: each front worker would load its own engine "
+                f"and batch alone (FASTINFER_FRONT_WORKERS={workers}); runners batch across workers"
+            )
+        if off := [name for name in names if name not in info.data.get("backends", BACKENDS)]:
+            raise ValueError(f"names backends FASTINFER_BACKENDS leaves out: {', '.join(off)}")
+        return frozenset(SPECS[name].runner_name for name in names)
+
+    @model_validator(mode="after")
+    def _engine_options(self) -> Settings:
+        backends.openvino_precision()  # read where the engine opens (the backend table); a bad value stops start-up
+        return self
 
     def batching_for(self, backend: str) -> BatchingConfig:
-        return self.batching[backend]  # every backend has an entry (get_settings builds them all)
+        return self.batching[backend]  # every backend has an entry (the batching validator fills them all)
+
+    @property
+    def max_uploads(self) -> int:
+        """Bodies arriving at once per front worker: slow uploads hold these, not the requests' slots."""
+        return 2 * self.max_concurrency
 
 
-# The tuned file's values while get_settings parses (fastinfer/catalog/tuned.py): below the environment.
-_tuned_values: dict[str, str] = {}
+def variables(name: str, field: FieldInfo) -> list[str]:
+    """The variables that set a field: its alias(es), else ``FASTINFER_`` + its name."""
+    alias = field.validation_alias
+    if isinstance(alias, AliasChoices):
+        return [str(choice) for choice in alias.choices]
+    return [alias] if isinstance(alias, str) else [f"{Settings.model_config.get('env_prefix')}{name.upper()}"]
 
 
-def _setting(name: str) -> str:
-    """A setting as given: the environment's value, else the tuned file's, else "" (the default)."""
-    return os.environ.get(name, "").strip() or _tuned_values.get(name, "").strip()
+# Fields read from two variables, a value and a file holding it (Compose secrets are files); checked where read.
+_SECRETS = {"api_keys", "cache_hmac_key", "redis_url", "api_key"}
 
 
-def _int(name: str, default: int) -> int:
-    raw = _setting(name)
-    if not raw:
-        return default
-    # Plain ASCII digits only: int() would also take "1_000", "٨" or "８" for a count.
-    if not re.fullmatch(r"[+-]?[0-9]{1,15}", raw):
-        raise ValueError(f"{name} must be an integer, got {raw[:40]!r}")
-    return int(raw)
+class Variables(PydanticBaseSettingsSource):
+    """The fields' values from ``values``, by variable name: the environment, or a tuned file's settings (which hold
+    none of its secrets). Values are stripped; an empty one is unset, and so is ``auto`` as the default backend, so
+    that a tuned file below may name it."""
+
+    def __init__(self, settings_cls: type[BaseSettings], values: Mapping[str, str]) -> None:
+        super().__init__(settings_cls)
+        self.raw = values
+        self.values = {k: v.strip() for k, v in values.items() if isinstance(v, str) and v.strip()}
+        if self.values.get("FASTINFER_DEFAULT_BACKEND", "").lower() == "auto":
+            del self.values["FASTINFER_DEFAULT_BACKEND"]
+
+    def _lookup(self, names: list[str]) -> str | None:
+        return next((self.values[name] for name in names if name in self.values), None)
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self._lookup(variables(field_name, field)), field_name, False
+
+    def _fields(self, model: type[BaseModel], backend: str = "") -> dict[str, Any]:
+        """The values set for ``model``'s fields (``backend``: the one its per-backend variables name)."""
+        found = {}
+        for name, field in model.model_fields.items():
+            if field.description is None or name in _SECRETS:  # not a variable; or read with its _FILE
+                continue
+            names = [variable.replace(BACKEND_KEY, backends.env_key(backend)) for variable in variables(name, field)]
+            if (value := self._lookup(names)) is not None:
+                found[name] = value
+        return found
+
+    def __call__(self) -> dict[str, Any]:
+        found = self._fields(self.settings_cls)
+        if batching := {name: given for name in BACKENDS if (given := self._fields(BatchingConfig, name))}:
+            found["batching"] = batching
+        groq = self._fields(GroqConfig)
+        keys, keys_from = _secret(self.raw, "FASTINFER_API_KEYS")
+        if keys_from:
+            found["api_keys"], found["api_keys_from"] = _api_keys(keys, keys_from), keys_from
+        if key := _cache_hmac_key(*_secret(self.raw, "FASTINFER_CACHE_HMAC_KEY")):
+            found["cache_hmac_key"] = key
+        if groq_key := _groq_key(*_secret(self.raw, "GROQ_API_KEY")):
+            groq["api_key"] = groq_key
+        if groq:
+            found["groq"] = groq
+        url = self.values.get("REDIS_URL") or str(Settings.model_fields["redis_url"].default)
+        if (with_password := _redis_url(self.raw, url)) != Settings.model_fields["redis_url"].default:
+            found["redis_url"] = with_password
+        return found
 
 
-def _in_front(raw: str, front_workers: int) -> frozenset[str]:
-    """FASTINFER_IN_FRONT as the runners named (``coreml`` brings in the runner serving it); ``none``: every engine
-    in its runner, whatever a tuned file says (an empty value is unset, so it cannot)."""
-    if raw.strip().lower() == "none":
-        return frozenset()
-    names = [name.strip() for name in raw.split(",") if name.strip()]
-    if unknown := [name for name in names if name not in BACKENDS]:
-        raise ValueError(
-            f"FASTINFER_IN_FRONT names no backend: {', '.join(repr(n[:40]) for n in unknown)}; "
-            f"valid: {', '.join(BACKENDS)}"
-        )
-    if names and front_workers != 1:
-        raise ValueError(
-            "FASTINFER_IN_FRONT needs FASTINFER_FRONT_WORKERS=1: each front worker would load its own engine "
-            f"and batch alone (FASTINFER_FRONT_WORKERS={front_workers}); runners batch across workers"
-        )
-    if off := [name for name in names if name not in backends.switched_on()]:
-        raise ValueError(f"FASTINFER_IN_FRONT names backends FASTINFER_BACKENDS leaves out: {', '.join(off)}")
-    return frozenset(SPECS[name].runner_name for name in names)
-
-
-def _bounded(name: str, default: int, low: int, high: int) -> int:
-    value = _int(name, default)
-    if not low <= value <= high:
-        raise ValueError(f"{name} must be from {low} to {high}, got {value}")
-    return value
-
-
-BENTO_MODEL_ARGUMENT = "model"  # `make bento MODEL=NAME`: BentoML keeps it in the bento, set again where it is served
-
-
-def _model() -> str:
-    """FASTINFER_MODEL, the family served; unset, a bento's own (BENTO_MODEL_ARGUMENT) becomes it, for every
-    lookup in the store and every process this one starts."""
-    if not os.environ.get(store.FAMILY_ENV, "").strip() and (built_for := _bento_argument(BENTO_MODEL_ARGUMENT)):
-        os.environ[store.FAMILY_ENV] = built_for
-    try:
-        return store.family()
-    except store.BadFamilyName as exc:
-        raise ValueError(f"{store.FAMILY_ENV}: {exc}") from None
-
-
-def _bento_argument(name: str) -> str:
-    """A bento argument (``--arg NAME=VALUE``, or a served bento's own); "" when not given or without BentoML."""
-    if "bentoml" not in sys.modules:
-        return ""
-    import bentoml
-
-    return str(getattr(bentoml.use_arguments(), name, "") or "").strip()
-
-
-def _default_backend() -> str:
-    """FASTINFER_DEFAULT_BACKEND: a backend, or ``auto`` (any case; unset too), which still lets a tuned file name
-    the backend: auto means tuned, else measured, else the rule."""
-    raw = os.environ.get("FASTINFER_DEFAULT_BACKEND", "").strip()
-    if raw.lower() == "auto":
-        raw = ""
-    value = raw or _tuned_values.get("FASTINFER_DEFAULT_BACKEND", "").strip() or Settings.default_backend
-    return "auto" if value.lower() == "auto" else value
-
-
-def _positive(name: str, default: int, low: int = 1) -> int:
-    """An integer >= ``low`` (1 or 0): a limit of 0 would refuse everything, not switch the limit off."""
-    value = _int(name, default)
-    if value < low:
-        raise ValueError(f"{name} must be {'at least 1' if low else '0 or more'}, got {value}")
-    return value
-
-
-def _bool(name: str, default: bool) -> bool:
-    raw = _setting(name).lower()
-    if not raw:
-        return default
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name} must be true or false, got {raw!r}")
-
-
-SECRET_FILE_MAX_BYTES = 64 * 1024  # a secret is a few lines; /dev/zero as a secret file must not hang start-up
-
-
-def _secret(name: str, file_name: str) -> tuple[str, str]:
-    """(value, the variable it came from): ``name``'s, or the content of the file ``file_name`` names (Compose
-    secrets are files); ("", "") when neither is set. Set means meant: an unreadable or empty file stops start-up."""
-    path = os.environ.get(file_name, "").strip()  # empty = unset (compose leaves it empty on purpose)
+def _secret(environ: Mapping[str, str], name: str) -> tuple[str, str]:
+    """(value, the variable it came from): ``name``'s, or the content of the file ``name``_FILE names; ("", "") when
+    neither is set. Set means meant: an unreadable or empty file stops start-up."""
+    file_name = f"{name}_FILE"
+    path = environ.get(file_name, "").strip()  # empty = unset (compose leaves it empty on purpose)
     if not path:
-        return os.environ.get(name, "").strip(), name if name in os.environ else ""
-    if os.environ.get(name, "").strip():
+        return environ.get(name, "").strip(), name if name in environ else ""
+    if environ.get(name, "").strip():
         raise ValueError(f"set {name} or {file_name}, not both")
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block start-up, a device never end
@@ -343,7 +403,7 @@ def _secret(name: str, file_name: str) -> tuple[str, str]:
 def _api_keys(raw: str, source: str) -> tuple[str, ...]:
     """Comma- or newline-separated keys; each must be sendable as a Bearer token (RFC 6750 token68)."""
     keys = tuple(dict.fromkeys(k.strip() for k in raw.replace("\n", ",").split(",") if k.strip()))
-    if source and not keys:  # e.g. an empty value from a Secret: running open by mistake is worse than not starting
+    if not keys:  # e.g. an empty value from a Secret: running open by mistake is worse than not starting
         raise ValueError(f"{source} is set but holds no key; unset it to run without API keys")
     for number, key in enumerate(keys, 1):
         if not API_KEY_SYNTAX.fullmatch(key):  # the key itself is never echoed
@@ -366,9 +426,9 @@ def _groq_key(raw: str, source: str) -> str:
     return raw
 
 
-def _redis_url(url: str) -> str:
+def _redis_url(environ: Mapping[str, str], url: str) -> str:
     """REDIS_URL with FASTINFER_REDIS_PASSWORD (or its _FILE) put in, percent-encoded: any character may be in it."""
-    password, source = _secret("FASTINFER_REDIS_PASSWORD", "FASTINFER_REDIS_PASSWORD_FILE")
+    password, source = _secret(environ, "FASTINFER_REDIS_PASSWORD")
     if not password:
         return url
     parts = urlsplit(url)
@@ -390,39 +450,79 @@ def _cache_hmac_key(raw: str, source: str) -> str:
     return raw
 
 
-CONTACT_URL = re.compile(r"https?://[^\s<>\"]+", re.IGNORECASE)
-CONTACT_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
+def _field(loc: tuple[int | str, ...]) -> tuple[str, FieldInfo | None, str]:
+    """(field name, field, backend) of an error's location, e.g. ("batching", "onnx-int8", "max_batch_size")."""
+    if loc and loc[0] == "batching" and len(loc) == 3:
+        return str(loc[2]), BatchingConfig.model_fields.get(str(loc[2])), str(loc[1])
+    if loc and loc[0] == "groq" and len(loc) == 2:
+        return str(loc[1]), GroqConfig.model_fields.get(str(loc[1])), ""
+    return (str(loc[0]), Settings.model_fields.get(str(loc[0])), "") if loc else ("", None, "")
 
 
-def _contact(raw: str) -> dict[str, str]:
-    """FASTINFER_CONTACT as OpenAPI's ``info.contact``. A name holds no angle brackets: Swagger UI renders HTML."""
-    raw = raw.strip()
-    if not raw:
-        return {}
-    if len(raw) > 200 or not raw.isprintable():
-        raise ValueError("FASTINFER_CONTACT must be one line of at most 200 printable characters")
-    name, target = "", raw
-    if (named := re.fullmatch(r"([^<>]*?)\s*<([^<>]*)>", raw)) is not None:
-        name, target = named.group(1).strip(), named.group(2).strip()
-    if target[:7].lower() == "mailto:":
-        target = target[7:]
-    if CONTACT_URL.fullmatch(target):
-        return {"name": name or target, "url": target}
-    if CONTACT_EMAIL.fullmatch(target):
-        return {"name": name or target, "email": target}
-    if named is None and not re.search(r"://|@|[<>]", raw):
-        return {"name": raw}
-    raise ValueError("FASTINFER_CONTACT must be an http(s) URL, an e-mail address, a name, or 'Name <URL or address>'")
+def _bounds(field: FieldInfo) -> str:
+    low = next((m.ge for m in field.metadata if hasattr(m, "ge")), None)
+    high = next((m.le for m in field.metadata if hasattr(m, "le")), None)
+    if high is not None:
+        return f"must be from {low} to {high}"
+    return "must be at least 1" if low else "must be 0 or more"
 
 
-def _batching(backend: str) -> BatchingConfig:
-    key = backends.env_key(backend)
-    on, size, latency = SPECS[backend].batching
-    return BatchingConfig(
-        enabled=_bool(f"FASTINFER_BATCHING_{key}", on),
-        max_batch_size=_bounded(f"FASTINFER_MAX_BATCH_SIZE_{key}", size, 1, MAX_BATCH_SIZE),
-        max_latency_ms=_bounded(f"FASTINFER_MAX_LATENCY_MS_{key}", latency, 0, MAX_LATENCY_MS),
-    )
+def _said(exc: ValidationError) -> str:
+    """One line per bad value, naming its variable: ``FASTINFER_THREADS must be from 0 to 1024, got 5000``."""
+    lines = []
+    for error in exc.errors(include_url=False):
+        name, field, backend = _field(error["loc"])
+        variable = variables(name, field)[0].replace(BACKEND_KEY, backends.env_key(backend)) if field else ""
+        if error["type"] == "value_error":
+            said = str(error["ctx"]["error"])
+        elif error["type"] in ("greater_than_equal", "less_than_equal") and field is not None:
+            said = f"{_bounds(field)}, got {error['input']}"
+        elif error["type"] == "bool_parsing":  # pydantic's words: 1/0, true/false, yes/no, on/off (any case)
+            said = f"must be true or false, got {str(error['input'])[:40]!r}"
+        elif error["type"] == "literal_error":
+            said = f"must be {error['ctx']['expected']}, got {str(error['input'])[:40]!r}"
+        else:
+            said = f"{error['msg'][:1].lower()}{error['msg'][1:]}"
+        if not said.startswith(variable):  # a validator's own words may name it already
+            said = f"{variable}{'' if said[:1] == '=' else ' '}{said}".strip()
+        lines.append(said)
+    return "\n".join(dict.fromkeys(lines))
+
+
+def _model() -> None:
+    """Unset, FASTINFER_MODEL becomes a bento's own (BENTO_MODEL_ARGUMENT), for every lookup in the store and every
+    process this one starts; a name the store cannot hold stops start-up before the tuned file is read."""
+    if not os.environ.get(store.FAMILY_ENV, "").strip() and (built_for := _bento_argument(BENTO_MODEL_ARGUMENT)):
+        os.environ[store.FAMILY_ENV] = built_for
+    try:
+        store.family()
+    except store.BadFamilyName as exc:
+        raise ValueError(f"{store.FAMILY_ENV}: {exc}") from None
+
+
+def _bento_argument(name: str) -> str:
+    """A bento argument (``--arg NAME=VALUE``, or a served bento's own); "" when not given or without BentoML."""
+    if "bentoml" not in sys.modules:
+        return ""
+    import bentoml
+
+    return str(getattr(bentoml.use_arguments(), name, "") or "").strip()
+
+
+def _read(tuned_values: Mapping[str, str], tuned: dict[str, Any]) -> Settings:
+    """The settings from the environment over ``tuned_values`` over the defaults, or ValueError naming each bad
+    variable; with ``tuned`` (the tuned file as found) and where each tunable value came from."""
+    from fastinfer.catalog.tuned import TUNABLE
+
+    layers = (Variables(Settings, os.environ), Variables(Settings, tuned_values))
+    try:
+        settings = Settings(_build_sources=(layers, {}))
+    except ValidationError as exc:
+        raise ValueError(_said(exc)) from None
+    environment = layers[0].values
+    sources = {name: "environment" if name in environment else "tuned" for name in tuned_values}
+    sources |= {name: "environment" for name in environment if TUNABLE.fullmatch(name)}
+    return settings.model_copy(update={"tuned": tuned, "sources": sources})
 
 
 @lru_cache(maxsize=1)
@@ -431,99 +531,16 @@ def get_settings() -> Settings:
     wins). Tuned values that do not parse or clash with the environment leave the tuned file out, never fail."""
     from fastinfer.catalog import tuned as tuning
 
-    _model()  # first: the tuned file is for one family's models, and a bad name stops start-up here
+    _model()  # first: the tuned file is for one family's models
     found = tuning.here()
-    untuned = _parse({}, found.as_dict() if not found.in_force else {})  # the environment's own errors stop start-up
+    untuned = _read({}, found.as_dict() if not found.in_force else {})  # the environment's own errors stop start-up
     if not found.in_force:
         return untuned
     try:
-        return _parse(found.settings, found.as_dict())
+        return _read(found.settings, found.as_dict())
     except ValueError as exc:
-        why = f"its values do not hold with this environment: {exc}"
+        why = f"its values do not hold with this environment: {'; '.join(str(exc).splitlines())}"
         tuning.warn_ignored(found.path, why)
-        return replace(untuned, tuned={**found.as_dict(), "status": "ignored", "why": why, "settings": {}})
-
-
-def _parse(tuned_values: dict[str, str], tuned: dict[str, Any]) -> Settings:
-    _tuned_values.clear()
-    _tuned_values.update(tuned_values)
-    try:
-        settings = _from_environment()
-    finally:
-        _tuned_values.clear()
-
-    def from_environment(name: str) -> bool:
-        value = os.environ.get(name, "").strip()
-        return bool(value) and not (name == "FASTINFER_DEFAULT_BACKEND" and value.lower() == "auto")
-
-    sources = {name: "environment" if from_environment(name) else "tuned" for name in tuned_values}
-    sources |= {name: "environment" for name in os.environ if tuning_name(name) and from_environment(name)}
-    return replace(settings, tuned=tuned, sources=sources)
-
-
-def tuning_name(name: str) -> bool:
-    from fastinfer.catalog.tuned import TUNABLE
-
-    return TUNABLE.fullmatch(name) is not None
-
-
-def _from_environment() -> Settings:
-    default_backend = _default_backend()
-    if os.environ.get("FASTINFER_CACHE", "auto").strip().lower() not in ("", "auto", "redis", "memory", "off"):
-        raise ValueError("FASTINFER_CACHE must be one of auto, redis, memory, off")
-    if default_backend != "auto" and default_backend not in BACKENDS:
-        raise ValueError(f"FASTINFER_DEFAULT_BACKEND must be auto or one of {', '.join(BACKENDS)}")
-    served = backends.switched_on()
-    if default_backend != "auto" and default_backend not in served:
-        raise ValueError(
-            f"FASTINFER_DEFAULT_BACKEND={default_backend} is not among FASTINFER_BACKENDS={','.join(served)}"
+        return untuned.model_copy(
+            update={"tuned": {**found.as_dict(), "status": "ignored", "why": why, "settings": {}}}
         )
-    # Read where the engine opens (the backend table); checked here so that a bad value stops start-up.
-    backends.openvino_precision()
-    max_concurrency = _positive("FASTINFER_MAX_CONCURRENCY", Settings.max_concurrency)
-    api_keys, api_keys_from = _secret("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE")
-    front_workers = _bounded("FASTINFER_FRONT_WORKERS", Settings.front_workers, 1, MAX_WORKERS)
-    cache_hmac = _secret("FASTINFER_CACHE_HMAC_KEY", "FASTINFER_CACHE_HMAC_KEY_FILE")
-    return Settings(
-        model=_model(),
-        backends=served,
-        default_backend=default_backend,
-        max_bytes=_positive("FASTINFER_MAX_BYTES", Settings.max_bytes),
-        max_pixels=_positive("FASTINFER_MAX_PIXELS", Settings.max_pixels),
-        front_workers=front_workers,
-        runner_workers=_bounded("FASTINFER_RUNNER_WORKERS", Settings.runner_workers, 1, MAX_WORKERS),
-        threads=_bounded("FASTINFER_THREADS", Settings.threads, 0, MAX_THREADS),
-        decode_threads=_bounded("FASTINFER_DECODE_THREADS", Settings.decode_threads, 0, MAX_THREADS),
-        runner_telemetry=_bool("FASTINFER_RUNNER_TELEMETRY", Settings.runner_telemetry),
-        request_timeout_s=_positive("FASTINFER_TIMEOUT_S", Settings.request_timeout_s),
-        max_concurrency=max_concurrency,
-        max_uploads=_positive("FASTINFER_MAX_UPLOADS", 2 * max_concurrency),
-        body_idle_s=_positive("FASTINFER_BODY_IDLE_S", Settings.body_idle_s),
-        keepalive_s=_positive("FASTINFER_KEEPALIVE_S", Settings.keepalive_s),
-        header_timeout_s=_positive("FASTINFER_HEADER_TIMEOUT_S", Settings.header_timeout_s),
-        max_header_bytes=_positive("FASTINFER_MAX_HEADER_BYTES", Settings.max_header_bytes),
-        max_headers=_positive("FASTINFER_MAX_HEADERS", Settings.max_headers),
-        max_connections=_positive("FASTINFER_MAX_CONNECTIONS", Settings.max_connections),
-        min_free_disk_mb=_positive("FASTINFER_MIN_FREE_DISK_MB", Settings.min_free_disk_mb, 0),
-        max_batch_images=_positive("FASTINFER_MAX_BATCH_IMAGES", Settings.max_batch_images),
-        batching={name: _batching(name) for name in BACKENDS},
-        cache=os.environ.get("FASTINFER_CACHE", "auto").strip().lower() or "auto",
-        redis_url=_redis_url(os.environ.get("REDIS_URL", "").strip() or Settings.redis_url),
-        cache_ttl_s=_int("FASTINFER_CACHE_TTL", Settings.cache_ttl_s),
-        cache_timeout_ms=_int("FASTINFER_CACHE_TIMEOUT_MS", Settings.cache_timeout_ms),
-        cache_max_entries=_int("FASTINFER_CACHE_MAX_ENTRIES", Settings.cache_max_entries),
-        cache_hmac_key=_cache_hmac_key(*cache_hmac),
-        api_keys=_api_keys(api_keys, api_keys_from),
-        api_keys_from=api_keys_from,
-        analyze_per_minute=_positive("FASTINFER_ANALYZE_PER_MINUTE", Settings.analyze_per_minute),
-        analyze_total_per_minute=_positive("FASTINFER_ANALYZE_TOTAL_PER_MINUTE", Settings.analyze_total_per_minute),
-        contact=_contact(os.environ.get("FASTINFER_CONTACT", "")),
-        in_front=_in_front(_setting("FASTINFER_IN_FRONT"), front_workers),
-        groq=GroqConfig(
-            api_key=_groq_key(*_secret("GROQ_API_KEY", "GROQ_API_KEY_FILE")),
-            model=os.environ.get("FASTINFER_GROQ_MODEL", "").strip() or GroqConfig.model,
-            base_url=(os.environ.get("FASTINFER_GROQ_BASE_URL") or os.environ.get("GROQ_BASE_URL") or "").strip()
-            or None,
-            timeout_s=float(_int("FASTINFER_GROQ_TIMEOUT_S", int(GroqConfig.timeout_s))),
-        ),
-    )

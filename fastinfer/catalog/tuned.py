@@ -37,7 +37,13 @@ TUNABLE = re.compile(
 )
 # Settings since removed, which the environment or a tuned file of an earlier version may still set: the environment's
 # is ignored and said once (the server's deployment hook), a tuned file naming one is ignored whole.
-REMOVED = {"FASTINFER_SCHEDULING": "`turns` measured no gain: docs/tuning.md#scheduling"}
+REMOVED = {
+    "FASTINFER_SCHEDULING": "`turns` measured no gain: docs/tuning.md#scheduling",
+    "FASTINFER_GROQ_BASE_URL": "GROQ_BASE_URL, the groq SDK's own variable, says where Groq is",
+    "FASTINFER_MAX_UPLOADS": "bodies arriving at once are twice FASTINFER_MAX_CONCURRENCY",
+    "FASTINFER_RUNNER_TELEMETRY": "BentoML's configuration adds a runner's log, metrics and spans: "
+    "docs/metrics.md#runner-telemetry",
+}
 RUNTIMES = ("fastinfer", "bentoml", "onnxruntime", "openvino", "torch", "coremltools")
 MACHINE_KEYS = ("machine", "cpu", "cores", "isa")  # what makes two machines the same for a measurement
 

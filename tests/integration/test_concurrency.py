@@ -38,6 +38,6 @@ def test_ten_clients_lose_nothing(server) -> None:
     assert statuses.count(200) == CLIENTS * PER_CLIENT, {s: statuses.count(s) for s in set(statuses)}
     log = server.log.read_text(errors="replace")
     assert "Server disconnected" not in log
-    # The front logs each request; the runners' hop is not logged again (FASTINFER_RUNNER_TELEMETRY).
+    # The front logs each request; the runners' hop is not logged again (docs/metrics.md#runner-telemetry).
     assert "path=/classify," in log and "path=/infer" not in log
-    assert "FASTINFER_RUNNER_TELEMETRY=true adds them" in log  # and the operator is told
+    assert "BentoML's configuration adds them: docs/metrics.md#runner-telemetry" in log  # and the operator is told

@@ -77,7 +77,7 @@ def test_counters_move_by_exactly_n(client) -> None:
         assert delta("fastinfer_stage_seconds_count", stage=stage, backend="onnx-int8") == n, stage
     assert delta("fastinfer_cache_events_total", event="bypass") == n
     assert delta("fastinfer_batch_size_count", backend="onnx-int8") == n
-    # BentoML counts the front's requests; the runners' calls only with FASTINFER_RUNNER_TELEMETRY=true.
+    # BentoML counts the front's requests; the runners' calls only where its configuration says (per runner).
     requests = [line for line in after.splitlines() if line.startswith("bentoml_service_request_total{")]
     assert any('service_name="fastinfer"' in line for line in requests), requests[:5]
     assert not [line for line in requests if 'service_name="runner-' in line]

@@ -228,31 +228,35 @@ def test_doctor_recommends_only_what_loaded(built_models, monkeypatch, tmp_path,
     assert report["recommended"]["backend"] == "onnx-int8"
 
 
-@pytest.mark.parametrize(("value", "instrumented"), [(None, False), ("on", True), ("false", False)])
-def test_a_runner_logs_counts_and_traces_each_call_only_when_asked(monkeypatch, value, instrumented) -> None:
+def test_a_runner_neither_logs_counts_nor_traces_each_call() -> None:
     """The front logs, counts and traces every request; BentoML doing it again per call costs the runner."""
     import runners.base
 
-    if value is None:
-        monkeypatch.delenv("FASTINFER_RUNNER_TELEMETRY", raising=False)
-    else:
-        monkeypatch.setenv("FASTINFER_RUNNER_TELEMETRY", value)
-    get_settings.cache_clear()
-    try:
-        config = runners.base.make_runner("onnx-int8").config
-    finally:
-        get_settings.cache_clear()
-    if instrumented:
-        assert not {"logging", "metrics", "tracing"} & set(config)  # BentoML's defaults
-    else:
-        assert config["logging"]["access"]["enabled"] is False and config["metrics"]["enabled"] is False
-        assert set(config["tracing"]["excluded_urls"]) == {"/infer", "/infer_batched", "/describe"}
+    config = runners.base.make_runner("onnx-int8").config
+    assert config["logging"]["access"]["enabled"] is False and config["metrics"]["enabled"] is False
+    assert set(config["tracing"]["excluded_urls"]) == {"/infer", "/infer_batched", "/describe"}
+
+
+def test_bentomls_configuration_turns_a_runners_telemetry_on_by_its_name(tmp_path: Path) -> None:
+    """docs/metrics.md#runner-telemetry: a configuration file's section for one runner beats FastInfer's defaults;
+    settings for all services do not reach it."""
+    config = tmp_path / "bentoml.yaml"
+    runner = "  runner-onnx-int8:\n    logging: {access: {enabled: true}}\n"
+    config.write_text(f"services:\n  metrics: {{enabled: true}}\n{runner}")
+    code = (
+        "import service\nfrom bentoml._internal.configuration.containers import BentoMLContainer\n"
+        "service.FastInfer.inject_config()\nc = BentoMLContainer.config.services['runner-onnx-int8'].get()\n"
+        "print(c['logging']['access']['enabled'], c['metrics']['enabled'])"
+    )
+    env = operator_env(BENTOML_CONFIG=str(config))
+    ran = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.strip().splitlines()[-1] == "True False"
 
 
 def operator_env(**given: str) -> dict[str, str]:
-    """This environment without BentoML's configuration or the setting (a developer's shell may set them),
-    then ``given``."""
-    unset = ("BENTOML_CONFIG", "BENTOML_CONFIG_OPTIONS", "BENTOML_CONFIG_OVERRIDES", "FASTINFER_RUNNER_TELEMETRY")
+    """This environment without BentoML's configuration (a developer's shell may set it), then ``given``."""
+    unset = ("BENTOML_CONFIG", "BENTOML_CONFIG_OPTIONS", "BENTOML_CONFIG_OVERRIDES")
     return {**{k: v for k, v in os.environ.items() if k not in unset}, **given}
 
 
@@ -284,13 +288,3 @@ def test_a_runner_keeps_its_spans_when_a_config_file_turns_tracing_on(tmp_path: 
     ran = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert ran.stdout.strip().splitlines()[-1] == "False"
-
-
-def test_the_runner_telemetry_setting_must_be_true_or_false(monkeypatch) -> None:
-    monkeypatch.setenv("FASTINFER_RUNNER_TELEMETRY", "maybe")
-    get_settings.cache_clear()
-    try:
-        with pytest.raises(ValueError, match="FASTINFER_RUNNER_TELEMETRY must be true or false"):
-            get_settings()
-    finally:
-        get_settings.cache_clear()

@@ -48,8 +48,7 @@ def test_commands_that_send_the_key_refuse_a_bad_one_in_one_line(monkeypatch, ca
     lines = [line for line in err.splitlines() if "FASTINFER_API_KEY" in line]
     assert len(lines) == 4 and "Traceback" not in err and "secret" not in err
     assert list(tmp_path.iterdir()) == [] and dict(os.environ) == environment
-    for name in ("FASTINFER_TUNED", "FASTINFER_RUNNER_TELEMETRY"):  # the benchmark sets them: restored after
-        monkeypatch.setenv(name, os.environ.get(name, ""))
+    monkeypatch.setenv("FASTINFER_TUNED", os.environ.get("FASTINFER_TUNED", ""))  # the benchmark sets it: restored
     with pytest.raises(SystemExit) as exited:  # rewriting the report sends nothing: the key is not its business
         bench_main(["--report-only", "--out", str(tmp_path / "none"), "--plots", str(tmp_path / "none")])
     err = capsys.readouterr().err

@@ -57,7 +57,7 @@ def test_settings_from_environment(monkeypatch) -> None:
     try:
         s = get_settings()
         assert s.max_bytes == 123
-        assert s.max_uploads == 16  # follows max_concurrency unless set
+        assert s.max_uploads == 16  # twice max_concurrency
         assert s.batching_for("pytorch").enabled and s.batching_for("pytorch").max_batch_size == 4
     finally:
         get_settings.cache_clear()
@@ -73,9 +73,9 @@ def test_bad_settings_say_which_variable(monkeypatch) -> None:
         get_settings.cache_clear()
 
 
-@pytest.mark.parametrize("name", ["FASTINFER_BODY_IDLE_S", "FASTINFER_MAX_UPLOADS", "FASTINFER_MAX_CONCURRENCY"])
+@pytest.mark.parametrize("name", ["FASTINFER_BODY_IDLE_S", "FASTINFER_MAX_CONCURRENCY"])
 def test_a_limit_of_zero_is_refused_not_taken_as_off(monkeypatch, name: str) -> None:
-    """FASTINFER_BODY_IDLE_S=0 made every POST a 408; FASTINFER_MAX_UPLOADS=0 every POST a 429."""
+    """FASTINFER_BODY_IDLE_S=0 made every POST a 408; FASTINFER_MAX_CONCURRENCY=0 would refuse every POST."""
     get_settings.cache_clear()
     monkeypatch.setenv(name, "0")
     try:

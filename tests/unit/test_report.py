@@ -715,11 +715,7 @@ def test_the_first_table_is_the_rows_of_results_json(tmp_path, monkeypatch) -> N
     # --report-only renders the same from the results.json beside the plots
     from load_tests.__main__ import main
 
-    for name, value in (
-        ("BENTOML_HOME", str(tmp_path)),
-        ("FASTINFER_TUNED", "off"),
-        ("FASTINFER_RUNNER_TELEMETRY", ""),
-    ):
+    for name, value in (("BENTOML_HOME", str(tmp_path)), ("FASTINFER_TUNED", "off")):
         monkeypatch.setenv(name, value)  # what main sets, undone after the test
     again = tmp_path / "again.md"
     assert (

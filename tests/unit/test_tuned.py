@@ -149,7 +149,6 @@ def test_its_values_become_the_settings_below_the_environment(in_force, monkeypa
     assert shown["FASTINFER_MAX_BATCH_SIZE_ONNX_INT8"] == {"value": "4", "source": "environment"}
     assert shown["FASTINFER_FRONT_WORKERS"] == {"value": "1", "source": "default"}
     assert shown["FASTINFER_THREADS"]["source"] == "rule"
-    assert shown["FASTINFER_RUNNER_TELEMETRY"] == {"value": "false", "source": "default"}
 
 
 def test_values_that_clash_with_the_environment_leave_it_out_not_the_server_down(in_force, monkeypatch, caplog):
@@ -465,7 +464,8 @@ def test_the_tuner_writes_its_decode_threads_only_when_not_the_default(cores) ->
     threads = {w.get("FASTINFER_DECODE_THREADS") for w in written}
     assert threads == ({None} if cores == 1 else {None, str(cores // 2)})  # 0, one per core, is left out
     first = tune_space.dimensions("onnx-int8", cores, "throughput")["decode_threads"][0]
-    assert first == tune_space.plain("onnx-int8").decode_threads == config.Settings.decode_threads == 0
+    default = config.Settings.model_fields["decode_threads"].default
+    assert first == tune_space.plain("onnx-int8").decode_threads == default == 0
 
 
 def resolved(**settings: str) -> str:
@@ -501,3 +501,29 @@ def test_a_file_tuned_with_the_removed_scheduling_is_ignored_whole(in_force, mon
     assert "FASTINFER_SCHEDULING, since removed" in settings.tuned["why"] and settings.sources == {}
     assert settings.default_backend == "auto" and settings.batching_for("onnx-int8").max_batch_size == 8
     assert "tuned configuration" in caplog.text and "FASTINFER_SCHEDULING" in caplog.text
+
+
+def test_each_bad_variable_gets_one_line_naming_it(monkeypatch) -> None:
+    env = {"FASTINFER_THREADS": "5000", "FASTINFER_BATCHING_ONNX": "maybe", "FASTINFER_CACHE": "disk"}
+    with pytest.raises(ValueError) as caught:
+        settings_with(monkeypatch, FASTINFER_TUNED="off", **env)
+    assert sorted(str(caught.value).splitlines()) == [
+        "FASTINFER_BATCHING_ONNX must be true or false, got 'maybe'",
+        "FASTINFER_CACHE must be 'auto', 'redis', 'memory' or 'off', got 'disk'",
+        "FASTINFER_THREADS must be from 0 to 1024, got 5000",
+    ]
+
+
+def test_the_environment_alone_is_the_model_read_by_pydantic_settings(monkeypatch) -> None:
+    monkeypatch.setenv("FASTINFER_MAX_LATENCY_MS_ONNX_INT8", " 7 ")
+    monkeypatch.setenv("FASTINFER_TIMEOUT_S", "12")
+    settings = config.Settings()
+    assert settings.batching_for("onnx-int8").max_latency_ms == 7 and settings.request_timeout_s == 12
+    assert settings.batching_for("onnx").max_latency_ms == backends.SPECS["onnx"].batching[2]  # the table's default
+
+
+def test_the_groq_base_url_is_the_sdks_variable_and_the_old_name_is_said_not_read(monkeypatch) -> None:
+    monkeypatch.setenv("FASTINFER_GROQ_BASE_URL", "http://127.0.0.1:9/old")
+    assert tuned.removed_in_environment() == ["FASTINFER_GROQ_BASE_URL"]
+    assert settings_with(monkeypatch, "GROQ_BASE_URL").groq.base_url is None  # the SDK's default: Groq's
+    assert settings_with(monkeypatch, GROQ_BASE_URL="http://127.0.0.1:9/").groq.base_url == "http://127.0.0.1:9/"
