@@ -58,9 +58,16 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+def _one_of(schema: dict[str, Any]) -> None:
+    schema["items"]["oneOf"] = schema["items"].pop("anyOf")
+
+
 class BatchResponse(BaseModel):
+    # An item is a prediction or an error, never both: oneOf, which bentoml.SyncHTTPClient hands through as sent
+    # (it reads an anyOf as its first choice, and so an error item as {}).
     results: list[ClassifyResponse | ErrorResponse] = Field(
-        description="one per image, in the order sent: a prediction, or the error for that image alone"
+        description="one per image, in the order sent: a prediction, or the error for that image alone",
+        json_schema_extra=_one_of,
     )
 
 

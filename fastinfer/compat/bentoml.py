@@ -23,6 +23,8 @@ another shape than the project's errors, so FrontMiddleware keeps that); ``bento
    (fastinfer/front/api_inputs.py overrides it).
 8. ``Service.dependencies`` maps each attribute set to ``bentoml.depends(...)`` to it; its ``on`` is the service
    (service.py's /readyz asks each runner).
+9. ``bentoml.SyncHTTPClient`` reads an answer by ``/schema.json``'s output schema: an ``anyOf`` as its first choice,
+   a ``oneOf`` as sent (so fastinfer/common/schemas.py's BatchResponse says oneOf, and its error items arrive).
 """
 
 from __future__ import annotations

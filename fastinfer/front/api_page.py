@@ -30,7 +30,7 @@ from fastinfer.front.access import analyze_guard
 
 TITLE = "FastInfer"
 PAGE = Path(__file__).with_name("api_page.md")  # also the bento's README (bentofile.yaml)
-PAGE_TEXT = PAGE.read_text(encoding="utf-8").rstrip()  # read once: /docs.json is built per request
+PAGE_TEXT = PAGE.read_text(encoding="utf-8").rstrip()  # read once, at import
 
 
 def info(settings: Settings, svc: bentoml.Service[Any]) -> dict[str, Any]:
@@ -144,45 +144,11 @@ def contact_line(contact: dict[str, str]) -> str:
     return "none set (`FASTINFER_CONTACT` names who answers for this server)"
 
 
-# Swagger UI's settings, BentoML's swagger-initializer.js but for validatorUrl: left unset, Swagger UI
-# sends the spec's address to validator.swagger.io whenever the page is not on localhost/127.0.0.1.
-INITIALIZER = """
-      window.onload = function () {
-        window.ui = SwaggerUIBundle({
-          url: "./docs.json",
-          dom_id: "#swagger-ui",
-          deepLinking: true,
-          validatorUrl: null,
-          presets: [SwaggerUIBundle.presets.apis, SwaggerUIStandalonePreset],
-          plugins: [SwaggerUIBundle.plugins.DownloadUrl],
-          layout: "StandaloneLayout",
-        });
-      };
-    """
-# Not BentoML's index.css, which hides the title.
-INDEX_HTML = f"""\
-<!DOCTYPE html>
-<html lang="en">
-  <head>
-    <meta charset="UTF-8">
-    <title>{TITLE} API</title>
-    <link rel="icon" href="data:," /><!-- no favicon request (it would need a key when keys are on) -->
-    <link rel="stylesheet" type="text/css" href="./static_content/swagger-ui.css" />
-    <style>
-      html {{ box-sizing: border-box; overflow-y: scroll; }}
-      *, *:before, *:after {{ box-sizing: inherit; }}
-      body {{ margin: 0; background: #fafafa; }}
-      .topbar {{ display: none; }}
-    </style>
-  </head>
-  <body>
-    <div id="swagger-ui"></div>
-    <script src="./static_content/swagger-ui-bundle.js" charset="UTF-8"></script>
-    <script src="./static_content/swagger-ui-standalone-preset.js" charset="UTF-8"></script>
-    <script>{INITIALIZER}</script>
-  </body>
-</html>
-""".encode()
+# Swagger UI over ./docs.json, from BentoML's static files: BentoML's page but for its title, its index.css (which
+# hides the title) and validatorUrl (left unset, Swagger UI sends the spec's address to validator.swagger.io
+# whenever the page is not on localhost/127.0.0.1).
+INDEX_HTML = Path(__file__).with_name("api_page.html").read_bytes()
+INITIALIZER = INDEX_HTML.decode().split("<script>")[1].split("</script>")[0]  # its one inline script
 
 
 def script_hash(script: str) -> str:

@@ -71,11 +71,8 @@ class ImageRoute:
         return ClassifyInput if self.backend is None else ImageInput
 
     @property
-    def answer_type(self) -> type[BaseModel] | type[dict[str, Any]]:
-        # The batch API is declared as a plain object: bentoml.SyncHTTPClient validates answers against
-        # the declared schema and turned the error items of BatchResponse's union into {}. /docs.json
-        # still shows BatchResponse (fastinfer/front/openapi.py).
-        return {"one": ClassifyResponse, "batch": dict[str, Any], "compare": CompareResponse}[self.kind]
+    def answer_type(self) -> type[BaseModel]:
+        return {"one": ClassifyResponse, "batch": BatchResponse, "compare": CompareResponse}[self.kind]
 
 
 ROUTES: dict[str, ImageRoute] = {
@@ -191,9 +188,7 @@ def _api(route: ImageRoute) -> Any:
         sent = [Image(Path(path).read_bytes(), Path(path).name if route.kind == "batch" else "") for path in paths]
         pipeline = inputs["self"].pipeline
         body = await run(pipeline, route, sent, inputs.get("backend", ""), inputs["top_k"], started=started)
-        if route.kind == "batch":
-            return BatchResponse.model_validate(body).model_dump(mode="json")
-        return route.answer_type.model_validate(body)  # type: ignore[union-attr]
+        return route.answer_type.model_validate(body)
 
     api.__signature__ = signature  # type: ignore[attr-defined]
     api.__annotations__ = {**{p.name: p.annotation for p in signature.parameters.values() if p.name != "self"},

@@ -99,7 +99,8 @@ def test_bento_holds_code_dashboard_models_and_a_dockerfile(bento) -> None:
     assert "openvino==2026.4.1" in requirements  # the container runs the OpenVINO backends too
     # Its README is the API page's text (bentofile.yaml description), not BentoML's placeholder.
     assert (root / "README.md").read_text() == (ROOT / "fastinfer" / "front" / "api_page.md").read_text()
-    assert (root / "src" / "fastinfer" / "front" / "api_page.md").is_file()  # what the served page reads
+    for name in ("api_page.md", "api_page.html", "api_spec.json"):  # what the served page and spec read
+        assert (root / "src" / "fastinfer" / "front" / name).is_file(), name
     built = yaml.safe_load((root / "apis" / "openapi.yaml").read_text())
     assert spec_problems(built) == []
     assert "## This server" not in built["info"]["description"]  # built here, served elsewhere
@@ -128,14 +129,16 @@ def documents() -> list[dict]:
 
 
 def config_env_names() -> set[str]:
-    """Every environment variable name the settings read (fastinfer/catalog/config.py, and backends.py for
-    the OpenVINO precision), per-backend names expanded."""
-    from fastinfer.catalog.config import BACKENDS
+    """Every environment variable name the settings read (fastinfer/catalog/config.py's fields, the tuned file's,
+    and backends.py's OpenVINO precision), per-backend names expanded."""
+    from fastinfer.catalog.config import BACKENDS, BatchingConfig, GroqConfig, Settings, variables
 
-    text = "".join((ROOT / "fastinfer" / "catalog" / name).read_text() for name in ("config.py", "backends.py"))
-    names = set(re.findall(r'"((?:FASTINFER|GROQ)_[A-Z_]+|REDIS_URL)"', text))
-    for prefix in ("FASTINFER_BATCHING_", "FASTINFER_MAX_BATCH_SIZE_", "FASTINFER_MAX_LATENCY_MS_"):
-        names |= {prefix + b.upper().replace("-", "_") for b in BACKENDS}
+    fields = [(n, f) for cls in (Settings, GroqConfig, BatchingConfig) for n, f in cls.model_fields.items()]
+    names = {v for name, field in fields if field.description for v in variables(name, field)}
+    names |= {"FASTINFER_TUNED", "FASTINFER_OPENVINO_PRECISION"}
+    for template in [name for name in names if name.endswith("<BACKEND>")]:
+        names.remove(template)
+        names |= {template.replace("<BACKEND>", b.upper().replace("-", "_")) for b in BACKENDS}
     return names
 
 
@@ -176,7 +179,7 @@ def test_manifests_agree_with_the_code(client) -> None:
     from fastinfer.catalog.config import Settings
 
     per_pod = int(next(e["value"] for e in container["env"] if e["name"] == "FASTINFER_ANALYZE_TOTAL_PER_MINUTE"))
-    assert per_pod * hpa["spec"]["maxReplicas"] <= Settings.analyze_total_per_minute
+    assert per_pod * hpa["spec"]["maxReplicas"] <= Settings.model_fields["analyze_total_per_minute"].default
 
 
 def k8s_documents() -> list[tuple[str, dict]]:

@@ -1,6 +1,6 @@
 """The API page speaks FastInfer (fastinfer/front/api_page.py, fastinfer/front/api_examples.py): info, examples,
-the page at ``/``. Checked on the small service of test_openapi.py; tests/integration/test_api_page.py
-checks the real server's."""
+the page at ``/``. Checked on service.py's service in process; tests/integration/test_api_page.py checks a
+real server's."""
 
 from __future__ import annotations
 
@@ -26,17 +26,17 @@ from fastinfer.front.image_routes import ROUTES
 from fastinfer.front.openapi import STATUS_ROUTES
 from tests.asgi import Recorder, raw, request
 from tests.spec_checks import spec_problems
-from tests.unit.test_openapi import SERVICE, as_json, base, spec  # noqa: F401 (fixtures)
+from tests.unit.test_openapi import as_json, base, service, spec  # noqa: F401 (fixtures)
 
 PAGE = api_page.PAGE.read_text(encoding="utf-8")
 
 
 def test_bentoml_s_own_spec_is_what_the_check_refuses(base: dict[str, Any]) -> None:  # noqa: F811
     problems = spec_problems(base)
-    assert "title is 'tiny'" in problems and "version is 'None'" in problems
+    assert "title is 'fastinfer'" in problems and "version is 'None'" in problems
     assert "framework placeholder 'Machine Learning Service created with BentoML'" in problems
     assert "framework placeholder 'BentoML Team'" in problems
-    assert "POST /predict/onnx: no description" in problems  # a method without a docstring
+    assert "POST /classify: no example" in problems and "GET /readyz: no example" in problems
 
 
 def test_the_spec_speaks_fastinfer(spec: dict[str, Any]) -> None:  # noqa: F811
@@ -45,9 +45,7 @@ def test_the_spec_speaks_fastinfer(spec: dict[str, Any]) -> None:  # noqa: F811
     assert info["contact"] == {"name": "FastInfer"}
     # Not a running server here (as in `bentoml build`): the page, without what a server is set to.
     assert info["description"] == PAGE.rstrip() + "\n"
-    # The small service's methods without a docstring are the only problems left: the check bites on them.
-    # (/predict/onnx has none either, but says it is a route of the original FastInfer API.)
-    assert sorted(spec_problems(spec)) == ["POST /analyze: no description", "POST /compare: no description"]
+    assert spec_problems(spec) == []
 
 
 def test_this_server_says_how_it_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -58,7 +56,7 @@ def test_this_server_says_how_it_is_set(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(api_page, "serving", lambda: True)  # as in a worker of `bentoml serve`
     get_settings.cache_clear()
     try:
-        info = api_page.info(get_settings(), SERVICE)
+        info = api_page.info(get_settings(), service())
     finally:
         get_settings.cache_clear()
     assert info["description"].startswith(PAGE.rstrip())
@@ -82,9 +80,9 @@ def test_serving_is_a_worker_of_bentoml_serve(monkeypatch: pytest.MonkeyPatch) -
     never in `bentoml build` or here: only a server's page says what the server is set to."""
     from bentoml._internal.context import server_context
 
-    assert not api_page.serving() and "## This server" not in api_page.info(get_settings(), SERVICE)["description"]
+    assert not api_page.serving() and "## This server" not in api_page.info(get_settings(), service())["description"]
     monkeypatch.setattr(server_context, "worker_index", 1)
-    assert api_page.serving() and "## This server" in api_page.info(get_settings(), SERVICE)["description"]
+    assert api_page.serving() and "## This server" in api_page.info(get_settings(), service())["description"]
 
 
 @pytest.mark.parametrize(
@@ -136,14 +134,14 @@ def test_the_page_names_every_backend_in_order_and_every_route() -> None:
 
 
 EXAMPLE_MODELS: list[tuple[str, Any, type[BaseModel]]] = [
-    ("CLASSIFY", api_examples.CLASSIFY, ClassifyResponse),
-    ("BATCH", api_examples.BATCH, BatchResponse),
-    ("COMPARE", api_examples.COMPARE, CompareResponse),
-    ("ANALYZE", api_examples.ANALYZE, AnalyzeResponse),
+    ("CLASSIFY", api_examples.ANSWERS["/classify"], ClassifyResponse),
+    ("BATCH", api_examples.ANSWERS["/classify/batch"], BatchResponse),
+    ("COMPARE", api_examples.ANSWERS["/compare"], CompareResponse),
+    ("ANALYZE", api_examples.ANSWERS["/analyze"], AnalyzeResponse),
     ("ANALYZE_REQUEST", api_examples.ANALYZE_REQUEST, AnalyzeInput),
-    ("BACKENDS", api_examples.BACKENDS, BackendsResponse),
-    ("CACHE_STATS", api_examples.CACHE_STATS, CacheStatsResponse),
-    ("LIVE_STATS", api_examples.LIVE_STATS, LiveStatsResponse),
+    ("BACKENDS", api_examples.ANSWERS["/backends"], BackendsResponse),
+    ("CACHE_STATS", api_examples.ANSWERS["/cache/stats"], CacheStatsResponse),
+    ("LIVE_STATS", api_examples.ANSWERS["/stats/live"], LiveStatsResponse),
 ]
 
 
@@ -158,7 +156,8 @@ def test_the_backends_example_shows_every_field_and_setting_a_server_answers(mon
     """GET /backends' example is hand-written: it must not fall behind what a real answer carries."""
     from fastinfer.catalog import choice
 
-    assert set(api_examples.BACKENDS) == set(BackendsResponse.model_fields)
+    backends = api_examples.ANSWERS["/backends"]
+    assert set(backends) == set(BackendsResponse.model_fields)
     for name in [n for n in os.environ if n.startswith("FASTINFER_")]:
         monkeypatch.delenv(name)
     get_settings.cache_clear()
@@ -166,12 +165,12 @@ def test_the_backends_example_shows_every_field_and_setting_a_server_answers(mon
         shown = choice.configuration(get_settings(), choice.default_choice())
     finally:
         get_settings.cache_clear()
-    assert list(api_examples.BACKENDS["configuration"]) == list(shown)
+    assert list(backends["configuration"]) == list(shown)
 
 
 def test_examples_sit_where_swagger_shows_them(spec: dict[str, Any]) -> None:  # noqa: F811
     classify = spec["paths"]["/classify"]["post"]
-    assert classify["responses"]["200"]["content"]["application/json"]["example"] == api_examples.CLASSIFY
+    assert classify["responses"]["200"]["content"]["application/json"]["example"] == api_examples.ANSWERS["/classify"]
     assert (
         "curl -F image=@cat.jpg -F backend=onnx-int8 -F top_k=3 http://127.0.0.1:3000/classify"
         in (classify["description"])
@@ -181,7 +180,7 @@ def test_examples_sit_where_swagger_shows_them(spec: dict[str, Any]) -> None:  #
     analyze = spec["paths"]["/analyze"]["post"]
     assert analyze["requestBody"]["content"]["application/json"]["example"] == api_examples.ANALYZE_REQUEST
     backends = spec["paths"]["/backends"]["get"]
-    assert backends["responses"]["200"]["content"]["application/json"]["example"] == api_examples.BACKENDS
+    assert backends["responses"]["200"]["content"]["application/json"]["example"] == api_examples.ANSWERS["/backends"]
 
 
 def test_original_routes_say_what_they_are(spec: dict[str, Any]) -> None:  # noqa: F811
@@ -198,7 +197,7 @@ def test_examples_carry_the_key_when_keys_are_on(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("FASTINFER_API_KEYS", "k" * 20)
     get_settings.cache_clear()
     try:
-        locked = as_json(SERVICE.openapi_spec)
+        locked = as_json(service().openapi_spec)
     finally:
         get_settings.cache_clear()
     assert "Authorization: Bearer $FASTINFER_API_KEY" in locked["paths"]["/classify"]["post"]["description"]
@@ -260,7 +259,7 @@ def test_this_server_says_when_its_default_cannot_run_and_the_analyze_total_of_a
     monkeypatch.setenv("FASTINFER_ANALYZE_TOTAL_PER_MINUTE", "1")
     get_settings.cache_clear()
     try:
-        server = api_page.this_server(get_settings(), SERVICE)
+        server = api_page.this_server(get_settings(), service())
     finally:
         get_settings.cache_clear()
     if not hardware.is_macos():
@@ -295,26 +294,22 @@ def test_this_server_says_when_its_default_cannot_run_and_the_analyze_total_of_a
     ],
 )
 def test_this_server_says_which_configuration_is_in_force(tuned, said) -> None:
-    from dataclasses import replace
-
-    server = api_page.this_server(replace(get_settings(), tuned=tuned), SERVICE)
+    server = api_page.this_server(get_settings().model_copy(update={"tuned": tuned}), service())
     assert f"- Configuration: {said}" in server
 
 
 def test_this_server_says_where_each_value_came_from(monkeypatch) -> None:
-    from dataclasses import replace
-
-    settings = replace(get_settings(), front_workers=2, sources={"FASTINFER_FRONT_WORKERS": "environment"})
-    server = api_page.this_server(settings, SERVICE)
+    settings = get_settings().model_copy(
+        update={"front_workers": 2, "sources": {"FASTINFER_FRONT_WORKERS": "environment"}}
+    )
+    server = api_page.this_server(settings, service())
     line = next(x for x in server.splitlines() if x.startswith("- Its values and where each came from:"))
     assert "`FASTINFER_FRONT_WORKERS` 2 (environment)" in line and "`FASTINFER_DEFAULT_BACKEND` " in line
     assert "`FASTINFER_RUNNER_WORKERS` 1 (default)" in line
 
 
 def test_this_server_names_the_backends_switched_off() -> None:
-    from dataclasses import replace
-
-    off = api_page.this_server(replace(get_settings(), backends=("onnx", "onnx-int8")), SERVICE)
+    off = api_page.this_server(get_settings().model_copy(update={"backends": ("onnx", "onnx-int8")}), service())
     assert "- Backends: serves `onnx`, `onnx-int8`; switched off by `FASTINFER_BACKENDS` (503): `pytorch`," in off
-    every = api_page.this_server(get_settings(), SERVICE)
+    every = api_page.this_server(get_settings(), service())
     assert "- Backends: every backend switched on (`FASTINFER_BACKENDS` unset)" in every

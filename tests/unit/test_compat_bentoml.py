@@ -18,7 +18,9 @@ from _bentoml_impl.server import app as server_app
 from _bentoml_impl.server import serving as bentoml_serving
 from _bentoml_impl.worker import service as worker
 from bentoml.serving import ensure_prometheus_dir
+from pydantic import BaseModel
 
+from fastinfer.common.schemas import BatchResponse
 from fastinfer.compat import bentoml as compat
 
 
@@ -180,4 +182,42 @@ def test_8_service_dependencies_name_each_depended_on_service() -> None:
 
     assert Front.dependencies["runner"].on is Runner, (
         "assumption 8: Service.dependencies maps each bentoml.depends attribute to it, .on the service"
+    )
+
+
+class A(BaseModel):
+    a: int
+
+
+class B(BaseModel):
+    b: int
+
+
+class AnyOf(BaseModel):  # test 9's
+    items: list[A | B]
+
+
+def test_9_the_python_client_reads_one_of_as_sent_and_any_of_as_its_first_choice() -> None:
+    from _bentoml_impl.serde import JSONSerde, Payload  # how SyncHTTPClient decodes an answer, by /schema.json
+
+    @bentoml.service(name="probe-9")
+    class Probe:
+        @bentoml.api
+        async def any_of(self) -> AnyOf:
+            raise NotImplementedError
+
+        @bentoml.api
+        async def batch(self) -> BatchResponse:
+            raise NotImplementedError
+
+    outputs = {route["name"]: route["output"] for route in Probe.schema()["routes"]}  # what /schema.json serves
+
+    def received(api: str, answer: BaseModel) -> object:
+        return JSONSerde().deserialize(Payload((answer.model_dump_json().encode(),), {}), outputs[api])
+
+    sent = AnyOf.model_validate({"items": [{"a": 1}, {"b": 2}]})
+    assert received("any_of", sent) == {"items": [{"a": 1}, {}]}, "assumption 9: an anyOf is read as its first choice"
+    batch = BatchResponse.model_validate({"results": [{"error": {"code": "invalid_image", "message": "x"}}]})
+    assert received("batch", batch) == batch.model_dump(mode="json"), (
+        "assumption 9: a oneOf item (BatchResponse's) is handed through as sent"
     )

@@ -1,87 +1,36 @@
-"""The OpenAPI spec tells the whole API (fastinfer/front/openapi.py), checked on a small service shaped
-like FastInfer's: typed image and batch APIs, a Starlette app of GET routes and a static mount beside them."""
+"""The OpenAPI spec tells the whole API (fastinfer/front/openapi.py), checked on service.py's own service:
+BentoML's spec of its typed APIs, with FastInfer's table merged over it."""
 
 from __future__ import annotations
 
+import functools
 import json
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import bentoml
+import jsonschema
 import pytest
 import yaml
 from bentoml._internal.service.openapi.specification import OpenAPISpecification
-from pydantic import Field
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
 from starlette.routing import Route
-from starlette.staticfiles import StaticFiles
 
-from fastinfer.catalog.config import get_settings
-from fastinfer.common.schemas import AnalyzeResponse, ClassifyResponse, CompareResponse, ErrorResponse
-from fastinfer.front.openapi import DocumentedService, extend_spec, first_sentence, openapi30
+from fastinfer.catalog.choice import default_choice
+from fastinfer.catalog.config import BACKENDS, get_settings
+from fastinfer.common.schemas import ErrorResponse
+from fastinfer.front import openapi
+from fastinfer.front.image_routes import ROUTES
 
-Backend = Literal["onnx", "onnx-int8"]
-TopK = Annotated[int, Field(ge=1, le=20, description="how many classes to return (1..20)")]
-IMAGE_ROUTES = ["/classify", "/predict", "/predict/onnx", "/compare"]
+IMAGE_ROUTES = [path for path, route in ROUTES.items() if route.kind != "batch"]
 ERROR_STATUSES = {"400", "408", "413", "415", "429", "500", "503", "504"}
+METHODS = ("get", "post")
 
 
-class Images:
-    @bentoml.api(route="/classify")
-    def classify(self, image: Path, backend: Backend = "onnx", top_k: TopK = 5) -> ClassifyResponse:
-        """Classify one image with the chosen backend; returns top-k labels.
+@functools.cache
+def service() -> bentoml.Service[Any]:
+    import service as module  # service.py: importing it declares the service (as `bentoml serve` does)
 
-        Send `Cache-Control: no-cache` to bypass the response cache."""
-        raise NotImplementedError
-
-    @bentoml.api(route="/predict")
-    def predict(self, image: Path, top_k: TopK = 5) -> ClassifyResponse:
-        """The original FastInfer API's route: PyTorch eager."""
-        raise NotImplementedError
-
-    @bentoml.api(route="/predict/onnx")
-    def predict_onnx(self, image: Path, top_k: TopK = 5) -> ClassifyResponse:
-        raise NotImplementedError
-
-    @bentoml.api(route="/compare")
-    def compare(self, image: Path, top_k: TopK = 5) -> CompareResponse:
-        raise NotImplementedError
-
-    @bentoml.api(route="/analyze")
-    def analyze(self, results: list[dict[str, Any]], question: str = "") -> AnalyzeResponse:
-        raise NotImplementedError
-
-    @bentoml.api(route="/classify/batch")
-    def classify_batch(
-        self,
-        images: Annotated[list[Path], Field(min_length=1, max_length=32)],
-        backend: Backend = "onnx",
-        top_k: TopK = 5,
-    ) -> dict[str, Any]:  # as image_routes.py: a BatchResponse, typed loosely for bentoml.SyncHTTPClient
-        """Classify up to 32 images in one request."""
-        raise NotImplementedError
-
-
-async def _json(_: Request) -> JSONResponse:
-    return JSONResponse({})
-
-
-async def _extra(_: Request) -> JSONResponse:
-    """Something else mounted. It is listed all the same."""
-    return JSONResponse({})
-
-
-def make_service(inner: type, name: str) -> bentoml.Service[Any]:
-    svc = bentoml.service(name=name, service_class=DocumentedService)(inner)
-    routes = [Route(path, _json, methods=["GET"]) for path in ("/backends", "/cache/stats", "/stats/live")]
-    svc.mount_asgi_app(Starlette(routes=[*routes, Route("/debug/extra", _extra, methods=["GET"])]), path="/")
-    svc.mount_asgi_app(StaticFiles(directory="/nonexistent", check_dir=False), path="/dashboard", name="dashboard")
-    return svc
-
-
-SERVICE = make_service(Images, "tiny")
+    return module.FastInfer
 
 
 def as_json(spec: OpenAPISpecification) -> dict[str, Any]:
@@ -92,12 +41,12 @@ def as_json(spec: OpenAPISpecification) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def base() -> dict[str, Any]:
     """BentoML's own spec of the same service."""
-    return as_json(bentoml.Service.openapi_spec.fget(SERVICE))
+    return as_json(bentoml.Service.openapi_spec.fget(service()))
 
 
 @pytest.fixture(scope="module")
 def spec() -> dict[str, Any]:
-    return as_json(SERVICE.openapi_spec)
+    return as_json(service().openapi_spec)
 
 
 def refs(node: Any) -> list[str]:
@@ -118,11 +67,8 @@ def test_nothing_bentoml_documented_is_lost(base: dict[str, Any], spec: dict[str
             full = spec["paths"][path][method]
             for key in ("x-bentoml-name", "operationId", "tags"):
                 assert full.get(key) == op.get(key), (path, key)
-            if path != "/classify/batch":  # its dict[str, Any] answer is said to be a BatchResponse
-                ours = full["responses"]["200"]  # the same, with an example beside each schema
-                assert ours["description"] == op["responses"]["200"]["description"]
-                for media_type, body in op["responses"]["200"].get("content", {}).items():
-                    assert ours["content"][media_type]["schema"] == body["schema"], (path, media_type)
+            for media_type, body in op["responses"]["200"].get("content", {}).items():  # with an example beside
+                assert full["responses"]["200"]["content"][media_type]["schema"] == body["schema"], (path, media_type)
             for media_type, body in op.get("requestBody", {}).get("content", {}).items():
                 assert set(body["schema"]["properties"]) <= set(
                     full["requestBody"]["content"][media_type]["schema"]["properties"]
@@ -137,6 +83,32 @@ def test_every_reference_resolves(spec: dict[str, Any]) -> None:
     for ref in found:
         assert ref.startswith("#/components/schemas/")
         assert ref.rsplit("/", 1)[-1] in spec["components"]["schemas"], ref
+
+
+def examples(spec: dict[str, Any]) -> list[tuple[str, dict[str, Any], Any]]:
+    """(where, schema, example) of every example the spec holds beside a schema."""
+    found = []
+    for path, item in spec["paths"].items():
+        for method, op in item.items():
+            media = [("request", m) for m in op.get("requestBody", {}).get("content", {}).values()]
+            media += [(status, m) for status, r in op["responses"].items() for m in r.get("content", {}).values()]
+            found += [(f"{method} {path} {where}", m["schema"], m["example"]) for where, m in media if "example" in m]
+    return found
+
+
+def test_the_spec_is_openapi_31_and_every_example_is_valid_against_its_schema(spec: dict[str, Any]) -> None:
+    """OpenAPI 3.1's schemas are JSON Schema 2020-12, what pydantic writes: a stock validator checks the examples."""
+    assert spec["openapi"] == "3.1.0"
+    text = json.dumps(spec)
+    assert '"nullable"' not in text and '"type": "file"' not in text  # 3.0's word; BentoML's own upload type
+    found = examples(spec)
+    assert len(found) > 40
+    for where, schema, example in found:
+        validator = jsonschema.Draft202012Validator({**schema, "components": spec["components"]})
+        errors = [e.message for e in validator.iter_errors(example)]
+        assert not errors, (where, errors[:3])
+    schemas = spec["components"]["schemas"]
+    assert schemas["BackendInfo"]["properties"]["reason"]["anyOf"] == [{"type": "string"}, {"type": "null"}]
 
 
 @pytest.mark.parametrize(
@@ -158,29 +130,24 @@ def test_get_routes_have_summary_and_response_schema(spec: dict[str, Any], path:
     assert "takes no request body" in op["responses"]["413"]["description"]
 
 
-def test_response_models_are_openapi_30(spec: dict[str, Any]) -> None:
-    """No JSON Schema 2020-12 ``{"type": "null"}`` (OpenAPI 3.0 has ``nullable``)."""
-    schemas = spec["components"]["schemas"]
-    assert schemas["BackendInfo"]["properties"]["reason"] == {
-        **schemas["BackendInfo"]["properties"]["reason"],
-        "type": "string",
-        "nullable": True,
-    }
-    assert schemas["CacheStatsResponse"]["properties"]["keys"]["nullable"] is True
-    assert '"null"' not in json.dumps(
-        [schemas[n] for n in ("BackendsResponse", "CacheStatsResponse", "LiveStatsResponse")]
-    )
-
-
-def test_other_mounted_routes_and_infra_are_listed(spec: dict[str, Any]) -> None:
-    extra = spec["paths"]["/debug/extra"]
-    assert set(extra) == {"get"}  # Starlette's implicit HEAD is not an operation of its own
-    assert extra["get"]["summary"] == "Something else mounted."
+def test_every_mounted_route_and_the_probes_are_documented(spec: dict[str, Any]) -> None:
+    mounted = [
+        (route.path, method.lower())
+        for app, _, _ in service().mount_apps
+        if isinstance(app, Starlette)
+        for route in app.routes
+        if isinstance(route, Route)
+        for method in route.methods or ()
+        if method != "HEAD"  # Starlette adds HEAD to every GET route
+    ]
+    assert len(mounted) == 3
+    for path, method in mounted:
+        assert method in spec["paths"][path], (path, method)
     assert spec["paths"]["/dashboard/"]["get"]["responses"]["200"]["content"]["text/html"]
     for path in ("/livez", "/readyz", "/metrics"):
         assert spec["paths"][path]["get"]["summary"]
     assert "text/plain" in spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
-    assert {"Service APIs", "Infrastructure", "Status"} <= {tag["name"] for tag in spec["tags"]}
+    assert [tag["name"] for tag in spec["tags"]] == ["Service APIs", "Infrastructure", "Status"]
 
 
 @pytest.mark.parametrize("path", IMAGE_ROUTES)
@@ -208,33 +175,30 @@ def test_image_routes_take_file_or_a_raw_body(spec: dict[str, Any], path: str) -
     assert "default 5" in query["top_k"]["description"]
     assert query["top_k"]["required"] is False
     if path == "/classify":
-        assert query["backend"]["schema"]["enum"] == ["onnx", "onnx-int8"]
+        assert query["backend"]["schema"]["enum"] == list(BACKENDS)
         assert "default" not in query["backend"]["schema"]
-        # Swagger UI preselects it (it would send an empty backend otherwise), as plain text.
-        # This test service declares its own default (onnx); image_routes.py declares none, and the
-        # server's (fastinfer/catalog/choice.py) fills it in: setdefault keeps a declared one.
-        assert form["properties"]["backend"]["default"] == "onnx"
+        # Swagger UI preselects the server's default (it would send an empty backend otherwise), as plain text.
+        assert form["properties"]["backend"]["default"] == default_choice().backend
         assert "backend" not in body["content"]["multipart/form-data"]["encoding"]
         assert body["content"]["multipart/form-data"]["encoding"]["top_k"] == {"contentType": "application/json"}
 
 
 def test_summary_is_the_docstrings_first_sentence(spec: dict[str, Any]) -> None:
-    assert (
-        spec["paths"]["/classify"]["post"]["summary"]
-        == "Classify one image with the chosen backend; returns top-k labels."
+    assert spec["paths"]["/classify"]["post"]["summary"] == (
+        "Classify one image with the chosen backend; returns top-k labels and per-stage timings."
     )
     assert spec["paths"]["/predict"]["post"]["summary"] == "The original FastInfer API's route: PyTorch eager."
-    assert first_sentence("Classify up to N images in one request: decoded\n    in parallel. More.") == (
+    assert openapi.first_sentence("Classify up to N images in one request: decoded\n    in parallel. More.") == (
         "Classify up to N images in one request: decoded in parallel."
     )
-    assert first_sentence("") is None
+    assert openapi.first_sentence("") is None
 
 
 @pytest.mark.parametrize("path", [*IMAGE_ROUTES, "/classify/batch", "/analyze"])
 def test_errors_are_documented_in_the_one_error_shape(spec: dict[str, Any], path: str) -> None:
     responses = spec["paths"][path]["post"]["responses"]
     expected = ERROR_STATUSES if path != "/analyze" else ERROR_STATUSES - {"415"} | {"502"}
-    assert set(responses) == {"200"} | expected
+    assert set(responses) == {"200"} | expected  # BentoML's 404, and its 400/500 shapes, are gone
     for status in expected:
         media = responses[status]["content"]["application/json"]
         assert media["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
@@ -251,7 +215,7 @@ def test_batch_limit_follows_the_setting(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("FASTINFER_MAX_BATCH_IMAGES", "8")
     get_settings.cache_clear()
     try:
-        op = as_json(SERVICE.openapi_spec)["paths"]["/classify/batch"]["post"]
+        op = as_json(service().openapi_spec)["paths"]["/classify/batch"]["post"]
     finally:
         monkeypatch.delenv("FASTINFER_MAX_BATCH_IMAGES")
         get_settings.cache_clear()
@@ -264,90 +228,72 @@ def test_the_typed_batch_api_is_documented_not_duplicated(spec: dict[str, Any]) 
     assert set(item) == {"post"}
     op = item["post"]
     assert op["x-bentoml-name"] == "classify_batch"  # BentoML's operation, kept
-    assert op["summary"] == "Classify up to 32 images in one request."
+    assert op["summary"].startswith("Classify up to FASTINFER_MAX_BATCH_IMAGES images in one request: decoded in")
     form = op["requestBody"]["content"]["multipart/form-data"]["schema"]
     assert form["properties"]["images"]["items"]["format"] == "binary"
     assert {p["name"] for p in op["parameters"]} == {"backend", "top_k"}
     assert "image/*" not in op["requestBody"]["content"]  # a batch is multipart only
     assert "still answers 200" in op["description"]
-    assert "more than 32" in op["responses"]["400"]["description"]
-    # The method returns dict[str, Any] (for bentoml.SyncHTTPClient); the spec says what it holds.
+    # The method returns a BatchResponse: BentoML's spec says what it holds, each item one or the other.
     ok = op["responses"]["200"]
-    assert ok["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/BatchResponse"}
     assert "One result per image" in ok["description"]
-    results = spec["components"]["schemas"]["BatchResponse"]["properties"]["results"]["items"]["anyOf"]
+    results = ok["content"]["application/json"]["schema"]["properties"]["results"]["items"]["oneOf"]
     assert {r["$ref"].rsplit("/", 1)[-1] for r in results} == {"ClassifyResponse", "ErrorResponse"}
 
 
-def test_applying_it_twice_changes_nothing(base: dict[str, Any], spec: dict[str, Any]) -> None:
-    assert json.loads(json.dumps(extend_spec(spec, SERVICE))) == spec
+def test_applying_it_twice_changes_nothing(spec: dict[str, Any]) -> None:
+    assert json.loads(json.dumps(openapi.extend_spec(spec, service()))) == spec
 
 
 def test_spec_object_serves_and_dumps_as_bentoml_expects() -> None:
     """/docs.json calls ``.asdict()``; ``bentoml build`` yaml-dumps the object into apis/openapi.yaml."""
-    spec = SERVICE.openapi_spec
+    spec = service().openapi_spec
     assert isinstance(spec, OpenAPISpecification)
-    dumped = yaml.safe_load(yaml.dump(spec))
-    assert set(dumped["paths"]) == set(as_json(spec)["paths"])
+    assert yaml.safe_load(yaml.dump(spec)) == as_json(spec)
 
 
 def test_python_client_still_sees_the_typed_apis() -> None:
-    """bentoml.SyncHTTPClient reads /schema.json, which lists the typed APIs only (unchanged)."""
-    routes = {route["name"]: route["route"] for route in SERVICE.schema()["routes"]}
-    assert routes == {
-        "classify": "/classify",
-        "predict": "/predict",
-        "predict_onnx": "/predict/onnx",
-        "compare": "/compare",
-        "analyze": "/analyze",
-        "classify_batch": "/classify/batch",
-    }
-    assert SERVICE.schema() == bentoml.Service.schema(SERVICE)
+    """bentoml.SyncHTTPClient reads /schema.json, which lists the typed APIs only (BentoML's, unchanged)."""
+    routes = {route["name"]: route["route"] for route in service().schema()["routes"]}
+    assert routes == {"analyze": "/analyze"} | {route.name: path for path, route in ROUTES.items()}
+    assert service().schema() == bentoml.Service.schema(service())
 
 
 def test_served_spec_and_the_python_client() -> None:
-    """In the running app /docs.json is the full spec, and bentoml.SyncHTTPClient (which reads
-    /schema.json) finds the typed APIs and nothing else."""
+    """In the running app /docs.json is the full spec, and bentoml.SyncHTTPClient (which reads /schema.json) finds
+    the typed APIs and nothing else."""
     from _bentoml_impl.client.http import SyncHTTPClient  # bentoml.SyncHTTPClient's base, which takes an app
 
-    with SyncHTTPClient("http://fastinfer.test", app=SERVICE.to_asgi()) as client:
-        assert set(client.endpoints) == {"classify", "predict", "predict_onnx", "compare", "analyze", "classify_batch"}
+    with SyncHTTPClient("http://fastinfer.test", app=service().to_asgi()) as client:
+        assert set(client.endpoints) == {"analyze"} | {route.name for route in ROUTES.values()}
         docs = client.client.get("/docs.json")
         assert docs.status_code == 200
-        assert "/classify/batch" in docs.json()["paths"]
-        assert "image/*" in docs.json()["paths"]["/classify"]["post"]["requestBody"]["content"]
-
-
-def test_openapi30() -> None:
-    assert openapi30({"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None}) == {
-        "type": "integer",
-        "default": None,
-        "nullable": True,
-    }
-    assert openapi30({"anyOf": [{"$ref": "#/x"}, {"type": "null"}]}) == {"allOf": [{"$ref": "#/x"}], "nullable": True}
-    assert openapi30({"type": "file", "format": "binary", "title": "Image"}) == {
-        "type": "string",
-        "format": "binary",
-        "title": "Image",
-    }
-    assert openapi30({"anyOf": [{"type": "integer"}, {"type": "string"}]}) == {
-        "anyOf": [{"type": "integer"}, {"type": "string"}]
-    }
+        assert docs.json() == as_json(service().openapi_spec)
 
 
 def test_the_spec_is_built_once_not_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
     """/docs.json is open without a key: building the spec (~40 ms) on every request let an unauthenticated
     flood hold the event loop. It is built again only when what it depends on changes (the settings)."""
-    import fastinfer.front.openapi as openapi
-
     built = []
-    monkeypatch.setattr(openapi, "extend_spec", lambda doc, svc: built.append(svc) or extend_spec(doc, svc))
-    monkeypatch.setattr(openapi, "_BUILT", {})
-    first = SERVICE.openapi_spec
-    assert SERVICE.openapi_spec is first and len(built) == 1
+    monkeypatch.setattr(openapi, "extend_spec", lambda doc, svc: built.append(svc) or doc)
+    monkeypatch.setattr(openapi, "_BUILT", [])
+    first = service().openapi_spec
+    assert service().openapi_spec is first and len(built) == 1
     monkeypatch.setenv("FASTINFER_MAX_BATCH_IMAGES", "7")
     get_settings.cache_clear()
     try:
-        assert SERVICE.openapi_spec is not first and len(built) == 2
+        assert service().openapi_spec is not first and len(built) == 2
     finally:
         get_settings.cache_clear()
+
+
+def test_the_error_descriptions_name_codes_the_server_answers() -> None:
+    """api_spec.json writes the codes as text: each one named must be one the server sends."""
+    import re
+
+    from tests.unit.test_api_page import documented_codes
+
+    named = {code for _, said in openapi.error_cases(32).values() for code in re.findall(r"`([a-z_]+)`", said)}
+    fields = {"images", "results"}  # named in backticks too, as fields
+    assert named - fields <= documented_codes(), named - fields - documented_codes()
+    assert {"invalid_image", "unsupported_media_type", "rate_limited"} <= named
