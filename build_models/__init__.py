@@ -4,8 +4,10 @@
 [--mean R,G,B --std R,G,B --resize N --crop N] [--only NAME,...] [--force]``
 
 A family is one set of weights with its labels and preprocessing; its models are stored as
-``<family>-<backend>[-b<N>]``. Every argument is checked before anything is exported. Every export is run
-against PyTorch on real photos; one that diverges beyond its artifact's tolerance is not stored.
+``<family>-<backend>[-b<N>]``. Every argument is checked before anything is exported. Then the build runs a
+plan (build_models.plan): each export is checked against PyTorch on real photos (and, with ``--eval-dir``, on
+the user's labelled photos), then stored or refused; a refusal stores nothing and the build goes on, and it ends
+with one table of what was stored, refused and skipped, and why.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from build_models import exporters
-from build_models.accuracy_gate import DEFAULT_JSON, DEFAULT_MAX_DROP_PP, AccuracyGate, AccuracyRefused
+from build_models import exporters, plan
+from build_models.accuracy_gate import DEFAULT_MAX_DROP_PP, AccuracyGate, AccuracyRefused
 from build_models.context import BuildContext, build_code, family_hash
 from build_models.labels import IMAGENET_CLASSES, SHOWN, family_labels
+from build_models.plan import BuildRefused  # noqa: F401 (the build's last word, raised by build())
 from build_models.text import as_text, texts
 from fastinfer.catalog import store, store_check
 from fastinfer.catalog.backends import anywhere, open_engine, openvino_cache_dir, openvino_missing
@@ -83,6 +86,7 @@ class Artifact:
     # Beyond the source hash: the INT8 models also depend on the calibration, openvino-int8 on onnx-int8's file.
     still_current: Callable[[BuildContext, Model], bool] = lambda ctx, model: True
     batches: tuple[int | None, ...] = (None,)
+    built_from: str | None = None  # the artifact whose export this one converts: refused, this is not built
 
 
 ONNX_CPU = {"cpu_only": True}  # verify the export itself, not an accelerator's rendition of it
@@ -124,6 +128,7 @@ ARTIFACTS: dict[str, Artifact] = {
             verify_options={"cache_dir": None},
             requires=openvino_missing,
             still_current=BuildContext.converts_stored_int8_as_asked,
+            built_from="onnx-int8",
         ),
         Artifact("coreml", "fp16", exporters.export_coreml, batches=(1, 2, 4, 8)),
     )
@@ -260,22 +265,18 @@ def build(
     preprocess: PreprocessSpec | None = None,
     eval_dir: Path | None = None,
     max_accuracy_drop: float = DEFAULT_MAX_DROP_PP,
-    accuracy_json: Path = DEFAULT_JSON,
+    accuracy_json: Path | None = None,
     if_missing: bool = False,
 ) -> list[BuildResult]:
-    """Build (or confirm current) every artifact in ``only`` (default: all) of ``family``.
+    """Build (or confirm current) every artifact in ``only`` (default: all) of ``family``: the models stored or
+    found up to date.
 
     Bad arguments and inputs raise (UnknownArtifact, BadFamilyName, BadPreprocessing, NotResNet50Weights,
-    BadLabels, MixedSources, EvalDirError, BadCalibrationDir, NonFiniteLogits) before anything is exported; an
-    export diverging from PyTorch raises VerificationError and is not stored. With ``eval_dir``, an export whose
-    top-1 falls more than ``max_accuracy_drop`` points below PyTorch's is not stored, and the build goes on, then
-    raises AccuracyRefused naming every one refused.
+    BadLabels, MixedSources, EvalDirError, BadCalibrationDir, NonFiniteLogits) before anything is exported. An
+    export that does not load, diverges from PyTorch, or (with ``eval_dir``) is shown to lose more top-1 than
+    ``max_accuracy_drop`` points is refused and not stored, as is what converts it; the build goes on, prints its
+    table, and then raises BuildRefused naming every one refused. ``accuracy_json``: None, beside the family.
     """
-    import torch
-
-    from build_models.weights import load_weights
-    from fastinfer.engines.torch_model import resnet50
-
     said = progress
 
     def progress(line: str) -> None:  # a file name's undecodable bytes would crash a strict stdout
@@ -285,40 +286,101 @@ def build(
     store.check_family(family)
     given = preprocess or PreprocessSpec()
     spec = preprocess_spec(given.mean, given.std, given.resize_size, given.crop_size)  # one line if it cannot be
-
-    progress(f"weights: resolving {weights_choice!r}")
-    weights = load_weights(weights_choice)
-    progress(f"weights: {weights.kind} ({weights.description}), source hash {weights.source_hash}")
-    labels = family_labels(labels_path, weights.num_classes)
-    named = f"labels from {labels_path}" if labels_path else "ImageNet's labels"
-    progress(
-        f"family {family}: {len(labels)} classes ({named}); resize {spec.resize_size}, crop {spec.crop_size}, "
-        f"mean {','.join(map(str, spec.mean))}, std {','.join(map(str, spec.std))}"
-    )
-    check_one_source(family, family_hash(weights.source_hash, labels, spec), names, if_missing)
-    not_imagenet = labels_path is not None or weights.num_classes != IMAGENET_CLASSES
-    if not_imagenet and family == store.DEFAULT_FAMILY:
-        progress(
-            f"WARNING: family {store.DEFAULT_FAMILY} is the default family (ImageNet's, served when FASTINFER_MODEL "
-            f"is not set): your model replaces its models in the store; pass --name NAME to build it as a family of "
-            "its own instead"
-        )
-    model = resnet50(weights.state_dict, spec.mean, spec.std)
-    ctx = BuildContext(weights, spec, model, calibration_dir, int8_activations, force, family=family, categories=labels)
-    if not_imagenet and calibration_dir is None and {"onnx-int8", "openvino-int8"} & set(names):
-        progress(
-            f"WARNING: family {family}: static INT8 will be calibrated on the bundled generic photos "
-            "(scikit-image samples), not on your own images, so its accuracy on your classes may suffer; "
-            "pass --calibration-dir DIR with a few hundred of your images (your training folder will do)"
-        )
-    # In the table's order, whatever the order of --only: openvino-int8 converts onnx-int8's result.
-    jobs = [(a, b) for a in ARTIFACTS.values() if a.name in names for b in a.batches]
-    results: list[BuildResult] = []
-    gate: AccuracyGate | None = None
+    builder = Builder.prepare(weights_choice, names, family, labels_path, spec, calibration_dir, int8_activations,
+                              force, if_missing, progress)  # fmt: skip
     try:
+        builder.check_inputs(eval_dir, max_accuracy_drop, accuracy_json)
+        for i, job in enumerate(builder.jobs, 1):
+            builder.outcomes.append(builder.step(job, f"[{i}/{len(builder.jobs)}] {job.name}"))
+    finally:
+        builder.finish()
+    if (refused := plan.refusal(builder.outcomes)) is not None:
+        raise refused
+    return builder.results
+
+
+class _Refused(Exception):
+    """An export not stored: why (one line)."""
+
+
+class _Skipped(Exception):
+    """An export this machine cannot check (its runtime cannot run here): why."""
+
+
+@dataclass
+class Builder:
+    """One build of a family: its inputs, its plan, and what became of each model."""
+
+    ctx: BuildContext
+    jobs: list[plan.Job]
+    progress: Callable[[str], None]
+    not_imagenet: bool
+    gate: AccuracyGate | None = None
+    batch: np.ndarray | None = None  # the verification photos
+    reference: np.ndarray | None = None  # PyTorch's logits on them
+    outcomes: list[plan.Outcome] = field(default_factory=list)
+    results: list[BuildResult] = field(default_factory=list)
+
+    @classmethod
+    def prepare(
+        cls,
+        weights_choice: str,
+        names: list[str],
+        family: str,
+        labels_path: Path | None,
+        spec: PreprocessSpec,
+        calibration_dir: Path | None,
+        int8_activations: str | None,
+        force: bool,
+        if_missing: bool,
+        progress: Callable[[str], None],
+    ) -> Builder:
+        """The weights, labels and model of the family, and the plan; raises on a bad input, nothing exported."""
+        from build_models.weights import load_weights
+        from fastinfer.engines.torch_model import resnet50
+
+        progress(f"weights: resolving {weights_choice!r}")
+        weights = load_weights(weights_choice)
+        progress(f"weights: {weights.kind} ({weights.description}), source hash {weights.source_hash}")
+        labels = family_labels(labels_path, weights.num_classes)
+        named = f"labels from {labels_path}" if labels_path else "ImageNet's labels"
+        progress(
+            f"family {family}: {len(labels)} classes ({named}); resize {spec.resize_size}, crop {spec.crop_size}, "
+            f"mean {','.join(map(str, spec.mean))}, std {','.join(map(str, spec.std))}"
+        )
+        check_one_source(family, family_hash(weights.source_hash, labels, spec), names, if_missing)
+        not_imagenet = labels_path is not None or weights.num_classes != IMAGENET_CLASSES
+        if not_imagenet and family == store.DEFAULT_FAMILY:
+            progress(
+                f"WARNING: family {store.DEFAULT_FAMILY} is the default family (ImageNet's, served when "
+                "FASTINFER_MODEL is not set): your model replaces its models in the store; pass --name NAME to "
+                "build it as a family of its own instead"
+            )
+        model = resnet50(weights.state_dict, spec.mean, spec.std)
+        ctx = BuildContext(weights, spec, model, calibration_dir, int8_activations, force, family, labels)
+        if not_imagenet and calibration_dir is None and {"onnx-int8", "openvino-int8"} & set(names):
+            progress(
+                f"WARNING: family {family}: static INT8 will be calibrated on the bundled generic photos "
+                "(scikit-image samples), not on your own images, so its accuracy on your classes may suffer; "
+                "pass --calibration-dir DIR with a few hundred of your images (your training folder will do)"
+            )
+        todo = plan.jobs(
+            names,
+            {a.name: a.batches for a in ARTIFACTS.values()},
+            {a.name: a.built_from for a in ARTIFACTS.values()},
+            partial(store.model_name, family_name=family),
+        )
+        return cls(ctx, todo, progress, not_imagenet)
+
+    def check_inputs(self, eval_dir: Path | None, max_drop_pp: float, json_path: Path | None) -> None:
+        """The eval and calibration photos read, and PyTorch's logits on the verification photos found finite,
+        before the first export: a bad folder or bad weights stop the build with nothing stored."""
+        import torch
+
+        ctx, progress = self.ctx, self.progress
         if eval_dir is not None:  # the folder is checked against the labels before anything is exported
-            gate = AccuracyGate.prepare(ctx, eval_dir, max_accuracy_drop, accuracy_json, progress)
-        if calibration_dir is not None:  # read before anything is exported: a folder of no images stops it here
+            self.gate = AccuracyGate.prepare(ctx, eval_dir, max_drop_pp, json_path, progress)
+        if ctx.calibration_dir is not None:  # read before anything is exported: a folder of no images stops it here
             calibration = ctx.calibration()
             progress(f"calibration: {len(calibration.images)} images in {ctx.calibration_source}")
             for path, why in calibration.skipped[:LISTED]:
@@ -327,146 +389,189 @@ def build(
                 progress(f"WARNING: calibration: ... and {len(calibration.skipped) - LISTED} more file(s) skipped")
         # ImageNet's tolerances were set on the bundled photos; a family of yours: its own.
         own = None
-        if not_imagenet and (gate is not None or calibration_dir is not None):
-            own = gate.images.pixels if gate is not None else np.stack(ctx.calibration_images())
-        batch = verification_batch(spec, own)
+        if self.not_imagenet and (self.gate is not None or ctx.calibration_dir is not None):
+            own = self.gate.images.pixels if self.gate is not None else np.stack(ctx.calibration_images())
+        self.batch = verification_batch(ctx.spec, own)
         with torch.inference_mode():
-            reference = ctx.model(torch.from_numpy(batch)).numpy()
-        check_finite(reference, weights.description)  # before the first export: nothing is stored
-        for i, (artifact, size) in enumerate(jobs, 1):
-            name = store.model_name(artifact.name, size, family_name=family)
-            step = f"[{i}/{len(jobs)}] {name}"
-            for tag, why in store.unreadable(name).items():  # nothing can load it; BentoML stores nothing beside it
-                import bentoml
+            self.reference = ctx.model(torch.from_numpy(self.batch)).numpy()
+        check_finite(self.reference, ctx.weights.description)  # before the first export: nothing is stored
 
-                bentoml.models.delete(tag)
-                progress(f"{step}: removed {tag}, unreadable: {why}")
-            existing = store.find(artifact.name, size, family_name=family)
-            cannot = artifact.requires()
-            if cannot is not None:
-                progress(f"{step}: skipped: {cannot}")
-                if gate is not None:
-                    gate.not_measured(name, f"not built here: {cannot}")
-                continue
-            current = store.is_current(existing, ctx.source_hash, build_code())
-            if not force and current and artifact.still_current(ctx, existing):
-                health = ctx.health(existing)  # labels alone would call a truncated copy current
-                if health.intact:
-                    progress(f"{step}: up to date ({existing.tag}; its files match their sha256), skipped")
-                    prune(name, str(existing.tag), step, progress)  # what a server kept while it ran
-                    results.append(BuildResult(name, str(existing.tag), False, 0.0))
-                    if gate is not None:  # measured and reported; a stored model's metadata cannot change
-                        gate.report_stored(name, artifact.name, size, existing.path)
-                    continue
-                state = "is corrupt" if health.corrupt else "cannot be verified"
-                progress(f"{step}: {existing.tag} {state}: {health.why()}; rebuilding")
-            progress(f"{step}: exporting ...")
-            t0 = time.perf_counter()
-            export = artifact.export if size is None else partial(artifact.export, batch=size)
-            with tempfile.TemporaryDirectory() as tmp:
-                extra = export(ctx, Path(tmp))
+    def step(self, job: plan.Job, step: str) -> plan.Outcome:
+        """One model: skipped, found up to date, or made, checked, then stored or refused."""
+        artifact = ARTIFACTS[job.artifact]
+        for tag, why in store.unreadable(job.name).items():  # nothing can load it; BentoML stores nothing beside it
+            import bentoml
+
+            bentoml.models.delete(tag)
+            self.progress(f"{step}: removed {tag}, unreadable: {why}")
+        existing = store.find(job.artifact, job.batch, family_name=self.ctx.family)
+        kept = f"; {existing.tag} stays" if existing is not None else ""
+        if (cannot := artifact.requires()) is not None or (cannot := plan.blocked(job, self.outcomes)) is not None:
+            return self.skipped(job, step, cannot + kept)
+        if self.up_to_date(job, step, existing):
+            return plan.Outcome(job.name, job.artifact, plan.UP_TO_DATE, str(existing.tag))
+        self.progress(f"{step}: exporting ...")
+        t0 = time.perf_counter()
+        export = artifact.export if job.batch is None else partial(artifact.export, batch=job.batch)
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                extra = self.exported(export, tmp, kept)
                 if "calibration_images" in extra:
                     images, source = extra["calibration_images"], extra["calibration_source"]
-                    progress(f"{step}: INT8 calibration: {images} images ({source})")
-                check: Fidelity | None = None
-                kept = f"; {existing.tag} stays" if existing is not None else ""
-                if artifact.tolerance is not None:
-                    try:
-                        engine = open_engine(artifact.name, dirs={None: tmp}, **artifact.verify_options)
-                    except EngineUnavailable as exc:  # its runtime cannot run on this machine: not a bad export
-                        progress(f"{step}: skipped: {exc}")
-                        if gate is not None:
-                            gate.not_measured(name, f"not built here: {exc}")
-                        continue
-                    except Exception as exc:
-                        raise VerificationError(
-                            f"{name}: the export does not load: {exc}. Nothing stored{kept}."
-                        ) from exc
-                    check = compare(name, reference, engine.run(batch))
-                    del engine  # let go of the files before they move into the store
-                    found = (
-                        f"on {check.images} real photos: max |logit diff| {check.max_abs_error:.2e}, "
-                        f"top-1 agreement {check.top1_agreement:.0%}, top-5 overlap {check.top5_overlap:.0%}"
-                    )
-                    problems = artifact.tolerance.violations(check)
-                    if problems:
-                        raise VerificationError(
-                            f"{name}: the export diverges from PyTorch beyond its tolerance: "
-                            f"{'; '.join(problems)} ({found}). Nothing stored{kept}."
-                        )
-                    progress(f"{step}: verified vs PyTorch {found}")
-                elif artifact.name == "coreml" and not hardware.is_macos():
-                    progress(f"{step}: converted; CoreML prediction needs macOS, so it is verified there (fidelity)")
-                try:  # a refused model is not stored; the others are built still
-                    measured = None if gate is None else gate.check(name, artifact.name, size, tmp, kept)
-                except AccuracyRefused as exc:
-                    progress(f"{step}: REFUSED: {str(exc).removeprefix(f'{name}: ')}")
-                    continue
-                labels = {
-                    "family": family,
-                    "backend": artifact.name,
-                    "precision": artifact.precision,
-                    "batch": "dynamic" if size is None else str(size),
-                    "weights": weights.kind,
-                    "source_hash": ctx.source_hash,  # weights, labels and preprocessing: any change rebuilds
-                    "build_format": store.BUILD_FORMAT,
-                    "built_by": build_code(),  # this build code and runtimes: another version rebuilds
-                }
-                metadata = {
-                    "input": store.input_spec(spec.crop_size),
-                    "output": store.output_spec(len(ctx.categories)),
-                    "preprocess": {
-                        "resize_size": spec.resize_size,
-                        "crop_size": spec.crop_size,
-                        "interpolation": "bilinear",
-                        "antialias": True,
-                        "mean": list(spec.mean),
-                        "std": list(spec.std),
-                        "normalisation": "inside the model graph",
-                    },
-                    "weights_description": weights.description,
-                    "categories": ctx.categories,
-                    "num_classes": len(ctx.categories),
-                    **({} if measured is None else {"accuracy": measured}),
-                    **(
-                        {}
-                        if check is None
-                        else {
-                            "max_abs_diff_vs_pytorch": check.max_abs_error,
-                            "top1_agreement_vs_pytorch": check.top1_agreement,
-                            "top5_overlap_vs_pytorch": check.top5_overlap,
-                        }
-                    ),
-                    **extra,
-                    store_check.FILES_KEY: store_check.record(Path(tmp)),  # what "up to date" is checked against
-                }
-                import bentoml
+                    self.progress(f"{step}: INT8 calibration: {images} images ({source})")
+                check = self.verify(job, step, tmp, kept)
+                measured = None if self.gate is None else self.gate.check(job.name, job.artifact, job.batch, tmp, kept)
+            except _Skipped as exc:
+                return self.skipped(job, step, str(exc))
+            except (_Refused, AccuracyRefused) as exc:
+                why = str(exc).removeprefix(f"{job.name}: ")
+                self.progress(f"{step}: REFUSED: {why}")
+                if self.gate is not None and isinstance(exc, _Refused):  # the accuracy table lists every model
+                    self.gate.not_measured(job.name, f"refused before measuring: {why}")
+                return plan.Outcome(job.name, job.artifact, plan.REFUSED, why)
+            tag = self.store(job, step, tmp, extra, check, measured, kept)
+        seconds = time.perf_counter() - t0
+        self.progress(f"{step}: stored {tag} in {seconds:.1f}s")
+        diff, agree = (None, None) if check is None else (check.max_abs_error, check.top1_agreement)
+        self.results.append(BuildResult(job.name, tag, True, seconds, diff, agree))
+        warned = measured is not None and measured["gate"].startswith("undecided")  # the photos cannot decide
+        why = f"{tag} in {seconds:.1f}s" + (f"; WARNING: {measured['gate']}" if warned else "")
+        return plan.Outcome(job.name, job.artifact, plan.STORED, why)
 
-                labels, metadata = texts(labels), texts(metadata)  # all valid text, or no page can list it
-                with bentoml.models.create(name, labels=labels, metadata=metadata) as stored:
-                    for f in Path(tmp).iterdir():  # not Path.rename: BentoML may stage across filesystems
-                        shutil.move(f, Path(stored.path) / f.name)
-                # The copy in the store, read back: a disk that fills up mid-copy leaves it short.
-                copied = store_check.check(bentoml.models.get(stored.tag))
-                if not copied.intact:
-                    bentoml.models.delete(stored.tag)
-                    raise VerificationError(
-                        f"{name}: the copy in the store differs from the export ({copied.why()}); is the disk "
-                        f"full? Nothing stored{kept}."
-                    )
-                prune(name, str(stored.tag), step, progress)
-            seconds = time.perf_counter() - t0
-            progress(f"{step}: stored {stored.tag} in {seconds:.1f}s")
-            diff, agree = (None, None) if check is None else (check.max_abs_error, check.top1_agreement)
-            results.append(BuildResult(name, str(stored.tag), True, seconds, diff, agree))
-    finally:
-        if gate is not None:
-            gate.finish()  # the table, also after a refusal, or a failure: the numbers so far
-        ctx.close()
-    refused = None if gate is None else gate.refusal()
-    if refused is not None:
-        raise refused
-    return results
+    def exported(self, export: Callable[..., dict[str, Any]], tmp: str, kept: str) -> dict[str, Any]:
+        """The export written into ``tmp``, its metadata; _Refused when its converter fails on this model."""
+        try:
+            return export(self.ctx, Path(tmp))
+        except Exception as exc:  # the other backends are still built
+            said = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line in the table
+            raise _Refused(f"the export failed: {said[:300]}. Nothing stored{kept}.") from exc
+
+    def skipped(self, job: plan.Job, step: str, why: str) -> plan.Outcome:
+        self.progress(f"{step}: skipped: {why}")
+        if self.gate is not None:
+            self.gate.not_measured(job.name, f"not built here: {why}")
+        return plan.Outcome(job.name, job.artifact, plan.SKIPPED, why)
+
+    def up_to_date(self, job: plan.Job, step: str, existing: Model | None) -> bool:
+        """Whether the stored model stands (current, calibrated and converted as asked, its files intact)."""
+        ctx = self.ctx
+        current = store.is_current(existing, ctx.source_hash, build_code())
+        if ctx.force or not current or not ARTIFACTS[job.artifact].still_current(ctx, existing):
+            return False
+        health = ctx.health(existing)  # labels alone would call a truncated copy current
+        if not health.intact:
+            state = "is corrupt" if health.corrupt else "cannot be verified"
+            self.progress(f"{step}: {existing.tag} {state}: {health.why()}; rebuilding")
+            return False
+        self.progress(f"{step}: up to date ({existing.tag}; its files match their sha256), skipped")
+        prune(job.name, str(existing.tag), step, self.progress)  # what a server kept while it ran
+        self.results.append(BuildResult(job.name, str(existing.tag), False, 0.0))
+        if self.gate is not None:  # measured and reported; a stored model's metadata cannot change
+            self.gate.report_stored(job.name, job.artifact, job.batch, existing.path)
+        return True
+
+    def verify(self, job: plan.Job, step: str, tmp: str, kept: str) -> Fidelity | None:
+        """The export against PyTorch on the verification photos; _Refused when it does not load or diverges
+        beyond its tolerance, _Skipped when its runtime cannot run on this machine."""
+        artifact = ARTIFACTS[job.artifact]
+        if artifact.tolerance is None:
+            if artifact.name == "coreml" and not hardware.is_macos():
+                self.progress(f"{step}: converted; CoreML prediction needs macOS, so it is verified there (fidelity)")
+            return None
+        try:
+            engine = open_engine(artifact.name, dirs={None: tmp}, **artifact.verify_options)
+        except EngineUnavailable as exc:  # its runtime cannot run on this machine: not a bad export
+            raise _Skipped(str(exc)) from exc
+        except Exception as exc:
+            raise _Refused(f"the export does not load: {exc}. Nothing stored{kept}.") from exc
+        check = compare(job.name, self.reference, engine.run(self.batch))
+        del engine  # let go of the files before they move into the store
+        found = (
+            f"on {check.images} real photos: max |logit diff| {check.max_abs_error:.2e}, "
+            f"top-1 agreement {check.top1_agreement:.0%}, top-5 overlap {check.top5_overlap:.0%}"
+        )
+        if problems := artifact.tolerance.violations(check):
+            raise _Refused(
+                f"the export diverges from PyTorch beyond its tolerance: {'; '.join(problems)} ({found}). "
+                f"Nothing stored{kept}."
+            )
+        self.progress(f"{step}: verified vs PyTorch {found}")
+        return check
+
+    def store(
+        self,
+        job: plan.Job,
+        step: str,
+        tmp: str,
+        extra: dict[str, Any],
+        check: Fidelity | None,
+        measured: dict[str, Any] | None,
+        kept: str,
+    ) -> str:
+        """The checked export moved into the store with its labels and metadata, read back; its tag."""
+        import bentoml
+
+        ctx, spec, artifact = self.ctx, self.ctx.spec, ARTIFACTS[job.artifact]
+        labels = {
+            "family": ctx.family,
+            "backend": artifact.name,
+            "precision": artifact.precision,
+            "batch": "dynamic" if job.batch is None else str(job.batch),
+            "weights": ctx.weights.kind,
+            "source_hash": ctx.source_hash,  # weights, labels and preprocessing: any change rebuilds
+            "build_format": store.BUILD_FORMAT,
+            "built_by": build_code(),  # this build code and runtimes: another version rebuilds
+        }
+        fidelity_found = {} if check is None else {
+            "max_abs_diff_vs_pytorch": check.max_abs_error,
+            "top1_agreement_vs_pytorch": check.top1_agreement,
+            "top5_overlap_vs_pytorch": check.top5_overlap,
+        }  # fmt: skip
+        metadata = {
+            "input": store.input_spec(spec.crop_size),
+            "output": store.output_spec(len(ctx.categories)),
+            "preprocess": {
+                "resize_size": spec.resize_size,
+                "crop_size": spec.crop_size,
+                "interpolation": "bilinear",
+                "antialias": True,
+                "mean": list(spec.mean),
+                "std": list(spec.std),
+                "normalisation": "inside the model graph",
+            },
+            "weights_description": ctx.weights.description,
+            "categories": ctx.categories,
+            "num_classes": len(ctx.categories),
+            **({} if measured is None else {"accuracy": measured}),
+            **fidelity_found,
+            **extra,
+            store_check.FILES_KEY: store_check.record(Path(tmp)),  # what "up to date" is checked against
+        }
+        labels, metadata = texts(labels), texts(metadata)  # all valid text, or no page can list it
+        with bentoml.models.create(job.name, labels=labels, metadata=metadata) as stored:
+            for f in Path(tmp).iterdir():  # not Path.rename: BentoML may stage across filesystems
+                shutil.move(f, Path(stored.path) / f.name)
+        # The copy in the store, read back: a disk that fills up mid-copy leaves it short.
+        copied = store_check.check(bentoml.models.get(stored.tag))
+        if not copied.intact:  # not the export's fault: the next would fail alike, so the build stops
+            bentoml.models.delete(stored.tag)
+            raise VerificationError(
+                f"{job.name}: the copy in the store differs from the export ({copied.why()}); is the disk "
+                f"full? Nothing stored{kept}."
+            )
+        prune(job.name, str(stored.tag), step, self.progress)
+        return str(stored.tag)
+
+    def finish(self) -> None:
+        """The accuracy table (with ``--eval-dir``), then the build's: also after a failure, the models so far."""
+        try:
+            if self.gate is not None:
+                self.gate.finish()
+            if self.outcomes:  # none: an input was refused before the first export, in one line
+                for line in plan.table(self.outcomes):
+                    self.progress(line)
+        finally:
+            self.ctx.close()
 
 
 def prune(name: str, current: str, step: str, progress: Callable[[str], None]) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from build_models import (
     ARTIFACT_NAMES,
     BadPreprocessing,
+    BuildRefused,
     MixedSources,
     NonFiniteLogits,
     UnknownArtifact,
@@ -19,7 +20,7 @@ from build_models import (
     preprocess_spec,
     unusable,
 )
-from build_models.accuracy_gate import DEFAULT_JSON, AccuracyRefused, BadAccuracyDrop, max_drop
+from build_models.accuracy_gate import AccuracyRefused, BadAccuracyDrop, max_drop
 from build_models.context import BadCalibrationDir
 from build_models.labels import BadLabels
 from build_models.weights import NotResNet50Weights
@@ -35,9 +36,9 @@ class WithoutEvalDir(ValueError):
 # What the build refuses with a reason: said in one line, no traceback, exit status 1.
 ONE_LINE = (NotResNet50Weights, BadLabels, BadFamilyName, BadPreprocessing, FileNotFoundError, VerificationError)
 ONE_LINE += (MixedSources, WithoutEvalDir, EvalDirError, AccuracyRefused, BadAccuracyDrop)
-ONE_LINE += (UnknownArtifact, BadCalibrationDir, NonFiniteLogits)
+ONE_LINE += (UnknownArtifact, BadCalibrationDir, NonFiniteLogits, BuildRefused)
 DEFAULTS = PreprocessSpec()
-EVAL_ONLY = {"--max-accuracy-drop": "max_accuracy_drop", "--accuracy-json": "accuracy_json"}  # need --eval-dir
+EVAL_ONLY = {"--max-accuracy-drop": "max_accuracy_drop", "--accuracy-json": "accuracy_json", "--out": "out"}
 
 
 def channels(flag: str, text: str) -> tuple[float, ...]:
@@ -132,19 +133,26 @@ def main(argv: list[str] | None = None, prog: str = "python -m build_models") ->
         type=Path,
         metavar="DIR",
         help="your labelled photos (DIR/<label>/<image>): measure top-1/top-5 of every model built or kept on them "
-        "beside PyTorch's, record it with each model built, and refuse an INT8/BF16 model that loses too much",
+        "beside PyTorch's, record it with each model built, and refuse an INT8/BF16 model shown to lose too much",
     )
     parser.add_argument(
         "--max-accuracy-drop",
         metavar="PP",
         help="with --eval-dir: the most percentage points of top-1 below PyTorch's that an INT8 or BF16 model may "
-        "lose and still be stored (default: 1)",
+        "lose: one whose drop's 95%% interval lies wholly above it is refused; never for one photo (default: 1)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="with --eval-dir: the folder the accuracy table is written to as accuracy.json (default: beside the "
+        "family in the store's home, BENTOML_HOME/artifacts/NAME)",
     )
     parser.add_argument(
         "--accuracy-json",
         type=Path,
         metavar="PATH",
-        help=f"with --eval-dir: where the accuracy table is written as JSON (default: {DEFAULT_JSON})",
+        help="with --eval-dir: the file the accuracy table is written to (default: accuracy.json in --out)",
     )
     args = parser.parse_args(argv)
     try:  # the family's arguments, checked before anything else happens
@@ -185,7 +193,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m build_models") ->
             preprocess=preprocess,
             eval_dir=args.eval_dir,
             max_accuracy_drop=drop,
-            accuracy_json=args.accuracy_json or DEFAULT_JSON,
+            accuracy_json=args.accuracy_json or (None if args.out is None else args.out / "accuracy.json"),
             if_missing=args.if_missing,
         )
     except ONE_LINE as exc:  # said in one line, no traceback

@@ -1,9 +1,14 @@
 """``--eval-dir``: every backend the build makes or keeps, measured on the user's labelled photos beside
-PyTorch's, and the INT8/BF16 models that lose more than ``--max-accuracy-drop`` refused.
+PyTorch's, photo by photo, and the INT8/BF16 models shown to lose more than ``--max-accuracy-drop`` refused.
+
+The rule (docs/backends.md, "The accuracy gate"): the drop's 95% interval is exact on the photos only one of the
+two got right. A model is refused when the whole interval lies over the limit, never for a difference of one
+photo; when the interval holds the limit the photos cannot decide, and the model is stored with a warning that
+says about how many photos would settle it.
 
 The build calls :meth:`~AccuracyGate.check` on a fresh export before it is stored (a refusal stores nothing, and
-the build goes on, then fails naming every one refused), :meth:`~AccuracyGate.report_stored` on a model kept as
-up to date (reported only: a stored model is immutable), and :meth:`~AccuracyGate.finish` at the end.
+the build goes on), :meth:`~AccuracyGate.report_stored` on a model kept as up to date (reported only: a stored
+model is immutable), and :meth:`~AccuracyGate.finish` at the end.
 """
 
 from __future__ import annotations
@@ -20,19 +25,50 @@ from build_models.text import as_text
 from fastinfer.catalog.backends import SPECS, open_engine
 from fastinfer.engines import Engine, EngineUnavailable
 from fastinfer.measure import accuracy
-from fastinfer.measure.accuracy import Accuracy, EvalSet, Row
+from fastinfer.measure.accuracy import Accuracy, EvalSet, Paired, Row
 
 if TYPE_CHECKING:
     from build_models.context import BuildContext
 
 DEFAULT_MAX_DROP_PP = 1.0
-DEFAULT_JSON = Path("artifacts") / "accuracy.json"
 GATED_PRECISIONS = ("int8", "bf16")  # FP32 is held to its verification tolerance; CoreML cannot run here
 REFERENCE = "PyTorch FP32 (the build's reference)"
 
 
 class AccuracyRefused(RuntimeError):
-    """An INT8/BF16 model whose top-1 on the eval set falls more than the allowed drop below PyTorch's."""
+    """An INT8/BF16 model whose top-1 on the eval set falls, with 95% confidence, more than the allowed drop below
+    PyTorch's."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the gate makes of a paired drop: refused or not, and the words for the table."""
+
+    refused: bool
+    settled: bool  # the 95% interval lies wholly on one side of the limit
+    note: str
+
+
+def judge(pairs: Paired, limit_pp: float) -> Verdict:
+    """The gate's rule. Refused only when the whole 95% interval of the drop is over ``limit_pp`` and more than one
+    photo was lost net; stored otherwise, with what would settle an interval that holds the limit: refusing on
+    photos that cannot show the loss refuses noise (one photo of 60 is 1.67 points), and the stored interval lets
+    whatever chooses a backend prefer the ones shown within the limit."""
+    interval = f"95% interval {pairs.drop_low_pp:+.2f} to {pairs.drop_high_pp:+.2f} pp"
+    limit = f"--max-accuracy-drop {limit_pp:g}"
+    if pairs.drop_high_pp <= limit_pp:
+        return Verdict(False, True, f"within {limit} ({interval})")
+    needed = pairs.photos_to_settle(limit_pp)
+    settle = "no number of photos settles a drop equal to the limit" if needed is None else (
+        f"about {needed} photos would settle it")  # fmt: skip
+    if pairs.net_photos <= 1:
+        lost, gained = pairs.only_reference_right, pairs.only_backend_right
+        why = "a difference of 1 photo is never refused" if pairs.net_photos == 1 else (
+            "no photo differs" if not lost + gained else f"{lost} photo(s) lost, {gained} gained")  # fmt: skip
+        return Verdict(False, False, f"undecided: {why}; {interval}; {settle}")
+    if pairs.drop_low_pp > limit_pp:
+        return Verdict(True, True, f"over {limit} with 95% confidence ({interval})")
+    return Verdict(False, False, f"undecided: the {interval} holds {limit}; {settle}")
 
 
 class BadAccuracyDrop(ValueError):
@@ -63,12 +99,33 @@ def open_served(backend: str, dirs: Mapping[int | None, str | Path]) -> Engine:
     return open_engine(backend, dirs=dirs, **overrides)
 
 
+@dataclass(frozen=True)
+class Measured:
+    """One model on the eval photos: the precision it ran at, its accuracy, its pairs with PyTorch's answers."""
+
+    precision: str
+    result: Accuracy
+    pairs: Paired
+    verdict: Verdict
+
+    def row(self, name: str, reference: Accuracy, **kw: Any) -> Row:
+        return Row.of(name, self.precision, self.result, reference, paired=self.pairs, **kw)
+
+
+def default_json(family: str) -> Path:
+    """Where a family's accuracy table goes without ``--out``: beside the family, in the store's home."""
+    from fastinfer.common.home import bentoml_home
+
+    return bentoml_home() / "artifacts" / family / "accuracy.json"
+
+
 @dataclass
 class AccuracyGate:
     images: EvalSet
     reference: Accuracy
+    reference_answers: np.ndarray  # PyTorch's top-1 class of each photo: every backend is paired with it
     max_drop_pp: float = DEFAULT_MAX_DROP_PP
-    json_path: Path = DEFAULT_JSON
+    json_path: Path = Path("accuracy.json")
     say: Callable[[str], None] = print
     rows: list[Row] = field(default_factory=list)
     # backend, its model folders → its engine as served (tests give stand-ins to exercise the decisions)
@@ -80,7 +137,7 @@ class AccuracyGate:
         ctx: BuildContext,
         eval_dir: Path,
         max_drop_pp: float = DEFAULT_MAX_DROP_PP,
-        json_path: Path = DEFAULT_JSON,
+        json_path: Path | None = None,
         say: Callable[[str], None] = print,
     ) -> AccuracyGate:
         """The eval photos, and PyTorch's accuracy on them; EvalDirError before anything is built."""
@@ -96,7 +153,8 @@ class AccuracyGate:
 
         logits = accuracy.run("accuracy: PyTorch reference", model, images.pixels, ticker)
         reference = accuracy.accuracy(logits, images.targets)
-        gate = cls(images, reference, max_drop_pp, json_path, say)
+        json_path = default_json(ctx.family) if json_path is None else json_path
+        gate = cls(images, reference, accuracy.answers(logits), max_drop_pp, json_path, say)
         gate.rows.append(Row.of("pytorch (reference)", "fp32", reference, reference, note="the weights as loaded"))
         say(
             f"accuracy: PyTorch on {reference.images} images: top-1 {reference.top1:.2%}, top-5 "
@@ -104,8 +162,8 @@ class AccuracyGate:
         )
         return gate
 
-    def _measure(self, name: str, artifact: str, batch: int | None, path: str | Path) -> tuple[str, Accuracy] | str:
-        """(precision it runs at, its accuracy), or why it cannot run here."""
+    def _measure(self, name: str, artifact: str, batch: int | None, path: str | Path) -> Measured | str:
+        """What the model answers on the photos, or why it cannot run here."""
         backend = served_backend(artifact, batch)
         spec = SPECS[backend]
         if (cannot := spec.platform()) is not None:
@@ -115,79 +173,70 @@ class AccuracyGate:
         except EngineUnavailable as exc:
             return str(exc)
         precision = accuracy.run_precision(backend, engine.describe())
-        result = accuracy.measure(
-            f"{name}: accuracy", engine, self.images, accuracy.printer(self.say), spec.rows_independent
-        )
+        rows = accuracy.BATCH if spec.rows_independent else 1  # dynamic INT8: one image per call, as served
+        logits = accuracy.run(f"{name}: accuracy", engine.run, self.images.pixels, accuracy.printer(self.say), rows)
         del engine  # let go of the files before they move into the store
-        return precision, result
-
-    def _over(self, result: Accuracy) -> float | None:
-        drop = accuracy.top1_drop_pp(self.reference.top1, result.top1)
-        return drop if drop > self.max_drop_pp else None
+        result = accuracy.accuracy(logits, self.images.targets)
+        pairs = accuracy.paired(self.reference_answers, accuracy.answers(logits), self.images.targets)
+        return Measured(precision, result, pairs, judge(pairs, self.max_drop_pp))
 
     def check(
         self, name: str, artifact: str, batch: int | None, path: str | Path, kept: str = ""
     ) -> dict[str, Any] | None:
         """Measure a fresh export before it is stored: its ``accuracy`` metadata, or None when it cannot run
-        here; AccuracyRefused when it runs at a reduced precision and loses more than the limit."""
-        measured = self._measure(name, artifact, batch, path)
-        if isinstance(measured, str):
-            return self.not_measured(name, measured)
-        precision, result = measured
-        over = self._over(result) if precision in GATED_PRECISIONS else None
-        if over is not None:
-            self.rows.append(Row.of(name, precision, result, self.reference, status="refused",
-                                    note=f"over --max-accuracy-drop {self.max_drop_pp:g}; not stored"))  # fmt: skip
+        here; AccuracyRefused when it runs at a reduced precision and is shown to lose more than the limit."""
+        m = self._measure(name, artifact, batch, path)
+        if isinstance(m, str):
+            return self.not_measured(name, m)
+        gated = m.precision in GATED_PRECISIONS
+        if gated and m.verdict.refused:
+            self.rows.append(m.row(name, self.reference, status="refused", note=f"{m.verdict.note}; not stored"))
             raise AccuracyRefused(
-                f"{name}: top-1 {result.top1:.2%} at {precision} on {result.images} images of {self.images.root} "
-                f"is {over:.2f} percentage points below PyTorch's {self.reference.top1:.2%} (--max-accuracy-drop "
-                f"{self.max_drop_pp:g}). Nothing stored{kept}."
+                f"{name}: top-1 {m.result.top1:.2%} at {m.precision} on {m.result.images} images of "
+                f"{self.images.root} is {m.pairs.drop_pp:.2f} percentage points below PyTorch's "
+                f"{self.reference.top1:.2%}: {m.verdict.note}, {m.pairs.changed} answer(s) changed. "
+                f"Nothing stored{kept}."
             )
-        gated = f"within --max-accuracy-drop {self.max_drop_pp:g}" if precision in GATED_PRECISIONS else ""
-        self.rows.append(Row.of(name, precision, result, self.reference, note=gated))
-        self.say(f"{name}: accuracy at {precision}: top-1 {result.top1:.2%}, top-5 {result.top5:.2%} "
-                 f"(PyTorch {self.reference.top1:.2%}, {self.reference.top5:.2%})")  # fmt: skip
+        self.rows.append(m.row(name, self.reference, note=m.verdict.note if gated else ""))
+        self.say(f"{name}: accuracy at {m.precision}: top-1 {m.result.top1:.2%}, top-5 {m.result.top5:.2%} "
+                 f"(PyTorch {self.reference.top1:.2%}, {self.reference.top5:.2%}); {m.pairs.changed} answer(s) "
+                 f"changed")  # fmt: skip
+        if gated and not m.verdict.settled:
+            self.say(f"{name}: WARNING: stored, {m.verdict.note}")
         return {
             "eval_dir": as_text(str(self.images.root.resolve())),  # stored with the model: valid text
-            "images": result.images,
+            "images": m.result.images,
             "skipped": len(self.images.skipped),
-            "top1": result.top1,
-            "top5": result.top5,
+            "top1": m.result.top1,
+            "top5": m.result.top5,
             "reference_top1": self.reference.top1,
             "reference_top5": self.reference.top5,
-            "precision": precision,
+            "precision": m.precision,
+            "paired": m.pairs.as_dict(),
+            "max_accuracy_drop_pp": self.max_drop_pp,
+            "gate": m.verdict.note if gated else "not gated: held to its verification tolerance",
         }
 
     def report_stored(self, name: str, artifact: str, batch: int | None, path: str | Path) -> None:
-        """Measure a model kept as up to date, for the table only (one over the limit is reported)."""
-        measured = self._measure(name, artifact, batch, path)
-        if isinstance(measured, str):
-            self.not_measured(name, measured)
+        """Measure a model kept as up to date, for the table only (one shown over the limit is reported)."""
+        m = self._measure(name, artifact, batch, path)
+        if isinstance(m, str):
+            self.not_measured(name, m)
             return
-        precision, result = measured
-        if precision in GATED_PRECISIONS and (over := self._over(result)) is not None:
-            self.rows.append(Row.of(name, precision, result, self.reference, status="over the limit",
-                                    note="stored before this build; --force rebuilds and gates it"))  # fmt: skip
+        if m.precision in GATED_PRECISIONS and m.verdict.refused:
+            self.rows.append(m.row(name, self.reference, status="over the limit",
+                                   note="stored before this build; --force rebuilds and gates it"))  # fmt: skip
             self.say(
-                f"{name}: WARNING: top-1 {result.top1:.2%} at {precision} is {over:.2f} percentage points below "
-                f"PyTorch's {self.reference.top1:.2%}, over --max-accuracy-drop {self.max_drop_pp:g}; it was stored "
-                "before this build (--force rebuilds it, and refuses it if it still loses that much)"
+                f"{name}: WARNING: top-1 {m.result.top1:.2%} at {m.precision} is {m.pairs.drop_pp:.2f} percentage "
+                f"points below PyTorch's {self.reference.top1:.2%}, {m.verdict.note}; it was stored before this "
+                "build (--force rebuilds it, and refuses it if it still loses that much)"
             )
             return
         note = "up to date, not rebuilt: measured, its stored metadata unchanged"
-        self.rows.append(Row.of(name, precision, result, self.reference, note=note))
+        self.rows.append(m.row(name, self.reference, note=note))
 
     def refused(self) -> list[str]:
         return [row.backend for row in self.rows if row.status == "refused"]
-
-    def refusal(self) -> AccuracyRefused | None:
-        """The build's last word when it refused any model: one line naming them all."""
-        if not (names := self.refused()):
-            return None
-        return AccuracyRefused(
-            f"{len(names)} model(s) refused, losing more top-1 than --max-accuracy-drop {self.max_drop_pp:g} on "
-            f"{self.images.root} (nothing stored for them; the others were built): {', '.join(names)}"
-        )
 
     def not_measured(self, name: str, why: str) -> None:
         self.rows.append(Row(name, status="not measured", note=why))
@@ -202,7 +251,11 @@ class AccuracyGate:
             labels=len(self.images.labels),
             reference=REFERENCE,
             rows=self.rows,
-            extra={"max_accuracy_drop_pp": self.max_drop_pp, "gated_precisions": list(GATED_PRECISIONS)},
+            extra={
+                "max_accuracy_drop_pp": self.max_drop_pp,
+                "gated_precisions": list(GATED_PRECISIONS),
+                "interval": f"95%, {accuracy.INTERVAL_METHOD}",
+            },
         )
 
     def finish(self) -> None:

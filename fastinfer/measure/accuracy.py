@@ -9,6 +9,7 @@ prepared photos are held in memory (150 kB each at a 224 crop), so an eval folde
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -208,6 +209,154 @@ def top1_drop_pp(reference_top1: float, top1: float) -> float:
     return round((reference_top1 - top1) * 100, 6)
 
 
+def answers(logits: np.ndarray) -> np.ndarray:
+    """Each image's top-1 class, ties towards the lower index as the service ranks them."""
+    return ranked(logits, 1)[:, 0]
+
+
+# --- a backend against the reference on the same photos ------------------------------------------------
+
+CONFIDENCE = 0.95
+SETTLE_SEARCHED = 20_000  # photos: beyond, the number that would settle a drop is the normal approximation
+INTERVAL_METHOD = (
+    "exact (Clopper-Pearson) on the discordant pairs: their share of the photos and the share of them lost, "
+    "each at 97.5%, combined (Bonferroni) into at least 95%"
+)
+
+
+def binomial_cdf(x: int, n: int, p: float) -> float:
+    """P(X <= x) for X ~ Binomial(n, p), summed in log space (no overflow at thousands of photos)."""
+    if x < 0:
+        return 0.0
+    if x >= n or p <= 0.0:
+        return 1.0
+    if p >= 1.0:
+        return 0.0
+    k = np.arange(1, x + 1)
+    log_comb = np.concatenate([[0.0], np.cumsum(np.log(n - k + 1) - np.log(k))])  # log C(n, 0..x)
+    terms = log_comb + np.arange(x + 1) * math.log(p) + (n - np.arange(x + 1)) * math.log1p(-p)
+    top = terms.max()
+    return float(min(1.0, math.exp(top) * np.exp(terms - top).sum()))
+
+
+def clopper_pearson(x: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The exact two-sided interval of a binomial proportion seen as ``x`` of ``n`` (bisection on the CDF)."""
+    if not 0 <= x <= n or n <= 0:
+        raise ValueError(f"{x} successes of {n} trials")
+    tail = (1 - confidence) / 2
+
+    def solve(f: Callable[[float], float]) -> float:  # f increasing in p, f(p) = 0 somewhere in (0, 1)
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
+        return (lo + hi) / 2
+
+    low = 0.0 if x == 0 else solve(lambda p: (1 - binomial_cdf(x - 1, n, p)) - tail)
+    high = 1.0 if x == n else solve(lambda p: tail - binomial_cdf(x, n, p))
+    return low, high
+
+
+@dataclass(frozen=True)
+class Paired:
+    """A backend's top-1 against the reference's on the same photos: the four kinds of pair, how many answers
+    changed, and the 95% interval of the top-1 drop (percentage points; positive: the backend is worse)."""
+
+    images: int
+    both_right: int
+    both_wrong: int
+    only_reference_right: int  # the photos the backend lost
+    only_backend_right: int  # the photos it gained
+    changed: int  # top-1 answers that differ from the reference's, right or wrong
+    drop_low_pp: float
+    drop_high_pp: float
+
+    @property
+    def drop_pp(self) -> float:
+        return top1_drop_pp(self.only_reference_right / self.images, self.only_backend_right / self.images)
+
+    @property
+    def net_photos(self) -> int:
+        """Photos lost less photos gained: the drop in photos."""
+        return self.only_reference_right - self.only_backend_right
+
+    @property
+    def agreement(self) -> float:
+        """The share of photos whose top-1 answer is the reference's."""
+        return 1 - self.changed / self.images
+
+    def settled(self, limit_pp: float) -> bool:
+        """Whether the 95% interval lies wholly on one side of ``limit_pp``."""
+        return self.drop_low_pp > limit_pp or self.drop_high_pp <= limit_pp
+
+    def photos_to_settle(self, limit_pp: float) -> int | None:
+        """The fewest photos that, lost and gained at the rates seen here, put the drop's exact interval wholly on
+        one side of ``limit_pp`` (searched from the normal approximation; that alone beyond SETTLE_SEARCHED);
+        None when no number would (the drop is the limit)."""
+        n, lost, gained = self.images, self.only_reference_right, self.only_backend_right
+        drop = self.net_photos / n
+        spread = math.sqrt(max((lost + gained) / n - drop**2, 0.0))
+        gap = abs(drop - limit_pp / 100)
+        if gap < 1e-12:
+            return None
+        rough = n + 1 if spread == 0 else max(n + 1, math.ceil((1.959964 * spread / gap) ** 2))  # z of 97.5%
+
+        def settles(photos: int) -> bool:
+            low, high = drop_interval(round(lost * photos / n), round(gained * photos / n), photos)
+            return low > limit_pp or high <= limit_pp
+
+        low, high = n, rough
+        while high <= SETTLE_SEARCHED and not settles(high):
+            low, high = high, math.ceil(high * 1.5)
+        if high > SETTLE_SEARCHED:
+            return high
+        while high - low > 1:  # the fewest that settle, near enough (rounding makes it not quite monotonic)
+            mid = (low + high) // 2
+            low, high = (low, mid) if settles(mid) else (mid, high)
+        return high
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "drop_pp": self.drop_pp, "agreement": self.agreement, "method": INTERVAL_METHOD}
+
+
+def drop_interval(lost: int, gained: int, images: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The top-1 drop's interval in points from the photos only the reference got right (``lost``) and only the
+    backend got right (``gained``) of ``images``. The drop is q(2p - 1), q the share of photos whose rightness
+    differs, p the share of those lost; each has its exact (Clopper-Pearson) interval at half the error, so the
+    drop's holds with at least ``confidence`` (Bonferroni). q's own interval keeps a sample of few discordant
+    pairs honest: no photo differing of 60 still allows a drop of 7 points."""
+    half = 1 - (1 - confidence) / 2
+    discordant = lost + gained
+    q_low, q_high = clopper_pearson(discordant, images, half)
+    p_low, p_high = clopper_pearson(lost, discordant, half) if discordant else (0.0, 1.0)
+    e_low, e_high = 2 * p_low - 1, 2 * p_high - 1  # the drop per discordant photo, -1 to 1
+    low = e_low * (q_high if e_low < 0 else q_low)
+    high = e_high * (q_high if e_high > 0 else q_low)
+    return round(low * 100, 6), round(high * 100, 6)
+
+
+def paired(
+    reference_answers: np.ndarray, backend_answers: np.ndarray, targets: np.ndarray, confidence: float = CONFIDENCE
+) -> Paired:
+    """The pairs of two top-1 answer lists on the same photos, and the drop's interval (:func:`drop_interval`)."""
+    reference_answers, backend_answers, targets = map(np.asarray, (reference_answers, backend_answers, targets))
+    if not len(targets) or not len(reference_answers) == len(backend_answers) == len(targets):
+        raise ValueError(f"{len(reference_answers)} and {len(backend_answers)} answers for {len(targets)} targets")
+    ref, mine = reference_answers == targets, backend_answers == targets
+    lost, gained, n = int((ref & ~mine).sum()), int((~ref & mine).sum()), len(targets)
+    low, high = drop_interval(lost, gained, n, confidence)
+    return Paired(
+        images=n,
+        both_right=int((ref & mine).sum()),
+        both_wrong=int((~ref & ~mine).sum()),
+        only_reference_right=lost,
+        only_backend_right=gained,
+        changed=int((reference_answers != backend_answers).sum()),
+        drop_low_pp=low,
+        drop_high_pp=high,
+    )
+
+
 def run(
     name: str,
     predict: Callable[[np.ndarray], np.ndarray],
@@ -255,6 +404,7 @@ class Row:
     status: str = "measured"  # measured | not measured | refused | over the limit | ...
     note: str = ""
     req_per_s: float | None = None  # served by `make bench` (evaluate's plot), when measured
+    paired: Paired | None = None  # against the reference, photo by photo: the drop's interval and the agreement
 
     @classmethod
     def of(cls, backend: str, precision: str, result: Accuracy, reference: Accuracy | None, **kw: Any) -> Row:
@@ -262,7 +412,7 @@ class Row:
         return cls(backend, precision, result.images, result.top1, result.top5, drop, **kw)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "paired": None if self.paired is None else self.paired.as_dict()}
 
 
 @dataclass
@@ -311,8 +461,10 @@ class Report:
 
     def table(self) -> str:
         with_rate = any(r.req_per_s is not None for r in self.rows)
-        head = ["backend", "precision", "images", "top-1", "top-5", "drop vs reference (pp)", "status"]
-        head += ["req/s served"] if with_rate else []
+        with_pairs = any(r.paired is not None for r in self.rows)
+        head = ["backend", "precision", "images", "top-1", "top-5", "drop vs reference (pp)"]
+        head += ["drop's 95% interval (pp)", "same answer (changed)"] if with_pairs else []
+        head += ["status"] + (["req/s served"] if with_rate else [])
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in self.rows:
             cells = [
@@ -322,8 +474,13 @@ class Report:
                 _pct(r.top1),
                 _pct(r.top5),
                 "—" if r.drop_pp is None else f"{r.drop_pp:+.2f}",
-                r.status + (f": {r.note}" if r.note else ""),
             ]
+            if with_pairs:
+                p = r.paired
+                cells += ["—", "—"] if p is None else [
+                    f"{p.drop_low_pp:+.2f} to {p.drop_high_pp:+.2f}", f"{p.agreement:.1%} ({p.changed})"
+                ]  # fmt: skip
+            cells += [r.status + (f": {r.note}" if r.note else "")]
             cells += ["—" if r.req_per_s is None else f"{r.req_per_s:g}"] if with_rate else []
             lines.append("| " + " | ".join(map(visible, cells)) + " |")
         return "\n".join(lines)

@@ -1,7 +1,9 @@
-"""An export that diverges from PyTorch beyond its artifact's tolerance fails the build, and is not stored."""
+"""An export that diverges from PyTorch beyond its artifact's tolerance, or does not load, is refused and not
+stored; what converts it is skipped, the other backends are built, and the build ends with its table and fails."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from build_models import ARTIFACTS, FP32_TOLERANCE, INT8_TOLERANCE, VerificationError, build, exporters
+from build_models import ARTIFACTS, FP32_TOLERANCE, INT8_TOLERANCE, BuildRefused, build, exporters
 from fastinfer.measure.fidelity import Fidelity, compare
 
 
@@ -54,16 +56,44 @@ def shifted_onnx(ctx: Any, out_dir: Path) -> dict[str, Any]:
     return extra
 
 
-def test_a_divergent_export_fails_the_build_and_stores_nothing(private_store, monkeypatch) -> None:
+def test_a_divergent_export_is_refused_and_the_next_backend_is_built(private_store, monkeypatch) -> None:
     before = stored_tags("resnet50-onnx")
     monkeypatch.setitem(ARTIFACTS, "onnx", replace(ARTIFACTS["onnx"], export=shifted_onnx))
-    with pytest.raises(VerificationError, match=r"resnet50-onnx: .*max \|logit diff\| 0\.5\d* > 0\.001") as err:
-        build("random", only=["onnx"], force=True, progress=print)
-    assert "Nothing stored" in str(err.value) and before[0] in str(err.value)
+    said: list[str] = []
+    with pytest.raises(BuildRefused) as err:
+        build("random", only=["onnx", "onnx-int8-dynamic"], force=True, progress=said.append)
+    assert str(err.value).startswith("1 model(s) refused") and str(err.value).endswith(": resnet50-onnx")
+    (refused,) = [line for line in said if line.startswith("[1/2] resnet50-onnx: REFUSED: ")]
+    assert (
+        re.search(r"max \|logit diff\| 0\.5\d* > 0\.001", refused) and f"Nothing stored; {before[0]} stays" in refused
+    )
     assert stored_tags("resnet50-onnx") == before  # the previous version stays, nothing new
+    # The next backend is built and stored all the same, and the table the build ends with says both.
+    assert any(line.startswith("[2/2] resnet50-onnx-int8-dynamic: stored ") for line in said), said
+    table = said[said.index("| model | outcome | why |") :]
+    assert table[2].startswith("| resnet50-onnx | refused | the export diverges from PyTorch") and "\\|" in table[2]
+    assert table[3].startswith("| resnet50-onnx-int8-dynamic | stored | resnet50-onnx-int8-dynamic:")
+    assert table[-1] == "build: 1 stored, 1 refused"
 
 
-def test_int8_calibrated_on_a_black_image_fails_the_build_and_the_fidelity_gates(
+def test_an_export_that_fails_is_refused_and_the_next_backend_is_built(tmp_path, monkeypatch) -> None:
+    """A converter that raises on this model stops nothing but its own backend (a store of this test's own)."""
+    from tests.conftest import model_store_at
+
+    def failing(ctx: Any, out_dir: Path) -> dict[str, Any]:
+        raise RuntimeError("the converter cannot\nconvert this graph")
+
+    monkeypatch.setitem(ARTIFACTS, "pytorch", replace(ARTIFACTS["pytorch"], export=failing))
+    said: list[str] = []
+    with model_store_at(tmp_path / "home"), pytest.raises(BuildRefused, match=r": failing-pytorch$"):
+        build("random", only=["pytorch", "onnx"], family="failing", progress=said.append)
+    models = tmp_path / "home" / "models"
+    assert not (models / "failing-pytorch").exists() and len(list((models / "failing-onnx").glob("*/model.yaml"))) == 1
+    why = "the export failed: RuntimeError: the converter cannot convert this graph. Nothing stored."
+    assert f"[1/2] failing-pytorch: REFUSED: {why}" in said and f"| failing-pytorch | refused | {why} |" in said
+
+
+def test_int8_calibrated_on_a_black_image_is_refused_by_the_build_and_the_fidelity_gates(
     private_store, tmp_path, monkeypatch
 ) -> None:
     """The real INT8 tolerance against a real broken quantization (measured here: max |logit diff| 15.5); the
@@ -84,10 +114,15 @@ def test_int8_calibrated_on_a_black_image_fails_the_build_and_the_fidelity_gates
         return meta
 
     monkeypatch.setitem(ARTIFACTS, "onnx-int8", replace(ARTIFACTS["onnx-int8"], export=keeping_a_copy))
-    before = stored_tags("resnet50-onnx-int8")
-    with pytest.raises(VerificationError, match=r"resnet50-onnx-int8: .*max \|logit diff\| [\d.]+ > 5"):
-        build("random", only=["onnx-int8"], force=True, progress=print, calibration_dir=black)
-    assert stored_tags("resnet50-onnx-int8") == before
+    before = {name: stored_tags(name) for name in ("resnet50-onnx-int8", "resnet50-openvino-int8")}
+    said: list[str] = []
+    with pytest.raises(BuildRefused, match=r"^1 model\(s\) refused.*: resnet50-onnx-int8$"):
+        build("random", only=["onnx-int8", "openvino-int8"], force=True, progress=said.append, calibration_dir=black)
+    assert any(re.search(r"resnet50-onnx-int8: REFUSED: .*max \|logit diff\| [\d.]+ > 5", line) for line in said)
+    # openvino-int8 converts that export: skipped, and says why; the version stored before stays.
+    skipped = "[2/2] resnet50-openvino-int8: skipped: converts resnet50-onnx-int8's export, refused in this build"
+    assert any(line.startswith(skipped) for line in said), said
+    assert {name: stored_tags(name) for name in before} == before
     images = fid.fidelity_images(PreprocessSpec())
     reference = fid.run_batched(open_engine("pytorch"), images)
     f = fid.compare("broken", reference, fid.run_batched(OnnxEngine(refused, cpu_only=True), images))
@@ -114,8 +149,8 @@ def test_a_runtime_that_cannot_run_here_skips_its_artifact_and_the_build_goes_on
     assert stored_tags("resnet50-openvino") == before
 
 
-def test_an_export_that_does_not_load_fails_the_build_in_one_line(private_store, monkeypatch, capsys) -> None:
-    """A broken IR is the export's fault, not this CPU's: the build fails (it is not skipped)."""
+def test_an_export_that_does_not_load_is_refused_and_the_build_exits_1(private_store, monkeypatch, capsys) -> None:
+    """A broken IR is the export's fault, not this CPU's: it is refused (not skipped), and the build exits 1."""
     from build_models import __main__ as cli
 
     def truncated(ctx: Any, out_dir: Path) -> dict[str, Any]:
@@ -127,9 +162,12 @@ def test_an_export_that_does_not_load_fails_the_build_in_one_line(private_store,
     monkeypatch.setitem(ARTIFACTS, "openvino", replace(ARTIFACTS["openvino"], export=truncated))
     before = stored_tags("resnet50-openvino")
     assert cli.main(["--weights", "random", "--only", "openvino", "--force"]) == 1
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("build_models: resnet50-openvino: the export does not load: OpenVINO "), err
-    assert "\n" not in err and "Nothing stored; resnet50-openvino:" in err
+    out, err = capsys.readouterr()
+    assert err.strip().startswith("build_models: 1 model(s) refused") and "\n" not in err.strip(), err
+    assert err.strip().endswith(": resnet50-openvino")
+    said = "[1/1] resnet50-openvino: REFUSED: the export does not load: OpenVINO "
+    assert said in out and "Nothing stored; resnet50-openvino:" in out
+    assert "| resnet50-openvino | refused | the export does not load: OpenVINO " in out
     assert stored_tags("resnet50-openvino") == before
 
 

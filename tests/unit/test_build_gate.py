@@ -1,0 +1,225 @@
+"""The accuracy gate's statistics and the build's plan, in process on small fakes (no model is built).
+
+Three families of one's own, each a set of labelled photos and a stand-in engine that answers chosen classes:
+one whose INT8 model loses a known share (refused), one too small to decide (stored, warned, with the photos that
+would settle it), and one whose INT8 export diverges (refused by the plan, its conversion skipped, the rest
+stored). The exact interval is checked against values computed by hand.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from build_models import ARTIFACTS, plan
+from build_models.accuracy_gate import AccuracyGate, AccuracyRefused, judge
+from build_models.plan import Job, Outcome
+from fastinfer.measure import accuracy
+from fastinfer.measure.accuracy import EvalSet, binomial_cdf, clopper_pearson, paired
+
+# --- the exact interval ---------------------------------------------------------------------------------
+
+
+def test_clopper_pearson_on_values_known_by_hand() -> None:
+    # 5 of 10: the textbook interval 0.1871 to 0.8129.
+    assert clopper_pearson(5, 10) == pytest.approx((0.187086, 0.812914), abs=1e-6)
+    # All or none of n: the bound is closed-form, (α/2)^(1/n).
+    assert clopper_pearson(20, 20) == pytest.approx((0.025 ** (1 / 20), 1.0))
+    assert clopper_pearson(0, 10) == pytest.approx((0.0, 1 - 0.025 ** (1 / 10)))
+    assert clopper_pearson(1, 1) == pytest.approx((0.025, 1.0))
+    with pytest.raises(ValueError):
+        clopper_pearson(3, 2)
+
+
+def answers_with(n: int, lost: int = 0, gained: int = 0, changed_wrong: int = 0) -> tuple[np.ndarray, ...]:
+    """Targets, the reference's answers and a backend's on ``n`` photos of 3 classes: the reference wrong on the
+    last ``gained`` + ``changed_wrong`` photos; the backend losing the first ``lost`` photos, right on the last
+    ``gained``, and answering another wrong class on the ``changed_wrong`` before them."""
+    targets = np.arange(n) % 3
+    reference = targets.copy()
+    wrong_tail = gained + changed_wrong
+    reference[n - wrong_tail :] = (targets[n - wrong_tail :] + 1) % 3
+    backend = reference.copy()
+    backend[:lost] = (targets[:lost] + 1) % 3
+    backend[n - gained :] = targets[n - gained :]
+    backend[n - wrong_tail : n - gained] = (targets[n - wrong_tail : n - gained] + 2) % 3
+    return targets, reference, backend
+
+
+def test_the_pairs_and_the_interval_of_one_photo_lost_of_60() -> None:
+    """The issue's case: 60 photos, one lost. By hand: the share q of photos whose rightness differs is 1 of 60,
+    its 97.5% upper bound solves P(X <= 1) = 0.0125; the share of those lost is 1 of 1, in [0.0125, 1]; the drop
+    q(2p - 1) then lies in [-0.975 q_high, q_high]."""
+    targets, reference, backend = answers_with(60, lost=1)
+    pairs = paired(reference, backend, targets)
+    assert (pairs.both_right, pairs.both_wrong, pairs.only_reference_right, pairs.only_backend_right) == (59, 0, 1, 0)
+    assert (pairs.changed, pairs.agreement, pairs.drop_pp) == (1, 59 / 60, 1.666667)
+    q_high = pairs.drop_high_pp / 100
+    assert (1 - q_high) ** 60 + 60 * q_high * (1 - q_high) ** 59 == pytest.approx(0.0125)
+    assert q_high == pytest.approx(0.101703, abs=1e-6) and pairs.drop_low_pp == pytest.approx(-97.5 * q_high)
+    verdict = judge(pairs, 1.0)
+    assert not verdict.refused and not verdict.settled
+    assert verdict.note.startswith("undecided: a difference of 1 photo is never refused")
+    assert "about 3090 photos would settle it" in verdict.note
+
+
+def test_no_photo_differing_is_no_proof_on_few_photos() -> None:
+    """0 of 60 photos differ: the share that may differ is up to 1 - 0.0125^(1/60) = 7.04%, so the drop's interval
+    is +-7.04 points, and a limit of 1 point needs 437 photos that all agree."""
+    targets, reference, _ = answers_with(60)
+    pairs = paired(reference, reference, targets)
+    bound = (1 - 0.0125 ** (1 / 60)) * 100
+    assert (pairs.drop_low_pp, pairs.drop_high_pp) == pytest.approx((-bound, bound), abs=1e-6)
+    assert not judge(pairs, 1.0).settled and pairs.photos_to_settle(1.0) == 437
+    assert (1 - 0.0125 ** (1 / 437)) * 100 <= 1.0 < (1 - 0.0125 ** (1 / 436)) * 100
+
+
+def test_answers_that_change_between_wrong_classes_count_as_changed_not_as_lost() -> None:
+    targets, reference, backend = answers_with(30, lost=2, gained=1, changed_wrong=3)
+    pairs = paired(reference, backend, targets)
+    assert (pairs.only_reference_right, pairs.only_backend_right, pairs.both_wrong) == (2, 1, 3)
+    assert pairs.changed == 6 and pairs.net_photos == 1 and pairs.drop_pp == pytest.approx(100 / 30, abs=1e-5)
+
+
+def test_one_photo_is_never_refused_even_at_a_limit_of_zero() -> None:
+    for lost, gained in ((1, 0), (6, 5), (30, 29)):
+        targets, reference, backend = answers_with(80, lost=lost, gained=gained)
+        verdict = judge(paired(reference, backend, targets), 0.0)
+        assert not verdict.refused and "a difference of 1 photo is never refused" in verdict.note
+    targets, reference, backend = answers_with(80, lost=3, gained=5)
+    assert judge(paired(reference, backend, targets), 0.0).note.startswith("undecided: 3 photo(s) lost, 5 gained;")
+
+
+def test_a_drop_shown_over_the_limit_is_refused_and_one_shown_within_is_passed() -> None:
+    targets, reference, backend = answers_with(200, lost=20)  # 10 points lost, 20 of 20 discordant pairs
+    pairs = paired(reference, backend, targets)
+    q_low = clopper_pearson(20, 200, 0.975)[0]
+    assert 1 - binomial_cdf(19, 200, q_low) == pytest.approx(0.0125)  # P(X >= 20) at the lower bound
+    assert pairs.drop_low_pp == pytest.approx(q_low * (2 * 0.0125 ** (1 / 20) - 1) * 100, abs=1e-5)
+    assert judge(pairs, 1.0).refused and judge(pairs, 1.0).settled and pairs.drop_low_pp > 3.5
+    assert not judge(pairs, 16.0).refused and judge(pairs, 16.0).settled  # the whole interval within 16
+
+
+@pytest.mark.parametrize(("lost", "limit"), [(1, 1.0), (2, 1.0), (3, 2.0), (5, 3.0)])
+def test_the_photos_said_to_settle_it_do_at_the_same_rates(lost: int, limit: float) -> None:
+    targets, reference, backend = answers_with(50, lost=lost)
+    pairs = paired(reference, backend, targets)
+    assert not judge(pairs, limit).settled
+    needed = pairs.photos_to_settle(limit)
+    targets, reference, backend = answers_with(needed, lost=round(lost * needed / 50))
+    assert judge(paired(reference, backend, targets), limit).settled
+
+
+# --- three families of one's own, through the gate ------------------------------------------------------
+
+
+class Answering:
+    """A stand-in engine answering chosen classes, in the order the gate sends the photos."""
+
+    def __init__(self, answers: np.ndarray, classes: int, precision: str | None = None) -> None:
+        self.answers, self.classes, self.precision, self.seen = answers, classes, precision, 0
+
+    def run(self, images: np.ndarray) -> np.ndarray:
+        logits = np.zeros((len(images), self.classes), dtype=np.float32)
+        logits[np.arange(len(images)), self.answers[self.seen : self.seen + len(images)]] = 1.0
+        self.seen += len(images)
+        return logits
+
+    def describe(self) -> dict[str, Any]:
+        return {} if self.precision is None else {"precision": self.precision}
+
+
+def family_gate(
+    targets: np.ndarray, reference: np.ndarray, engines: dict[str, Any], tmp: Path, said: list[str] | None = None
+) -> AccuracyGate:
+    """A gate over photos of 3 classes held as tiny pixels (the stand-ins never look at them), saying into
+    ``said``."""
+    n = len(targets)
+    images = EvalSet(tmp, np.zeros((n, 1, 1, 3), np.uint8), targets, [], [], [], ["red", "green", "blue"])
+    said = [] if said is None else said
+    ref = accuracy.accuracy(np.eye(3)[reference], targets)
+    return AccuracyGate(images, ref, reference, 1.0, tmp / "accuracy.json", said.append,
+                        open=lambda backend, dirs: engines[backend])  # fmt: skip
+
+
+def test_a_family_whose_int8_loses_a_known_share_is_refused_with_its_interval(tmp_path) -> None:
+    targets, reference, backend = answers_with(150, lost=24, gained=3)  # 14 points lost net, 27 discordant
+    gate = family_gate(targets, reference, {"onnx-int8": Answering(backend, 3)}, tmp_path)
+    with pytest.raises(AccuracyRefused) as err:
+        gate.check("hues-onnx-int8", "onnx-int8", None, tmp_path)
+    message = str(err.value)
+    assert "14.00 percentage points below" in message and "over --max-accuracy-drop 1 with 95% confidence" in message
+    assert "(95% interval +4.19 to +25.19 pp)" in message and "27 answer(s) changed" in message and "\n" not in message
+    row = gate.rows[-1]
+    assert row.status == "refused" and row.paired.drop_low_pp > 1.0
+    gate.finish()
+    written = json.loads((tmp_path / "accuracy.json").read_text())["rows"][-1]
+    assert written["paired"]["only_reference_right"] == 24 and written["paired"]["only_backend_right"] == 3
+    assert written["paired"]["drop_low_pp"] == row.paired.drop_low_pp and written["paired"][
+        "agreement"
+    ] == pytest.approx(123 / 150)
+    assert "exact (Clopper-Pearson)" in written["paired"]["method"]
+
+
+def test_a_family_too_small_to_decide_is_stored_with_a_warning_saying_what_would_settle_it(tmp_path) -> None:
+    targets, reference, backend = answers_with(6, lost=3)  # half the photos lost, but only 6 of them
+    said: list[str] = []
+    gate = family_gate(targets, reference, {"onnx-int8": Answering(backend, 3)}, tmp_path, said)
+    measured = gate.check("tiny-onnx-int8", "onnx-int8", None, tmp_path)
+    assert measured["top1"] == 0.5 and measured["paired"]["drop_low_pp"] < 1.0 < measured["paired"]["drop_high_pp"]
+    assert measured["gate"].startswith("undecided: the 95% interval")
+    warning = said[-1]
+    assert warning.startswith("tiny-onnx-int8: WARNING: stored, undecided") and "photos would settle it" in warning
+    assert "| drop's 95% interval (pp) | same answer (changed) |" in gate.report().table()
+
+
+# --- the plan ---------------------------------------------------------------------------------------------
+
+
+def named(artifact: str, batch: int | None) -> str:
+    return f"hues-{artifact}" + ("" if batch is None else f"-b{batch}")
+
+
+def test_the_plan_follows_the_tables_order_and_knows_what_converts_what() -> None:
+    batches = {a.name: a.batches for a in ARTIFACTS.values()}
+    sources = {a.name: a.built_from for a in ARTIFACTS.values()}
+    jobs = plan.jobs(["coreml", "openvino-int8", "onnx-int8"], batches, sources, named)
+    assert [j.name for j in jobs] == [
+        "hues-onnx-int8",
+        "hues-openvino-int8",
+        *(f"hues-coreml-b{b}" for b in (1, 2, 4, 8)),
+    ]
+    assert jobs[1].built_from == "onnx-int8" and jobs[0].built_from is None
+
+
+def test_a_diverging_export_is_refused_its_conversion_skipped_and_the_rest_stored() -> None:
+    """The plan's carry-on: what the build does after a refusal, and the table and last word it ends with."""
+    done = [
+        Outcome("hues-pytorch", "pytorch", plan.STORED, "hues-pytorch:a in 0.4s"),
+        Outcome("hues-onnx-int8", "onnx-int8", plan.REFUSED, "the export diverges from PyTorch: max |logit diff| 9"),
+    ]
+    converts = Job("hues-openvino-int8", "openvino-int8", None, built_from="onnx-int8")
+    why = plan.blocked(converts, done)
+    assert why == "converts hues-onnx-int8's export, refused in this build"
+    assert plan.blocked(Job("hues-openvino", "openvino"), done) is None
+    done += [Outcome(converts.name, converts.artifact, plan.SKIPPED, why)]
+    done += [Outcome("hues-openvino", "openvino", plan.STORED, "hues-openvino:b in 3.0s")]
+    lines = plan.table(done)
+    assert lines[:2] == ["| model | outcome | why |", "|---|---|---|"]
+    assert "| hues-onnx-int8 | refused | the export diverges from PyTorch: max \\|logit diff\\| 9 |" in lines
+    assert f"| hues-openvino-int8 | skipped | {why} |" in lines
+    assert lines[-1] == "build: 2 stored, 1 refused, 1 skipped"
+    last = plan.refusal(done)
+    assert str(last).startswith("1 model(s) refused") and str(last).endswith(": hues-onnx-int8")
+    assert plan.refusal(done[:1]) is None and last.outcomes == done
+
+
+def test_out_without_eval_dir_is_one_line(capsys, tmp_path) -> None:
+    from build_models.__main__ import main
+
+    assert main(["--weights", "random", "--name", "hues", "--out", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.strip() == "build_models: --out: only with --eval-dir DIR, the photos to measure on"
