@@ -233,19 +233,36 @@ def evaluate(args: argparse.Namespace) -> int:
     from fastinfer.measure import evaluate as ev
     from fastinfer.measure.accuracy import EvalDirError, visible
 
+    timing = ev.Timing(seconds=args.seconds, clients=args.clients)
     try:
-        report = ev.evaluate(args.dir, args.backends, args.url, family_name=args.model)
+        result = ev.evaluate(args.dir, args.backends, args.url, family_name=args.model, timing=timing,
+                             max_drop_pp=args.max_drop)  # fmt: skip
+        for line in result.report.summary():
+            print(line, file=sys.stderr)
+        print(result.table())
+        family = str(result.report.extra.get("family") or "")
+        out = args.out or (None if args.json and args.plot else ev.artifacts_dir(family))
     except (ev.EvaluateError, EvalDirError, BadFamilyName) as exc:  # said in one line, no traceback
         print(f"fastinfer evaluate: {visible(str(exc))}", file=sys.stderr)  # it may quote a server's text
         return 1
-    for line in report.summary():
-        print(line, file=sys.stderr)
-    print(report.table())
-    print(f"req/s: {visible(report.extra['req_per_s_source'])}", file=sys.stderr)
-    _write_json(args.json, report.as_dict())
-    if args.plot:
-        print(f"wrote {ev.plot(report, args.plot)}", file=sys.stderr)
+    _write_json(args.json or out / "evaluate.json", result.as_dict())
+    print(f"wrote {ev.plot(result, args.plot or out / 'evaluate.png')}", file=sys.stderr)
     return 0
+
+
+def _positive(kind: type) -> Any:
+    """An argparse type: a number of ``kind`` above zero (``float``: zero allowed, for --seconds 0)."""
+
+    def check(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value < 0 or (kind is int and value < 1) or not value == value or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"{text!r}: give a {'whole ' if kind is int else ''}number above 0")
+        return value
+
+    return check
 
 
 TUNER = "load_tests.tuning"
@@ -348,12 +365,15 @@ def parser() -> argparse.ArgumentParser:
     output(p, "--json", Path("artifacts/fidelity.json"), "write the results here")
     p = command(
         "evaluate",
-        "top-1 / top-5 accuracy of every stored backend on your labelled photos",
-        "Measure the top-1 and top-5 accuracy of each backend stored for a model family on a folder of labelled "
-        "photos (ImageFolder layout: one sub-folder per class, named as its label), beside the stored PyTorch "
-        "model's: in this process, or through a running server with --url. Photos that cannot be decoded are "
-        "skipped and counted. Writes the table as JSON and a plot of accuracy against the req/s `make bench` "
-        "served on this machine (accuracy per backend alone where it has not run).",
+        "the accuracy-speed frontier of every stored backend on your labelled photos",
+        "Measure what each backend stored for a model family costs in accuracy and gives in speed, on a folder of "
+        "labelled photos (ImageFolder layout: one sub-folder per class, named as its label): top-1 (with its 95% "
+        "interval) and top-5 (with more than 5 classes) beside the stored PyTorch model's, then images/s: each "
+        "engine's own in this process, or, with --url, what a running server serves to several clients on your "
+        "photos, cache bypassed, after a warm-up. Photos that cannot be decoded are skipped and counted. Prints "
+        "the table naming the fastest backend within the accuracy limit; writes it as evaluate.json and draws "
+        "the frontier (top-1 against images/s, the Pareto front marked) as evaluate.png, beside the family in the "
+        "store's home ($BENTOML_HOME/artifacts/NAME) or in --out.",
         evaluate,
     )
     p.add_argument("dir", type=Path, help="the labelled photos: DIR/<label>/<image>")
@@ -364,8 +384,33 @@ def parser() -> argparse.ArgumentParser:
         help="a running server to ask through POST /classify (answers computed for each request: no-cache); "
         "with API keys, set FASTINFER_API_KEY",
     )
-    output(p, "--json", Path("artifacts/evaluate.json"), "write the table here")
-    output(p, "--plot", Path("artifacts/evaluate.png"), "draw it here")
+    p.add_argument(
+        "--seconds",
+        type=_positive(float),
+        default=5.0,
+        help="seconds of timing per backend, after a 1 s warm-up; 0 measures accuracy alone (default: %(default)s)",
+    )
+    p.add_argument(
+        "--clients",
+        type=_positive(int),
+        default=choice.SERVED_USERS,
+        help="with --url: concurrent clients while timing, as make bench's headline (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-drop",
+        type=_positive(float),
+        metavar="PP",
+        help="the most points of top-1 below PyTorch's a backend may lose to count as within the limit (default: "
+        "the limit the family's build recorded, else the build's default, 1)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="the folder for evaluate.json and evaluate.png (default: $BENTOML_HOME/artifacts/NAME, NAME the family)",
+    )
+    p.add_argument("--json", type=Path, help="write the table here instead (default: evaluate.json in --out)")
+    p.add_argument("--plot", type=Path, help="draw the frontier here instead (default: evaluate.png in --out)")
     p = command(
         "bench",
         "in-process model latency per backend",

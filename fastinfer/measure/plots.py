@@ -142,36 +142,97 @@ def plot_served(splits: list[dict[str, Any]], path: Path) -> None:
     save(fig, path)
 
 
-def plot_accuracy(rows: list[dict[str, Any]], path: Path, family: str, images: int, speed_source: str = "") -> None:
-    """Top-1 accuracy against the req/s ``make bench`` served, per backend, where both were measured; else top-1
-    and top-5 per backend as bars, titled with why there is no speed."""
+FRONTIER_COLOURS = {True: "tab:blue", False: "tab:red", None: "0.45"}  # within the limit, over it, no drop known
+
+
+def plot_frontier(
+    points: list[dict[str, Any]], path: Path, title: str, xlabel: str, limit: tuple[float, str] | None = None
+) -> None:
+    """Accuracy against speed, one point per backend (``evaluate.Evaluation.points``): top-1 with its interval as
+    error bars (and top-5 below, where the points carry it), the Pareto front as a dashed line, the fastest within
+    the limit ringed, the limit (``limit``: top-1 as a share, its label) as a dotted line. Without speeds, the
+    backends side by side. The y axis spans the intervals, not 0 to 100%: 93.3 and 91.7 must look apart."""
     plt = pyplot()
-    measured = [r for r in rows if r.get("top1") is not None]
-    paired = [r for r in measured if r.get("req_per_s")]
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    title = f"{family}: accuracy on {images} of your labelled photos"
-    if paired:
-        for r in paired:
-            ax.scatter(r["req_per_s"], r["top1"] * 100, s=40)
-            ax.annotate(f"{r['backend']} ({r['precision']})", (r["req_per_s"], r["top1"] * 100),
-                        textcoords="offset points", xytext=(5, 4), fontsize=8)  # fmt: skip
-        alone = [f"{r['backend']} {r['top1']:.1%}" for r in measured if not r.get("req_per_s")]
-        ax.set_xlabel("requests / s served by `make bench` (10 clients, cache bypassed)"
-                      + (f"\nnot benchmarked, top-1: {', '.join(alone)}" if alone else ""))  # fmt: skip
-        ax.set_ylabel("top-1 accuracy (%)")
-        ax.set_title(f"{title}, against speed")
+    panels = [("top1", "top-1")] + ([("top5", "top-5")] if any("top5" in p for p in points) else [])
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 4.6 * len(panels)), squeeze=False)
+    timed = any(p.get("images_per_s") for p in points)  # else the backends side by side
+    drawn = [p for p in points if p.get("images_per_s")] if timed else points
+    untimed = [f"{p['backend']} {p['top1']:.1%}" for p in points if p not in drawn]
+    xs = [p["images_per_s"] if timed else i for i, p in enumerate(drawn)]
+    for ax, (key, name) in zip(axes[:, 0], panels, strict=True):
+        mine = [(x, p) for x, p in zip(xs, drawn, strict=True) if key in p]
+        if not mine:
+            continue
+        for x, p in mine:
+            y, low, high = (100 * p[k] for k in (key, f"{key}_low", f"{key}_high"))
+            ax.errorbar(x, y, yerr=[[max(0.0, y - low)], [max(0.0, high - y)]], fmt="o", capsize=4, ms=6, zorder=3,
+                        color=FRONTIER_COLOURS[p.get("within_limit")])  # fmt: skip
+        if key == "top1":
+            front = sorted((x, 100 * p["top1"]) for x, p in mine if p.get("on_front"))
+            if timed and len(front) > 1:
+                ax.plot(*zip(*front, strict=True), "--", color="0.35", lw=1, zorder=2, label="Pareto front")
+            for x, p in mine:
+                if p.get("fastest_within_limit"):
+                    ax.scatter(x, 100 * p["top1"], s=320, facecolors="none", edgecolors="tab:green", lw=2, zorder=4,
+                               label=f"fastest within the limit: {p['backend']}")  # fmt: skip
+            if limit is not None:
+                ax.axhline(100 * limit[0], ls=":", color="tab:red", lw=1, label=limit[1])
+            for within in sorted({p.get("within_limit") for _, p in mine} - {None}, reverse=True):
+                ax.errorbar([], [], fmt="o", color=FRONTIER_COLOURS[within],
+                            label=f"drop {'within' if within else 'over'} the limit")  # fmt: skip
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, borderaxespad=0)
+        lows = [100 * p[f"{key}_low"] for _, p in mine] + ([100 * limit[0]] if limit and key == "top1" else [])
+        highs = [100 * p[f"{key}_high"] for _, p in mine]
+        pad = max(0.5, (max(highs) - min(lows)) * 0.08)
+        ax.set_ylim(max(0.0, min(lows) - pad), min(100.0, max(highs)) + pad)
+        if timed:
+            ax.set_xlim(0, max(xs) * 1.18)
+        else:
+            ax.set_xlim(-0.6, len(drawn) - 0.4)
+            ax.set_xticks(list(range(len(drawn))), [p["backend"] for p in drawn], fontsize=8)
+        ax.set_ylabel(f"{name} accuracy (%), 95% interval")
         ax.grid(alpha=0.3)
-    else:
-        names = [f"{r['backend']}\n({r['precision']})" for r in measured]
-        x = range(len(names))
-        for shift, key in ((-0.2, "top1"), (0.2, "top5")):
-            bars = ax.bar([i + shift for i in x], [r[key] * 100 for r in measured], 0.4, label=key[:3] + "-" + key[3])
-            ax.bar_label(bars, fmt="%.1f", fontsize=7)
-        ax.set_xticks(list(x), names, fontsize=8)
-        ax.set_ylabel("accuracy (%)")
-        ax.set_ylim(0, 105)
-        why = speed_source.removeprefix("none: ") or "no `make bench` result of this machine and family"
-        # Wrapped here: matplotlib's wrap=True measures the text as mathtext whatever text.parse_math says.
-        ax.set_title(f"{title}\n" + textwrap.fill(f"(not set against speed: {why})", 100), fontsize=9)
-        ax.legend(fontsize=8)
+        if timed:
+            _label(ax, [(x, 100 * p[key], f"{p['backend']} ({p['precision']})" if p.get("precision") else p["backend"])
+                        for x, p in mine])  # fmt: skip
+    axes[0, 0].set_title(title, fontsize=10)
+    # Wrapped here: matplotlib's wrap=True measures the text as mathtext whatever text.parse_math says.
+    xlabel += f"; not timed (top-1): {', '.join(untimed)}" if untimed else ""
+    axes[-1, 0].set_xlabel(textwrap.fill(xlabel, 110), fontsize=8)
     save(fig, path)
+
+
+def _label(ax: Any, marks: list[tuple[float, float, str]]) -> None:
+    """Each point's name beside it: at the nearest of a few places around it, farther out ring by ring, where it
+    covers no name placed before and no other point; next to its point, it must also lie nearer it than any other,
+    farther out a thin line ties it to its point (nowhere clear: the first place)."""
+    ax.figure.tight_layout()  # the axes where they will be drawn, so that display coordinates hold
+    renderer = ax.figure.canvas.get_renderer()
+    dots = [ax.transData.transform((x, y)) for x, y, _ in marks]
+    sides = [(1, 1, "left", "bottom"), (1, -1, "left", "top"), (-1, 1, "right", "bottom"), (-1, -1, "right", "top"),
+             (0, 1.6, "center", "bottom"), (0, -1.6, "center", "top")]  # fmt: skip
+    places = [(r * dx, r * dy, ha, va) for r in (7, 20, 36) for dx, dy, ha, va in sides]
+    taken: list[Any] = []
+    for (x, y, text), dot in zip(marks, dots, strict=True):
+        others = [d for d in dots if d is not dot]
+        for i, (dx, dy, ha, va) in enumerate([*places, places[0]]):  # nowhere clear: the first place
+            far = abs(dx) > 7 or abs(dy) > 12
+            note = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va, fontsize=8)
+            box = note.get_window_extent(renderer).expanded(1.05, 1.15)  # the name's own box, before any line
+            mine = 0.0 if far else _gap(box, dot) + 2  # tied by its line, a name need only keep off the others
+            clear = not any(box.overlaps(t) for t in taken) and all(_gap(box, d) > mine for d in others)
+            note.remove()
+            if clear or i == len(places):
+                line = {"arrowstyle": "-", "lw": 0.5, "color": "0.4"} if far else None
+                ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va, fontsize=8,
+                            arrowprops=line)  # fmt: skip
+                break
+        taken.append(box)
+
+
+def _gap(box: Any, dot: Any) -> float:
+    """Pixels from a point to the nearest edge of a box (0 inside it)."""
+    dx = max(box.x0 - dot[0], 0.0, dot[0] - box.x1)
+    dy = max(box.y0 - dot[1], 0.0, dot[1] - box.y1)
+    return float((dx * dx + dy * dy) ** 0.5)

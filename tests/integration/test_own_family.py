@@ -156,7 +156,7 @@ def test_evaluate_through_the_server_agrees_with_the_build(
     out = tmp_path / "evaluate.json"
     done = subprocess.run(
         [sys.executable, "-m", "fastinfer.cli", "evaluate", str(own_family.heldout), "--url", family_server.url,
-         "--model", own_family.name, "--json", str(out), "--plot", str(tmp_path / "evaluate.png")],
+         "--model", own_family.name, "--json", str(out), "--plot", str(tmp_path / "evaluate.png"), "--seconds", "1"],
         cwd=ROOT,
         env={**os.environ, "BENTOML_HOME": str(family_build.home)},
         capture_output=True,
