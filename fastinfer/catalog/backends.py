@@ -212,6 +212,25 @@ def served_models() -> dict[str, StoredModelInfo]:
     }
 
 
+def over_accuracy_limit(name: str) -> str | None:
+    """Why ``auto`` and ``fastinfer tune`` pass over a backend: its build measured it losing more top-1 against
+    PyTorch than the family's limit (stored undecided, with a warning). None where it did not, or nothing was measured
+    (a build without --eval-dir)."""
+    spec = SPECS[name]
+    model = holdings.serving_or_none(spec.artifact, spec.static_batches[0])
+    measured = store.describe(model).accuracy if model is not None else None
+    if not isinstance(measured, dict):
+        return None
+    top1, reference, limit = (measured.get(k) for k in ("top1", "reference_top1", "max_accuracy_drop_pp"))
+    if not all(isinstance(v, int | float) for v in (top1, reference, limit)):
+        return None
+    drop = round(100 * (reference - top1), 6)  # fractions of the same photos: 0.96 - 0.95 is not 1.0000000000000009
+    if drop <= limit:
+        return None
+    return (f"its build measured a top-1 drop of {drop:.2f} pp against PyTorch on {measured.get('images')} photos, "
+            f"over the family's limit of {limit:g} pp")  # fmt: skip
+
+
 def env_key(backend: str) -> str:
     """A backend's name as its per-backend variables end: onnx-int8 → ONNX_INT8 (…_MAX_BATCH_SIZE_ONNX_INT8)."""
     return backend.upper().replace("-", "_")

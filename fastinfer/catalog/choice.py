@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from fastinfer.catalog.backends import BACKENDS, env_key, unavailable_reason
+from fastinfer.catalog.backends import BACKENDS, env_key, over_accuracy_limit, unavailable_reason
 from fastinfer.catalog.config import Settings, get_settings
 from fastinfer.catalog.store import DEFAULT_FAMILY
 from fastinfer.catalog.tuned import MACHINE_KEYS
@@ -190,9 +190,14 @@ def _resolved(requested: str, named_by: str) -> DefaultChoice:
     if requested != AUTO:
         return choose_default(requested, {}, [], named_by=named_by)
     hw = hardware.probe()
-    available = [name for name in BACKENDS if unavailable_reason(name) is None]
+    runnable = [name for name in BACKENDS if unavailable_reason(name) is None]
+    lossy = {name: why for name in runnable if (why := over_accuracy_limit(name)) is not None}
     measured, unit = measurements(hw)
-    return choose_default(requested, hw, available, measured, unit=unit)
+    chosen = choose_default(requested, hw, [name for name in runnable if name not in lossy], measured, unit=unit)
+    if not lossy:
+        return chosen
+    passed = "; ".join(f"{name}: {why}" for name, why in lossy.items())
+    return replace(chosen, why=f"{chosen.why}; passed over for accuracy: {passed}")
 
 
 def default_choice() -> DefaultChoice:

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 def parse(parser: argparse.ArgumentParser, argv: list[str] | None, prog: str) -> tuple[argparse.Namespace, list[str]]:
     """``argv`` parsed and checked, the project's store in use, and the backends to tune: those named, else every
     one that can run here; none when that cannot be (why: on stderr)."""
-    from fastinfer.catalog.backends import unavailable_reason
+    from fastinfer.catalog.backends import over_accuracy_limit, unavailable_reason
     from fastinfer.catalog.tune_space import BACKENDS_TUNED
 
     args = parser.parse_args(argv)
@@ -68,7 +68,7 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None, prog: str) ->
         rounds = ", --rounds not negative" if "rounds" in args else ""
         parser.error(f"--clients, --budget and --seconds must be positive{rounds}")
     use_project_store()
-    reasons = {b: unavailable_reason(b) for b in BACKENDS_TUNED}
+    reasons = {b: unavailable_reason(b) or over_accuracy_limit(b) for b in BACKENDS_TUNED}  # within the limit only
     runnable = [b for b, why in reasons.items() if why is None]
     wanted = list(dict.fromkeys(b.strip() for b in args.backends.split(","))) if args.backends else runnable
     why = ""
@@ -76,7 +76,8 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None, prog: str) ->
         example, reason = next(iter(reasons.items()))
         why = f"no backend can run here (model store {bentoml_home() / 'models'}); for example {example}: {reason}"
     elif unknown := [b for b in wanted if b not in runnable]:
-        why = f"cannot tune {', '.join(unknown)}: not a backend that can run here ({', '.join(runnable)})"
+        said = "; ".join(f"{b}: {reasons.get(b) or 'no such backend'}" for b in unknown)
+        why = f"cannot tune {said} (tunable here: {', '.join(runnable)})"
     if why:
         print(f"{prog}: {why}", file=sys.stderr)
     return args, [] if why else wanted

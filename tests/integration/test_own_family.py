@@ -156,7 +156,8 @@ def test_evaluate_through_the_server_agrees_with_the_build(
     out = tmp_path / "evaluate.json"
     done = subprocess.run(
         [sys.executable, "-m", "fastinfer.cli", "evaluate", str(own_family.heldout), "--url", family_server.url,
-         "--model", own_family.name, "--json", str(out), "--plot", str(tmp_path / "evaluate.png"), "--seconds", "1"],
+         "--model", own_family.name, "--json", str(out), "--plot", str(plot := tmp_path / "evaluate.png"),
+         "--seconds", "0.3", "--clients", "2"],  # the speed's own tests: test_evaluate*.py; here, the frontier
         cwd=ROOT,
         env={**os.environ, "BENTOML_HOME": str(family_build.home)},
         capture_output=True,
@@ -164,11 +165,18 @@ def test_evaluate_through_the_server_agrees_with_the_build(
         timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    through = {r["backend"]: r for r in json.loads(out.read_text())["rows"] if r["status"] == "measured"}
+    evaluation = json.loads(out.read_text())
+    through = {r["backend"]: r for r in evaluation["rows"] if r["status"] == "measured"}
     rows = family_build.rows(own_family.name)
     assert set(through) >= set(rows), (sorted(through), sorted(rows))
     for backend, row in rows.items():
         assert (through[backend]["images"], through[backend]["top1"]) == (row["images"], row["top1"]), backend
+    # The frontier: every backend timed through the server, the fastest within the limit named and drawn.
+    fastest = evaluation["fastest_within_limit"]
+    assert all(through[b]["images_per_s"] for b in rows) and fastest in rows, evaluation["speed"]
+    said = next(line for line in done.stdout.splitlines() if line.startswith("fastest within the limit (1 pp"))
+    assert said.endswith(f"): {fastest}")
+    assert plot.stat().st_size > 10_000
 
 
 def refused(done: subprocess.CompletedProcess) -> str:

@@ -199,3 +199,38 @@ def test_a_bench_of_fewer_backends_does_not_overrule_the_rule_or_a_fuller_bench(
     available = ["onnx", "onnx-int8", "openvino-int8"]
     assert choice.choose_default("auto", AVX2, available, measured, unit=unit).backend == "openvino-int8"
     assert choice.recommend(AVX2, available, {"onnx": 9.0}) == choice.recommend(AVX2, available)  # the rule's
+
+
+def test_auto_passes_over_a_backend_whose_build_measured_it_over_the_limit(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(choice.hardware, "probe", lambda: AVX2)
+    monkeypatch.setattr(choice, "unavailable_reason", lambda name: None if name in ("onnx", "onnx-int8") else "no")
+    monkeypatch.setattr(choice, "bench_result", lambda: tmp_path / "none.json")
+    monkeypatch.setattr(choice, "served_result", lambda: tmp_path / "none.json")
+    lossy = {"onnx-int8": "its build measured a top-1 drop of 3.33 pp"}
+    monkeypatch.setattr(choice, "over_accuracy_limit", lossy.get)
+    choice._resolved.cache_clear()
+    try:
+        chosen = choice._resolved("auto", "environment")
+    finally:
+        choice._resolved.cache_clear()
+    assert chosen.backend == "onnx"
+    assert chosen.why.endswith("; passed over for accuracy: onnx-int8: " + lossy["onnx-int8"])
+
+
+def test_a_stored_drop_over_the_familys_limit_is_read_from_the_model(private_store: Path) -> None:
+    import yaml
+
+    from fastinfer.catalog.backends import over_accuracy_limit
+
+    folder = private_store / "models" / "resnet50-onnx-int8"
+    record = folder / (folder / "latest").read_text().strip() / "model.yaml"
+    info = yaml.safe_load(record.read_text())
+    assert over_accuracy_limit("onnx-int8") is None  # built without --eval-dir: nothing measured
+    for top1, over in ((0.95, False), (0.9, True)):
+        measured = {"top1": top1, "reference_top1": 0.96, "max_accuracy_drop_pp": 1.0, "images": 60}
+        record.write_text(yaml.safe_dump({**info, "metadata": {**info["metadata"], "accuracy": measured}}))
+        said = over_accuracy_limit("onnx-int8")
+        assert (said is not None) == over, said
+    assert said == (
+        "its build measured a top-1 drop of 6.00 pp against PyTorch on 60 photos, over the family's limit of 1 pp"
+    )
