@@ -37,9 +37,8 @@ EXPORT_CODE = ("exporters", "converters", "weights", "context")  # build_models/
 
 @functools.cache
 def build_code() -> str:
-    """The ``built_by`` label: a digest of the code that writes the exports' bytes and of the runtimes' versions, so
-    that a model an older build made is rebuilt rather than called up to date. Not the CLI's or the gate's code:
-    editing a message must not make the whole store out of date."""
+    """The ``built_by`` label: a digest of the export code and the runtimes' versions, so a model an older build
+    made is rebuilt. Not the CLI's or the gate's code: editing a message must not outdate the store."""
     here, engines = Path(__file__).parent, Path(importlib.util.find_spec("fastinfer.engines").origin).parent
     digest = hashlib.sha256()
     # This module (calibration, the shared FP32 and INT8 files) among them; read by path: no import cycle.
@@ -96,9 +95,8 @@ def calibration_pixel_limit() -> int:
 
 
 def directory_images(directory: Path, spec: PreprocessSpec, max_pixels: int | None = None) -> Calibration:
-    """Every image file under ``directory`` (hidden ones aside, as in the eval folder) through the service's
-    preprocessing; one it refuses (not an image, over the pixel limit, unreadable) is skipped and named, as the
-    eval folder's are. BadCalibrationDir when none is left."""
+    """Every image file under ``directory`` (hidden ones aside) through the service's preprocessing; one it refuses
+    is skipped and named. BadCalibrationDir when none is left."""
     shown = as_text(str(directory))
     if not directory.is_dir():
         why = "not a folder" if directory.exists() else "no such folder"

@@ -1,27 +1,13 @@
 """``python -m load_tests`` (``make bench``): measure every backend and write BENCHMARKS.md with plots.
 
-Steps, with progress on stderr:
- 1. ``fastinfer profile`` in-process (before the service starts, so nothing competes): stage costs
-    (per size class and for the pool's mix) and this machine's ceiling;
- 2. start ``bentoml serve`` (or use ``--url``);
- 3. sequential latency: N requests per backend, one 1.5 MP photo, cache bypassed;
- 4. locust, headless, per backend × concurrency, photos from a 60-image pool, cache bypassed;
- 5. the cache-hit scenario (one photo repeated), reported apart;
- 6. ``POST /classify/batch`` on the best backend, 8 photos per request (where the server has it);
- 7. the bare BentoML baseline (load_tests/bare_service.py): the cache-hit body, same users and time;
- 8. the engine's placement on the best backend, one client then 10 users: in its runner process vs in the front
-    worker (FASTINFER_IN_FRONT), each a fresh ``bentoml serve``: 2 configurations × PLACEMENT_ROUNDS (2) rounds,
-    ~4 min;
- 9. optionally (``--study``) front workers × runner workers × batching, on the best backend;
-10. the HTTP path's cost, measured, and the ceilings recomputed with it; each run against the engine's
-    ceiling without HTTP, its CPU beyond decode and inference split by cause; results.json, plots,
-    BENCHMARKS.md headed by the machine and the exact command.
+Steps, with progress on stderr: the in-process profile (before the server starts, so nothing competes); start
+``bentoml serve`` (or use ``--url``); sequential latency; locust per backend × concurrency; the cache-hit scenario;
+``/classify/batch``; the bare BentoML baseline; the engine's placement (runner vs front worker); optionally
+(``--study``) workers × batching; then the HTTP path's cost, results.json, plots and BENCHMARKS.md.
+docs/benchmarks.md describes each step.
 
-Around every locust run the CPU time of each process of the server's tree is read (load_tests/cpu.py):
-front, the backend's runner, the rest, and the load generator; and, within the front and the runner,
-of each thread (event loop, decode, engine). With ``--url`` the server is not ours and that accounting is
-skipped, unless ``--server-pid`` names its ``bentoml serve`` process. Every FastInfer server started here is told
-the shell's FASTINFER_DECODE_THREADS, recorded with its runs.
+Around every locust run the CPU time of each process and thread of the server's tree is read (load_tests/cpu.py);
+with ``--url`` that is skipped unless ``--server-pid`` names the server's ``bentoml serve`` process.
 """
 
 from __future__ import annotations
@@ -126,10 +112,8 @@ def family_of(url: str) -> str | None:
 
 
 def sequential(url: str, backend: str, n: int, data: bytes) -> dict[str, Any]:
-    """One client, one request at a time, ``n`` after 3 warm-ups: the latency's p50/p95 and the server's
-    own stages. The body is encoded once, as locust's are (load_tests/bodies.py). The client is the standard
-    library's keep-alive connection: httpx cost ~1 ms more per request (CPU on these cores), the client's not
-    the server's."""
+    """One client, one request at a time, ``n`` after 3 warm-ups: the latency's p50/p95 and the server's own stages.
+    The client is the standard library's keep-alive connection, cheaper than httpx (docs/benchmarks.md)."""
     latencies, stages = [], []
     body, content_type = multipart(data, {"backend": backend})
     headers = {"Content-Type": content_type, "Cache-Control": "no-cache", **auth_headers()}

@@ -1,10 +1,8 @@
-"""CPU time of a running ``bentoml serve`` process tree, by role, and of the load generator, read before and
-after each locust run: divided by the requests served, what one request cost the front workers, each runner and
-the rest (the arbiter). On a CPU-bound machine that decides throughput: all of them share the cores.
+"""CPU time of a running ``bentoml serve`` process tree, by role, and of the load generator, read around each
+locust run: per request served, what the front workers, each runner and the rest cost. All share the cores.
 
-Within the front and the backend's runner each thread is read too (Linux: /proc/<pid>/task) and goes to a cause:
-the event loop (the main thread: HTTP, middleware, cache, the front→runner hop), decoding (``fi-decode``
-threads), or the engine and the runtime's own threads.
+Within the front and the backend's runner each thread (/proc/<pid>/task) goes to a cause: the event loop,
+decoding (``fi-decode`` threads), or the engine and the runtime's own threads.
 """
 
 from __future__ import annotations
@@ -86,10 +84,9 @@ def snapshot(root_pid: int | None) -> Snapshot:
 
 
 def _started(proc: psutil.Process) -> float:
-    """When ``proc`` started, as a key only a new process changes: on Linux seconds since boot (/proc/<pid>/stat).
-    psutil's ``create_time`` adds the boot time, which moves when the wall clock is stepped (NTP, a resumed VM):
-    every process would look new, its lifetime's CPU counted into one run. Raises psutil.NoSuchProcess where the
-    file cannot be read (falling back to ``create_time`` would bring the moving key back)."""
+    """When ``proc`` started, as a key only a new process changes: seconds since boot (/proc/<pid>/stat), not
+    psutil's ``create_time``, which moves when the wall clock is stepped. Raises psutil.NoSuchProcess where
+    the file cannot be read."""
     if not psutil.LINUX:
         return proc.create_time()
     try:
@@ -145,8 +142,7 @@ def by_thread(before: Snapshot, after: Snapshot) -> dict[str, dict[str, float]]:
 
 def delta(before: Snapshot, after: Snapshot) -> dict[str, float]:
     """CPU seconds used between two snapshots, by role; ``load_generator`` from the reaped children. A process
-    started in between counts whole; one that ended is lost (the run reports it as errors anyway); one missed by
-    the first snapshot is left out and counted in ``MISSED``."""
+    started in between counts whole; one missed by the first snapshot is counted in ``MISSED``."""
     used: dict[str, float] = {MISSED: 0.0}
     for key, (name, cpu) in after.processes.items():
         if _missed(before, key):
@@ -169,12 +165,9 @@ def per_request(
     threads: dict[str, dict[str, float]] | None = None,
     client_wall_s: float | None = None,
 ) -> dict[str, object]:
-    """What one request cost each part, in CPU ms: front, the backend's ``runner``, the rest, the load generator
-    (``client_s`` when it measured itself, else all of it); and the cores the server, the client and the rest of
-    the machine kept busy meanwhile (another job on these cores makes every figure noisier). The client's cores
-    are its CPU over its own test window (``client_wall_s``, start to stop) where it measured both: the cores the
-    server did not have while the requests ran (over the whole window they would count its start-up's idle wall
-    time)."""
+    """What one request cost each part, in CPU ms (front, ``runner``, the rest, the load generator), and the cores
+    each kept busy meanwhile. The client's cores are over its own test window (``client_wall_s``) where it
+    measured one, so its start-up's idle time does not count."""
     if requests <= 0:
         return {}
     server = {k: v for k, v in used.items() if k not in NOT_SERVER}

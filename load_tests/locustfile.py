@@ -1,10 +1,9 @@
 """Locust users for FastInfer: ``InferenceUser`` posts pool photos to one backend, cache bypassed (a cached answer
-fails); ``RepeatUser`` one photo again and again (the cache-hit path, and the bare BentoML baseline);
-``BatchUser`` ``BATCH_IMAGES`` pool photos per ``POST /classify/batch``, cache bypassed. Bodies are encoded once.
+fails); ``RepeatUser`` one photo again and again (the cache-hit path); ``BatchUser`` ``BATCH_IMAGES`` pool photos
+per ``POST /classify/batch``. Bodies are encoded once.
 
 Environment: ``FASTINFER_BENCH_BACKEND`` (default onnx), ``FASTINFER_BENCH_IMAGES`` (pool cache dir),
-``FASTINFER_BENCH_SUMMARY`` (where to write, on quitting, the final totals, which the ``--csv`` file can miss,
-and this process's CPU seconds during the test).
+``FASTINFER_BENCH_SUMMARY`` (where to write the final totals, which the ``--csv`` file can miss, and CPU seconds).
 """
 
 from __future__ import annotations

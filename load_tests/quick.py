@@ -1,12 +1,9 @@
-"""A quick, honest measurement of a running service: single-client latency and N-client throughput.
+"""A quick measurement of a running service: single-client latency and N-client throughput.
 
 ``python -m load_tests.quick --url http://127.0.0.1:3000 --backends pytorch,onnx``
 
-Every request posts the same ~1.5 MP JPEG to ``/classify`` with ``Cache-Control: no-cache``, so
-every request is decoded and inferred; ``--cache`` measures the cache-hit path instead (reported
-apart, never as inference throughput). The client runs on the same machine and takes CPU from
-the server: numbers are for this machine as a whole, client included. A server with API keys: set
-FASTINFER_API_KEY.
+Every request posts the same JPEG to ``/classify`` uncached (``--cache``: the cache-hit path, reported apart).
+The client shares the machine and its CPU. A server with API keys: set FASTINFER_API_KEY.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""BENCHMARKS.md, its plots and its targets, from one results.json of ``python -m load_tests``: the targets are
-rows (:class:`Target`, load_tests/targets.py) computed from the results, rendered as BENCHMARKS.md's first table
-and kept in results.json. What each figure means and how each verdict is judged is written once, in
-docs/benchmarks.md."""
+"""BENCHMARKS.md, its plots and its targets (load_tests/targets.py), from one results.json of ``python -m load_tests``.
+What each figure means and how each verdict is judged is written once, in docs/benchmarks.md.
+"""
 
 from __future__ import annotations
 

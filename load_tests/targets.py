@@ -187,10 +187,8 @@ def single_client_target(results: dict[str, Any], where: str) -> list[Target]:
 
 
 def engine_targets(results: dict[str, Any], where: str) -> list[Target]:
-    """The best backend at 10 clients: each configuration (its placement, and scheduling where recorded) by the
-    placement step's median run (else the main run); every target judged on one configuration, the one that served
-    the most req/s (what `fastinfer tune` would choose), named first: not each on its own best, which noise alone
-    would flatter."""
+    """The best backend at 10 clients: every target judged on one configuration, the one whose placement-step
+    median run (else main run) served the most req/s, named first; each on its own best would flatter noise."""
     best = best_backend(results)
     if not (mine := [s for s in served_splits(results) if s["backend"] == best and s["users"] == 10]):
         return []

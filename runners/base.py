@@ -1,9 +1,7 @@
 """The one shape every runner has: a ``@bentoml.service`` around a :class:`RunnerCore`, one engine.
 
-A core loads the model versions this server pinned (fastinfer.catalog.store; the ``BentoModel`` class
-attributes only tell ``bentoml build`` what to pack), checks their sha256 and warms up before it is ready.
-``infer`` runs one call; ``infer_batched`` runs together the calls that wait for the model
-(fastinfer/serving/batching.py says why not BentoML's dispatcher).
+A core loads the model versions this server pinned, checks their sha256 and warms up before it is ready;
+``infer_batched`` runs together the calls that wait for the model (fastinfer/serving/batching.py).
 """
 
 from __future__ import annotations
@@ -86,9 +84,8 @@ async def _in_time(outputs: Awaitable[np.ndarray]) -> np.ndarray:
 
 
 class RunnerCore:
-    """One backend's engine in this process, without BentoML: its pinned model (load retried while the cause
-    may heal), the micro-batcher, and the refusals that keep an answer honest. A runner wraps one; a front
-    worker holds one per backend in FASTINFER_IN_FRONT. ``workers``: the processes sharing the cores."""
+    """One backend's engine in this process, without BentoML: its pinned model (load retried while the cause may
+    heal), the micro-batcher, and the refusals that keep an answer honest. ``workers``: processes sharing the cores."""
 
     def __init__(self, backend: str, workers: int | None = None) -> None:
         settings = get_settings()
@@ -152,9 +149,8 @@ class RunnerCore:
             raise ServiceUnavailable(self.failure)
 
     async def __is_ready__(self) -> bool:
-        """Ready once the model is loaded. A failed load keeps it not ready and the probe starts the due retry
-        in the background (a server not ready gets no requests to start it); a lasting failure does not hold
-        readiness, as a runner that is not started does not."""
+        """Ready once the model is loaded. A failed load keeps it not ready, and the probe starts the due retry in
+        the background (a server not ready gets no requests to start it)."""
         if self.failure is None or self.lasting:
             return True
         if time.monotonic() - self.failed_at >= RELOAD_AFTER_S and not self._reloading.locked():
@@ -236,16 +232,14 @@ class RunnerCore:
 
 
 def engine_identity(engine: Engine) -> str:
-    """What decides a loaded engine's numbers beside its model: its identity, the CPU's instruction sets (the
-    kernels it runs), on a Mac the chip (CoreML and MPS choose their units by it)."""
+    """What decides a loaded engine's numbers beside its model: its identity, the CPU's ISA, a Mac's chip."""
     machine = hardware.probe()
     chip = f" ({machine['cpu']})" if hardware.is_macos() else ""
     return f"{engine.identity()}; CPU instructions {'+'.join(machine['isa']) or 'baseline'}{chip}"
 
 
 def tracing_configured() -> bool:
-    """Whether any layer of BentoML's configuration (top, ``services``, one service) turns tracing on: a sample
-    rate above 0 or an exporter. True when unknown: spans are never dropped by mistake."""
+    """Whether any layer of BentoML's configuration turns tracing on; True when unknown, so spans are never lost."""
 
     def turned_on(node: Any) -> bool:
         if not isinstance(node, dict):
@@ -313,9 +307,8 @@ def make_runner(backend: str) -> Any:
 
         @bentoml.api
         async def which_engine(self) -> str:
-            """The identity of the engine that computes (``engine_identity``): what a caller names in ``infer``
-            (not ``engine``: that name is the engine itself).
-            Like ``infer``, a runner whose model could not load tries again when due, and answers 503 meanwhile."""
+            """The identity of the engine that computes (``engine_identity``): what a caller names in ``infer``. Like
+            ``infer``, a runner whose model could not load tries again when due, and answers 503 meanwhile."""
             return await self.identity()
 
         @bentoml.api

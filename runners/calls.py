@@ -1,7 +1,5 @@
-"""The front's side of its runners (a ``bentoml.depends`` each, or the core itself for FASTINFER_IN_FRONT):
-one call per batch of pixels, its one safe retry, and each failure as the API's error: a model that could
-not load (503 with the runner's reason, remembered a while), another model version (503), a deadline
-passed (504), a runner down (503, logged).
+"""The front's side of its runners (a ``bentoml.depends`` each, or the core itself for FASTINFER_IN_FRONT): one
+call per batch of pixels, its one safe retry, and each failure as the API's error (503, or 504 past the deadline).
 """
 
 from __future__ import annotations
@@ -57,9 +55,8 @@ class RunnerCalls:
         return reason if time.monotonic() < until else None
 
     async def engine(self, backend: str) -> str:
-        """The identity of the engine that computes the backend's answers (fastinfer.serving.pipeline.EngineOf):
-        asked of its runner until it answers, then known. Every call names it, and a runner that computes
-        otherwise refuses (409), which makes this ask again."""
+        """The identity of the engine that computes the backend's answers, asked of its runner until it answers.
+        Every call names it; a runner that computes otherwise refuses (409), which makes this ask again."""
         runner = REGISTRY[backend].runner
         if known := self.engines.get(runner):
             return known

@@ -1,12 +1,9 @@
 """Runners leave last: on SIGTERM a runner keeps serving until the front has drained.
 
-`bentoml serve` stops every worker at once, but a request the front finishes during its graceful shutdown
-may still need its runner (a 503 in every rolling update). So on SIGTERM (docker stop, Kubernetes; not
-Ctrl-C) a runner waits until no front worker is left beside it, or the request deadline has passed.
-
-`bentoml serve` also deletes the directory of the workers' Unix sockets first, so a runner keeps a hard
-link to its socket file from start-up and links it back on SIGTERM. (Loopback TCP would let anyone on the
-host reach the runners, whose API takes pickles; the socket directory is private to the user.)
+`bentoml serve` stops every worker at once, but a request the front finishes during its graceful shutdown may
+still need its runner. So on SIGTERM a runner waits until no front worker is left, or the request deadline has
+passed; and since `bentoml serve` deletes the workers' Unix socket directory first, a runner keeps a hard link to
+its socket file and links it back. (Not loopback TCP: the runners' API takes pickles.)
 """
 
 from __future__ import annotations

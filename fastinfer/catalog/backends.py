@@ -1,8 +1,7 @@
 """The one table of backends: what each is, where it can run, how to open it, how it is served.
 
-A backend is one row of :data:`SPECS` (plus its engine class and its build step in build_models); the API's
-names, the batching settings, the runners and the tools derive from it. An engine's module is imported only
-when the engine is opened.
+A backend is one row of :data:`SPECS`; the API's names, the batching settings, the runners and the tools derive
+from it. An engine's module is imported only when the engine is opened.
 """
 
 from __future__ import annotations
@@ -213,9 +212,8 @@ def served_models() -> dict[str, StoredModelInfo]:
 
 
 def over_accuracy_limit(name: str) -> str | None:
-    """Why ``auto`` and ``fastinfer tune`` pass over a backend: its build measured it losing more top-1 against
-    PyTorch than the family's limit (stored undecided, with a warning). None where it did not, or nothing was measured
-    (a build without --eval-dir)."""
+    """Why ``auto`` and ``fastinfer tune`` pass over a backend: its build measured it losing more top-1 than the
+    family's limit. None where it did not, or nothing was measured."""
     spec = SPECS[name]
     model = holdings.serving_or_none(spec.artifact, spec.static_batches[0])
     measured = store.describe(model).accuracy if model is not None else None

@@ -24,7 +24,7 @@ AUTO = "auto"
 LAST_RESORT = "onnx"  # what `auto` names when nothing can run here: its 503 then says why
 BENCH_RESULT = Path("artifacts") / "bench.json"  # written by `fastinfer bench`
 SERVED_RESULT = Path("artifacts") / "bench" / "results.json"  # written by `make bench`
-SERVED_USERS = 10  # the clients README's first example is judged at (issue "Hardware-aware by default")
+SERVED_USERS = 10  # the clients README's first example is judged at
 SERVED_UNIT = f"req/s served at {SERVED_USERS} clients by `make bench`"
 IN_PROCESS_UNIT = "img/s in process by `fastinfer bench`"
 

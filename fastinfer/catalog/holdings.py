@@ -1,9 +1,7 @@
 """What the model store holds of a model family, and which of it may be served.
 
-A family is one source (the ``source_hash`` label: weights + labels + preprocessing). An interrupted or partial
-build can leave models of two sources under one family's names, which would answer the same image differently:
-the family is what its newest model was built from, and a model of another source is not served.
-
+A family is one source (the ``source_hash`` label). A partial build can leave models of two sources under one
+family's names, which would answer the same image differently: only the newest model's source is served.
 ``python -m fastinfer.catalog.holdings NAME`` is ``make serve``'s check that the store holds family NAME.
 """
 

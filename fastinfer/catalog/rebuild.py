@@ -1,6 +1,5 @@
-"""The command that builds a model family again as its stored models were built (weights, labels and
-preprocessing: its source hash), for every message about a model missing, corrupt or not served. Where it
-needs a file the store does not keep (a PATH), it rebuilds the whole family, never ``--only`` some backends.
+"""The command that builds a model family again as its stored models were built, for every message about a model
+missing, corrupt or not served; where it needs a file the store does not keep, the whole family.
 """
 
 from __future__ import annotations

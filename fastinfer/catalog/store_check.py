@@ -1,8 +1,8 @@
 """Store health: every stored model's files against the size and sha256 recorded when it was built.
 
-A truncated or altered file otherwise looks current by its labels, and may load and answer wrongly. So
-``build_models`` records every file it stores (:func:`record`) and calls a model up to date only once its files
-match (:func:`check`); a runner refuses a model whose files do not match. Checking the whole store takes ~0.35 s.
+A truncated or altered file looks current by its labels: ``build_models`` records every file it stores
+(:func:`record`), calls a model up to date only once they match (:func:`check`), and a runner refuses one that
+does not. Checking the whole store takes ~0.35 s.
 """
 
 from __future__ import annotations

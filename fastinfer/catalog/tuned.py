@@ -1,9 +1,8 @@
 """The tuned configuration: what ``fastinfer tune`` measured best on this machine, as settings.
 
-``fastinfer tune`` writes ``$BENTOML_HOME/tuned/tuned.json``: the ``FASTINFER_*`` values it chose and a fingerprint
-of the machine, runtimes and model versions it measured. It is in force only where the fingerprint matches, and an
-environment variable still wins over it. Any file that does not hold here is ignored with one line saying why:
-never a failed start.
+``$BENTOML_HOME/tuned/tuned.json`` holds the ``FASTINFER_*`` values chosen and a fingerprint of the machine,
+runtimes and models measured; it is in force only where the fingerprint matches, below the environment. A
+file that does not hold here is ignored with one line saying why, never a failed start.
 """
 
 from __future__ import annotations

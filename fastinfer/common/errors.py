@@ -1,8 +1,7 @@
 """One error shape for every failure a client can see: ``{"error": {"code", "message"}}``.
 
-Domain code raises :class:`ApiError`; the service turns it into JSON with the right status.
-Errors BentoML raises before our code runs (validation, content type) are reshaped by
-:mod:`fastinfer.front.http` so that a client never has to parse two formats.
+Domain code raises :class:`ApiError`; errors BentoML raises before our code runs are reshaped by
+:mod:`fastinfer.front.http`, so a client never parses two formats.
 """
 
 from __future__ import annotations
@@ -96,10 +95,9 @@ def _private(match: re.Match[str]) -> str:
 
 
 def without_paths(text: str) -> str:
-    """A message for clients, without this server's paths: a file in a stored model becomes
-    ``<model tag>/<file>``, any other absolute path its file name. The full message is for the log.
-    BentoML's home goes first, as written and resolved: it may hold a space, where a path's end is
-    otherwise guessed."""
+    """A message for clients, without this server's paths: a file in a stored model becomes ``<model tag>/<file>``,
+    any other absolute path its file name (the log keeps the full message). BentoML's home goes first: it may
+    hold a space, where a path's end is otherwise guessed."""
     for root in home_roots():
         text = text.replace(f"file://{root}/", "/").replace(f"{root}/", "/")
     return _ABSOLUTE_PATH.sub(_private, text)

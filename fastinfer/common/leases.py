@@ -1,8 +1,7 @@
 """Leases: a file that every process of one server holds a shared ``flock`` on while it lives.
 
-A pid says too little (after a ``kill -9`` of the supervisor its workers keep serving, and pids are reused); a
-lock goes when the last process holding it exits, however it exits. So the supervisor creates the lease locked,
-each worker takes the same shared lock, and another process asks by trying an exclusive lock without waiting.
+A pid says too little (workers outlive a killed supervisor, and pids are reused); a lock goes when the last
+holder exits, however it exits. Another process asks by trying an exclusive lock without waiting.
 """
 
 from __future__ import annotations
@@ -36,9 +35,8 @@ def create(path: Path, text: str) -> Path:
 
 
 def hold(path: Path, owner: int) -> bool:
-    """Hold the lease at ``path`` for the rest of this worker's life; False when it is gone, cannot be opened,
-    or ``owner`` (its supervisor) is no longer this process's parent: a lease no one held meanwhile may have
-    been taken for dead, and must not come back."""
+    """Hold the lease at ``path`` for the rest of this worker's life; False when it is gone, cannot be opened, or
+    ``owner`` is no longer this process's parent (the lease may have been taken for dead meanwhile)."""
     if str(path) in _held:
         return True
     try:

@@ -1,10 +1,7 @@
 """What FastInfer uses of BentoML beyond its public API, in one place. Written against bentoml==1.4.40.
 
-Where a public setting does the job it is used instead: the front's workers, timeout (``traffic``), access
-log and environment are ``@bentoml.service`` settings (service.py; BentoML's own concurrency limit answers in
-another shape than the project's errors, so FrontMiddleware keeps that); ``bentoml.IODescriptor`` and
-``bentoml.server_context`` are public. What remains has no public equivalent. Assumptions, one test each
-(tests/unit/test_compat_bentoml.py):
+Where a public setting does the job it is used instead (service.py's ``@bentoml.service`` settings); what remains
+has no public equivalent. Assumptions, one test each (tests/unit/test_compat_bentoml.py):
 
 1. fastinfer/front/openapi.py edits the spec BentoML generates, so it builds with BentoML's own spec classes
    and tags: ``APP_TAG``, ``INFRA_TAG`` (``bentoml._internal.service.openapi``) and ``Contact``,

@@ -1,15 +1,9 @@
 """What FastInfer uses of uvicorn beyond its public API. Written against uvicorn==0.55.0.
 
-The front's connection limits (fastinfer/front/connections.py) must act before a request has headers, in
-uvicorn's HTTP protocol. Its public ``Config`` limits cannot: BentoML's worker builds the ``Config`` itself
-and passes on ``timeout_keep_alive`` alone, which runs only after a response; ``limit_concurrency`` answers
-503 once a request's headers are in, in another shape, and counts requests, not idle connections;
-``h11_max_incomplete_event_size`` bounds h11 only (the httptools parser has no limit); nothing bounds the
-time headers take or their count. Nor does a reverse proxy: deploy/ puts none in front (Compose publishes the
-container's port 3000, Kubernetes a ClusterIP Service with no Ingress), ``bentoml serve`` and the bento image
-run without one, and the limits must hold wherever the bento runs, answering in the project's JSON error shape
-and counted in its metrics (a proxy answers in its own shape and counts nothing here). So the front subclasses
-uvicorn's httptools protocol through :class:`Protocol`, which names what it uses of uvicorn's private methods.
+The front's connection limits (fastinfer/front/connections.py) must act before a request has headers, which no
+public ``Config`` setting does (BentoML's worker builds the ``Config`` and passes on ``timeout_keep_alive`` alone),
+and answer in the project's JSON error shape wherever the bento runs, with no reverse proxy in front. So the front
+subclasses uvicorn's httptools protocol through :class:`Protocol`, which names the private methods it uses.
 Assumptions, one test each (tests/unit/test_compat_uvicorn.py):
 
 1. BentoML's worker leaves ``http="auto"``, and ``Config.load()`` imports the class that

@@ -261,9 +261,9 @@ except Exception as e:
 def preflight(
     model_dir: str | Path, threads: int = 0, precision: str = "auto", cache_dir: str | Path | None = None
 ) -> None:
-    """Compile the model and run one image in a child process (~0.7 s), filling ``cache_dir`` for the engine:
-    OpenVINO has crashed whole processes on some CPUs (SIGFPE on some EPYCs). Raises EngineUnavailable for a
-    crash on an instruction (about this CPU: not retried), RuntimeError for anything else."""
+    """Compile the model and run one image in a child process (~0.7 s), filling ``cache_dir``: OpenVINO has crashed
+    whole processes on some CPUs (SIGFPE). EngineUnavailable for a crash on an instruction (not retried),
+    RuntimeError for anything else."""
     xml = Path(model_dir) / MODEL_FILE
     if not xml.is_file():
         raise FileNotFoundError(f"no OpenVINO IR at {xml}; run `python -m build_models`")

@@ -1,16 +1,12 @@
 """Who may call the API, and how often ``/analyze`` may spend the operator's Groq quota.
 
-* **API keys** (``FASTINFER_API_KEYS``, optional): when set, every route needs
-  ``Authorization: Bearer <key>``, else 401, except the open ones (fastinfer/front/paths.py: probes,
-  ``/metrics``, the API page and the dashboard's static files). Unknown paths are closed, so a route added
-  later is protected unlisted. Keys are compared as SHA-256 digests with ``hmac.compare_digest``, every key
-  every time, so neither timing nor the answer says which exist; a key is never logged, echoed or read
-  from a query string.
-* **The analyze guard**: at most ``FASTINFER_ANALYZE_PER_MINUTE`` calls per client and
-  ``FASTINFER_ANALYZE_TOTAL_PER_MINUTE`` in all in any 60 s (sliding), else 429 with ``Retry-After``. A
-  call is recorded just before Groq is called (:func:`spend`), so invalid or stalled requests hold no
-  allowance; a full window is refused before the body is read. The client is the API key, else the peer's
-  address. Only recorded calls are remembered: memory is bounded by the total per window.
+* **API keys** (``FASTINFER_API_KEYS``, optional): when set, every route but the open ones
+  (fastinfer/front/paths.py) needs ``Authorization: Bearer <key>``, else 401; unknown paths are closed.
+  Keys are compared as SHA-256 digests against every key every time, so timing says nothing; a key is never
+  logged, echoed or read from a query string.
+* **The analyze guard**: at most ``FASTINFER_ANALYZE_PER_MINUTE`` calls per client (API key, else peer address)
+  and ``FASTINFER_ANALYZE_TOTAL_PER_MINUTE`` in all in any sliding 60 s, else 429 with ``Retry-After``. A call
+  is recorded just before Groq is called (:func:`spend`), so invalid requests hold no allowance.
 
 Both are checked in FrontMiddleware before a byte of the body is read.
 """

@@ -1,6 +1,5 @@
-"""AI analysis of prediction results with Groq: a short explanation of the answer and the
-latency trade-offs. Only the results travel (labels, scores, timings, backends) — never the
-image — and the API key never appears in a log or a response.
+"""AI analysis of prediction results with Groq: a short explanation of the answer and the latency trade-offs.
+Only the results travel, never the image, and the API key never appears in a log or a response.
 """
 
 from __future__ import annotations
@@ -50,9 +49,8 @@ STAGES = ("read", "cache", "decode", "preprocess", "inference", "total")  # timi
 
 
 def sanitise(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Only result fields, each of its type and bounded: text cut to TEXT_MAX, numbers as numbers,
-    top-k to 5 (label, score), timings to the known stages. Each call spends Groq tokens: whatever a
-    client sends, a prompt stays a few KB (a 19 MB `class` once went through whole: review)."""
+    """Only result fields, each of its type and bounded (text to TEXT_MAX, top-k to 5, timings to the known stages):
+    each call spends Groq tokens, so a prompt stays a few KB whatever a client sends."""
     return [_result(r) for r in results if isinstance(r, dict)]
 
 
@@ -120,9 +118,8 @@ async def analyze(results: list[dict[str, Any]], question: str, config: GroqConf
 async def answer(
     results: list[dict[str, Any]], question: str, config: GroqConfig, ctx: bentoml.Context
 ) -> AnalyzeResponse | JSONResponse:
-    """POST /analyze's answer (service.py), its input valid: the call recorded against the route's guard just
-    before Groq is called (not without a key: nothing is spent), then :func:`analyze`. The guard's refusal
-    (429, with its headers) and an ApiError are answered in the error shape, with their status."""
+    """POST /analyze's answer, its input valid: the call recorded against the route's guard just before Groq is
+    called, then :func:`analyze`; a refusal or an ApiError is answered in the error shape."""
     if config.api_key:  # Groq will be called
         with contextlib.suppress(LookupError):  # an in-process call has no request, and no guard
             if (refusal := spend(ctx.request.scope)) is not None:

@@ -1,9 +1,8 @@
 """The spec's data (api_spec.json: FastInfer's texts and example answers), each operation's curl command, and
 each error's body.
 
-The answers were recorded from a real ``bentoml serve`` (AMD EPYC, 2 cores, random-init weights: the labels
-mean nothing, the timings are real) and shortened; the /analyze text is written by hand. The error bodies
-come from the constructors the server answers with; tests/unit/test_spec_examples.py sends each case.
+The answers were recorded from a real ``bentoml serve`` (random-init weights: the labels mean nothing) and
+shortened; the error bodies come from the constructors the server answers with (tests/unit/test_spec_examples.py).
 """
 
 from __future__ import annotations

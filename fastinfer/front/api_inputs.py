@@ -1,8 +1,8 @@
 """Typed inputs of the APIs as BentoML declares them (the spec, Swagger's forms, ``bentoml.SyncHTTPClient``);
 over HTTP the image APIs are parsed by fastinfer/front/image_api.py, with the same limits.
 
-BentoML logs a client's invalid input as a server error with a traceback, and answers a multipart body it
-cannot parse 500: :func:`quiet_input_errors` makes the first one INFO line, :class:`AnalyzeInput` the second a 400.
+BentoML logs a client's invalid input as a server error and answers a multipart body it cannot parse 500:
+:func:`quiet_input_errors` makes the first an INFO line, :class:`AnalyzeInput` the second a 400.
 """
 
 from __future__ import annotations

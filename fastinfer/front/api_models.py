@@ -1,8 +1,5 @@
-"""Response models of the GET routes mounted beside the typed BentoML APIs.
-
-They are plain Starlette routes, so BentoML knows nothing of what they answer: these models say
-it in the OpenAPI spec (fastinfer/front/openapi.py). The shapes are what the code returns:
-``ResponseCache.describe`` (fastinfer/serving/cache.py) and ``LiveStats.snapshot`` (fastinfer/serving/live.py).
+"""Response models of the GET routes mounted beside the typed BentoML APIs, for the OpenAPI spec: BentoML knows
+nothing of what plain Starlette routes answer.
 """
 
 from __future__ import annotations

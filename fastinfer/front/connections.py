@@ -1,26 +1,20 @@
 """The front's connections, bounded before a request reaches any ASGI code.
 
-BentoML's worker serves uvicorn's httptools protocol, which no public setting bounds enough
-(fastinfer/compat/uvicorn.py says why): it arms keep-alive only after a response (a silent connection
-stays for ever), limits neither the size nor the number of headers (640 KB header blocks slowed every
-other request ~7x), and counts connections only once headers are in. The API keys and limits of
-fastinfer/front/http.py come after the headers, too late. So :func:`install_front_protocol` makes
-:class:`FrontProtocol`, a subclass of that protocol, uvicorn's ``"auto"`` one; per front worker it adds:
+uvicorn's httptools protocol arms keep-alive only after a response, bounds neither the size nor the number of
+headers, and counts connections only once headers are in (fastinfer/compat/uvicorn.py); the limits of
+fastinfer/front/http.py come too late. :func:`install_front_protocol` makes :class:`FrontProtocol` uvicorn's
+``"auto"`` protocol; per front worker it adds:
 
 * idle connections closed: no byte within ``keepalive_s`` after connecting or after a response;
 * a request's headers must all arrive within ``header_timeout_s`` of its first byte (else 408);
 * at most ``max_header_bytes`` of request line and headers and ``max_headers`` fields (431), and as much
-  again of trailer fields after a chunked body (400); trailers are dropped, never merged into the
-  headers the app sees (RFC 9110 6.5.1);
-* at most ``max_connections`` open connections: a new one beyond closes the longest-idle one or, when
-  every one is busy, is answered 503;
-* a request the parser refuses after its headers reached the app (``Transfer-Encoding: gzip``, its
-  trailers) is answered here, the app's answer dropped, unless the app had begun one;
-* every answer here is in the JSON error shape and closes the connection; events are counted
+  again of trailers (400); trailers are dropped, never merged into the headers (RFC 9110 6.5.1);
+* at most ``max_connections`` open connections: a new one beyond closes the longest-idle one, or gets 503;
+* a request the parser refuses after its headers reached the app is answered here, unless the app began one;
+* every answer here is a JSON error that closes the connection; events are counted
   (``fastinfer_connection_events_total``) and logged at most once per ``LOG_INTERVAL_S``.
 
-uvicorn picks the protocol when it loads its config, after service.py is imported: installing at import is
-in time. Runners keep uvicorn's protocol (their only client is the front).
+Runners keep uvicorn's protocol (their only client is the front).
 """
 
 from __future__ import annotations
@@ -101,10 +95,7 @@ def limits_from(settings: Settings) -> ConnectionLimits:
 
 def install_front_protocol(settings: Settings) -> ConnectionLimits:
     """Make :class:`FrontProtocol` uvicorn's ``http="auto"`` protocol in this process; returns the limits in force.
-
-    Open and lingering connections hold up to ``max_connections`` descriptors each: the soft limit is raised
-    towards the hard one, and where that is short ``max_connections`` is lowered with a warning (running out
-    of descriptors is what the cap prevents)."""
+    The descriptor soft limit is raised towards the hard one; where that is short, ``max_connections`` is lowered."""
     limits = limits_from(settings)
     needed = 2 * limits.max_connections + FD_RESERVE
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -1,22 +1,17 @@
 """ASGI middleware for the front: admission, limits, one error shape, and request metrics.
 
 * More requests in flight than ``max_concurrency`` → 429 at once (with Retry-After): refused, not queued.
-* The body is read before the request takes a slot: over the limit by Content-Length → 413 before a byte
-  is read, a chunked one cut off at the limit, one stalling ``body_idle_s`` → 408, and at most
+* The body is read before the request takes a slot: too large → 413, stalling ``body_idle_s`` → 408, and at most
   ``max_uploads`` bodies arrive at once (429 beyond), so slow uploads cannot starve the rest.
-* No answer begun within ``timeout_s`` → 504 (408 while the body was still arriving): the deadline covers
-  the whole request, so it fires before BentoML's own timeout (a backstop) and answers in our shape.
+* No answer begun within ``timeout_s`` → 504 (408 while the body was still arriving), before BentoML's own timeout.
 * Any 4xx/5xx JSON produced outside our handlers is rewritten to ``{"error": {"code", "message"}}``.
 * Access (fastinfer/front/access.py): API keys (401) and the /analyze guard (429), before the body is read.
 * Every answered API request is counted in ``fastinfer_requests_total{route,backend,status}``.
-* ``/readyz`` answers 503 with the reason while ``degraded`` has one (a full disk), and within
-  ``READY_TIMEOUT_S`` whatever the runners do, naming any that did not answer (BentoML's probe waited 35 s
-  for a wedged runner, then gave a plain-text 500).
+* ``/readyz`` answers 503 while ``degraded`` has a reason, and within ``READY_TIMEOUT_S`` whatever the runners do.
 * The image routes (``lanes``) are answered from the body in memory (fastinfer/front/image_api.py); other
   requests go on to the app with the body replayed.
 
-Bodies are held in memory within ``MEMORY_FOR_BODIES`` in all, else spooled to a temporary file; a request
-being handled by a lane holds its body in memory (at most ``max_concurrency`` of them, each ``max_bytes``).
+Bodies are held in memory within ``MEMORY_FOR_BODIES`` in all, else spooled to a temporary file.
 Connection-level limits are below this middleware, in fastinfer/front/connections.py.
 """
 

@@ -3,15 +3,13 @@
 
 The forms, on every image route:
 * multipart/form-data, the image in the field ``image`` or ``file``, ``backend`` (``/classify`` only) and
-  ``top_k`` as form fields — what Swagger and ``bentoml.SyncHTTPClient`` send (the client JSON-encodes
-  text fields: ``"onnx"`` is read as onnx);
-* the image as the whole body (``Content-Type: image/*`` or application/octet-stream), the options as
-  query parameters — the cheapest form for programs;
+  ``top_k`` as form fields (``bentoml.SyncHTTPClient`` JSON-encodes them: ``"onnx"`` is read as onnx);
+* the image as the whole body (``Content-Type: image/*`` or application/octet-stream), options as query
+  parameters;
 * ``POST /classify/batch``: multipart with the field ``images`` repeated (1..FASTINFER_MAX_BATCH_IMAGES).
 
-Not BentoML's handling (image_routes.py declares the same APIs to it, for the spec and the Python client):
-its ``Path`` input writes every upload to a temporary file, costing more CPU than our whole cache-hit path
-(BENCHMARKS.md, "The HTTP path"). Clients cannot tell the two apart.
+Not BentoML's ``Path`` input (image_routes.py declares the same APIs to it, for the spec and the client): it
+writes every upload to a temporary file, costing more than our whole cache-hit path (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -74,10 +72,8 @@ def _directives(scope: dict[str, Any], name: bytes) -> set[str] | None:
 
 
 def cache_use(scope: dict[str, Any]) -> CacheUse:
-    """``Cache-Control: no-cache``: not answered from the cache (we cannot revalidate an entry) and,
-    as benchmarks expect, not stored either. ``no-store``: the answer is not stored; reading is still
-    allowed (RFC 9111 §5.2.1.5 forbids storing only). ``Pragma: no-cache`` is no-cache for HTTP/1.0
-    clients, ignored when a Cache-Control header is present (§5.4)."""
+    """``Cache-Control: no-cache``: neither read nor stored (we cannot revalidate). ``no-store``: not stored, still
+    read (RFC 9111 §5.2.1.5). ``Pragma: no-cache`` counts only without a Cache-Control header (§5.4)."""
     control = _directives(scope, b"cache-control")
     if control is None:
         no_cache = "no-cache" in (_directives(scope, b"pragma") or set())

@@ -1,7 +1,5 @@
-"""The image routes, each declared once: path, API name, backend, kind and description.
-
-Both faces of a route come from this table: the BentoML API (:func:`image_apis`: the spec, Swagger,
-``bentoml.SyncHTTPClient``) and its HTTP answer (fastinfer/front/image_api.py). Both end in :func:`run`.
+"""The image routes, each declared once: path, API name, backend, kind and description. Both faces of a route
+come from this table, the BentoML API (:func:`image_apis`) and its HTTP answer (image_api.py); both end in :func:`run`.
 """
 
 from __future__ import annotations

@@ -29,9 +29,8 @@ def backends(
     default: choice.DefaultChoice | None = None,
     family: FamilyInfo | None = None,
 ) -> BackendsResponse:
-    """The /backends answer from the table, what cannot run here, the stored models and what each
-    runner says of itself (``described``: runner → its ``describe()``, or ``{"error": why}``), and the
-    family they are of (default: as ``models`` say)."""
+    """The /backends answer: the table, what cannot run here, the stored models, what each runner says of itself
+    (``described``: runner → its ``describe()`` or ``{"error": why}``), and their family (default: the models')."""
     family = family or family_summary(settings.model, models)
     infos = []
     for name, entry in registry.items():

@@ -1,11 +1,9 @@
 """The OpenAPI spec (``/docs.json``, Swagger UI at ``/``): BentoML's, with what FastInfer adds.
 
-BentoML generates the typed ``@bentoml.api`` methods (inputs and pydantic outputs) and its probes. FastInfer
-adds, from the table :func:`operations`: the GET routes beside them, each route's errors in the one error shape
-with the body the server answers, the raw-image form of the image routes, an example per operation, the API key
-and the page (api_page.info). :func:`extend_spec` merges it over BentoML's spec.
-The spec says OpenAPI 3.1, whose schemas are the JSON Schema pydantic writes.
-:class:`DocumentedService` serves it (``/docs.json``, ``bentoml build``); ``/schema.json`` stays BentoML's.
+BentoML generates the typed ``@bentoml.api`` methods and its probes. :func:`extend_spec` merges over it, from
+the table :func:`operations`: the GET routes beside them, each route's errors, the raw-image form of the image
+routes, an example per operation, the API key and the page (api_page.info). OpenAPI 3.1, so the schemas are
+pydantic's JSON Schema. :class:`DocumentedService` serves it; ``/schema.json`` stays BentoML's.
 """
 
 from __future__ import annotations

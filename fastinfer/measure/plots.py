@@ -148,10 +148,9 @@ FRONTIER_COLOURS = {True: "tab:blue", False: "tab:red", None: "0.45"}  # within 
 def plot_frontier(
     points: list[dict[str, Any]], path: Path, title: str, xlabel: str, limit: tuple[float, str] | None = None
 ) -> None:
-    """Accuracy against speed, one point per backend (``evaluate.Evaluation.points``): top-1 with its interval as
-    error bars (and top-5 below, where the points carry it), the Pareto front as a dashed line, the fastest within
-    the limit ringed, the limit (``limit``: top-1 as a share, its label) as a dotted line. Without speeds, the
-    backends side by side. The y axis spans the intervals, not 0 to 100%: 93.3 and 91.7 must look apart."""
+    """Accuracy against speed, one point per backend: top-1 with its interval (top-5 below where known), the Pareto
+    front dashed, the fastest within the limit ringed, the limit dotted; without speeds, the backends side by side.
+    The y axis spans the intervals, not 0 to 100%, so close figures look apart."""
     plt = pyplot()
     panels = [("top1", "top-1")] + ([("top5", "top-5")] if any("top5" in p for p in points) else [])
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 4.6 * len(panels)), squeeze=False)
@@ -204,9 +203,8 @@ def plot_frontier(
 
 
 def _label(ax: Any, marks: list[tuple[float, float, str]]) -> None:
-    """Each point's name beside it: at the nearest of a few places around it, farther out ring by ring, where it
-    covers no name placed before and no other point; next to its point, it must also lie nearer it than any other,
-    farther out a thin line ties it to its point (nowhere clear: the first place)."""
+    """Each point's name at the nearest of a few places around it, ring by ring, where it covers no name placed before
+    and no other point; a name placed farther out gets a thin line to its point."""
     ax.figure.tight_layout()  # the axes where they will be drawn, so that display coordinates hold
     renderer = ax.figure.canvas.get_renderer()
     dots = [ax.transData.transform((x, y)) for x, y, _ in marks]

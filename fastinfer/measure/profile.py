@@ -1,8 +1,7 @@
-"""The cost of each stage of a request, measured in-process, and the ceiling they allow.
+"""The cost of each stage of a request, measured in-process in CPU time, and the ceiling they allow.
 
-Each stage is measured in CPU time (every thread of this process): on a CPU-only machine decoding and inference
-share the cores, so the ceiling is ``cores / CPU-seconds per request``. The HTTP path's cost is measured on a
-live server by ``python -m load_tests`` (:func:`http_cost`); ``fastinfer profile`` alone uses an estimate.
+Decoding and inference share the cores, so the ceiling is ``cores / CPU-seconds per request``. The HTTP path's
+cost is measured on a live server by ``python -m load_tests`` (:func:`http_cost`), else estimated.
 """
 
 from __future__ import annotations
@@ -177,10 +176,9 @@ def inference_at(costs: list[StageCost], backend: str, batch: float) -> float | 
 
 @dataclass
 class ServedSplit:
-    """One served run against the engine's ceiling without HTTP, and the server's CPU beyond decode and
-    inference, by cause (CPU ms per request, from each server thread's CPU; the causes sum to ``beyond_ms``).
-    Where the run's own decode or engine threads spent less than profiled (down to :data:`DRIFT`), the run's
-    figure is the base (``base_from_run``)."""
+    """One served run against the engine's ceiling without HTTP, and the server's CPU beyond decode and inference
+    by cause (CPU ms per request; the causes sum to ``beyond_ms``). ``base_from_run``: the run's own decode and
+    engine threads spent less than profiled (down to :data:`DRIFT`), so its figure is the base."""
 
     backend: str
     users: int

@@ -1,24 +1,13 @@
-"""Response cache: Redis (shared by every worker and server) or a bounded in-process LRU.
+"""Response cache: Redis (shared by every worker and server) or a bounded in-process LRU. docs/cache.md has the design.
 
-Keys: ``fastinfer:v<format>:<model tag>:<backend>:<top_k>:<engine digest>:<sha256 of the image>``; the engine's
-identity (runners/base.py engine_identity) is in the key because engines at other precisions answer differently.
-Values: ``{"v": <format>, "mac": <HMAC or null>, "body": <response body>}`` as JSON, in Redis and in memory alike.
+Keys: ``fastinfer:v<format>:<model tag>:<backend>:<top_k>:<engine digest>:<sha256 of the image>`` (engines at
+other precisions answer differently). Values: ``{"v": <format>, "mac": <HMAC or null>, "body": <response body>}``
+as JSON, in Redis and in memory alike.
 
-Redis is fail-open: each call has a short timeout; an error is counted, logged at most once per 30 s, and opens a
-circuit breaker for ``retry_after_s``. A Redis that answers but refuses to store (OOM, READONLY, MISCONF,
-NOREPLICAS) is no outage: only writes back off, reads go on (``writes_refused``, ``degraded``).
-
-Every read is validated (a shared Redis may hold another version's entries, or one written by hand) and bounded to
-``MAX_ENTRY_BYTES`` + 1 bytes (GETRANGE); a bad entry is an ``invalid`` miss that the next SET overwrites, never an
-error. ``MAX_ENTRY_BYTES`` holds the largest answer of any family a build accepts; a larger one (a model stored
-outside those bounds) is not written but counted (``too_large``): the cache writes only what it reads.
-
-With ``FASTINFER_CACHE_HMAC_KEY``, each entry carries an HMAC over its key and body text, checked on the
-stored bytes before parsing (the body is the value's last field, so its text is a slice).
-
-Key count without SCAN or DBSIZE (a shared Redis is not our own database): each SET also adds the key to the sorted
-set ``fastinfer:v<format>:index`` scored by its expiry, drops expired members and refreshes the index's TTL in
-the same pipeline. The count is of entries this service wrote that have not expired, by the writer's clock.
+Redis is fail-open: an error opens a circuit breaker for ``retry_after_s``; a Redis that refuses to store only
+backs writes off. Every read is validated and bounded to ``MAX_ENTRY_BYTES`` + 1 bytes; a bad entry is an
+``invalid`` miss, never an error. The key count comes from the sorted set ``fastinfer:v<format>:index``
+(no SCAN or DBSIZE on a shared Redis), kept in each SET's pipeline.
 """
 
 from __future__ import annotations

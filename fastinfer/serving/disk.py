@@ -1,19 +1,13 @@
 """A full disk under BENTOML_HOME: a degraded state, not a crash loop.
 
-The cause, reproduced on a full tmpfs: ``bentoml serve`` points every process at one
-``PROMETHEUS_MULTIPROC_DIR`` under BENTOML_HOME, where prometheus_client (``mmap_dict.py``) keeps each
-process's metric values in a memory-mapped file that it sizes with ``truncate`` — a sparse file, whose
-pages get disk blocks only when first written through the map. On a full disk that write finds no
-block and the kernel kills the process with SIGBUS: no exception, no log line. The front worker
-writes a fresh page on the first request with new labels (a route, backend or status not seen yet),
-dies, is restarted by BentoML's supervisor, maps new files for its new pid, and dies again; every dead
-worker's files stay behind (nothing marks a SIGBUS'd process dead): the review's 106 stale files.
+prometheus_client keeps each process's multiprocess metric values in a memory-mapped file sized with
+``truncate`` (sparse): on a full disk the first write to a new page finds no block and the kernel kills the
+process with SIGBUS, no exception and no log line, over and over (docs/overload.md).
 
-:func:`guard_metric_files` swaps prometheus_client's ``MmapedDict`` for one that gives the file real
-blocks (``os.posix_fallocate``) before any page of it is mapped, so a full disk is an ``OSError``
-raised where it can be caught. That process's values then live in anonymous memory — still counted,
-not shown by ``/metrics`` — logged once, and are written back to their file once space returns.
-:meth:`DiskHealth.reason` is what ``/readyz`` answers 503 with meanwhile (fastinfer/front/http.py).
+:func:`guard_metric_files` swaps prometheus_client's ``MmapedDict`` for one that gives the file real blocks
+(``os.posix_fallocate``) before any page is mapped, so a full disk is an ``OSError`` that can be caught; the
+process's values then live in anonymous memory (counted, not shown by ``/metrics``) until space returns.
+:meth:`DiskHealth.reason` is what ``/readyz`` answers 503 with meanwhile.
 """
 
 from __future__ import annotations
@@ -133,12 +127,9 @@ def _allocate(fd: int, size: int) -> None:
 
 
 class GuardedMmapedDict(MmapedDict):
-    """prometheus_client's MmapedDict (what it relies on: fastinfer/compat/prometheus.py), but never mapping a
-    page without a disk block behind it; when
-    the disk has none, the values are held in anonymous memory instead (see the module docstring).
-
-    prometheus_client calls every method but ``__init__`` under its own lock, so the switches between
-    file and memory cannot race with a write."""
+    """prometheus_client's MmapedDict (fastinfer/compat/prometheus.py), never mapping a page without a disk block
+    behind it: without one, the values are held in anonymous memory. Every method but ``__init__`` runs under
+    prometheus_client's lock, so switching between file and memory cannot race with a write."""
 
     def __init__(self, filename: str, read_mode: bool = False) -> None:
         self._retry_at = 0.0
@@ -236,9 +227,8 @@ class GuardedMmapedDict(MmapedDict):
 
 
 def remove_stale_files(directory: str) -> int:
-    """Delete metric files that dead processes left and that cannot count towards any total: empty ones
-    and live gauges (what prometheus_client's ``mark_process_dead`` deletes, which a killed process never
-    calls). Files of dead processes that hold counts stay: /metrics sums them so counters never go back."""
+    """Delete the metric files of dead processes that count towards no total: empty ones and live gauges (what
+    ``mark_process_dead`` deletes, never called by a killed process). Counts stay, so counters never go back."""
     removed = 0
     with contextlib.suppress(OSError), os.scandir(directory) as entries:
         for entry in entries:
@@ -313,10 +303,8 @@ def claim_metrics_dir() -> None:
 
 
 def guard_metric_files(min_free_bytes: int) -> DiskHealth:
-    """Install :class:`GuardedMmapedDict` for the metric files this process opens from now on, clear the
-    files dead processes left, and return the health that ``/readyz`` consults.
-
-    Call before the process records any metric (a file already open keeps prometheus_client's class)."""
+    """Install :class:`GuardedMmapedDict` for the metric files this process opens from now on, clear the files
+    dead processes left, and return the health ``/readyz`` consults. Call before any metric is recorded."""
     HEALTH.min_free_bytes = min_free_bytes
     use_mmaped_dict(GuardedMmapedDict)
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")

@@ -2,9 +2,7 @@
 
 bytes → sha256 → response cache (a hit answers here) → decode and resize/crop on the CPU pool → the backend's
 runner → softmax/top-k named by the family's labels → body with per-stage timings → cache SET (fail-open).
-
-It knows nothing of HTTP or BentoML (the runner is an async callable), so the whole path runs in a test without
-a server; bodies are plain dicts in the shape of :class:`fastinfer.common.schemas.ClassifyResponse`.
+It knows nothing of HTTP or BentoML (the runner is an async callable), so it runs in a test without a server.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Image bytes → uint8 HWC S×S×3 RGB, resized and centre-cropped as the stored model's PreprocessSpec says
-(the model's graph normalises).
+(the model's graph normalises). CPU-bound and synchronous.
 
-JPEGs are decoded at the smallest DCT scale that leaves the shorter side >= the resize target (``Image.draft``).
-Colour and greyscale JPEGs go through simplejpeg (libjpeg-turbo) at that scale: the same pixels as Pillow
-(tests/unit/test_jpeg_decode.py), ~4% less CPU, and arithmetic-coded JPEGs read. Pillow decodes everything else
-and every JPEG simplejpeg refuses, so a broken file gets Pillow's verdict. CPU-bound and synchronous.
+JPEGs are decoded at the smallest DCT scale that keeps the shorter side >= the resize target, colour and
+greyscale ones by simplejpeg (the same pixels as Pillow: docs/api.md); Pillow decodes everything else and
+every JPEG simplejpeg refuses, so a broken file gets Pillow's verdict.
 """
 
 from __future__ import annotations
@@ -183,8 +182,8 @@ WHOLE_RESIZE_MAX_CROPS = 16  # beyond this many crops (or the source's size) onl
 
 def resize_and_crop(img: Image.Image, spec: PreprocessSpec) -> np.ndarray:
     """Shorter side to ``resize_size`` (bilinear, antialiased), then a centre crop. Where an extreme aspect ratio
-    would make the resized image huge, only the region the crop keeps is resampled (Pillow's ``box``; off by a
-    grey level at most, so ordinary images keep the whole resize and match torchvision exactly)."""
+    would make the resized image huge, only the cropped region is resampled (Pillow's ``box``; off by a grey
+    level at most, so ordinary images keep the whole resize and match torchvision exactly)."""
     width, height = img.size
     crop = spec.crop_size
     # torchvision's arithmetic: the short side becomes resize_size, the long one is truncated.

@@ -1,6 +1,5 @@
-"""``fastinfer tune`` (``make tune``, ``python -m load_tests.tuning``): find the configuration that serves best
-here, within a time budget (load_tests/tuning/search.py), and make it the server's default. The tuned file is
-written last, by an atomic rename (load_tests/tuning/files.py): an interrupted tune leaves the previous one.
+"""``fastinfer tune`` (``make tune``, ``python -m load_tests.tuning``): find the configuration that serves best here
+(load_tests/tuning/search.py) and make it the server's default; the tuned file is written last, atomically.
 """
 
 from __future__ import annotations

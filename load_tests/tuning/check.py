@@ -1,17 +1,10 @@
 """``make tune-check`` (``python -m load_tests.tuning.check``): hold ``fastinfer tune`` against an
 exhaustive sweep of the same space, on this machine, and put the verdict in BENCHMARKS.md.
 
-1. the search (load_tests/tuning/search.py ``tune``), timed, as ``fastinfer tune`` runs it; its tuned
-   file goes to OUT/tuning/, never to the server's store;
-2. the sweep (``sweep``): every configuration of the same space served, unpruned, timed (the decode threads on
-   its best configuration only: every other one takes them as an untuned server does);
-3. head to head: the sweep's best few (CONTENDERS) and the search's choice, each on fresh servers,
-   ``--rounds`` times in alternating order. The sweep's best is the maximum of ~100 noisy runs, so its
-   own figure flatters it (the winner's curse): the verdict is judged here, on the means.
-
-Targets (issue "Hardware-aware by default"): the choice reaches >= 95% of the best, in <= 1/4 of the
-sweep's time. What was measured is saved (OUT/tuning.json, atomically) after the tune and after every
-sweep server, so an interrupted check keeps its runs; the section says it is incomplete.
+The search runs as ``fastinfer tune`` does (its tuned file to OUT/tuning/), then the sweep, then the sweep's
+best few (CONTENDERS) and the search's choice head to head on fresh servers, ``--rounds`` times in alternating
+order: the sweep's own best figure flatters it (winner's curse), so the verdict is judged on those means.
+Results are saved (OUT/tuning.json) after every server, so an interrupted check keeps its runs.
 """
 
 from __future__ import annotations
@@ -285,9 +278,8 @@ def cores_rows(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def bench_section(
     result: dict[str, Any] | None, plots: Path, rel: str, cpu: str | None, redraw: bool = True
 ) -> list[str]:
-    """The section as `make bench` shows the last check (an hour long: not in every bench), its plot drawn again
-    from it (never an earlier check's; ``redraw`` False: kept, for results rebuilt from tables), said to be from
-    another machine when it is."""
+    """The section as `make bench` shows the last check, its plot drawn again from it (``redraw`` False: kept, for
+    results rebuilt from tables), said to be from another machine when it is."""
     try:
         png = plots / "tuning.png"
         drawn = result is not None and (plot_sweep(result, png) if redraw else png.exists())
@@ -379,9 +371,8 @@ def last_check(results_json: Path) -> dict[str, Any] | None:
 
 
 def write_benchmarks(results: dict[str, Any], markdown: Path, out: Path, plots: Path | None = None) -> None:
-    """BENCHMARKS.md from the bench's ``results`` with the last tune-check (OUT/tuning.json, else the one
-    ``results`` carries, else the previous results.json's): its rows end the targets table, its section ends
-    the report."""
+    """BENCHMARKS.md from the bench's ``results`` with the last tune-check (OUT/tuning.json, else ``results``'s, else
+    the previous results.json's): its rows end the targets table, its section the report."""
     plots = plots or markdown.parent / "docs" / "bench"
     plots.mkdir(parents=True, exist_ok=True)
     fresh = load(out / "tuning.json")  # a check of its own: drawn, even over results rebuilt from tables
@@ -398,9 +389,8 @@ def write_benchmarks(results: dict[str, Any], markdown: Path, out: Path, plots: 
 
 
 def write_markdown(result: dict[str, Any], markdown: Path, plots: Path, out: Path | None = None) -> Path | None:
-    """The plot (or no stale one) and ``markdown``: rewritten whole from the bench's results.json beside the
-    plots (its targets table then holds this check's), else only its tuning section, the rows in it. ``out``
-    holds the saved check (tuning.json). Returns the plot drawn, if any."""
+    """The plot and ``markdown``: rewritten whole from the bench's results.json beside the plots, else only its
+    tuning section. ``out`` holds the saved check (tuning.json). Returns the plot drawn, if any."""
     plots.mkdir(parents=True, exist_ok=True)
     png = plots / "tuning.png"
     if out is not None and (plots / "results.json").exists():

@@ -1,18 +1,14 @@
 """The search of ``fastinfer tune``: the configuration that serves best here, within a time budget, pruned
-by measurement rather than swept:
- 1. in process (``fastinfer profile``): each backend's ceiling (decode + inference at b8, these cores) and
-    single-photo latency; backends below PRUNE of the best are dropped;
- 2. one server with the table's settings serves each remaining backend under the goal's load (locust, the
-    benchmark pool, cache bypassed); the best is kept;
- 3. a fresh server per candidate: one setting at a time from the best so far; a change is kept only when it
-    beats the best by more than MIN_GAIN (the decode threads last);
+by measurement rather than swept (docs/tuning.md):
+ 1. in process (``fastinfer profile``): each backend's ceiling and single-photo latency; backends below PRUNE
+    of the best are dropped;
+ 2. one server with the table's settings serves each remaining backend under the goal's load; the best is kept;
+ 3. a fresh server per candidate, one setting at a time from the best so far, kept only when it beats the best
+    by more than MIN_GAIN (the decode threads last);
  4. the choice and the table's settings served once more each: the choice stands only if it still wins on
     the mean of both rounds.
-In-process figures only decide what is worth serving: every trial is a real server under real load. When
-the budget runs out the search says what it did not try and keeps the best. The space is
-fastinfer/catalog/tune_space.py's; ``sweep`` serves all of it (the cores' settings on its best configuration
-only), the yardstick of load_tests/tuning/check.py.
-Every server started is stopped, whatever happens.
+Every trial is a real server under real load; ``sweep`` serves the whole space
+(fastinfer/catalog/tune_space.py), the yardstick of load_tests/tuning/check.py. Every server started is stopped.
 """
 
 from __future__ import annotations
@@ -356,9 +352,8 @@ def tune(
 
 
 def confirm(search: Search, baseline: Trial, measure: Measure) -> None:
-    """Serve the chosen configuration and the backend stage's (the table's settings) once more each; the
-    chosen one stays only if it still wins on the mean of both rounds: one run on a shared VM can be off
-    by more than the settings differ, and a tuned file must not rest on one lucky run."""
+    """Serve the chosen configuration and the table's settings once more each; the choice stays only if it still
+    wins on the mean of both rounds: a tuned file must not rest on one lucky run."""
     chosen = search.chosen
     if chosen is None or chosen.config == baseline.config:
         return
@@ -410,9 +405,8 @@ def alternatives_from(current: Config, options: list[Config], base: Config) -> l
 
 
 def space(backends: list[str], cores: int, goal: Goal) -> list[Config]:
-    """What the sweep serves first: every configuration the search could reach (an engine in the front only with
-    the one front worker) with the cores' settings (tune_space.CORES_DIMENSIONS) as an untuned server has them;
-    ``cores_variants`` of the sweep's best cover those, rather than multiplying every configuration by them."""
+    """What the sweep serves first: every configuration the search could reach, with the cores' settings as an
+    untuned server has them; ``cores_variants`` of the sweep's best cover those."""
     out = []
     for backend in backends:
         plain = tune_space.plain(backend)
@@ -455,9 +449,8 @@ def sweep(
     stop: Callable[[Server], None] = stop_server,
     after_each: Callable[[Search], None] = lambda search: None,
 ) -> Search:
-    """Serve every configuration of the search's space, unpruned (``space``), then its best with each other
-    combination of the cores' settings, one server each; its clock is its cost. Each server takes its backends in
-    a rotated order, so that none always runs first on a fresh server; ``after_each`` follows each server."""
+    """Serve every configuration of the search's space unpruned, then its best with each other combination of the
+    cores' settings, one server each, backends in rotated order; ``after_each`` follows each server."""
     cores = hardware.cpu_count()
     configs = space(backends, cores, goal)
     groups = server_groups(configs, cores, goal)
