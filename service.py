@@ -12,6 +12,14 @@ from typing import Any
 
 import bentoml
 from bentoml.exceptions import BentoMLException
+
+from fastinfer.catalog.config import get_settings
+
+try:  # before anything else reads them: a bad value stops `bentoml serve` in one line per variable, no traceback
+    get_settings()
+except ValueError as exc:
+    raise SystemExit(f"fastinfer: {exc}") from None
+
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -21,7 +29,6 @@ from starlette.types import Scope, Send
 from fastinfer.catalog import family, holdings, store, tuned
 from fastinfer.catalog.backends import SERVED_ENV, served_models
 from fastinfer.catalog.choice import DefaultChoice, default_choice, default_now
-from fastinfer.catalog.config import get_settings
 from fastinfer.common import hardware
 from fastinfer.common.schemas import AnalyzeResponse, BackendsResponse
 from fastinfer.front import analysis, dashboard_page, image_api, inventory
@@ -250,7 +257,7 @@ FastInfer.add_asgi_middleware(
         _image_lane,
         # A full disk under BENTOML_HOME: metrics held in memory instead of a SIGBUS, and /readyz says why.
         degraded=guard_metric_files(settings.min_free_disk_mb * 2**20).reason,
-        readiness=_readiness,  # answered within 2 s, naming a runner that does not answer (review finding)
+        readiness=_readiness,  # answered within 2 s, naming a runner that does not answer
     ),
 )
 # Inside FrontMiddleware (its limits apply): "/" is FastInfer's API page, not BentoML's.

@@ -3,11 +3,9 @@
 ``python -m build_models --weights auto|imagenet|random|PATH.pth [--labels PATH] [--name FAMILY]
 [--mean R,G,B --std R,G,B --resize N --crop N] [--only NAME,...] [--force]``
 
-A family is one set of weights with its labels and preprocessing; its models are stored as
-``<family>-<backend>[-b<N>]``. Every argument is checked before anything is exported. Then the build runs a
-plan (build_models.plan): each export is checked against PyTorch on real photos (and, with ``--eval-dir``, on
-the user's labelled photos), then stored or refused; a refusal stores nothing and the build goes on, and it ends
-with one table of what was stored, refused and skipped, and why.
+Models are stored as ``<family>-<backend>[-b<N>]``. Arguments are checked before anything is exported; each
+export is checked against PyTorch, then stored or refused, and the build ends with one table of what was
+stored, refused and skipped, and why.
 """
 
 from __future__ import annotations
@@ -50,7 +48,7 @@ LISTED = 8  # calibration files skipped that are named one by one
 
 
 class VerificationError(RuntimeError):
-    """An export that does not load, or diverges from the PyTorch reference beyond its tolerance."""
+    """A model whose copy in the store differs from its export: the store cannot be trusted, so the build stops."""
 
 
 class NonFiniteLogits(ValueError):
@@ -271,12 +269,9 @@ def build(
     """Build (or confirm current) every artifact in ``only`` (default: all) of ``family``: the models stored or
     found up to date.
 
-    Bad arguments and inputs raise (UnknownArtifact, BadFamilyName, BadPreprocessing, NotResNet50Weights,
-    BadLabels, MixedSources, EvalDirError, BadCalibrationDir, NonFiniteLogits) before anything is exported. An
-    export that does not load, diverges from PyTorch, or (with ``eval_dir``) is shown to lose more top-1 than
-    ``max_accuracy_drop`` points is refused and not stored, as is what converts it; the build goes on, prints its
-    table, and then raises BuildRefused naming every one refused. ``accuracy_json``: None, beside the family.
-    """
+    Bad arguments and inputs raise before anything is exported. An export that does not load, diverges from
+    PyTorch, or fails the accuracy gate is refused and not stored, as is what converts it; the build goes on and
+    then raises BuildRefused naming every one refused. ``accuracy_json``: None, beside the family."""
     said = progress
 
     def progress(line: str) -> None:  # a file name's undecodable bytes would crash a strict stdout
@@ -420,7 +415,7 @@ class Builder:
                     images, source = extra["calibration_images"], extra["calibration_source"]
                     self.progress(f"{step}: INT8 calibration: {images} images ({source})")
                 check = self.verify(job, step, tmp, kept)
-                measured = None if self.gate is None else self.gate.check(job.name, job.artifact, job.batch, tmp, kept)
+                measured = self.gated(job, tmp, kept)
             except _Skipped as exc:
                 return self.skipped(job, step, str(exc))
             except (_Refused, AccuracyRefused) as exc:
@@ -437,6 +432,18 @@ class Builder:
         warned = measured is not None and measured["gate"].startswith("undecided")  # the photos cannot decide
         why = f"{tag} in {seconds:.1f}s" + (f"; WARNING: {measured['gate']}" if warned else "")
         return plan.Outcome(job.name, job.artifact, plan.STORED, why)
+
+    def gated(self, job: plan.Job, tmp: str, kept: str) -> dict[str, Any] | None:
+        """The gate's measurement on the eval photos (None without --eval-dir); _Refused when the export fails there."""
+        if self.gate is None:
+            return None
+        try:
+            return self.gate.check(job.name, job.artifact, job.batch, tmp, kept)
+        except AccuracyRefused:
+            raise
+        except Exception as exc:  # it ran on the verification photos, then failed on these
+            said = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            raise _Refused(f"the export does not run on the eval photos: {said}. Nothing stored{kept}.") from exc
 
     def exported(self, export: Callable[..., dict[str, Any]], tmp: str, kept: str) -> dict[str, Any]:
         """The export written into ``tmp``, its metadata; _Refused when its converter fails on this model."""
@@ -484,7 +491,11 @@ class Builder:
             raise _Skipped(str(exc)) from exc
         except Exception as exc:
             raise _Refused(f"the export does not load: {exc}. Nothing stored{kept}.") from exc
-        check = compare(job.name, self.reference, engine.run(self.batch))
+        try:
+            check = compare(job.name, self.reference, engine.run(self.batch))
+        except Exception as exc:  # loads, then fails on real photos: as bad as not loading
+            said = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            raise _Refused(f"the export does not run: {said}. Nothing stored{kept}.") from exc
         del engine  # let go of the files before they move into the store
         found = (
             f"on {check.images} real photos: max |logit diff| {check.max_abs_error:.2e}, "

@@ -1,14 +1,9 @@
 """``--eval-dir``: every backend the build makes or keeps, measured on the user's labelled photos beside
 PyTorch's, photo by photo, and the INT8/BF16 models shown to lose more than ``--max-accuracy-drop`` refused.
+The rule is :func:`judge` (docs/backends.md, "The accuracy gate").
 
-The rule (docs/backends.md, "The accuracy gate"): the drop's 95% interval is exact on the photos only one of the
-two got right. A model is refused when the whole interval lies over the limit, never for a difference of one
-photo; when the interval holds the limit the photos cannot decide, and the model is stored with a warning that
-says about how many photos would settle it.
-
-The build calls :meth:`~AccuracyGate.check` on a fresh export before it is stored (a refusal stores nothing, and
-the build goes on), :meth:`~AccuracyGate.report_stored` on a model kept as up to date (reported only: a stored
-model is immutable), and :meth:`~AccuracyGate.finish` at the end.
+The build calls :meth:`~AccuracyGate.check` on a fresh export before it is stored, :meth:`~AccuracyGate.report_stored`
+on a model kept as up to date (reported only: a stored model is immutable), and :meth:`~AccuracyGate.finish` last.
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ from build_models.text import as_text
 from fastinfer.catalog.backends import SPECS, open_engine
 from fastinfer.engines import Engine, EngineUnavailable
 from fastinfer.measure import accuracy
-from fastinfer.measure.accuracy import Accuracy, EvalSet, Paired, Row
+from fastinfer.measure.accuracy import SETTLE_SEARCHED, Accuracy, EvalSet, Paired, Row
 
 if TYPE_CHECKING:
     from build_models.context import BuildContext
@@ -50,16 +45,16 @@ class Verdict:
 
 
 def judge(pairs: Paired, limit_pp: float) -> Verdict:
-    """The gate's rule. Refused only when the whole 95% interval of the drop is over ``limit_pp`` and more than one
-    photo was lost net; stored otherwise, with what would settle an interval that holds the limit: refusing on
-    photos that cannot show the loss refuses noise (one photo of 60 is 1.67 points), and the stored interval lets
-    whatever chooses a backend prefer the ones shown within the limit."""
+    """The gate's rule: refused only when the whole 95% interval of the drop is over ``limit_pp`` and more than one
+    photo was lost net (one photo of 60 is 1.67 points: refusing on less refuses noise); stored otherwise, with
+    what would settle an interval that holds the limit."""
     interval = f"95% interval {pairs.drop_low_pp:+.2f} to {pairs.drop_high_pp:+.2f} pp"
     limit = f"--max-accuracy-drop {limit_pp:g}"
     if pairs.drop_high_pp <= limit_pp:
         return Verdict(False, True, f"within {limit} ({interval})")
     needed = pairs.photos_to_settle(limit_pp)
     settle = "no number of photos settles a drop equal to the limit" if needed is None else (
+        f"more than {SETTLE_SEARCHED} photos would settle it" if needed > SETTLE_SEARCHED else
         f"about {needed} photos would settle it")  # fmt: skip
     if pairs.net_photos <= 1:
         lost, gained = pairs.only_reference_right, pairs.only_backend_right
@@ -219,7 +214,10 @@ class AccuracyGate:
 
     def report_stored(self, name: str, artifact: str, batch: int | None, path: str | Path) -> None:
         """Measure a model kept as up to date, for the table only (one shown over the limit is reported)."""
-        m = self._measure(name, artifact, batch, path)
+        try:
+            m = self._measure(name, artifact, batch, path)
+        except Exception as exc:  # stored already: said in the table, the build goes on
+            m = "fails when run: " + " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
         if isinstance(m, str):
             self.not_measured(name, m)
             return

@@ -1,7 +1,6 @@
 """The ``fastinfer`` command line: build, tune, doctor, fidelity, evaluate, bench, profile.
 
-What each command does is said once, in :func:`parser` (its help and description); ``fastinfer --help``
-and ``fastinfer <command> --help`` print it as plain text.
+What each command does is said once, in :func:`parser` (its help and description).
 """
 
 from __future__ import annotations
@@ -233,7 +232,16 @@ def evaluate(args: argparse.Namespace) -> int:
     from fastinfer.measure import evaluate as ev
     from fastinfer.measure.accuracy import EvalDirError, visible
 
-    timing = ev.Timing(seconds=args.seconds, clients=args.clients)
+    if args.clients is not None and not args.url:
+        return _refuse_evaluate("--clients times a server's clients: it needs --url")
+    if args.max_drop is not None and args.max_drop > 100:
+        return _refuse_evaluate(f"--max-drop is in points of top-1, 0 to 100, got {args.max_drop:g}")
+    try:  # the folders it writes into, before minutes of measuring
+        for folder in {args.out, args.json and args.json.parent, args.plot and args.plot.parent} - {None}:
+            folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return _refuse_evaluate(f"cannot write there: {exc}")
+    timing = ev.Timing(seconds=args.seconds, clients=args.clients or choice.SERVED_USERS)
     try:
         result = ev.evaluate(args.dir, args.backends, args.url, family_name=args.model, timing=timing,
                              max_drop_pp=args.max_drop)  # fmt: skip
@@ -245,9 +253,17 @@ def evaluate(args: argparse.Namespace) -> int:
     except (ev.EvaluateError, EvalDirError, BadFamilyName) as exc:  # said in one line, no traceback
         print(f"fastinfer evaluate: {visible(str(exc))}", file=sys.stderr)  # it may quote a server's text
         return 1
-    _write_json(args.json or out / "evaluate.json", result.as_dict())
-    print(f"wrote {ev.plot(result, args.plot or out / 'evaluate.png')}", file=sys.stderr)
+    try:
+        _write_json(args.json or out / "evaluate.json", result.as_dict())
+        print(f"wrote {ev.plot(result, args.plot or out / 'evaluate.png')}", file=sys.stderr)
+    except OSError as exc:  # the table above stands; only its files are missing
+        return _refuse_evaluate(f"cannot write its files: {exc}")
     return 0
+
+
+def _refuse_evaluate(why: str) -> int:
+    print(f"fastinfer evaluate: {why}", file=sys.stderr)
+    return 1
 
 
 def _positive(kind: type) -> Any:
@@ -393,8 +409,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--clients",
         type=_positive(int),
-        default=choice.SERVED_USERS,
-        help="with --url: concurrent clients while timing, as make bench's headline (default: %(default)s)",
+        help=f"with --url: concurrent clients while timing, as make bench's headline (default: {choice.SERVED_USERS})",
     )
     p.add_argument(
         "--max-drop",

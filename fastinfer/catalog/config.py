@@ -8,7 +8,7 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -49,6 +49,13 @@ def _count(value: Any) -> Any:
     """Plain ASCII digits only: int() would also take "1_000", "٨" or "８" for a count."""
     if isinstance(value, str) and not re.fullmatch(r"[+-]?[0-9]{1,15}", value.strip()):
         raise ValueError(f"must be an integer, got {value.strip()[:40]!r}")
+    return value
+
+
+def _seconds(value: Any) -> Any:
+    """A plain decimal: float() would also take "nan", "inf", "1e3" or "٨"."""
+    if isinstance(value, str) and not re.fullmatch(r"[0-9]{1,6}(\.[0-9]{1,6})?", value.strip()):
+        raise ValueError(f"must be a number of seconds such as 20 or 2.5, got {value.strip()[:40]!r}")
     return value
 
 
@@ -120,8 +127,10 @@ class GroqConfig(BaseModel):
     base_url: str | None = _doc(
         None, "where the Groq API is (the `groq` SDK's variable)", "Groq's", alias="GROQ_BASE_URL"
     )
-    timeout_s: Annotated[float, BeforeValidator(_count)] = _doc(
-        20.0, "Groq request timeout, seconds", alias="FASTINFER_GROQ_TIMEOUT_S"
+    timeout_s: Annotated[float, BeforeValidator(_seconds), Field(ge=0.1, le=600)] = _doc(
+        20.0,
+        "Groq request timeout, seconds (0.1–600; under `FASTINFER_TIMEOUT_S`, or that 504 comes first)",
+        alias="FASTINFER_GROQ_TIMEOUT_S",
     )
 
 
@@ -197,9 +206,9 @@ class Settings(BaseSettings):
         repr=False,
         validation_alias=AliasChoices("REDIS_URL", "FASTINFER_REDIS_PASSWORD", "FASTINFER_REDIS_PASSWORD_FILE"),
     )
-    cache_ttl_s: Count = _doc(86400, "seconds an entry lives", alias="FASTINFER_CACHE_TTL")
-    cache_timeout_ms: Count = _doc(50, "limit on each Redis call, ms")
-    cache_max_entries: Count = _doc(10000, "bound of the memory cache")
+    cache_ttl_s: Positive = _doc(86400, "seconds an entry lives", alias="FASTINFER_CACHE_TTL")
+    cache_timeout_ms: Positive = _doc(50, "limit on each Redis call, ms")
+    cache_max_entries: Positive = _doc(10000, "bound of the memory cache")
     cache_hmac_key: str = _doc(  # empty: unsigned (never printed)
         "",
         f"signs cache entries (≥ {CACHE_HMAC_KEY_MIN_LENGTH} characters; the same on every server sharing the "
@@ -354,23 +363,35 @@ class Variables(PydanticBaseSettingsSource):
         return found
 
     def __call__(self) -> dict[str, Any]:
+        self.errors: list[str] = []  # the secrets' and REDIS_URL's, said with the fields' (_read)
         found = self._fields(self.settings_cls)
         if batching := {name: given for name in BACKENDS if (given := self._fields(BatchingConfig, name))}:
             found["batching"] = batching
         groq = self._fields(GroqConfig)
-        keys, keys_from = _secret(self.raw, "FASTINFER_API_KEYS")
-        if keys_from:
-            found["api_keys"], found["api_keys_from"] = _api_keys(keys, keys_from), keys_from
-        if key := _cache_hmac_key(*_secret(self.raw, "FASTINFER_CACHE_HMAC_KEY")):
+        if (keys := self._checked(lambda: _api_keys(*_secret(self.raw, "FASTINFER_API_KEYS")))) is not None:
+            found["api_keys"], found["api_keys_from"] = keys
+        if key := self._checked(lambda: _cache_hmac_key(*_secret(self.raw, "FASTINFER_CACHE_HMAC_KEY"))):
             found["cache_hmac_key"] = key
-        if groq_key := _groq_key(*_secret(self.raw, "GROQ_API_KEY")):
+        if groq_key := self._checked(lambda: _groq_key(*_secret(self.raw, "GROQ_API_KEY"))):
             groq["api_key"] = groq_key
+        if "FASTINFER_GROQ_BASE_URL" in self.values and "GROQ_BASE_URL" not in self.values:
+            # Ignored, /analyze would send the key and the prompts to Groq's public API instead of that gateway.
+            self.errors.append("FASTINFER_GROQ_BASE_URL was removed: set GROQ_BASE_URL (the groq SDK's own) instead")
         if groq:
             found["groq"] = groq
         url = self.values.get("REDIS_URL") or str(Settings.model_fields["redis_url"].default)
-        if (with_password := _redis_url(self.raw, url)) != Settings.model_fields["redis_url"].default:
+        with_password = self._checked(lambda: _redis_url(self.raw, url))
+        if with_password not in (None, Settings.model_fields["redis_url"].default):
             found["redis_url"] = with_password
         return found
+
+    def _checked(self, read: Callable[[], Any]) -> Any:
+        """``read()``, or None with its ValueError kept for the one report of every bad variable."""
+        try:
+            return read()
+        except ValueError as exc:
+            self.errors.append(str(exc))
+            return None
 
 
 def _secret(environ: Mapping[str, str], name: str) -> tuple[str, str]:
@@ -400,8 +421,11 @@ def _secret(environ: Mapping[str, str], name: str) -> tuple[str, str]:
     return text, file_name
 
 
-def _api_keys(raw: str, source: str) -> tuple[str, ...]:
-    """Comma- or newline-separated keys; each must be sendable as a Bearer token (RFC 6750 token68)."""
+def _api_keys(raw: str, source: str) -> tuple[tuple[str, ...], str] | None:
+    """(keys, the variable they came from), None when unset: comma- or newline-separated keys, each sendable as a
+    Bearer token (RFC 6750 token68)."""
+    if not source:
+        return None
     keys = tuple(dict.fromkeys(k.strip() for k in raw.replace("\n", ",").split(",") if k.strip()))
     if not keys:  # e.g. an empty value from a Secret: running open by mistake is worse than not starting
         raise ValueError(f"{source} is set but holds no key; unset it to run without API keys")
@@ -416,7 +440,7 @@ def _api_keys(raw: str, source: str) -> tuple[str, ...]:
                 f"{source}: key {number} of {len(keys)} is shorter than {API_KEY_MIN_LENGTH} characters; "
                 'make one with: python3 -c "import secrets; print(secrets.token_urlsafe(32))"'
             )
-    return keys
+    return keys, source
 
 
 def _groq_key(raw: str, source: str) -> str:
@@ -427,11 +451,18 @@ def _groq_key(raw: str, source: str) -> str:
 
 
 def _redis_url(environ: Mapping[str, str], url: str) -> str:
-    """REDIS_URL with FASTINFER_REDIS_PASSWORD (or its _FILE) put in, percent-encoded: any character may be in it."""
+    """REDIS_URL with FASTINFER_REDIS_PASSWORD (or its _FILE) put in, percent-encoded: any character may be in it.
+    The URL is never echoed: it may hold a password."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- a port that is no number raises here, not in the cache at start-up
+    except ValueError:
+        raise ValueError("REDIS_URL is not a URL such as redis://host:6379/0") from None
+    if parts.scheme not in ("redis", "rediss", "unix") or not (parts.netloc or parts.path):
+        raise ValueError("REDIS_URL must be a redis://, rediss:// or unix:// URL, such as redis://host:6379/0")
     password, source = _secret(environ, "FASTINFER_REDIS_PASSWORD")
     if not password:
         return url
-    parts = urlsplit(url)
     if parts.password is not None or "password=" in parts.query:
         raise ValueError(f"REDIS_URL holds a password and {source} is set: give it in one place")
     user = parts.netloc.rpartition("@")[0]  # a username stays (already encoded)
@@ -518,7 +549,9 @@ def _read(tuned_values: Mapping[str, str], tuned: dict[str, Any]) -> Settings:
     try:
         settings = Settings(_build_sources=(layers, {}))
     except ValidationError as exc:
-        raise ValueError(_said(exc)) from None
+        raise ValueError("\n".join([*layers[0].errors, *layers[1].errors, _said(exc)])) from None
+    if errors := [*layers[0].errors, *layers[1].errors]:
+        raise ValueError("\n".join(errors))
     environment = layers[0].values
     sources = {name: "environment" if name in environment else "tuned" for name in tuned_values}
     sources |= {name: "environment" for name in environment if TUNABLE.fullmatch(name)}

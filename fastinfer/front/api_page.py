@@ -1,10 +1,8 @@
 """The API page: what ``/`` shows about FastInfer, and the text of the spec's ``info``.
 
-BentoML's own are placeholders (title ``fastinfer``, "Contact BentoML Team"; a page that loads Google Tag
-Manager from the internet). :func:`info` is the spec's title, version, contact and description
-(``api_page.md``, also the bento's README, and what this server is set to); :class:`ApiPage` answers
-``GET /`` with Swagger UI from BentoML's static files, its online validator off, under a
-Content-Security-Policy that keeps the page to this server.
+BentoML's own are placeholders, and its page loads Google Tag Manager from the internet. :func:`info` is the
+spec's title, version, contact and description (``api_page.md``); :class:`ApiPage` answers ``GET /`` with
+Swagger UI from BentoML's static files, under a Content-Security-Policy that keeps the page to this server.
 """
 
 from __future__ import annotations
@@ -129,7 +127,7 @@ def family_line(served: family.FamilyInfo) -> str:
 
 def literal(text: str) -> str:
     """``text`` shown as written on one line, not as Markdown or HTML."""
-    return re.sub(r"([\\`*_\[\]<>|#])", r"\\\1", " ".join(text.split()))
+    return re.sub(r"([\\`*_\[\]<>|#&])", r"\\\1", " ".join(text.split()))  # &: "&lt;" is an entity
 
 
 def contact_line(contact: dict[str, str]) -> str:

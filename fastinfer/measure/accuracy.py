@@ -1,9 +1,8 @@
 """Top-1 and top-5 accuracy of a model family's backends on the user's own labelled photos.
 
-The photos are an ImageFolder-layout directory: one sub-folder per class, named as one of the family's labels.
-Every image goes through the service's own preprocessing, so a backend is measured on the pixels it would be
-served; one that cannot be decoded or exceeds FASTINFER_MAX_PIXELS is skipped and counted, never a crash. The
-prepared photos are held in memory (150 kB each at a 224 crop), so an eval folder is a sample, not a dataset.
+The photos are an ImageFolder-layout directory, one sub-folder per label, run through the service's own
+preprocessing; a file that cannot be decoded or exceeds FASTINFER_MAX_PIXELS is skipped and counted. The
+prepared photos are held in memory (150 kB each at a 224 crop): an eval folder is a sample, not a dataset.
 """
 
 from __future__ import annotations
@@ -80,9 +79,8 @@ def _listed(names: Sequence[str]) -> str:
 
 
 def scan(root: Path, labels: Sequence[str] | None) -> EvalFolder:
-    """The files of an ImageFolder-layout directory, each with its class's index in ``labels`` (None: every
-    class folder is a label, in sorted order). EvalDirError (one line) when it cannot be measured. Hidden
-    entries are ignored, as ImageFolder does; anything else that is no photo is counted in ``skipped``."""
+    """The files of an ImageFolder-layout directory, each with its class's index in ``labels`` (None: every class
+    folder is a label, sorted). EvalDirError when it cannot be measured; hidden entries are ignored."""
     where = f"eval folder {root}"
     if not root.exists():
         raise EvalDirError(f"{where} does not exist")
@@ -217,7 +215,7 @@ def answers(logits: np.ndarray) -> np.ndarray:
 # --- a backend against the reference on the same photos ------------------------------------------------
 
 CONFIDENCE = 0.95
-SETTLE_SEARCHED = 20_000  # photos: beyond, the number that would settle a drop is the normal approximation
+SETTLE_SEARCHED = 20_000  # photos: the exact search stops here (said as "more than"; a larger interval takes seconds)
 INTERVAL_METHOD = (
     "exact (Clopper-Pearson) on the discordant pairs: their share of the photos and the share of them lost, "
     "each at 97.5%, combined (Bonferroni) into at least 95%"
@@ -290,9 +288,9 @@ class Paired:
         return self.drop_low_pp > limit_pp or self.drop_high_pp <= limit_pp
 
     def photos_to_settle(self, limit_pp: float) -> int | None:
-        """The fewest photos that, lost and gained at the rates seen here, put the drop's exact interval wholly on
-        one side of ``limit_pp`` (searched from the normal approximation; that alone beyond SETTLE_SEARCHED);
-        None when no number would (the drop is the limit)."""
+        """The fewest photos that, at the rates seen here, put the drop's exact interval wholly on one side of
+        ``limit_pp`` (SETTLE_SEARCHED + 1: more than were searched); None when no number would (the drop is the
+        limit)."""
         n, lost, gained = self.images, self.only_reference_right, self.only_backend_right
         drop = self.net_photos / n
         spread = math.sqrt(max((lost + gained) / n - drop**2, 0.0))
@@ -309,7 +307,7 @@ class Paired:
         while high <= SETTLE_SEARCHED and not settles(high):
             low, high = high, math.ceil(high * 1.5)
         if high > SETTLE_SEARCHED:
-            return high
+            return SETTLE_SEARCHED + 1
         while high - low > 1:  # the fewest that settle, near enough (rounding makes it not quite monotonic)
             mid = (low + high) // 2
             low, high = (low, mid) if settles(mid) else (mid, high)
@@ -322,9 +320,8 @@ class Paired:
 def drop_interval(lost: int, gained: int, images: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
     """The top-1 drop's interval in points from the photos only the reference got right (``lost``) and only the
     backend got right (``gained``) of ``images``. The drop is q(2p - 1), q the share of photos whose rightness
-    differs, p the share of those lost; each has its exact (Clopper-Pearson) interval at half the error, so the
-    drop's holds with at least ``confidence`` (Bonferroni). q's own interval keeps a sample of few discordant
-    pairs honest: no photo differing of 60 still allows a drop of 7 points."""
+    differs, p the share of those lost; each gets an exact (Clopper-Pearson) interval at half the error
+    (Bonferroni), so a few discordant pairs stay honest: none of 60 still allows a drop of 7 points."""
     half = 1 - (1 - confidence) / 2
     discordant = lost + gained
     q_low, q_high = clopper_pearson(discordant, images, half)

@@ -1,12 +1,10 @@
 """``fastinfer evaluate``: what each backend stored for a family costs in accuracy and gives in speed, on the
 user's labelled photos: the accuracy-speed frontier.
 
-In process (each backend's engine opened from this machine's store), or through a running server's
-``POST /classify`` (``--url``, uncached): answers are then scored by the label names they return against the
-photo's folder, so no local store is needed. The drop is measured against PyTorch on the same photos. The speed is
-measured here, after the accuracy, as ``make bench`` measures it: served images/s at several closed-loop clients on
-the user's photos, cache bypassed, after a warm-up (``--url``), or the engine's own images/s on a batch of the
-preprocessed photos (in process). The table names the fastest backend whose drop is within the limit.
+In process (engines from this machine's store), or through a running server's ``POST /classify`` (``--url``,
+uncached, answers scored by their label names). The drop is against PyTorch on the same photos; the speed is
+served images/s under closed-loop clients (``--url``) or the engine's own images/s (in process). The table
+names the fastest backend whose drop is within the limit.
 """
 
 from __future__ import annotations
@@ -99,9 +97,8 @@ def with_reference(report: Report, reference: str) -> Report:
 
 
 def with_pairs(report: Report, top1: Mapping[str, Mapping[str, tuple[str | None, str]]]) -> Report:
-    """Each measured row's top-1 answers paired with PyTorch's on the photos both answered (``top1``: backend →
-    photo → (answer, its label)): the drop's 95% interval and the answers changed, as the build's gate reports them
-    (:func:`accuracy.paired`)."""
+    """Each measured row's top-1 answers paired with PyTorch's on the photos both answered: the drop's 95% interval
+    and the answers changed, as the build's gate reports them."""
     ref = top1.get(REFERENCE_BACKEND)
     labels = sorted({x for answers in top1.values() for pair in answers.values() for x in pair if x is not None})
     code = {label: i for i, label in enumerate(labels)}  # an answer of no known label: -1
@@ -123,8 +120,8 @@ def _say(line: str) -> None:
 
 @dataclass(frozen=True)
 class Timing:
-    """How the speed is measured: ``seconds`` timed per backend after ``warmup_s`` (0: no speed), ``clients``
-    closed-loop clients through a server; ``say`` hears what is being timed and what came of it."""
+    """How the speed is measured: ``seconds`` after ``warmup_s`` (0: no speed), with ``clients`` through a server;
+    ``say`` hears progress."""
 
     seconds: float = SPEED_SECONDS
     clients: int = SPEED_CLIENTS
@@ -145,8 +142,7 @@ class Speed:
 
 
 def wilson(hits: float, n: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval (95% by default) of a proportion seen as ``hits`` of ``n``: it stays inside 0..1
-    and does not collapse to a point at 0% or 100%, as the textbook normal interval does on a small sample."""
+    """The Wilson score interval (95% by default) of ``hits`` of ``n``: inside 0..1, never a point at 0% or 100%."""
     if n <= 0:
         raise ValueError(f"{hits} of {n}")
     p, z2 = hits / n, z * z
@@ -156,8 +152,7 @@ def wilson(hits: float, n: int, z: float = Z95) -> tuple[float, float]:
 
 
 def pareto_front(points: Mapping[str, tuple[float, float]]) -> list[str]:
-    """The names whose (speed, accuracy) no other point matches or beats on both with one strictly better: the
-    backends worth choosing, slowest (most accurate) first."""
+    """The names no other point matches or beats on both speed and accuracy, slowest first."""
     front = [
         name
         for name, (x, y) in points.items()
@@ -182,8 +177,7 @@ def fastest_within(
 def recorded_limit(
     asked: float | None, recorded: Sequence[Any], none: str = "the family records none (built without --eval-dir)"
 ) -> tuple[float, str]:
-    """The limit and where it comes from: ``--max-drop``, else the one the family's build recorded with its models
-    (the smallest, should builds have differed), else the build's default (``none`` says why)."""
+    """The limit and its source: ``--max-drop``, else the smallest the family's builds recorded, else the default."""
     if asked is not None:
         return asked, "--max-drop"
     numbers = sorted({float(v) for v in recorded if isinstance(v, int | float) and not isinstance(v, bool)})
@@ -193,8 +187,8 @@ def recorded_limit(
 
 
 def artifacts_dir(family: str) -> Path:
-    """Where evaluate (and the build's accuracy table) are written by default: beside the family in the store's
-    home, whichever folder the command runs from. EvaluateError for a name no folder can have (a server's)."""
+    """Where evaluate's files go by default: beside the family in the store's home. EvaluateError for a name no
+    folder can have."""
     try:
         return bentoml_home() / "artifacts" / store.check_family(family)
     except store.BadFamilyName as exc:
@@ -202,8 +196,7 @@ def artifacts_dir(family: str) -> Path:
 
 
 def engine_speed(backend: str, engine: Engine, pixels: np.ndarray, batch: int, timing: Timing) -> Speed:
-    """The engine's own images/s on ``batch`` of the preprocessed photos a call, after ``timing.warmup_s`` of
-    calls: at least two timed calls, then as many as ``timing.seconds`` holds."""
+    """The engine's own images/s on ``batch`` preprocessed photos a call, after the warm-up; two calls at least."""
     x = pixels[np.arange(batch) % len(pixels)]
     timing.say(f"{backend}: timing the engine, {batch} photo(s) a call, {timing.seconds:g} s after a "
                f"{timing.warmup_s:g} s warm-up")  # fmt: skip
@@ -225,9 +218,8 @@ def engine_speed(backend: str, engine: Engine, pixels: np.ndarray, batch: int, t
 
 
 def served_speed(client: Any, url: str, backend: str, photos: Sequence[Path], k: int, timing: Timing) -> Speed:
-    """``timing.clients`` closed-loop clients posting ``photos`` (each body encoded once) to ``backend``, cache
-    bypassed, as ``make bench``'s clients do: the answers completed within ``timing.seconds`` after the warm-up,
-    per second (``top_k`` ``k``, as the accuracy pass asked). A cached answer counts as a failure, as in the bench."""
+    """``timing.clients`` closed-loop clients posting ``photos`` to ``backend``, cache bypassed as in ``make bench``:
+    answers per second within ``timing.seconds`` after the warm-up. A cached answer counts as a failure."""
     import httpx
 
     bodies = []
@@ -283,8 +275,7 @@ def _cpu(machine: Any) -> str:
 
 @dataclass
 class Evaluation:
-    """The accuracy report, the speed measured beside it (joined at output: the report is accuracy's own), and
-    the limit a backend's drop is held to."""
+    """The accuracy report, the speed measured beside it, and the limit a backend's drop is held to."""
 
     report: Report
     speeds: dict[str, Speed]
@@ -307,8 +298,8 @@ class Evaluation:
         return self.report.extra
 
     def points(self) -> list[dict[str, Any]]:
-        """Each measured backend: top-1 with its interval, top-5 (with more classes than 5), images/s, whether its
-        drop is within the limit, on the Pareto front, the fastest within the limit."""
+        """Each measured backend's top-1 (with interval), top-5, images/s, and whether it is within the limit, on the
+        Pareto front, the fastest within the limit."""
         measured = [r for r in self.rows if r.top1 is not None and r.images]
         rates = {r.backend: self.speeds[r.backend].images_per_s if r.backend in self.speeds else None for r in measured}
         front = set(pareto_front({r.backend: (rate, r.top1) for r in measured if (rate := rates[r.backend])}))
@@ -409,8 +400,7 @@ def in_process(
     by_option: bool,
     timing: Timing | None = None,
 ) -> Evaluation:
-    """Each backend of family ``name`` opened from the store and run on the photos (or a row saying why not), then
-    timed on them."""
+    """Each backend of family ``name`` opened from the store, run on the photos and timed (or a row saying why not)."""
     timing = timing or Timing()
     info = family_info(name, by_option)
     sets: dict[tuple[tuple[str, ...], PreprocessSpec], EvalSet] = {}
@@ -444,7 +434,12 @@ def in_process(
             continue
         mine_set = photos(mine.categories, mine.preprocess)
         batch = accuracy.BATCH if spec.rows_independent else 1  # dynamic INT8: one image a call, as served
-        logits = accuracy.run(backend, engine.run, mine_set.pixels, progress, batch)  # as accuracy.measure runs it
+        try:
+            logits = accuracy.run(backend, engine.run, mine_set.pixels, progress, batch)
+        except Exception as exc:  # loaded, then failed on the photos: a row, not a crash
+            said = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            rows.append(Row(backend, status="not measured", note=f"failed while running: {said}"))
+            continue
         result = accuracy.accuracy(logits, mine_set.targets)
         rows.append(Row.of(backend, accuracy.run_precision(backend, engine.describe()), result, None))
         answers = [mine_set.labels[a] for a in accuracy.answers(logits)]
@@ -459,7 +454,7 @@ def in_process(
                     len(images.labels), "", rows, {"family": name, "via": "in process"})  # fmt: skip
     report = with_pairs(with_reference(report, f"{REFERENCE_BACKEND} (stored FP32 model)"), top1)
     how = UNTIMED if timing.seconds <= 0 else (
-        f"each engine in this process, {accuracy.BATCH} images a call drawn from the {len(images.targets)} "
+        f"each engine in this process, {accuracy.BATCH} images a call cycled from the {len(images.targets)} "
         f"preprocessed photos (one a call for dynamic INT8, as served), {timing.seconds:g} s each after a "
         f"{timing.warmup_s:g} s warm-up; decoding, preprocessing and HTTP not included")  # fmt: skip
     return Evaluation(report, speeds, how, _cpu(hardware.probe()), timing, None, recorded)
@@ -475,8 +470,8 @@ def _error(response: Any) -> tuple[str, str]:
 
 
 def served_family(url: str, body: Any) -> tuple[str | None, list[str] | None, int | None, dict[str, dict[str, Any]]]:
-    """From a GET /backends answer: the family's name, its labels in index order and class count (None where
-    the server does not say), and each backend's entry by name. EvaluateError when it is not FastInfer's."""
+    """From a GET /backends answer: the family's name, labels, class count (None where not said) and backends.
+    EvaluateError when it is not FastInfer's."""
     try:
         entries = {str(b["name"]): b for b in body["backends"] if isinstance(b, dict)}
         said = body.get("family")
@@ -499,9 +494,8 @@ def through_server(
     family_name: str | None = None,
     timing: Timing | None = None,
 ) -> Evaluation:
-    """Each backend of a running server, asked about every photo by ``POST /classify``, the folder checked
-    against the labels the server lists, then timed under several clients. Nothing of this machine's model store
-    is read."""
+    """Each backend of a running server, asked about every photo by ``POST /classify`` and timed under several
+    clients; the local model store is not read."""
     import httpx
 
     timing = timing or Timing()
@@ -571,8 +565,7 @@ def _ask_all(
     skipped: dict[str, Skipped],
 ) -> tuple[list[list[int]], list[int], str | None, list[Path]]:
     """Every photo of ``folder`` to ``backend``, ``clients`` at a time: each answer's ranked label indices (-1:
-    unknown), its target, the server's first failure, and the photos answered; a photo the server refuses goes into
-    ``skipped``."""
+    unknown), its target, the first failure and the photos answered; a refused photo goes into ``skipped``."""
     import httpx
 
     index = {label: i for i, label in enumerate(folder.labels)}

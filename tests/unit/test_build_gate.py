@@ -19,7 +19,7 @@ from build_models import ARTIFACTS, plan
 from build_models.accuracy_gate import AccuracyGate, AccuracyRefused, judge
 from build_models.plan import Job, Outcome
 from fastinfer.measure import accuracy
-from fastinfer.measure.accuracy import EvalSet, binomial_cdf, clopper_pearson, paired
+from fastinfer.measure.accuracy import SETTLE_SEARCHED, EvalSet, binomial_cdf, clopper_pearson, paired
 
 # --- the exact interval ---------------------------------------------------------------------------------
 
@@ -223,3 +223,11 @@ def test_out_without_eval_dir_is_one_line(capsys, tmp_path) -> None:
 
     assert main(["--weights", "random", "--name", "hues", "--out", str(tmp_path)]) == 1
     assert capsys.readouterr().err.strip() == "build_models: --out: only with --eval-dir DIR, the photos to measure on"
+
+
+def test_past_the_search_the_photos_that_would_settle_it_are_said_as_more_than() -> None:
+    """Review: past 20,000 photos the number was the search's last step or a normal approximation, not the fewest."""
+    targets, reference, backend = answers_with(60, lost=1)
+    pairs = paired(reference, backend, targets)
+    assert pairs.photos_to_settle(1.45) == SETTLE_SEARCHED + 1
+    assert "more than 20000 photos would settle it" in judge(pairs, 1.45).note

@@ -93,6 +93,31 @@ def test_an_export_that_fails_is_refused_and_the_next_backend_is_built(tmp_path,
     assert f"[1/2] failing-pytorch: REFUSED: {why}" in said and f"| failing-pytorch | refused | {why} |" in said
 
 
+def test_an_export_that_loads_then_fails_on_the_photos_is_refused_and_the_next_backend_is_built(
+    tmp_path, monkeypatch
+) -> None:
+    """Review: an engine that opened but raised when run stopped the whole build with a traceback."""
+    import build_models
+    from tests.conftest import model_store_at
+
+    real_open = build_models.open_engine
+
+    class Failing:
+        def run(self, batch: Any) -> Any:
+            raise RuntimeError("simulated failure\nat run time")
+
+    def opened(name: str, **options: Any) -> Any:
+        return Failing() if name == "onnx" else real_open(name, **options)
+
+    monkeypatch.setattr(build_models, "open_engine", opened)
+    said: list[str] = []
+    with model_store_at(tmp_path / "home"), pytest.raises(BuildRefused, match=r": runfail-onnx$"):
+        build("random", only=["onnx", "onnx-int8-dynamic"], family="runfail", progress=said.append)
+    assert len(list((tmp_path / "home" / "models" / "runfail-onnx-int8-dynamic").glob("*/model.yaml"))) == 1
+    why = "the export does not run: RuntimeError: simulated failure at run time. Nothing stored."
+    assert f"| runfail-onnx | refused | {why} |" in said
+
+
 def test_int8_calibrated_on_a_black_image_is_refused_by_the_build_and_the_fidelity_gates(
     private_store, tmp_path, monkeypatch
 ) -> None:

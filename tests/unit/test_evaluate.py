@@ -433,11 +433,27 @@ def test_bad_timing_options_are_refused_before_anything_runs(stand_in, tmp_path,
     assert stopped.value.code == 2 and flag in capsys.readouterr().err and stand_in.asked == []
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [(["--clients", "7"], "--clients times a server's clients: it needs --url"),
+     (["--max-drop", "1e300"], "--max-drop is in points of top-1, 0 to 100, got 1e+300"),
+     (["--out", "{file}/x"], "cannot write there:")],
+)  # fmt: skip
+def test_options_that_cannot_hold_are_refused_before_anything_is_measured(tmp_path, capsys, args, said) -> None:
+    """Review: --clients in process was ignored, --max-drop 1e300 taken, an unwritable --out found at the end."""
+    (file := tmp_path / "a-file").write_text("")
+    given = [a.replace("{file}", str(file)) for a in args]
+    assert cli.main(["evaluate", str(tmp_path / "none"), *given]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"fastinfer evaluate: {said}")
+
+
 def test_the_command_line_s_defaults_are_evaluate_s() -> None:
     """Short by default, at the clients `make bench`'s headline is judged at."""
     args = cli.parser().parse_args(["evaluate", "photos"])
-    assert (args.seconds, args.clients, args.max_drop) == (ev.SPEED_SECONDS, ev.SPEED_CLIENTS, None)
-    assert ev.SPEED_CLIENTS == choice.SERVED_USERS and ev.SPEED_SECONDS <= 5
+    assert (args.seconds, args.clients, args.max_drop) == (ev.SPEED_SECONDS, None, None)
+    assert ev.SPEED_CLIENTS == choice.SERVED_USERS and ev.Timing().clients == ev.SPEED_CLIENTS
+    assert ev.SPEED_SECONDS <= 5
 
 
 def test_seconds_0_measures_accuracy_alone_and_still_draws_it(stand_in, tmp_path) -> None:

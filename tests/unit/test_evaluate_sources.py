@@ -95,6 +95,27 @@ def test_in_process_each_engine_is_timed_on_the_photos_and_held_to_the_family_s_
     assert (result.limit_pp, result.limit_source) == (2.5, ev.recorded_limit(None, [2.5])[1])
     assert result.fastest() in ("pytorch", "onnx-int8-dynamic")
     assert result.rows[1].paired.changed == 0 and result.rows[1].paired.images == 6  # paired with PyTorch's
-    assert "16 images a call drawn from the 6 preprocessed photos" in result.how and "CPU:" in result.table()
+    assert "16 images a call cycled from the 6 preprocessed photos" in result.how and "CPU:" in result.table()
     asked = ev.evaluate(photos(tmp_path / "again"), "pytorch", progress=quiet, timing=FAST, max_drop_pp=0.5)
     assert (asked.limit_pp, asked.limit_source) == (0.5, "--max-drop")
+
+
+@pytest.mark.usefixtures("own_store")
+def test_an_engine_that_fails_on_the_photos_is_a_row_not_a_crash(monkeypatch, tmp_path) -> None:
+    """Review: an engine that loaded, then raised on the photos, ended `fastinfer evaluate` in a traceback."""
+
+    class Failing(ByColour):
+        def run(self, images: np.ndarray) -> np.ndarray:
+            raise RuntimeError("simulated\nfailure")
+
+    monkeypatch.setenv("FASTINFER_MODEL", "tiles")
+    monkeypatch.setattr(ev, "open_engine", lambda name, dirs: Failing() if name == "onnx" else ByColour())
+    for backend in ("pytorch", "onnx"):
+        stored(f"tiles-{backend}", backend)
+    result = ev.evaluate(photos(tmp_path / "eval"), "pytorch,onnx", progress=quiet, timing=FAST)
+    rows = {r.backend: r for r in result.rows}
+    assert (rows["onnx"].status, rows["onnx"].note) == (
+        "not measured",
+        "failed while running: RuntimeError: simulated failure",
+    )
+    assert rows["pytorch"].status == "measured" and "onnx" not in result.speeds

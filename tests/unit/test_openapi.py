@@ -297,3 +297,18 @@ def test_the_error_descriptions_name_codes_the_server_answers() -> None:
     fields = {"images", "results"}  # named in backticks too, as fields
     assert named - fields <= documented_codes(), named - fields - documented_codes()
     assert {"invalid_image", "unsupported_media_type", "rate_limited"} <= named
+
+
+def test_every_setting_the_spec_names_is_one_that_exists(spec: dict[str, Any]) -> None:
+    """A description naming a removed or misspelt variable sends an operator looking for nothing."""
+    import re
+    import sys
+    from pathlib import Path
+
+    from fastinfer.catalog.tuned import REMOVED
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs" / "hooks"))
+    import settings_table
+
+    named = set(re.findall(r"\b(?:FASTINFER|GROQ)_[A-Z0-9_]*[A-Z0-9]", json.dumps(spec)))
+    assert named and named <= settings_table.documented() - REMOVED.keys(), sorted(named)

@@ -7,12 +7,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from fastinfer.catalog import backends, choice, config, tune_space, tuned
 from tests.settings import settings_with
+
+ROOT = Path(__file__).resolve().parents[2]
 
 HERE = {
     "machine": "x86_64",
@@ -504,13 +508,43 @@ def test_a_file_tuned_with_the_removed_scheduling_is_ignored_whole(in_force, mon
 
 
 def test_each_bad_variable_gets_one_line_naming_it(monkeypatch) -> None:
-    env = {"FASTINFER_THREADS": "5000", "FASTINFER_BATCHING_ONNX": "maybe", "FASTINFER_CACHE": "disk"}
+    """Secrets and REDIS_URL, read apart from the other fields, included (a bad secret hid the rest: review)."""
+    env = {"FASTINFER_THREADS": "5000", "FASTINFER_BATCHING_ONNX": "maybe", "FASTINFER_CACHE": "disk",
+           "FASTINFER_API_KEYS": "short", "REDIS_URL": "http://cache:6379", "FASTINFER_CACHE_TTL": "-1",
+           "FASTINFER_GROQ_TIMEOUT_S": "nan"}  # fmt: skip
     with pytest.raises(ValueError) as caught:
         settings_with(monkeypatch, FASTINFER_TUNED="off", **env)
-    assert sorted(str(caught.value).splitlines()) == [
+    said = sorted(str(caught.value).splitlines())
+    assert said[:3] == [
+        "FASTINFER_API_KEYS: key 1 of 1 is shorter than 16 characters; "
+        'make one with: python3 -c "import secrets; print(secrets.token_urlsafe(32))"',
         "FASTINFER_BATCHING_ONNX must be true or false, got 'maybe'",
         "FASTINFER_CACHE must be 'auto', 'redis', 'memory' or 'off', got 'disk'",
+    ]
+    assert said[3:] == [
+        "FASTINFER_CACHE_TTL must be at least 1, got -1",
+        "FASTINFER_GROQ_TIMEOUT_S must be a number of seconds such as 20 or 2.5, got 'nan'",
         "FASTINFER_THREADS must be from 0 to 1024, got 5000",
+        "REDIS_URL must be a redis://, rediss:// or unix:// URL, such as redis://host:6379/0",
+    ]
+
+
+@pytest.mark.parametrize("url", ["redis://[::1", "not a url", "redis://host:port/0"])
+def test_a_redis_url_that_is_no_url_stops_start_up_without_echoing_it(monkeypatch, url: str) -> None:
+    with pytest.raises(ValueError, match=r"^REDIS_URL ") as caught:
+        settings_with(monkeypatch, FASTINFER_TUNED="off", REDIS_URL=url, FASTINFER_REDIS_PASSWORD="pw-never-shown")
+    assert url not in str(caught.value) and "pw-never-shown" not in str(caught.value)
+
+
+def test_a_bad_setting_stops_bentoml_serve_in_one_line_per_variable() -> None:
+    """service.py reads the settings before anything else does: no traceback through the imports."""
+    env = {**os.environ, "FASTINFER_THREADS": "-1", "FASTINFER_MAX_BYTES": "abc", "FASTINFER_TUNED": "off"}
+    done = subprocess.run([sys.executable, "-c", "import service"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.splitlines()[-2:] == [
+        "fastinfer: FASTINFER_MAX_BYTES must be an integer, got 'abc'",
+        "FASTINFER_THREADS must be from 0 to 1024, got -1",
     ]
 
 
@@ -525,5 +559,6 @@ def test_the_environment_alone_is_the_model_read_by_pydantic_settings(monkeypatc
 def test_the_groq_base_url_is_the_sdks_variable_and_the_old_name_is_said_not_read(monkeypatch) -> None:
     monkeypatch.setenv("FASTINFER_GROQ_BASE_URL", "http://127.0.0.1:9/old")
     assert tuned.removed_in_environment() == ["FASTINFER_GROQ_BASE_URL"]
-    assert settings_with(monkeypatch, "GROQ_BASE_URL").groq.base_url is None  # the SDK's default: Groq's
+    with pytest.raises(ValueError, match="FASTINFER_GROQ_BASE_URL was removed: set GROQ_BASE_URL"):
+        settings_with(monkeypatch, "GROQ_BASE_URL")  # ignored, /analyze would go to Groq's public API
     assert settings_with(monkeypatch, GROQ_BASE_URL="http://127.0.0.1:9/").groq.base_url == "http://127.0.0.1:9/"
