@@ -19,13 +19,14 @@ import numpy as np
 from build_models.text import as_text
 from fastinfer.catalog.backends import SPECS, open_engine
 from fastinfer.engines import Engine, EngineUnavailable
-from fastinfer.measure import accuracy
+from fastinfer.measure import accuracy, evaluate
 from fastinfer.measure.accuracy import SETTLE_SEARCHED, Accuracy, EvalSet, Paired, Row
 
 if TYPE_CHECKING:
     from build_models.context import BuildContext
 
 DEFAULT_MAX_DROP_PP = 1.0
+BUILD_TIMING_S = 0.5  # each measured engine's warm-up and timing: enough to rank INT8 against FP32, not to report
 GATED_PRECISIONS = ("int8", "bf16")  # FP32 is held to its verification tolerance; CoreML cannot run here
 REFERENCE = "PyTorch FP32 (the build's reference)"
 
@@ -125,6 +126,10 @@ class AccuracyGate:
     rows: list[Row] = field(default_factory=list)
     # backend, its model folders → its engine as served (tests give stand-ins to exercise the decisions)
     open: Callable[[str, Mapping[int | None, str | Path]], Engine] = open_served
+    # Each measured engine's own images/s, briefly (None: not timed), to name the fastest within the limit;
+    # `fastinfer evaluate` times longer, and through a server.
+    timing: evaluate.Timing | None = None
+    speeds: dict[str, float | None] = field(default_factory=dict)
 
     @classmethod
     def prepare(
@@ -149,7 +154,15 @@ class AccuracyGate:
         logits = accuracy.run("accuracy: PyTorch reference", model, images.pixels, ticker)
         reference = accuracy.accuracy(logits, images.targets)
         json_path = default_json(ctx.family) if json_path is None else json_path
-        gate = cls(images, reference, accuracy.answers(logits), max_drop_pp, json_path, say)
+        gate = cls(
+            images,
+            reference,
+            accuracy.answers(logits),
+            max_drop_pp,
+            json_path,
+            say,
+            timing=evaluate.Timing(seconds=BUILD_TIMING_S, warmup_s=BUILD_TIMING_S, say=lambda line: None),
+        )
         gate.rows.append(Row.of("pytorch (reference)", "fp32", reference, reference, note="the weights as loaded"))
         say(
             f"accuracy: PyTorch on {reference.images} images: top-1 {reference.top1:.2%}, top-5 "
@@ -170,6 +183,8 @@ class AccuracyGate:
         precision = accuracy.run_precision(backend, engine.describe())
         rows = accuracy.BATCH if spec.rows_independent else 1  # dynamic INT8: one image per call, as served
         logits = accuracy.run(f"{name}: accuracy", engine.run, self.images.pixels, accuracy.printer(self.say), rows)
+        if self.timing is not None:
+            self.speeds[name] = evaluate.engine_speed(name, engine, self.images.pixels, rows, self.timing).images_per_s
         del engine  # let go of the files before they move into the store
         result = accuracy.accuracy(logits, self.images.targets)
         pairs = accuracy.paired(self.reference_answers, accuracy.answers(logits), self.images.targets)
@@ -262,6 +277,17 @@ class AccuracyGate:
         for line in report.summary():
             self.say(f"accuracy: {line}")
         self.say(report.table())
+        if self.speeds:
+            drops = {row.backend: row.drop_pp for row in self.rows if row.status != "refused"}
+            fastest = evaluate.fastest_within(self.speeds, drops, self.max_drop_pp)
+            report.extra["images_per_s_in_process"] = self.speeds
+            report.extra["fastest_within_limit"] = fastest
+            limit = f"within the limit ({self.max_drop_pp:g} pp)"
+            said = f"none timed is {limit}"
+            if fastest is not None:
+                said = f"fastest {limit}: {fastest}, {self.speeds[fastest]:g} images/s"
+            self.say(f"accuracy: {said} (each engine's own speed, {BUILD_TIMING_S:g} s in this process on the eval "
+                     "photos; `fastinfer evaluate` times longer, and through a server with --url)")  # fmt: skip
         try:
             self.say(f"accuracy: wrote {report.write(self.json_path)}")
         except OSError as exc:  # the table is printed above; a build's outcome does not hang on this file

@@ -8,7 +8,9 @@ stored). The exact interval is checked against values computed by hand.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from build_models import ARTIFACTS, plan
 from build_models.accuracy_gate import AccuracyGate, AccuracyRefused, judge
 from build_models.plan import Job, Outcome
 from fastinfer.measure import accuracy
+from fastinfer.measure import evaluate as ev
 from fastinfer.measure.accuracy import SETTLE_SEARCHED, EvalSet, binomial_cdf, clopper_pearson, paired
 
 # --- the exact interval ---------------------------------------------------------------------------------
@@ -231,3 +234,36 @@ def test_past_the_search_the_photos_that_would_settle_it_are_said_as_more_than()
     pairs = paired(reference, backend, targets)
     assert pairs.photos_to_settle(1.45) == SETTLE_SEARCHED + 1
     assert "more than 20000 photos would settle it" in judge(pairs, 1.45).note
+
+
+def test_the_build_names_the_fastest_backend_within_the_limit_and_writes_it(tmp_path) -> None:
+    """Issue 44: with --eval-dir the build's output says what `fastinfer evaluate` would, from a brief timing."""
+
+    class Steady(Answering):  # the same answers on every pass: the accuracy pass, then the timing
+        def __init__(self, answers: np.ndarray, delay_s: float) -> None:
+            super().__init__(answers, 3)
+            self.delay_s = delay_s
+
+        def run(self, images: np.ndarray) -> np.ndarray:
+            time.sleep(self.delay_s)
+            rows = (self.seen + np.arange(len(images))) % len(self.answers)
+            self.seen += len(images)
+            return np.eye(self.classes, dtype=np.float32)[self.answers[rows]]
+
+    targets, reference, lossy = answers_with(60, lost=30)
+    engines = {"onnx": Steady(reference, 0.02), "onnx-int8": Steady(lossy, 0.0), "openvino": Steady(reference, 0.0)}
+    said: list[str] = []
+    gate = family_gate(targets, reference, engines, tmp_path, said)
+    gate.timing = ev.Timing(seconds=0.05, warmup_s=0.0, say=lambda line: None)
+    for artifact in engines:
+        with contextlib.suppress(AccuracyRefused):  # onnx-int8 loses half: refused, however fast
+            gate.check(f"hues-{artifact}", artifact, None, tmp_path)
+    gate.finish()
+    assert set(gate.speeds) == {"hues-onnx", "hues-onnx-int8", "hues-openvino"}
+    assert gate.speeds["hues-openvino"] > gate.speeds["hues-onnx"]  # no 20 ms a call
+    (line,) = [s for s in said if s.startswith("accuracy: fastest within the limit (1 pp): ")]
+    assert line.startswith("accuracy: fastest within the limit (1 pp): hues-openvino, ")
+    written = json.loads((tmp_path / "accuracy.json").read_text())
+    assert written["fastest_within_limit"] == "hues-openvino" and set(written["images_per_s_in_process"]) == set(
+        gate.speeds
+    )
