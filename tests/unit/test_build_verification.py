@@ -76,6 +76,7 @@ def test_a_divergent_export_is_refused_and_the_next_backend_is_built(private_sto
     assert table[-1] == "build: 1 stored, 1 refused"
 
 
+@pytest.mark.heavy  # a model build
 def test_an_export_that_fails_is_refused_and_the_next_backend_is_built(tmp_path, monkeypatch) -> None:
     """A converter that raises on this model stops nothing but its own backend (a store of this test's own)."""
     from tests.conftest import model_store_at
@@ -93,6 +94,7 @@ def test_an_export_that_fails_is_refused_and_the_next_backend_is_built(tmp_path,
     assert f"[1/2] failing-pytorch: REFUSED: {why}" in said and f"| failing-pytorch | refused | {why} |" in said
 
 
+@pytest.mark.heavy  # a model build
 def test_an_export_that_loads_then_fails_on_the_photos_is_refused_and_the_next_backend_is_built(
     tmp_path, monkeypatch
 ) -> None:
