@@ -181,7 +181,7 @@ class AccuracyGate:
         except EngineUnavailable as exc:
             return str(exc)
         precision = accuracy.run_precision(backend, engine.describe())
-        rows = accuracy.BATCH if spec.rows_independent else 1  # dynamic INT8: one image per call, as served
+        rows = accuracy.call_size(spec.rows_independent)
         logits = accuracy.run(f"{name}: accuracy", engine.run, self.images.pixels, accuracy.printer(self.say), rows)
         if self.timing is not None:
             self.speeds[name] = evaluate.engine_speed(name, engine, self.images.pixels, rows, self.timing).images_per_s
@@ -247,9 +247,6 @@ class AccuracyGate:
             return
         note = "up to date, not rebuilt: measured, its stored metadata unchanged"
         self.rows.append(m.row(name, self.reference, note=note))
-
-    def refused(self) -> list[str]:
-        return [row.backend for row in self.rows if row.status == "refused"]
 
     def not_measured(self, name: str, why: str) -> None:
         self.rows.append(Row(name, status="not measured", note=why))

@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 
 from fastinfer.catalog.store import PreprocessSpec
-from fastinfer.engines import Engine
 from fastinfer.measure.photos import UnusablePhoto, photo_pixels
 
 BATCH = 16  # images per engine call: OpenVINO gains nothing beyond 8-16 rows
@@ -370,12 +369,9 @@ def run(
     return np.concatenate(out)
 
 
-def measure(
-    name: str, engine: Engine, images: EvalSet, progress: Progress | None = None, rows_independent: bool = True
-) -> Accuracy:
-    """One engine's accuracy; ``rows_independent=False`` (dynamic INT8) runs one image per call, as served."""
-    logits = run(name, engine.run, images.pixels, progress, BATCH if rows_independent else 1)
-    return accuracy(logits, images.targets)
+def call_size(rows_independent: bool) -> int:
+    """Photos per engine call, as served: dynamic INT8 (rows not independent) takes one at a time."""
+    return BATCH if rows_independent else 1
 
 
 def run_precision(backend: str, described: dict[str, Any]) -> str:
@@ -400,7 +396,6 @@ class Row:
     drop_pp: float | None = None  # top-1 percentage points below the reference (negative: above it)
     status: str = "measured"  # measured | not measured | refused | over the limit | ...
     note: str = ""
-    req_per_s: float | None = None  # served by `make bench` (evaluate's plot), when measured
     paired: Paired | None = None  # against the reference, photo by photo: the drop's interval and the agreement
 
     @classmethod
@@ -457,11 +452,10 @@ class Report:
         return [visible(line) for line in lines]
 
     def table(self) -> str:
-        with_rate = any(r.req_per_s is not None for r in self.rows)
         with_pairs = any(r.paired is not None for r in self.rows)
         head = ["backend", "precision", "images", "top-1", "top-5", "drop vs reference (pp)"]
         head += ["drop's 95% interval (pp)", "same answer (changed)"] if with_pairs else []
-        head += ["status"] + (["req/s served"] if with_rate else [])
+        head += ["status"]
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in self.rows:
             cells = [
@@ -478,7 +472,6 @@ class Report:
                     f"{p.drop_low_pp:+.2f} to {p.drop_high_pp:+.2f}", f"{p.agreement:.1%} ({p.changed})"
                 ]  # fmt: skip
             cells += [r.status + (f": {r.note}" if r.note else "")]
-            cells += ["—" if r.req_per_s is None else f"{r.req_per_s:g}"] if with_rate else []
             lines.append("| " + " | ".join(map(visible, cells)) + " |")
         return "\n".join(lines)
 

@@ -433,7 +433,7 @@ def in_process(
             rows.append(Row(backend, status="not measured", note=f"could not be loaded: {type(exc).__name__}: {exc}"))
             continue
         mine_set = photos(mine.categories, mine.preprocess)
-        batch = accuracy.BATCH if spec.rows_independent else 1  # dynamic INT8: one image a call, as served
+        batch = accuracy.call_size(spec.rows_independent)
         try:
             logits = accuracy.run(backend, engine.run, mine_set.pixels, progress, batch)
         except Exception as exc:  # loaded, then failed on the photos: a row, not a crash
