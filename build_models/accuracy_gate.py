@@ -20,12 +20,11 @@ from build_models.text import as_text
 from fastinfer.catalog.backends import SPECS, open_engine
 from fastinfer.engines import Engine, EngineUnavailable
 from fastinfer.measure import accuracy, evaluate
-from fastinfer.measure.accuracy import SETTLE_SEARCHED, Accuracy, EvalSet, Paired, Row
+from fastinfer.measure.accuracy import DEFAULT_MAX_DROP_PP, SETTLE_SEARCHED, Accuracy, EvalSet, Paired, Row
 
 if TYPE_CHECKING:
     from build_models.context import BuildContext
 
-DEFAULT_MAX_DROP_PP = 1.0
 BUILD_TIMING_S = 0.5  # each measured engine's warm-up and timing: enough to rank INT8 against FP32, not to report
 GATED_PRECISIONS = ("int8", "bf16")  # FP32 is held to its verification tolerance; CoreML cannot run here
 REFERENCE = "PyTorch FP32 (the build's reference)"
@@ -109,10 +108,8 @@ class Measured:
 
 
 def default_json(family: str) -> Path:
-    """Where a family's accuracy table goes without ``--out``: beside the family, in the store's home."""
-    from fastinfer.common.home import bentoml_home
-
-    return bentoml_home() / "artifacts" / family / "accuracy.json"
+    """Where a family's accuracy table goes without ``--out``."""
+    return accuracy.artifacts_folder(family) / "accuracy.json"
 
 
 @dataclass

@@ -214,6 +214,7 @@ def answers(logits: np.ndarray) -> np.ndarray:
 # --- a backend against the reference on the same photos ------------------------------------------------
 
 CONFIDENCE = 0.95
+DEFAULT_MAX_DROP_PP = 1.0  # top-1 points below PyTorch's: the build's --max-accuracy-drop and evaluate's limit
 SETTLE_SEARCHED = 20_000  # photos: the exact search stops here (said as "more than"; a larger interval takes seconds)
 INTERVAL_METHOD = (
     "exact (Clopper-Pearson) on the discordant pairs: their share of the photos and the share of them lost, "
@@ -367,6 +368,13 @@ def run(
         if progress is not None:
             progress(name, min(start + batch, len(pixels)), len(pixels))
     return np.concatenate(out)
+
+
+def artifacts_folder(family: str) -> Path:
+    """Where a family's accuracy.json, evaluate.json and evaluate.png go by default: beside it, in the store's home."""
+    from fastinfer.common.home import bentoml_home
+
+    return bentoml_home() / "artifacts" / family
 
 
 def call_size(rows_independent: bool) -> int:

@@ -26,7 +26,6 @@ from fastinfer.catalog.backends import SPECS, open_engine
 from fastinfer.catalog.store import PreprocessSpec, StoredModelInfo
 from fastinfer.common import hardware
 from fastinfer.common.client import auth_headers
-from fastinfer.common.home import bentoml_home
 from fastinfer.engines import Engine
 from fastinfer.measure import accuracy
 from fastinfer.measure.accuracy import EvalFolder, EvalSet, Progress, Report, Row, Skipped
@@ -37,7 +36,6 @@ SPEED_CLIENTS = choice.SERVED_USERS  # the speed: the clients `make bench`'s ser
 SPEED_SECONDS = 5.0  # timed per backend, after the warm-up: short by default (--seconds)
 WARMUP_S = 1.0  # load before the timed window: connections opened, the server's batches and the engine warm
 SPEED_PHOTOS = 64  # the most photos whose bodies are held in memory for the served speed, spread over the folder
-DEFAULT_LIMIT_PP = 1.0  # the build's --max-accuracy-drop default (build_models, a layer above; a test holds them equal)
 LIMIT_KEY = "max_accuracy_drop_pp"  # where a build with --eval-dir records its limit (each model's accuracy metadata)
 UNTIMED = "not measured (--seconds 0)"
 Z95 = 1.959964  # the normal quantile of 97.5%: a two-sided 95% interval
@@ -183,14 +181,14 @@ def recorded_limit(
     numbers = sorted({float(v) for v in recorded if isinstance(v, int | float) and not isinstance(v, bool)})
     if numbers:
         return numbers[0], "the family's build (--max-accuracy-drop, recorded with its models)"
-    return DEFAULT_LIMIT_PP, f"the build's default: {none}"
+    return accuracy.DEFAULT_MAX_DROP_PP, f"the build's default: {none}"
 
 
 def artifacts_dir(family: str) -> Path:
     """Where evaluate's files go by default: beside the family in the store's home. EvaluateError for a name no
     folder can have."""
     try:
-        return bentoml_home() / "artifacts" / store.check_family(family)
+        return accuracy.artifacts_folder(store.check_family(family))
     except store.BadFamilyName as exc:
         raise EvaluateError(f"the family's name cannot name a folder ({exc}): give --out DIR") from None
 
@@ -285,7 +283,7 @@ class Evaluation:
     clients: int | None = None  # through a server: how many clients; in process: None
     recorded: list[Any] = field(default_factory=list)  # limits the family's build recorded
     unrecorded: str = "the family records none (built without --eval-dir)"  # why, when there are none
-    limit_pp: float = DEFAULT_LIMIT_PP
+    limit_pp: float = accuracy.DEFAULT_MAX_DROP_PP
     limit_source: str = ""
 
     @property

@@ -507,7 +507,7 @@ def test_the_top1_interval_is_wilson_s() -> None:
 def test_the_limit_is_the_family_s_recorded_one_else_the_build_s_default() -> None:
     from build_models.accuracy_gate import DEFAULT_MAX_DROP_PP
 
-    assert ev.DEFAULT_LIMIT_PP == DEFAULT_MAX_DROP_PP
+    assert DEFAULT_MAX_DROP_PP == 1.0  # the build's default is evaluate's: one definition
     assert ev.recorded_limit(0.5, [2.0]) == (0.5, "--max-drop")
     assert ev.recorded_limit(None, [None, 2.0, 1.5, True])[0] == 1.5  # the smallest a build recorded
     assert ev.recorded_limit(None, [None, "x"]) == (DEFAULT_MAX_DROP_PP, ev.recorded_limit(None, [])[1])
