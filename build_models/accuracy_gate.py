@@ -25,7 +25,7 @@ from fastinfer.measure.accuracy import DEFAULT_MAX_DROP_PP, SETTLE_SEARCHED, Acc
 if TYPE_CHECKING:
     from build_models.context import BuildContext
 
-BUILD_TIMING_S = 0.5  # each measured engine's warm-up and timing: enough to rank INT8 against FP32, not to report
+BUILD_TIMING_S = 0.5  # each measured engine's warm-up, then timing: brief, a ranking, not a figure to report
 GATED_PRECISIONS = ("int8", "bf16")  # FP32 is held to its verification tolerance; CoreML cannot run here
 REFERENCE = "PyTorch FP32 (the build's reference)"
 
@@ -181,7 +181,10 @@ class AccuracyGate:
         rows = accuracy.call_size(spec.rows_independent)
         logits = accuracy.run(f"{name}: accuracy", engine.run, self.images.pixels, accuracy.printer(self.say), rows)
         if self.timing is not None:
-            self.speeds[name] = evaluate.engine_speed(name, engine, self.images.pixels, rows, self.timing).images_per_s
+            speed = evaluate.engine_speed(name, engine, self.images.pixels, rows, self.timing)
+            self.speeds[name] = speed.images_per_s
+            if speed.note:
+                self.say(f"{name}: {speed.note}")
         del engine  # let go of the files before they move into the store
         result = accuracy.accuracy(logits, self.images.targets)
         pairs = accuracy.paired(self.reference_answers, accuracy.answers(logits), self.images.targets)

@@ -234,6 +234,8 @@ def evaluate(args: argparse.Namespace) -> int:
 
     if args.clients is not None and not args.url:
         return _refuse_evaluate("--clients times a server's clients: it needs --url")
+    if args.plot is not None and args.plot.suffix.lower() not in (".png", ".svg", ".pdf"):
+        return _refuse_evaluate(f"--plot names a .png, .svg or .pdf file, got {args.plot}")
     if args.max_drop is not None and args.max_drop > 100:
         return _refuse_evaluate(f"--max-drop is in points of top-1, 0 to 100, got {args.max_drop:g}")
     try:  # the folders it writes into, before minutes of measuring
@@ -256,7 +258,7 @@ def evaluate(args: argparse.Namespace) -> int:
     try:
         _write_json(args.json or out / "evaluate.json", result.as_dict())
         print(f"wrote {ev.plot(result, args.plot or out / 'evaluate.png')}", file=sys.stderr)
-    except OSError as exc:  # the table above stands; only its files are missing
+    except (OSError, ValueError) as exc:  # the table above stands; only its files are missing
         return _refuse_evaluate(f"cannot write its files: {exc}")
     return 0
 

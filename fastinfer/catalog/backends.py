@@ -220,8 +220,9 @@ def over_accuracy_limit(name: str) -> str | None:
     if not isinstance(measured, dict):
         return None
     top1, reference, limit = (measured.get(k) for k in ("top1", "reference_top1", "max_accuracy_drop_pp"))
-    if not all(isinstance(v, int | float) for v in (top1, reference, limit)):
-        return None
+    shares = (top1, reference) if all(type(v) in (int, float) for v in (top1, reference, limit)) else ()
+    if not shares or not all(0 <= v <= 1 for v in shares) or not 0 <= limit <= 100:  # NaN fails both
+        return None  # not what a build writes: nothing measured, as far as the choice goes
     drop = round(100 * (reference - top1), 6)  # fractions of the same photos: 0.96 - 0.95 is not 1.0000000000000009
     if drop <= limit:
         return None

@@ -193,7 +193,10 @@ def _resolved(requested: str, named_by: str) -> DefaultChoice:
     runnable = [name for name in BACKENDS if unavailable_reason(name) is None]
     lossy = {name: why for name in runnable if (why := over_accuracy_limit(name)) is not None}
     measured, unit = measurements(hw)
-    chosen = choose_default(requested, hw, [name for name in runnable if name not in lossy], measured, unit=unit)
+    within = [name for name in runnable if name not in lossy]
+    if not within:  # nothing else can run: serving one over the limit beats a 503 for every request
+        lossy = {}
+    chosen = choose_default(requested, hw, within or runnable, measured, unit=unit)
     if not lossy:
         return chosen
     passed = "; ".join(f"{name}: {why}" for name, why in lossy.items())

@@ -67,7 +67,10 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None, prog: str) ->
         rounds = ", --rounds not negative" if "rounds" in args else ""
         parser.error(f"--clients, --budget and --seconds must be positive{rounds}")
     use_project_store()
-    reasons = {b: unavailable_reason(b) or over_accuracy_limit(b) for b in BACKENDS_TUNED}  # within the limit only
+    reasons = {b: unavailable_reason(b) for b in BACKENDS_TUNED}
+    lossy = {b: lost for b, why in reasons.items() if why is None and (lost := over_accuracy_limit(b)) is not None}
+    if any(why is None and b not in lossy for b, why in reasons.items()):  # within the limit only, where any is
+        reasons |= lossy
     runnable = [b for b, why in reasons.items() if why is None]
     wanted = list(dict.fromkeys(b.strip() for b in args.backends.split(","))) if args.backends else runnable
     why = ""

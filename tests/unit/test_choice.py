@@ -215,6 +215,13 @@ def test_auto_passes_over_a_backend_whose_build_measured_it_over_the_limit(monke
         choice._resolved.cache_clear()
     assert chosen.backend == "onnx"
     assert chosen.why.endswith("; passed over for accuracy: onnx-int8: " + lossy["onnx-int8"])
+    # Review: with nothing else that can run, the one over the limit is served (not an unstored onnx's 503).
+    monkeypatch.setattr(choice, "unavailable_reason", lambda name: None if name == "onnx-int8" else "no")
+    try:
+        alone = choice._resolved("auto", "environment")
+    finally:
+        choice._resolved.cache_clear()
+    assert alone.backend == "onnx-int8" and "passed over" not in alone.why
 
 
 def test_a_stored_drop_over_the_familys_limit_is_read_from_the_model(private_store: Path) -> None:
@@ -231,6 +238,10 @@ def test_a_stored_drop_over_the_familys_limit_is_read_from_the_model(private_sto
         record.write_text(yaml.safe_dump({**info, "metadata": {**info["metadata"], "accuracy": measured}}))
         said = over_accuracy_limit("onnx-int8")
         assert (said is not None) == over, said
+    for odd in ({"top1": float("nan")}, {"max_accuracy_drop_pp": -1.0}, {"top1": False, "reference_top1": True},
+                {"reference_top1": 10**400}, {"max_accuracy_drop_pp": float("inf")}):  # fmt: skip
+        record.write_text(yaml.safe_dump({**info, "metadata": {**info["metadata"], "accuracy": {**measured, **odd}}}))
+        assert over_accuracy_limit("onnx-int8") is None, odd  # not what a build writes: nothing measured
     assert said == (
         "its build measured a top-1 drop of 6.00 pp against PyTorch on 60 photos, over the family's limit of 1 pp"
     )

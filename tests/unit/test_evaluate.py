@@ -438,7 +438,8 @@ def test_bad_timing_options_are_refused_before_anything_runs(stand_in, tmp_path,
     ("args", "said"),
     [(["--clients", "7"], "--clients times a server's clients: it needs --url"),
      (["--max-drop", "1e300"], "--max-drop is in points of top-1, 0 to 100, got 1e+300"),
-     (["--out", "{file}/x"], "cannot write there:")],
+     (["--out", "{file}/x"], "cannot write there:"),
+     (["--plot", "{file}.xyz"], "--plot names a .png, .svg or .pdf file, got ")],
 )  # fmt: skip
 def test_options_that_cannot_hold_are_refused_before_anything_is_measured(tmp_path, capsys, args, said) -> None:
     """Review: --clients in process was ignored, --max-drop 1e300 taken, an unwritable --out found at the end."""
