@@ -59,9 +59,14 @@ system-deps:
 # 612 s against 603 s for two: the CPU is the limit.
 # `make test TEST_WORKERS=0` runs in one process.
 TEST_WORKERS ?= 2
+# A run that goes wrong still says why: past TEST_TIME_LIMIT (a whole run takes ~10 min here) pytest is interrupted
+# and prints what failed so far, before a CI's own limit would cut it off unexplained. (macOS has no `timeout`
+# unless coreutils is installed: there the run is not limited.)
+TEST_TIME_LIMIT ?= 45m
+TEST_LIMITED := $(if $(shell command -v timeout),timeout --signal=INT --kill-after=2m $(TEST_TIME_LIMIT))
 test: system-deps models
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(TEST_LIMITED) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The loop while you work: the unit tests that need no built store, no server and no model build (docs/architecture.md).
 test-quick: $(VENV)/.installed
