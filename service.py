@@ -87,8 +87,8 @@ class FastInfer:
         self.live = LiveStats()
         # Decoding is CPU-bound; more threads than cores only adds contention (see fastinfer.serving.cpu).
         self.cpu = CpuPool(settings.decode_threads or hardware.cpu_count(), "front-cpu")
-        # FASTINFER_IN_FRONT: engines run in this worker, no hop to a runner; loaded before it answers (1-2 s each).
-        self.in_front = {attribute(r): RunnerCore(r, workers=1) for r in sorted(settings.in_front) if runs_here(r)}
+        # Engines run in this worker, no hop to a runner (engines_in_front); loaded before it answers (1-2 s each).
+        self.in_front = {attribute(r): RunnerCore(r, workers=1) for r in sorted(self.engines_in_front) if runs_here(r)}
         calls = self.runner_calls = RunnerCalls(
             self, models, self.unavailable, settings.request_timeout_s, self.in_front
         )

@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         say("starting bentoml serve")
         # Engines in their runners, whatever the shell exports: the runs are labelled "runner process".
         results.update(decode_threads_here())  # the runs' decode pool, recorded (unknown with --url: not ours)
-        env = {"FASTINFER_MAX_CONCURRENCY": "256", "FASTINFER_IN_FRONT": "", **told(results)}
+        env = {"FASTINFER_MAX_CONCURRENCY": "256", "FASTINFER_IN_FRONT": "none", **told(results)}
         server = start_server(None, args.out / "serve.log", env)
         url, pid = server.url, server.process.pid
     if pid is None:
@@ -380,7 +380,7 @@ def placement(results: dict[str, Any], args: argparse.Namespace) -> list[dict[st
     rows = []
     # Set, not inherited from the shell: the labels must be true, and the front worker needs a single worker.
     configs = [(where, {"FASTINFER_IN_FRONT": engine, "FASTINFER_FRONT_WORKERS": "1", **told(results)})
-               for where, engine in (("runner process", ""), ("front worker", best))]  # fmt: skip
+               for where, engine in (("runner process", "none"), ("front worker", best))]  # fmt: skip
     # Each round in the reverse order of the one before: a machine that drifts in speed favours none.
     order = [(r, c) for r in range(1, PLACEMENT_ROUNDS + 1) for c in (configs if r % 2 else configs[::-1])]
     for round_, (where, env) in order:
@@ -414,7 +414,7 @@ def study(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, A
             "FASTINFER_RUNNER_WORKERS": str(runner),
             f"FASTINFER_BATCHING_{key}": batching,
             "FASTINFER_MAX_CONCURRENCY": "256",
-            "FASTINFER_IN_FRONT": "",  # engines in their runners, whatever the shell exports
+            "FASTINFER_IN_FRONT": "none",  # engines in their runners, whatever the shell exports
             "FASTINFER_BACKENDS": best,  # no idle runner beside the one measured
             "FASTINFER_DEFAULT_BACKEND": best,
             **told(results),  # the main runs' decode pool (decode_threads_here), recorded with them

@@ -12,6 +12,7 @@ import bentoml
 
 from fastinfer.catalog.backends import RUNNERS, SPECS, BackendSpec, runs_here
 from fastinfer.catalog.backends import unavailable_reason as unavailable_reason
+from fastinfer.catalog.choice import default_choice, engines_in_front
 from fastinfer.catalog.config import get_settings
 from runners.base import make_runner
 
@@ -46,8 +47,10 @@ SERVICES = {runner: make_runner(runner) for runner in RUNNERS}
 
 def attach(front: F) -> F:
     """Class decorator for the front, under ``@bentoml.service``: depend on every runner that runs here
-    (others are not started: their backends answer 503 with the reason), but those in FASTINFER_IN_FRONT."""
-    in_front = get_settings().in_front
+    (others are not started: their backends answer 503 with the reason), but those whose engine the front worker
+    holds (``front.engines_in_front``, engines_in_front)."""
+    in_front, _ = engines_in_front(get_settings(), default_choice(kept=False).backend)
+    front.engines_in_front = in_front  # type: ignore[attr-defined]  # what the front loads: the same set
     for runner, service in SERVICES.items():
         if runs_here(runner) and runner not in in_front:
             setattr(front, attribute(runner), bentoml.depends(service))

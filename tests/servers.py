@@ -26,6 +26,10 @@ SERVER_ENV = {
     # with a model corrupted on purpose; `auto` is tested on its own (tests/unit/test_choice.py,
     # tests/integration/test_tune.py).
     "FASTINFER_DEFAULT_BACKEND": "onnx",
+    # Every engine in its runner, as the tests of runners (their processes, faults, batching) were written for;
+    # the default placement (the default backend's engine in the front worker) is tested on its own
+    # (tests/integration/test_tune.py, tests/unit/test_in_front.py).
+    "FASTINFER_IN_FRONT": "none",
     "FASTINFER_MAX_BYTES": str(5_000_000),
     "FASTINFER_MAX_PIXELS": str(40_000_000),
     "FASTINFER_MAX_CONCURRENCY": "16",

@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from fastinfer.catalog.backends import BACKENDS, env_key, over_accuracy_limit, unavailable_reason
+from fastinfer.catalog.backends import BACKENDS, SPECS, env_key, over_accuracy_limit, runs_here, unavailable_reason
 from fastinfer.catalog.config import Settings, get_settings
 from fastinfer.catalog.store import DEFAULT_FAMILY
 from fastinfer.catalog.tuned import MACHINE_KEYS
@@ -203,10 +203,12 @@ def _resolved(requested: str, named_by: str) -> DefaultChoice:
     return replace(chosen, why=f"{chosen.why}; passed over for accuracy: {passed}")
 
 
-def default_choice() -> DefaultChoice:
-    """This process's default backend, resolved once per FASTINFER_DEFAULT_BACKEND value and source."""
+def default_choice(kept: bool = True) -> DefaultChoice:
+    """This process's default backend, resolved once per FASTINFER_DEFAULT_BACKEND value and source; ``kept=False``:
+    resolved afresh and not kept (the front's class is made before the served versions are pinned)."""
     settings = get_settings()
-    return _resolved(settings.default_backend, settings.sources.get("FASTINFER_DEFAULT_BACKEND", "environment"))
+    given = (settings.default_backend, settings.sources.get("FASTINFER_DEFAULT_BACKEND", "environment"))
+    return _resolved(*given) if kept else _resolved.__wrapped__(*given)
 
 
 def default_now(
@@ -222,6 +224,19 @@ def default_now(
     return replace(chosen, backend=instead, why=f"{chosen.backend} cannot answer here ({why[:120]}); next choice")
 
 
+def engines_in_front(settings: Settings, default_backend: str) -> tuple[frozenset[str], str]:
+    """The runners whose engine the front worker holds, and where that was decided: FASTINFER_IN_FRONT or a tuned
+    file where either says; else, with one front worker, ``default_backend``'s, where it served most in
+    `make bench`'s placement step on every CPU measured (docs/benchmarks.md); with more, none (each would
+    load its own engine)."""
+    if "FASTINFER_IN_FRONT" in settings.sources or settings.tuned.get("status") == "in force":
+        return settings.in_front, settings.sources.get("FASTINFER_IN_FRONT", "tuned")
+    runner = SPECS[default_backend].runner_name
+    if settings.front_workers != 1 or not runs_here(runner):
+        return frozenset(), "default"
+    return frozenset({runner}), "default"
+
+
 def configuration(settings: Settings, default: DefaultChoice) -> dict[str, dict[str, str]]:
     """The settings that decide served throughput, each with its value and source (tuned, environment, rule,
     default)."""
@@ -230,6 +245,7 @@ def configuration(settings: Settings, default: DefaultChoice) -> dict[str, dict[
         return settings.sources.get(name) or ("rule" if rule else "default")
 
     threads = settings.threads
+    in_front, in_front_source = engines_in_front(settings, default.backend)
     shown = {
         "FASTINFER_DEFAULT_BACKEND": (default.backend, default.source),
         "FASTINFER_FRONT_WORKERS": (str(settings.front_workers), source("FASTINFER_FRONT_WORKERS")),
@@ -238,7 +254,7 @@ def configuration(settings: Settings, default: DefaultChoice) -> dict[str, dict[
             str(threads) if threads else "0 (the cores ÷ runner workers)",
             source("FASTINFER_THREADS", rule=not threads),
         ),
-        "FASTINFER_IN_FRONT": (",".join(sorted(settings.in_front)) or "(none)", source("FASTINFER_IN_FRONT")),
+        "FASTINFER_IN_FRONT": (",".join(sorted(in_front)) or "(none)", in_front_source),
         "FASTINFER_DECODE_THREADS": (
             str(decode) if (decode := settings.decode_threads) else "0 (one per core)",
             source("FASTINFER_DECODE_THREADS", rule=not decode),

@@ -242,7 +242,7 @@ def server_env(configs: list[Config]) -> dict[str, str]:
     env = {**untuned(), "FASTINFER_TUNED": "off", "FASTINFER_MAX_CONCURRENCY": "256"}
     for config in configs:
         env.update(config.settings())
-    env["FASTINFER_IN_FRONT"] = ",".join(c.backend for c in configs if c.in_front)
+    env["FASTINFER_IN_FRONT"] = ",".join(c.backend for c in configs if c.in_front) or "none"
     env["FASTINFER_DEFAULT_BACKEND"] = configs[0].backend  # each run names its backend; not the shell's
     env["FASTINFER_BACKENDS"] = ",".join(c.backend for c in configs)  # no idle runner beside those measured
     return env

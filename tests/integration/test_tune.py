@@ -16,8 +16,9 @@ from pathlib import Path
 import httpx
 import psutil
 
+from fastinfer.catalog.backends import SPECS
 from fastinfer.measure import photos
-from tests.servers import NO_CACHE, serve
+from tests.servers import NO_CACHE, serve, service_pids
 
 
 def as_in_a_terminal() -> None:
@@ -94,6 +95,12 @@ def test_a_server_without_settings_serves_this_machines_choice(built_models, tmp
                             headers=NO_CACHE, timeout=60)  # fmt: skip
         assert answer.status_code == 200 and answer.json()["backend"] == chosen["backend"]
         assert f"default backend: `{chosen['backend']}` (FASTINFER_DEFAULT_BACKEND=auto" in server.log.read_text()
+        # Untuned, with one front worker, the default backend's engine runs in it, where it serves most.
+        runner = SPECS[chosen["backend"]].runner_name
+        assert info["configuration"]["FASTINFER_IN_FRONT"] == {"value": runner, "source": "default"}
+        (row,) = [b for b in info["backends"] if b["name"] == chosen["backend"]]
+        assert row["runs_on"]["placement"] == "front worker", row
+        assert not service_pids(server, f"runner-{runner}")  # no process started for it
 
 
 def test_an_interrupted_tune_stops_every_server_and_keeps_the_previous_file(built_models, tmp_path) -> None:

@@ -61,6 +61,6 @@ def test_the_placement_step_runs_each_placement_in_alternating_order(monkeypatch
     assert len(rows) == 2 * bench.PLACEMENT_ROUNDS
     for n, (row, env) in enumerate(zip(rows, started, strict=True), 1):  # every label is what its server was told
         assert env["FASTINFER_DECODE_THREADS"] == "0" and "FASTINFER_SCHEDULING" not in env
-        assert env["FASTINFER_IN_FRONT"] == ("onnx-int8" if row["placement"] == "front worker" else "")
+        assert env["FASTINFER_IN_FRONT"] == ("onnx-int8" if row["placement"] == "front worker" else "none")
         assert env["FASTINFER_FRONT_WORKERS"] == "1" and row["decode_threads"] == 0 and "scheduling" not in row
         assert row["sequential"]["median_ms"] == 20.0 and row["req_per_s"] == float(n)  # its own server's run

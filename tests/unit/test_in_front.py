@@ -12,6 +12,7 @@ import pytest
 
 from fastinfer.catalog import holdings
 from fastinfer.catalog.backends import SPECS, open_engine
+from fastinfer.catalog.choice import engines_in_front
 from fastinfer.common.errors import RequestTimeout, RunnerNotLoaded
 from fastinfer.serving import deadlines
 from runners import REGISTRY, attribute
@@ -156,3 +157,24 @@ def test_no_runner_api_is_shadowed_by_a_cores_attribute(core: RunnerCore) -> Non
     from runners.base import make_runner
 
     assert set(make_runner(BACKEND).apis) & set(vars(core)) == set()
+
+
+def test_untuned_with_one_front_worker_the_default_backends_engine_runs_in_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where it served most in `make bench`'s placement step (docs/benchmarks.md); said as the default."""
+    untuned = settings_with(monkeypatch, "FASTINFER_IN_FRONT", "FASTINFER_FRONT_WORKERS", FASTINFER_TUNED="off")
+    assert engines_in_front(untuned, "onnx-int8") == ({SPECS["onnx-int8"].runner_name}, "default")
+    assert engines_in_front(untuned, "coreml") == (frozenset(), "default")  # no runner of it here (not macOS)
+    two = settings_with(monkeypatch, "FASTINFER_IN_FRONT", FASTINFER_FRONT_WORKERS="2", FASTINFER_TUNED="off")
+    assert engines_in_front(two, "onnx-int8") == (frozenset(), "default")  # each worker would load its own
+    monkeypatch.delenv("FASTINFER_FRONT_WORKERS")
+    none = settings_with(monkeypatch, FASTINFER_IN_FRONT="none", FASTINFER_TUNED="off")
+    assert engines_in_front(none, "onnx-int8") == (frozenset(), "environment")
+    named = settings_with(monkeypatch, FASTINFER_IN_FRONT="openvino-int8", FASTINFER_TUNED="off")
+    assert engines_in_front(named, "onnx-int8") == ({"openvino-int8"}, "environment")
+    empty = settings_with(monkeypatch, FASTINFER_IN_FRONT=" ", FASTINFER_TUNED="off")  # empty is unset
+    assert engines_in_front(empty, "onnx") == ({SPECS["onnx"].runner_name}, "default")
+    # A tuned file in force decides: one that chose the runner leaves the variable out (tune_space.PLAIN).
+    tuned = untuned.model_copy(update={"tuned": {"status": "in force", "settings": {}}})
+    assert engines_in_front(tuned, "onnx-int8") == (frozenset(), "tuned")

@@ -158,7 +158,7 @@ def _umask() -> int:
 def test_nothing_served_writes_the_report_and_keeps_the_previous_tuned_file(tmp_path) -> None:
     previous = tmp_path / "tuned.json"
     previous.write_text('{"format": 1}')
-    servers = FakeServers(refuse={""})  # every server fails to start
+    servers = FakeServers(refuse={"none"})  # every server fails to start
     search = tune(Goal(), 10_000, 5, tmp_path, list(FIGURES), by_rate({}), FIGURES, servers.start, servers.stop)
     assert search.chosen is None and files.write(search, "fastinfer tune", previous) is None
     assert previous.read_text() == '{"format": 1}' and "Nothing served" in (tmp_path / "failed-report.md").read_text()
