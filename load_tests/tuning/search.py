@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -33,6 +34,10 @@ PRUNE = 0.6  # a backend below this share of the best in-process ceiling (or abo
 MAX_SERVED_BACKENDS = 3  # at most this many backends reach stage 2
 SERVER_S, RUN_OVERHEAD_S = 16.0, 3.0  # measured on 2 cores: a server's start and stop, a run's warm-up and locust
 MIN_GAIN = 0.03  # a setting is kept when it serves this much better than the best so far (this VM's noise is larger)
+PLACEMENT = "where the engine runs"
+# Fresh servers per placement, in alternating order: one run each moved by 2-5% between runs of one configuration
+# here, as much as placements differ by on some CPUs; three each separate a 10% gap (docs/tuning.md).
+PLACEMENT_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -295,7 +300,7 @@ def alternatives(config: Config, cores: int, goal: Goal) -> list[tuple[str, list
     dims = tune_space.dimensions(config.backend, cores, goal.kind)  # the table's (or the rule's) value first
     steps: list[tuple[str, list[Config]]] = []
     if config.front_workers == 1:
-        steps.append(("where the engine runs", [replace(config, in_front=not config.in_front)]))
+        steps.append((PLACEMENT, [replace(config, in_front=not config.in_front)]))
     if "max_batch" in dims:
         steps.append(("max batch", [replace(config, max_batch=b) for b in dims["max_batch"][1:]]))
         steps.append(("max wait", [replace(config, max_latency_ms=w) for w in dims["max_latency_ms"][1:]]))
@@ -338,6 +343,9 @@ def tune(
     )
     for name, options in alternatives(baseline.config, cores, goal):
         for option in alternatives_from(current.config, options, baseline.config):
+            if name == PLACEMENT:
+                current = search.chosen = placement(search, current, option, measure)
+                continue
             if not search.affords(1, 1):
                 search.skipped.append(f"{name}: {option.label()} (the budget)")
                 continue
@@ -349,6 +357,55 @@ def tune(
                 search.decisions.append(f"{name}: kept; {option.label()} {shown(trial)} vs {shown(current)}")
     confirm(search, baseline, measure)
     return search
+
+
+def placement(search: Search, current: Trial, option: Config, measure: Measure) -> Trial:
+    """``current``'s configuration and ``option`` (its engine moved) each served PLACEMENT_ROUNDS times on fresh
+    servers, alternating; ``option`` is kept only when its mean beats by MIN_GAIN and by more than the rounds'
+    noise (twice the standard error of the gap). Returns the median round of the placement kept."""
+    rounds = 2 * PLACEMENT_ROUNDS
+    if not search.affords(rounds, rounds):
+        search.skipped.append(f"{PLACEMENT}: {option.label()}, {PLACEMENT_ROUNDS} rounds each (the budget)")
+        return current
+    runs: dict[Config, list[Trial]] = {current.config: [], option: []}
+    for r in range(PLACEMENT_ROUNDS):
+        for config in (current.config, option)[:: 1 if r % 2 == 0 else -1]:
+            (trial,) = serve([config], PLACEMENT, search, measure)
+            runs[config].append(trial)
+        if any(search.goal.score(t) == -math.inf for t in runs[option]):
+            break  # it does not serve here: no more rounds of it
+    ours, theirs = ([search.goal.score(t) for t in runs[c]] for c in (current.config, option))
+    gain, noise = relative_gap(ours, theirs)
+    gap = f"{gain:+.1%}, {'beyond' if gain > noise else 'within'} the rounds' noise (±{noise:.1%})"
+    if not math.isfinite(gain):
+        gap = "one failed the goal (an error, or its p95 over the limit)"
+    said = (
+        f"{option.label()} {round_figures(runs[option], search.goal)} vs {current.config.label()} "
+        f"{round_figures(runs[current.config], search.goal)}: {gap}"
+    )
+    kept = option if gain > max(MIN_GAIN, noise) else current.config
+    search.decisions.append(f"{PLACEMENT}: {said}" if kept == option else f"{PLACEMENT}: kept; {said}")
+    median = sorted(runs[kept], key=search.goal.score)[len(runs[kept]) // 2]
+    return median if search.goal.score(median) > -math.inf else current  # neither served again: as it was
+
+
+def relative_gap(ours: list[float], theirs: list[float]) -> tuple[float, float]:
+    """How much better ``theirs`` scores than ``ours`` on the mean, as a share of ours, and the noise of that
+    share: twice its standard error from the rounds' spread (-inf scores: no gain, no noise)."""
+    if -math.inf in ours + theirs or not ours or not theirs:
+        return (-math.inf if -math.inf in theirs else math.inf), 0.0
+    mean_ours, mean_theirs = statistics.fmean(ours), statistics.fmean(theirs)
+    spread = sum(statistics.variance(s) / len(s) if len(s) > 1 else 0.0 for s in (ours, theirs))
+    return (mean_theirs - mean_ours) / abs(mean_ours), 2 * math.sqrt(spread) / abs(mean_ours)
+
+
+def round_figures(trials: list[Trial], goal: Goal) -> str:
+    """Each round's figure the goal ranks by: "(120.1, 123.0 req/s)", "(p50 45, 47 ms)"."""
+    if any(t.error or t.failures for t in trials):
+        return "(" + "; ".join(shown(t).strip("()") for t in trials) + ")"
+    if goal.kind == "latency":
+        return f"(p50 {', '.join(f'{t.p50_ms:g}' for t in trials)} ms)"
+    return f"({', '.join(f'{t.req_per_s:.1f}' for t in trials)} req/s)"
 
 
 def confirm(search: Search, baseline: Trial, measure: Measure) -> None:

@@ -13,7 +13,17 @@ import pytest
 from fastinfer.catalog import tuned
 from load_tests.service import Server
 from load_tests.tuning import files
-from load_tests.tuning.search import MIN_GAIN, Config, Goal, Search, Trial, alternatives, tune, worth_serving
+from load_tests.tuning.search import (
+    MIN_GAIN,
+    PLACEMENT,
+    Config,
+    Goal,
+    Search,
+    Trial,
+    alternatives,
+    tune,
+    worth_serving,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -89,6 +99,50 @@ def test_the_search_keeps_a_change_only_past_the_noise_margin(tmp_path) -> None:
     assert "openvino-int8, runner, max batch 16, 2 front workers" in tried
     assert any(d.startswith("where the engine runs: kept;") for d in search.decisions)
     assert len(servers.started) == len(tried) - 1
+
+
+def by_rounds(rates: dict[str, list[float]]):
+    """A measure that serves each configuration at the next of its label's rates, round after round."""
+    served: dict[str, int] = {}
+    fixed = by_rate({})
+
+    def measure(server: Server, config: Config, search: Search) -> Trial:
+        if (label := config.label()) not in rates:
+            return fixed(server, config, search)
+        n = served[label] = served.get(label, -1) + 1
+        rate = rates[label][n % len(rates[label])]
+        return Trial(config, "", rate, 100.0, 200.0, 0, int(rate * search.seconds))
+
+    return measure
+
+
+def test_the_placement_is_served_in_alternating_rounds_and_a_10_percent_gap_stands_out_of_the_noise(
+    tmp_path,
+) -> None:
+    servers = FakeServers()
+    rates = {  # runner 100 ± 3, in front 110 ± 3: three rounds each separate them
+        "openvino-int8, runner": [100.0, 103.0, 97.0, 100.0],  # the first: the backend stage's shared server
+        "openvino-int8, in front": [113.0, 107.0, 110.0],
+    }
+    search = tune(Goal(), 10_000, 5, tmp_path, list(FIGURES), by_rounds(rates), FIGURES, servers.start, servers.stop)
+    placed = [t.config.label() for t in search.trials if t.stage == PLACEMENT]
+    runner, front = "openvino-int8, runner", "openvino-int8, in front"
+    assert placed == [runner, front, front, runner, runner, front]  # each round the other way round
+    (said,) = [d for d in search.decisions if d.startswith(PLACEMENT)]
+    assert said == (f"{PLACEMENT}: {front} (113.0, 107.0, 110.0 req/s) vs {runner} (103.0, 97.0, 100.0 req/s): "
+                    "+10.0%, beyond the rounds' noise (±4.9%)")  # fmt: skip
+    assert search.chosen is not None and search.chosen.config.in_front
+
+
+def test_a_placement_gap_within_the_rounds_noise_keeps_the_engine_where_it_was_and_says_so(tmp_path) -> None:
+    servers = FakeServers()
+    rates = {"openvino-int8, runner": [100.0, 92.0, 108.0, 100.0], "openvino-int8, in front": [112.0, 96.0, 104.0]}
+    search = tune(Goal(), 10_000, 5, tmp_path, list(FIGURES), by_rounds(rates), FIGURES, servers.start, servers.stop)
+    (said,) = [d for d in search.decisions if d.startswith(PLACEMENT)]
+    assert said.startswith(f"{PLACEMENT}: kept; ") and said.endswith("+4.0%, within the rounds' noise (±13.1%)")
+    assert search.chosen is not None and not search.chosen.config.in_front
+    files.write(search, "fastinfer tune", tmp_path / "tuned.json")
+    assert "within the rounds' noise" in (tmp_path / "report.md").read_text()  # the report says it
 
 
 def test_the_budget_stops_the_search_and_says_what_it_left(tmp_path) -> None:
@@ -218,9 +272,9 @@ def test_the_decode_threads_are_one_step_on_the_leading_configuration(tmp_path) 
     assert search.chosen is not None
     assert search.chosen.config == Config("openvino-int8", max_batch=16, front_workers=2, decode_threads=1)
     assert servers.started[0]["FASTINFER_DECODE_THREADS"] == "0"  # the backend stage: the default, said
-    steps = [t.stage for t in search.trials if t.stage not in ("backend", "confirmation")]
-    # One served trial more than before it (6 on 2 cores), not twice the space: one value.
-    assert len(steps) == 7 and steps.count("decode threads") == 1 and steps[-1] == "decode threads"
+    steps = [t.stage for t in search.trials if t.stage not in ("backend", "confirmation", PLACEMENT)]
+    # One served trial more than before it (5 on 2 cores, past the placement's rounds), not twice the space.
+    assert len(steps) == 6 and steps.count("decode threads") == 1 and steps[-1] == "decode threads"
     assert [t.config.label() for t in search.trials if t.stage == "decode threads"] == [
         "openvino-int8, runner, max batch 16, 2 front workers, 1 decode threads"  # front workers kept
     ]
