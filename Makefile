@@ -59,14 +59,9 @@ system-deps:
 # 612 s against 603 s for two: the CPU is the limit.
 # `make test TEST_WORKERS=0` runs in one process.
 TEST_WORKERS ?= 2
-# A run that goes wrong still says why: past TEST_TIME_LIMIT (a whole run takes ~10 min here) pytest is interrupted
-# and prints what failed so far, before a CI's own limit would cut it off unexplained. (macOS has no `timeout`
-# unless coreutils is installed: there the run is not limited.)
-TEST_TIME_LIMIT ?= 45m
-TEST_LIMITED := $(if $(shell command -v timeout),timeout --signal=INT --kill-after=2m $(TEST_TIME_LIMIT))
 test: system-deps models
 	$(VENV)/bin/ruff check .
-	$(TEST_LIMITED) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The loop while you work: the unit tests that need no built store, no server and no model build (docs/architecture.md).
 test-quick: $(VENV)/.installed
@@ -106,9 +101,10 @@ tune-check: models
 
 # The bento: service, code, dashboard and MODEL's models (by tag), its packages from the lock — offline. It
 # carries its family: the bento argument `model` (BentoML sets it again wherever the bento is served) and
-# FASTINFER_MODEL in its image's environment (fastinfer/catalog/config.py, service.py).
+# FASTINFER_MODEL in its image's environment (fastinfer/catalog/config.py, service.py). Built with every runner in
+# its graph, so that where the engines run is decided where it is served (docs/architecture.md#where-engines-run).
 bento: models
-	$(VENV)/bin/bentoml build --arg model=$(MODEL) .
+	FASTINFER_IN_FRONT=none $(VENV)/bin/bentoml build --arg model=$(MODEL) .
 
 # The container image fastinfer:latest; needs a container engine (Docker/Podman/BuildKit).
 container: bento

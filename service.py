@@ -28,7 +28,7 @@ from starlette.types import Scope, Send
 
 from fastinfer.catalog import family, holdings, store, tuned
 from fastinfer.catalog.backends import SERVED_ENV, served_models
-from fastinfer.catalog.choice import DefaultChoice, default_choice, default_now
+from fastinfer.catalog.choice import DefaultChoice, default_choice, default_now, keep_placement
 from fastinfer.common import hardware
 from fastinfer.common.schemas import AnalyzeResponse, BackendsResponse
 from fastinfer.front import analysis, dashboard_page, image_api, inventory
@@ -88,7 +88,9 @@ class FastInfer:
         # Decoding is CPU-bound; more threads than cores only adds contention (see fastinfer.serving.cpu).
         self.cpu = CpuPool(settings.decode_threads or hardware.cpu_count(), "front-cpu")
         # Engines run in this worker, no hop to a runner (engines_in_front); loaded before it answers (1-2 s each).
-        self.in_front = {attribute(r): RunnerCore(r, workers=1) for r in sorted(self.engines_in_front) if runs_here(r)}
+        self.in_front = {
+            attribute(r): RunnerCore(r, workers=1) for r in sorted(self.engines_in_front[0]) if runs_here(r)
+        }
         calls = self.runner_calls = RunnerCalls(
             self, models, self.unavailable, settings.request_timeout_s, self.in_front
         )
@@ -134,8 +136,10 @@ class FastInfer:
                                    "the families it holds, and how to build this one)")  # fmt: skip
         os.environ[store.PINS_ENV] = json.dumps(pinned)
         os.environ[store.UNSERVED_ENV] = json.dumps(unserved)
-        # Every worker takes the tuned configuration read here, even if the file changes meanwhile.
+        # Every worker takes the tuned configuration read here, even if the file changes meanwhile, and the
+        # placement this process started the runners by, even if the default backend would change.
         tuned.export(settings.tuned)
+        keep_placement(FastInfer.inner.engines_in_front)
         tuned.warn_removed(tuned.removed_in_environment(), "the environment")
         try:
             atexit.register(store.record_pins(pinned).unlink, missing_ok=True)

@@ -5,6 +5,7 @@ can run here. Backends may share a runner: ``coreml`` is ``coreml-batched`` call
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -12,8 +13,9 @@ import bentoml
 
 from fastinfer.catalog.backends import RUNNERS, SPECS, BackendSpec, runs_here
 from fastinfer.catalog.backends import unavailable_reason as unavailable_reason
-from fastinfer.catalog.choice import default_choice, engines_in_front
+from fastinfer.catalog.choice import placement
 from fastinfer.catalog.config import get_settings
+from fastinfer.compat import bentoml as bentoml_compat
 from runners.base import make_runner
 
 
@@ -49,8 +51,13 @@ def attach(front: F) -> F:
     """Class decorator for the front, under ``@bentoml.service``: depend on every runner that runs here
     (others are not started: their backends answer 503 with the reason), but those whose engine the front worker
     holds (``front.engines_in_front``, engines_in_front)."""
-    in_front, _ = engines_in_front(get_settings(), default_choice(kept=False).backend)
-    front.engines_in_front = in_front  # type: ignore[attr-defined]  # what the front loads: the same set
+    placed = placement(get_settings())
+    if (built := bentoml_compat.bento_services(sys.modules[front.__module__].__file__ or "")) is not None:
+        # Served from a bento: a runner its graph was built without cannot start, so its engine is held here.
+        lacking = {runner for runner in RUNNERS if runs_here(runner) and f"runner-{runner}" not in built}
+        placed = (placed[0] | lacking, placed[1] if lacking <= placed[0] else "bento")
+    front.engines_in_front = placed  # type: ignore[attr-defined]  # what the front loads, and its workers are told
+    in_front = placed[0]
     for runner, service in SERVICES.items():
         if runs_here(runner) and runner not in in_front:
             setattr(front, attribute(runner), bentoml.depends(service))

@@ -5,20 +5,33 @@ accelerators. ``FASTINFER_DEFAULT_BACKEND=auto`` resolves here, once per process
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from fastinfer.catalog.backends import BACKENDS, SPECS, env_key, over_accuracy_limit, runs_here, unavailable_reason
+from fastinfer.catalog.backends import (
+    BACKENDS,
+    RUNNERS,
+    SPECS,
+    env_key,
+    over_accuracy_limit,
+    runs_here,
+    unavailable_reason,
+)
 from fastinfer.catalog.config import Settings, get_settings
 from fastinfer.catalog.store import DEFAULT_FAMILY
 from fastinfer.catalog.tuned import MACHINE_KEYS
 from fastinfer.common import hardware
 from fastinfer.common.home import project_root
+
+logger = logging.getLogger("fastinfer.choice")
 
 AUTO = "auto"
 LAST_RESORT = "onnx"  # what `auto` names when nothing can run here: its 503 then says why
@@ -224,17 +237,39 @@ def default_now(
     return replace(chosen, backend=instead, why=f"{chosen.backend} cannot answer here ({why[:120]}); next choice")
 
 
-def engines_in_front(settings: Settings, default_backend: str) -> tuple[frozenset[str], str]:
+PLACED_ENV = "FASTINFER_IN_FRONT_PLACED"  # set by `bentoml serve` for its own workers (service.py): not a setting
+
+
+def engines_in_front(settings: Settings, default_backend: Callable[[], str]) -> tuple[frozenset[str], str]:
     """The runners whose engine the front worker holds, and where that was decided: FASTINFER_IN_FRONT or a tuned
-    file where either says; else, with one front worker, ``default_backend``'s, where it served most in
-    `make bench`'s placement step on every CPU measured (docs/benchmarks.md); with more, none (each would
-    load its own engine)."""
+    file in force where either says; else, with one front worker and one worker per runner, the default
+    backend's (``default_backend()``, asked only then), where it served most in `make bench`'s placement step
+    on every CPU measured (docs/architecture.md); else none."""
     if "FASTINFER_IN_FRONT" in settings.sources or settings.tuned.get("status") == "in force":
         return settings.in_front, settings.sources.get("FASTINFER_IN_FRONT", "tuned")
-    runner = SPECS[default_backend].runner_name
-    if settings.front_workers != 1 or not runs_here(runner):
+    if settings.front_workers != 1 or settings.runner_workers != 1:
         return frozenset(), "default"
-    return frozenset({runner}), "default"
+    runner = SPECS[default_backend()].runner_name
+    return (frozenset({runner}) if runs_here(runner) else frozenset()), "default"
+
+
+def placement(settings: Settings) -> tuple[frozenset[str], str]:
+    """engines_in_front for this process: under `bentoml serve`, as the server's parent decided it (PLACED_ENV),
+    so that every worker, a restarted one too, holds the engines whose runners were not started; elsewhere
+    decided now (``auto`` resolved afresh and not kept: the served versions are not pinned yet)."""
+    if placed := os.environ.get(PLACED_ENV):
+        with contextlib.suppress(ValueError, TypeError, KeyError, RecursionError):
+            fields = json.loads(placed)
+            runners, source = frozenset(fields["runners"]), fields["source"]
+            if runners <= set(RUNNERS) and source in ("default", "environment", "tuned", "bento"):
+                return runners, source
+        logger.warning("%s is not what the server's parent set: placement decided here", PLACED_ENV)
+    return engines_in_front(settings, lambda: default_choice(kept=False).backend)
+
+
+def keep_placement(placed: tuple[frozenset[str], str]) -> None:
+    """Fix, for every process the server starts from now on, the placement this one decided."""
+    os.environ[PLACED_ENV] = json.dumps({"runners": sorted(placed[0]), "source": placed[1]})
 
 
 def configuration(settings: Settings, default: DefaultChoice) -> dict[str, dict[str, str]]:
@@ -245,7 +280,7 @@ def configuration(settings: Settings, default: DefaultChoice) -> dict[str, dict[
         return settings.sources.get(name) or ("rule" if rule else "default")
 
     threads = settings.threads
-    in_front, in_front_source = engines_in_front(settings, default.backend)
+    in_front, in_front_source = placement(settings)
     shown = {
         "FASTINFER_DEFAULT_BACKEND": (default.backend, default.source),
         "FASTINFER_FRONT_WORKERS": (str(settings.front_workers), source("FASTINFER_FRONT_WORKERS")),

@@ -246,7 +246,8 @@ class Settings(BaseSettings):
         "comma-separated backends whose engine runs inside the front worker instead of in a runner process (see "
         "[Architecture](architecture.md#where-engines-run)); needs `FASTINFER_FRONT_WORKERS=1`; `none`: every "
         "engine in its runner, whatever a tuned file says",
-        "(unset: with one front worker and no tuned file, the default backend's engine; else none)",
+        "(unset: with one front worker, one worker per runner and no tuned file in force, the default backend's "
+        "engine; else none)",
     )
     tuned: dict[str, Any] = {}  # the tuned file as found (fastinfer/catalog/tuned.py)
     sources: dict[str, str] = {}  # tunable variable → environment | tuned (if set)

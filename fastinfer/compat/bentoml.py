@@ -22,11 +22,14 @@ has no public equivalent. Assumptions, one test each (tests/unit/test_compat_ben
    (service.py's /readyz asks each runner).
 9. ``bentoml.SyncHTTPClient`` reads an answer by ``/schema.json``'s output schema: an ``anyOf`` as its first choice,
    a ``oneOf`` as sent (so fastinfer/common/schemas.py's BatchResponse says oneOf, and its error items arrive).
+10. A bento holds its code in ``src/`` beside ``bento.yaml``, whose ``services`` list names each service of the graph
+    it was built with; served, BentoML stops (``on_load_bento``: StopIteration) if the graph names one more.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from bentoml import server_context
@@ -74,3 +77,13 @@ def socket_fd(argv: Sequence[str]) -> int | None:
 
 def _option(cmdline: Sequence[str], name: str) -> str | None:
     return cmdline[list(cmdline).index(name) + 1] if name in cmdline[:-1] else None
+
+
+def bento_services(source: str) -> set[str] | None:
+    """The services of the bento whose code holds the file ``source`` (assumption 10); None outside a bento."""
+    import yaml
+
+    built = Path(source).resolve().parent.parent / "bento.yaml"
+    if not built.is_file():
+        return None
+    return {entry["name"] for entry in yaml.safe_load(built.read_text()).get("services") or []}

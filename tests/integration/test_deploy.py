@@ -62,7 +62,8 @@ def test_client_example_against_a_live_server(server, tmp_path) -> None:
 
 @pytest.fixture(scope="module")
 def bento(bentoml_home, tmp_path_factory, built_models) -> tuple[Path, str]:
-    """`bentoml build` (what `make bento` runs) into a fresh BENTOML_HOME over the test models."""
+    """`bentoml build` (what `make bento` runs, but untuned: its graph lacks the default backend's runner) into a
+    fresh BENTOML_HOME over the test models."""
     home = home_over(tmp_path_factory.mktemp("bento") / "home", bentoml_home)
     env = {"BENTOML_HOME": str(home), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
     build = subprocess.run([str(BENTOML), "build", "."], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -121,6 +122,16 @@ def test_the_built_bento_serves_by_tag(bento, redis_server, tmp_path) -> None:
                 assert result["backend"] == backend and len(result["top_k"]) == 3
         spec = httpx.get(f"{srv.url}/docs.json", timeout=30).json()
         assert spec_problems(spec) == [] and spec["info"]["version"] == f"{__version__} (bento {tag})"
+        # Built untuned, the bento's graph lacks its default backend's runner: served with every engine asked in
+        # its runner (FASTINFER_IN_FRONT=none), that engine is held by the front worker instead of a failed start.
+        name, version = tag.split(":")
+        built = {
+            s["name"] for s in yaml.safe_load((home / "bentos" / name / version / "bento.yaml").read_text())["services"]
+        }
+        rows = {b["name"]: b for b in httpx.get(f"{srv.url}/backends", timeout=30).json()["backends"]}
+        for backend in BENTO_SERVES:
+            placed = rows[backend]["runs_on"]["placement"]
+            assert placed == ("runner process" if f"runner-{backend}" in built else "front worker"), (backend, built)
 
 
 def documents() -> list[dict]:

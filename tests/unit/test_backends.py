@@ -41,8 +41,8 @@ def test_the_front_depends_on_every_runner_that_runs_here_and_no_other() -> None
     import service
 
     # Untuned, with one front worker, the default backend's engine is in the front worker: no runner of it.
-    in_front = service.FastInfer.inner.engines_in_front
-    assert in_front == {SPECS[choice.default_choice().backend].runner_name}
+    in_front, source = service.FastInfer.inner.engines_in_front  # decided when this process first imported it
+    assert len(in_front) == 1 and source == "default"
     expected = {r.replace("-", "_") for r in RUNNERS if runs_here(r) and r not in in_front}
     assert set(service.FastInfer.dependencies) == expected
     assert {"openvino", "openvino_int8"} - {r.replace("-", "_") for r in in_front} <= expected

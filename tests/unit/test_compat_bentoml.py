@@ -221,3 +221,16 @@ def test_9_the_python_client_reads_one_of_as_sent_and_any_of_as_its_first_choice
     assert received("batch", batch) == batch.model_dump(mode="json"), (
         "assumption 9: a oneOf item (BatchResponse's) is handed through as sent"
     )
+
+
+def test_10_a_bento_is_loaded_by_the_services_its_bento_yaml_names(tmp_path: Path) -> None:
+    """A served graph with a service the bento was built without stops the start (the bento's layout itself, code
+    in ``src/`` beside ``bento.yaml``, is checked on a real build: tests/integration/test_deploy.py)."""
+    from _bentoml_sdk.service.factory import Service
+
+    source = inspect.getsource(Service.on_load_bento)
+    assert "next(" in source and "bento.info.services" in source and "info.name == svc.name" in source
+    (tmp_path / "src").mkdir()
+    (tmp_path / "bento.yaml").write_text("services:\n- name: fastinfer\n- name: runner-onnx\n")
+    assert compat.bento_services(str(tmp_path / "src" / "service.py")) == {"fastinfer", "runner-onnx"}
+    assert compat.bento_services(str(tmp_path / "elsewhere" / "src" / "service.py")) is None

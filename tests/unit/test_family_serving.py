@@ -22,6 +22,7 @@ import pytest
 from prometheus_client import REGISTRY as METRICS
 
 from fastinfer.catalog import backends, config, family, holdings, store, store_check
+from fastinfer.catalog.choice import PLACED_ENV
 from fastinfer.catalog.store import PreprocessSpec, StoredModelInfo
 from fastinfer.common.errors import without_paths
 from fastinfer.front.image_api import FormRules, answer
@@ -528,7 +529,7 @@ def start_up(monkeypatch, caplog) -> list[str]:
 
     import service
 
-    for name in (store.PINS_ENV, store.UNSERVED_ENV, store.PIN_FILE_ENV, "FASTINFER_TUNED_RESOLVED"):
+    for name in (store.PINS_ENV, store.UNSERVED_ENV, store.PIN_FILE_ENV, "FASTINFER_TUNED_RESOLVED", PLACED_ENV):
         monkeypatch.setenv(name, "")  # recorded, so that the test's end restores what was there
         monkeypatch.delenv(name)
     config.get_settings.cache_clear()  # read again with the family the test set (imports may have read them)

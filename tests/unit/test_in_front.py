@@ -5,6 +5,7 @@ the model version held, the deadline, a model that could not load."""
 from __future__ import annotations
 
 import asyncio
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 
 from fastinfer.catalog import holdings
 from fastinfer.catalog.backends import SPECS, open_engine
-from fastinfer.catalog.choice import engines_in_front
+from fastinfer.catalog.choice import PLACED_ENV, engines_in_front, keep_placement, placement
 from fastinfer.common.errors import RequestTimeout, RunnerNotLoaded
 from fastinfer.serving import deadlines
 from runners import REGISTRY, attribute
@@ -146,7 +147,7 @@ def test_a_bento_built_with_engines_in_front_still_packs_their_models(built_mode
         assert out.returncode == 0, out.stderr[-2000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    (services, models), (fewer, same) = graph(""), graph("onnx-int8,openvino-int8")
+    (services, models), (fewer, same) = graph("none"), graph("onnx-int8,openvino-int8")
     assert "runner-onnx-int8" in services and "runner-onnx-int8" not in fewer and "runner-openvino-int8" not in fewer
     assert same == models and "resnet50-onnx-int8:latest" in models
 
@@ -162,19 +163,43 @@ def test_no_runner_api_is_shadowed_by_a_cores_attribute(core: RunnerCore) -> Non
 def test_untuned_with_one_front_worker_the_default_backends_engine_runs_in_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Where it served most in `make bench`'s placement step (docs/benchmarks.md); said as the default."""
+    """Where it served most in `make bench`'s placement step (docs/architecture.md); said as the default. The
+    default backend is asked for only where the placement falls to it."""
     untuned = settings_with(monkeypatch, "FASTINFER_IN_FRONT", "FASTINFER_FRONT_WORKERS", FASTINFER_TUNED="off")
-    assert engines_in_front(untuned, "onnx-int8") == ({SPECS["onnx-int8"].runner_name}, "default")
-    assert engines_in_front(untuned, "coreml") == (frozenset(), "default")  # no runner of it here (not macOS)
+    assert engines_in_front(untuned, lambda: "onnx-int8") == ({SPECS["onnx-int8"].runner_name}, "default")
+    assert engines_in_front(untuned, lambda: "coreml") == (frozenset(), "default")  # no runner of it here (not macOS)
+    never = lambda: pytest.fail("the default backend asked for where the placement does not follow it")  # noqa: E731
     two = settings_with(monkeypatch, "FASTINFER_IN_FRONT", FASTINFER_FRONT_WORKERS="2", FASTINFER_TUNED="off")
-    assert engines_in_front(two, "onnx-int8") == (frozenset(), "default")  # each worker would load its own
+    assert engines_in_front(two, never) == (frozenset(), "default")  # each worker would load its own
     monkeypatch.delenv("FASTINFER_FRONT_WORKERS")
+    runners = settings_with(monkeypatch, "FASTINFER_IN_FRONT", FASTINFER_RUNNER_WORKERS="2", FASTINFER_TUNED="off")
+    assert engines_in_front(runners, never) == (frozenset(), "default")  # the runner's workers were asked for
+    monkeypatch.delenv("FASTINFER_RUNNER_WORKERS")
     none = settings_with(monkeypatch, FASTINFER_IN_FRONT="none", FASTINFER_TUNED="off")
-    assert engines_in_front(none, "onnx-int8") == (frozenset(), "environment")
+    assert engines_in_front(none, never) == (frozenset(), "environment")
     named = settings_with(monkeypatch, FASTINFER_IN_FRONT="openvino-int8", FASTINFER_TUNED="off")
-    assert engines_in_front(named, "onnx-int8") == ({"openvino-int8"}, "environment")
+    assert engines_in_front(named, never) == ({"openvino-int8"}, "environment")
     empty = settings_with(monkeypatch, FASTINFER_IN_FRONT=" ", FASTINFER_TUNED="off")  # empty is unset
-    assert engines_in_front(empty, "onnx") == ({SPECS["onnx"].runner_name}, "default")
+    assert engines_in_front(empty, lambda: "onnx") == ({SPECS["onnx"].runner_name}, "default")
     # A tuned file in force decides: one that chose the runner leaves the variable out (tune_space.PLAIN).
     tuned = untuned.model_copy(update={"tuned": {"status": "in force", "settings": {}}})
-    assert engines_in_front(tuned, "onnx-int8") == (frozenset(), "tuned")
+    assert engines_in_front(tuned, never) == (frozenset(), "tuned")
+
+
+def test_a_servers_workers_take_the_placement_its_parent_started_the_runners_by(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Decided once by `bentoml serve`'s parent (service.py's deployment hook): a worker restarted after the
+    default backend would change still holds the engine whose runner was not started."""
+    settings = settings_with(monkeypatch, "FASTINFER_IN_FRONT", FASTINFER_DEFAULT_BACKEND="onnx", FASTINFER_TUNED="off")
+    monkeypatch.delenv(PLACED_ENV, raising=False)
+    assert placement(settings) == ({SPECS["onnx"].runner_name}, "default")
+    keep_placement(({"openvino-int8"}, "default"))
+    try:
+        assert placement(settings) == ({"openvino-int8"}, "default")
+        for bad in ("{", '{"runners": ["no-such-runner"], "source": "default"}', '{"runners": [], "source": "x"}'):
+            monkeypatch.setenv(PLACED_ENV, bad)
+            assert placement(settings) == ({SPECS["onnx"].runner_name}, "default")  # decided here, and said
+        assert f"{PLACED_ENV} is not what the server's parent set" in caplog.text
+    finally:
+        os.environ.pop(PLACED_ENV, None)
