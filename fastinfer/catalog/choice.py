@@ -253,23 +253,25 @@ def engines_in_front(settings: Settings, default_backend: Callable[[], str]) -> 
     return (frozenset({runner}) if runs_here(runner) else frozenset()), "default"
 
 
-def placement(settings: Settings) -> tuple[frozenset[str], str]:
-    """engines_in_front for this process: under `bentoml serve`, as the server's parent decided it (PLACED_ENV),
-    so that every worker, a restarted one too, holds the engines whose runners were not started; elsewhere
-    decided now (``auto`` resolved afresh and not kept: the served versions are not pinned yet)."""
+def placement(settings: Settings, default_backend: Callable[[], str] | None = None) -> tuple[frozenset[str], str]:
+    """engines_in_front for this process: in a worker of `bentoml serve`, as its parent decided it (PLACED_ENV,
+    honoured only from the parent that set it), so that every worker, a restarted one too, holds the engines whose
+    runners were not started; elsewhere decided now, by ``default_backend`` (default: ``auto`` resolved afresh and
+    not kept, as the served versions are not pinned yet)."""
     if placed := os.environ.get(PLACED_ENV):
         with contextlib.suppress(ValueError, TypeError, KeyError, RecursionError):
             fields = json.loads(placed)
             runners, source = frozenset(fields["runners"]), fields["source"]
-            if runners <= set(RUNNERS) and source in ("default", "environment", "tuned", "bento"):
+            valid = runners <= set(RUNNERS) and source in ("default", "environment", "tuned", "bento")
+            if valid and fields["pid"] == os.getppid():  # a value exported elsewhere, or stale: decided here
                 return runners, source
-        logger.warning("%s is not what the server's parent set: placement decided here", PLACED_ENV)
-    return engines_in_front(settings, lambda: default_choice(kept=False).backend)
+        logger.warning("%s was not set by this server's parent: ignored, the placement is decided here", PLACED_ENV)
+    return engines_in_front(settings, default_backend or (lambda: default_choice(kept=False).backend))
 
 
 def keep_placement(placed: tuple[frozenset[str], str]) -> None:
-    """Fix, for every process the server starts from now on, the placement this one decided."""
-    os.environ[PLACED_ENV] = json.dumps({"runners": sorted(placed[0]), "source": placed[1]})
+    """Fix, for every process this one starts from now on (a server's workers), the placement it decided."""
+    os.environ[PLACED_ENV] = json.dumps({"runners": sorted(placed[0]), "source": placed[1], "pid": os.getpid()})
 
 
 def configuration(settings: Settings, default: DefaultChoice) -> dict[str, dict[str, str]]:
@@ -280,7 +282,7 @@ def configuration(settings: Settings, default: DefaultChoice) -> dict[str, dict[
         return settings.sources.get(name) or ("rule" if rule else "default")
 
     threads = settings.threads
-    in_front, in_front_source = placement(settings)
+    in_front, in_front_source = placement(settings, lambda: default.backend)
     shown = {
         "FASTINFER_DEFAULT_BACKEND": (default.backend, default.source),
         "FASTINFER_FRONT_WORKERS": (str(settings.front_workers), source("FASTINFER_FRONT_WORKERS")),

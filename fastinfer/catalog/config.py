@@ -245,7 +245,7 @@ class Settings(BaseSettings):
         frozenset(),
         "comma-separated backends whose engine runs inside the front worker instead of in a runner process (see "
         "[Architecture](architecture.md#where-engines-run)); needs `FASTINFER_FRONT_WORKERS=1`; `none`: every "
-        "engine in its runner, whatever a tuned file says",
+        "engine in its runner (those a bento was built without aside), whatever a tuned file says",
         "(unset: with one front worker, one worker per runner and no tuned file in force, the default backend's "
         "engine; else none)",
     )

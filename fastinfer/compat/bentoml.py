@@ -79,11 +79,20 @@ def _option(cmdline: Sequence[str], name: str) -> str | None:
     return cmdline[list(cmdline).index(name) + 1] if name in cmdline[:-1] else None
 
 
-def bento_services(source: str) -> set[str] | None:
-    """The services of the bento whose code holds the file ``source`` (assumption 10); None outside a bento."""
+def bento_services(source: str | None, service: str) -> set[str] | None:
+    """The services of the bento whose ``src/`` holds the file ``source`` and whose graph has ``service``
+    (assumption 10); None outside a bento. A bento.yaml there that BentoML did not write stops start-up."""
     import yaml
 
+    if not source or Path(source).resolve().parent.name != "src":
+        return None
     built = Path(source).resolve().parent.parent / "bento.yaml"
     if not built.is_file():
         return None
-    return {entry["name"] for entry in yaml.safe_load(built.read_text()).get("services") or []}
+    try:
+        names = {entry["name"] for entry in yaml.safe_load(built.read_text())["services"]}
+    except (yaml.YAMLError, TypeError, KeyError, AttributeError, OSError) as exc:
+        raise SystemExit(
+            f"fastinfer: {built} is not a bento.yaml BentoML wrote ({type(exc).__name__}: {exc})"[:500]
+        ) from None
+    return names if service in names else None

@@ -232,5 +232,13 @@ def test_10_a_bento_is_loaded_by_the_services_its_bento_yaml_names(tmp_path: Pat
     assert "next(" in source and "bento.info.services" in source and "info.name == svc.name" in source
     (tmp_path / "src").mkdir()
     (tmp_path / "bento.yaml").write_text("services:\n- name: fastinfer\n- name: runner-onnx\n")
-    assert compat.bento_services(str(tmp_path / "src" / "service.py")) == {"fastinfer", "runner-onnx"}
-    assert compat.bento_services(str(tmp_path / "elsewhere" / "src" / "service.py")) is None
+    code = str(tmp_path / "src" / "service.py")
+    assert compat.bento_services(code, "fastinfer") == {"fastinfer", "runner-onnx"}
+    assert compat.bento_services(code, "another-app") is None  # a bento.yaml there, but not of this service
+    assert compat.bento_services(str(tmp_path / "elsewhere" / "src" / "service.py"), "fastinfer") is None
+    assert compat.bento_services(str(tmp_path / "checkout" / "service.py"), "fastinfer") is None  # not in src/
+    assert compat.bento_services(None, "fastinfer") is None  # a module without a file (python -c)
+    for broken in ("services: [", "services: 3", "services:\n- id: x\n", "", "text"):
+        (tmp_path / "bento.yaml").write_text(broken)
+        with pytest.raises(SystemExit, match=r"fastinfer: .*bento.yaml is not a bento.yaml BentoML wrote"):
+            compat.bento_services(code, "fastinfer")

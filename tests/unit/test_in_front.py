@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,6 +21,7 @@ from fastinfer.serving import deadlines
 from runners import REGISTRY, attribute
 from runners.base import RunnerCore
 from runners.calls import RunnerCalls
+from tests.conftest import ROOT
 from tests.settings import settings_with
 
 BACKEND = "onnx-int8"
@@ -196,10 +199,13 @@ def test_a_servers_workers_take_the_placement_its_parent_started_the_runners_by(
     assert placement(settings) == ({SPECS["onnx"].runner_name}, "default")
     keep_placement(({"openvino-int8"}, "default"))
     try:
-        assert placement(settings) == ({"openvino-int8"}, "default")
+        code = "from fastinfer.catalog import choice, config; print(choice.placement(config.get_settings()))"
+        child = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+        assert child.stdout.splitlines()[-1] == "(frozenset({'openvino-int8'}), 'default')"  # a child: its parent's
+        assert placement(settings) == ({SPECS["onnx"].runner_name}, "default")  # not set by this one's parent
         for bad in ("{", '{"runners": ["no-such-runner"], "source": "default"}', '{"runners": [], "source": "x"}'):
             monkeypatch.setenv(PLACED_ENV, bad)
             assert placement(settings) == ({SPECS["onnx"].runner_name}, "default")  # decided here, and said
-        assert f"{PLACED_ENV} is not what the server's parent set" in caplog.text
+        assert f"{PLACED_ENV} was not set by this server's parent" in caplog.text
     finally:
         os.environ.pop(PLACED_ENV, None)
