@@ -46,10 +46,12 @@ ELSEWHERE = (
         "the key the clients send: `examples/client.py`, `python -m load_tests --url …`, locust, `load_tests.quick`",
     ),
     (
-        "FASTINFER_PINNED_MODELS FASTINFER_UNSERVED_MODELS FASTINFER_PIN_FILE FASTINFER_TUNED_RESOLVED",
+        "FASTINFER_PINNED_MODELS FASTINFER_UNSERVED_MODELS FASTINFER_PIN_FILE FASTINFER_TUNED_RESOLVED "
+        "FASTINFER_IN_FRONT_PLACED",
         "(set by the server)",
-        "not settings: how `bentoml serve`'s parent hands its model versions and the tuned file it read to its "
-        "workers (a malformed value outside a server stops the tools with a message)",
+        "not settings: how `bentoml serve`'s parent hands its model versions, the tuned file it read and where "
+        "it placed the engines to its workers (a malformed value outside a server stops the tools with a message; "
+        "a placement not set by a process's own parent is ignored)",
     ),
     (
         "FASTINFER_STARTED_AS FASTINFER_BENCH_BACKEND FASTINFER_BENCH_IMAGES FASTINFER_BENCH_SUMMARY",
