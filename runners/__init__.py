@@ -52,8 +52,8 @@ def attach(front: F) -> F:
     (others are not started: their backends answer 503 with the reason), but those whose engine the front worker
     holds (``front.engines_in_front``, engines_in_front)."""
     placed = placement(get_settings())
-    source = getattr(sys.modules.get(front.__module__), "__file__", None)
-    if (built := bentoml_compat.bento_services(source, "fastinfer")) is not None:
+    module_file = getattr(sys.modules.get(front.__module__), "__file__", None)
+    if (built := bentoml_compat.bento_services(module_file, "fastinfer")) is not None:
         # Served from a bento: a runner its graph was built without cannot start, so its engine is held here.
         lacking = {runner for runner in RUNNERS if runs_here(runner) and f"runner-{runner}" not in built}
         placed = (placed[0] | lacking, placed[1] if lacking <= placed[0] else "bento")

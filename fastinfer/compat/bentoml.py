@@ -84,10 +84,8 @@ def bento_services(source: str | None, service: str) -> set[str] | None:
     (assumption 10); None outside a bento. A bento.yaml there that BentoML did not write stops start-up."""
     import yaml
 
-    if not source or Path(source).resolve().parent.name != "src":
-        return None
-    built = Path(source).resolve().parent.parent / "bento.yaml"
-    if not built.is_file():
+    code = Path(source).resolve().parent if source else None
+    if code is None or code.name != "src" or not (built := code.parent / "bento.yaml").is_file():
         return None
     try:
         names = {entry["name"] for entry in yaml.safe_load(built.read_text())["services"]}
