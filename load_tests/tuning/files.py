@@ -69,6 +69,8 @@ def report(search: Search, best: Trial | None, command: str) -> dict[str, Any]:
         "dropped": search.dropped,
         "trials": [t.as_dict() for t in search.trials],
         "chosen": best.as_dict() if best else None,
+        # which row it is: three rounds of one configuration can read the same
+        "chosen_trial": next((i for i, t in enumerate(search.trials) if t is best), None),
         "decisions": search.decisions,
         "skipped": search.skipped,
     }
@@ -92,8 +94,8 @@ def markdown(result: dict[str, Any], plot: str | None) -> str:
     if plot:
         lines += [f"![every configuration tried]({plot})", ""]
     lines += ["| stage | configuration | req/s | p50 ms | p95 ms | errors |", "|---|---|---|---|---|---|"]
-    for t in result["trials"]:
-        mark = " ★" if t["label"] == chosen else ""
+    for i, t in enumerate(result["trials"]):
+        mark = " ★" if i == result.get("chosen_trial") else ""
         figures = (
             f"{t['req_per_s']} | {t['p50_ms']:g} | {t['p95_ms']:g} | {t['failures']}"
             if not t["error"]
@@ -117,14 +119,14 @@ def plot(result: dict[str, Any], path: Path) -> bool:
     served = [t for t in result["trials"] if not t["error"] and t["requests"]]
     if not served:
         return False
-    chosen = (result.get("chosen") or {}).get("label")
     fig, ax = plt.subplots(figsize=(8, 5))
     for stage in dict.fromkeys(t["stage"] for t in served):
         mine = [t for t in served if t["stage"] == stage]
         ax.scatter([t["p95_ms"] for t in mine], [t["req_per_s"] for t in mine], label=stage, s=40)
     for t in served:
         ax.annotate(t["label"], (t["p95_ms"], t["req_per_s"]), fontsize=7, xytext=(4, 3), textcoords="offset points")
-    best = [t for t in served if t["label"] == chosen]
+    picked = result.get("chosen_trial")
+    best = [result["trials"][picked]] if picked is not None and result["trials"][picked] in served else []
     if best:
         ax.scatter([best[0]["p95_ms"]], [best[0]["req_per_s"]], marker="*", s=300, c="gold", edgecolors="black",
                    label="chosen", zorder=3)  # fmt: skip

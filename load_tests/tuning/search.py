@@ -361,8 +361,10 @@ def tune(
 
 def placement(search: Search, current: Trial, option: Config, measure: Measure) -> Trial:
     """``current``'s configuration and ``option`` (its engine moved) each served PLACEMENT_ROUNDS times on fresh
-    servers, alternating; ``option`` is kept only when its mean beats by MIN_GAIN and by more than the rounds'
-    noise (twice the standard error of the gap). Returns the median round of the placement kept."""
+    servers, alternating. A placement that failed the goal in a round (an error, its p95 over the limit) loses to
+    one that did not; between two that served every round, ``option`` is kept only when its mean beats by MIN_GAIN
+    and by more than the rounds' noise (twice the standard error of the gap). Returns the median round of
+    ``option`` where it is kept, else ``current`` as it was."""
     rounds = 2 * PLACEMENT_ROUNDS
     if not search.affords(rounds, rounds):
         search.skipped.append(f"{PLACEMENT}: {option.label()}, {PLACEMENT_ROUNDS} rounds each (the budget)")
@@ -374,38 +376,44 @@ def placement(search: Search, current: Trial, option: Config, measure: Measure) 
             runs[config].append(trial)
         if any(search.goal.score(t) == -math.inf for t in runs[option]):
             break  # it does not serve here: no more rounds of it
-    ours, theirs = ([search.goal.score(t) for t in runs[c]] for c in (current.config, option))
-    gain, noise = relative_gap(ours, theirs)
-    gap = f"{gain:+.1%}, {'beyond' if gain > noise else 'within'} the rounds' noise (±{noise:.1%})"
-    if not math.isfinite(gain):
-        gap = "one failed the goal (an error, or its p95 over the limit)"
+    failed = [c.label() for c in runs if any(search.goal.score(t) == -math.inf for t in runs[c])]
+    if failed:
+        gap = f"{' and '.join(failed)} failed the goal in a round (an error, or its p95 over the limit)"
+        kept = option if failed == [current.config.label()] else current.config
+    else:
+        gain, noise = relative_gap(*([search.goal.score(t) for t in runs[c]] for c in (current.config, option)))
+        short = f", under the {MIN_GAIN:.0%} a change must gain" if noise < gain <= MIN_GAIN else ""
+        told = "beyond" if abs(gain) > noise else "within"
+        gap = f"{abs(gain):.1%} {'better' if gain > 0 else 'worse'}, {told} the rounds' noise (±{noise:.1%}){short}"
+        kept = option if gain > max(MIN_GAIN, noise) else current.config
     said = (
         f"{option.label()} {round_figures(runs[option], search.goal)} vs {current.config.label()} "
         f"{round_figures(runs[current.config], search.goal)}: {gap}"
     )
-    kept = option if gain > max(MIN_GAIN, noise) else current.config
     search.decisions.append(f"{PLACEMENT}: {said}" if kept == option else f"{PLACEMENT}: kept; {said}")
-    median = sorted(runs[kept], key=search.goal.score)[len(runs[kept]) // 2]
-    return median if search.goal.score(median) > -math.inf else current  # neither served again: as it was
+    if kept != option:
+        return current
+    return sorted(runs[option], key=search.goal.score)[(len(runs[option]) - 1) // 2]  # the lower median
 
 
 def relative_gap(ours: list[float], theirs: list[float]) -> tuple[float, float]:
-    """How much better ``theirs`` scores than ``ours`` on the mean, as a share of ours, and the noise of that
-    share: twice its standard error from the rounds' spread (-inf scores: no gain, no noise)."""
-    if -math.inf in ours + theirs or not ours or not theirs:
-        return (-math.inf if -math.inf in theirs else math.inf), 0.0
+    """How much better ``theirs`` scores than ``ours`` on the mean, as a share of ours' size, and the noise of that
+    share: twice its standard error from the rounds' spread. Every score finite; a mean of zero: shares of 1."""
     mean_ours, mean_theirs = statistics.fmean(ours), statistics.fmean(theirs)
     spread = sum(statistics.variance(s) / len(s) if len(s) > 1 else 0.0 for s in (ours, theirs))
-    return (mean_theirs - mean_ours) / abs(mean_ours), 2 * math.sqrt(spread) / abs(mean_ours)
+    scale = abs(mean_ours) or 1.0
+    return (mean_theirs - mean_ours) / scale, 2 * math.sqrt(spread) / scale
 
 
 def round_figures(trials: list[Trial], goal: Goal) -> str:
-    """Each round's figure the goal ranks by: "(120.1, 123.0 req/s)", "(p50 45, 47 ms)"."""
+    """Each round's figures the goal ranks by: "(120.1, 123.0 req/s)", "(p50 45, 47 ms)"; with a p95 limit, each
+    round's p95 too; a round that failed, as it failed."""
     if any(t.error or t.failures for t in trials):
-        return "(" + "; ".join(shown(t).strip("()") for t in trials) + ")"
+        return "(" + "; ".join(shown(t)[1:-1] for t in trials) + ")"
+    p95 = f"; p95 {', '.join(f'{t.p95_ms:g}' for t in trials)} ms" if goal.p95_ms is not None else ""
     if goal.kind == "latency":
-        return f"(p50 {', '.join(f'{t.p50_ms:g}' for t in trials)} ms)"
-    return f"({', '.join(f'{t.req_per_s:.1f}' for t in trials)} req/s)"
+        return f"(p50 {', '.join(f'{t.p50_ms:g}' for t in trials)} ms{p95})"
+    return f"({', '.join(f'{t.req_per_s:.1f}' for t in trials)} req/s{p95})"
 
 
 def confirm(search: Search, baseline: Trial, measure: Measure) -> None:
@@ -413,6 +421,9 @@ def confirm(search: Search, baseline: Trial, measure: Measure) -> None:
     wins on the mean of both rounds: a tuned file must not rest on one lucky run."""
     chosen = search.chosen
     if chosen is None or chosen.config == baseline.config:
+        return
+    if chosen.stage == PLACEMENT and replace(chosen.config, in_front=baseline.config.in_front) == baseline.config:
+        search.decisions.append(f"confirmation: not run: the placement alone changed, {PLACEMENT_ROUNDS} rounds each")
         return
     if not search.affords(2, 2):
         search.decisions.append("confirmation: not run (the budget); the chosen configuration rests on one run each")
