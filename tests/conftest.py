@@ -46,6 +46,15 @@ for _name in ("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE", "FASTINFER_API_KE
     os.environ.pop(_name, None)
 
 
+@pytest.fixture(autouse=True)
+def _settings_read_afresh() -> Iterator[None]:
+    """The process's cached settings dropped after each test: settings read under one test's environment (a
+    monkeypatched FASTINFER_DEFAULT_BACKEND) must not be what the next test on that worker is given."""
+    yield
+    if config := sys.modules.get("fastinfer.catalog.config"):  # never imported: nothing cached
+        config.get_settings.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def bentoml_home() -> Path:
     return _HOME
