@@ -65,7 +65,7 @@ test: system-deps models
 
 # The loop while you work: the unit tests that need no built store, no server and no model build (docs/architecture.md).
 test-quick: $(VENV)/.installed
-	$(PY) -m pytest -m "unit and not heavy" -q
+	$(PY) -m pytest -m "unit and not heavy" -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
