@@ -13,10 +13,7 @@ reversed) into another, and the new PyTorch and ONNX versions moved into the fir
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +21,9 @@ import httpx
 import pytest
 import yaml
 
-from load_tests.service import ROOT, Server
+from fastinfer import cli
+from load_tests.service import Server
+from tests.conftest import model_store_at
 from tests.family_data import Built, Family, build_here, images
 from tests.servers import NO_CACHE, serve, serving
 
@@ -120,15 +119,12 @@ def test_a_server_of_a_mixed_family_serves_only_its_newest_source_and_says_so(
     assert len(lines) == 1 and "WARNING" in lines[0], lines
 
 
-def test_doctor_names_the_models_of_another_source(mixed: Mixed) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "fastinfer.cli", "doctor"],
-        cwd=ROOT,
-        env={**os.environ, "BENTOML_HOME": str(mixed.home), "FASTINFER_MODEL": mixed.name},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    (line,) = [line for line in done.stdout.splitlines() if line.strip().startswith("onnx-int8-dynamic")]
+def test_doctor_names_the_models_of_another_source(
+    mixed: Mixed, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setenv("FASTINFER_MODEL", mixed.name)
+    with model_store_at(mixed.home):
+        assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.strip().startswith("onnx-int8-dynamic")]
     assert "unavailable" in line and f"source hash {mixed.old_hash}" in line, line
