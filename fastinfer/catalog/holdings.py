@@ -168,7 +168,6 @@ def build_hint(name: str | None = None) -> str:
 def serving(backend: str, batch: int | None = None) -> Model | None:
     """The model served for a store name: the pinned version in a server (PinnedModelGone when deleted), else
     the latest; NotServed for one of another source than its family's newest. None when never built."""
-    import bentoml
     from bentoml.exceptions import NotFound
 
     name = store.model_name(backend, batch)
@@ -183,7 +182,7 @@ def serving(backend: str, batch: int | None = None) -> Model | None:
         return None  # not stored when this server started: it serves without it until restarted
     pinned_tag = pinned[name]
     try:
-        return bentoml.models.get(pinned_tag)
+        return store.get(pinned_tag)
     except NotFound:
         pass
     except Exception as exc:  # its model.yaml deleted or garbled since

@@ -93,14 +93,36 @@ class StoredModelInfo:
     accuracy: dict[str, Any] | None = None  # measured by the build with --eval-dir, else None
 
 
+_PARSED: dict[tuple[str, int, int, int], Model] = {}
+
+
+def get(tag: str) -> Model:
+    """``bentoml.models.get(tag)``, read once per process while the version's model.yaml is unchanged: BentoML
+    parses it (15 KB of YAML, in pure Python) on every call, and importing service.py asked 37 times, ~1.3 s
+    of the start of every process of a server. Raises as BentoML does."""
+    import bentoml
+
+    name, _, version = tag.partition(":")
+    folder = bentoml_home() / "models" / name
+    try:
+        if version in ("", "latest"):
+            version = (folder / "latest").read_text().strip()
+        stat = (folder / version / "model.yaml").stat()
+    except (OSError, ValueError):
+        return bentoml.models.get(tag)  # BentoML says what is missing
+    key = (str(folder / version), stat.st_mtime_ns, stat.st_size, stat.st_ino)
+    if (model := _PARSED.get(key)) is None:
+        model = _PARSED[key] = bentoml.models.get(f"{name}:{version}")
+    return model
+
+
 def find(backend: str, batch: int | None = None, family_name: str | None = None) -> Model | None:
     """The latest stored model for a backend of a family (default: this process's), or None."""
-    import bentoml
     from bentoml.exceptions import NotFound
 
     name = model_name(backend, batch, family_name)
     try:
-        return bentoml.models.get(f"{name}:latest")
+        return get(f"{name}:latest")
     except NotFound:
         return None
     except Exception as exc:  # its model.yaml deleted or garbled (BentoMLException, KeyError, a YAML error)
@@ -172,13 +194,12 @@ def pins() -> dict[str, str] | None:
 
 def latest(names: list[str]) -> dict[str, Model]:
     """Each stored name's ``:latest`` model now (a name never built is left out)."""
-    import bentoml
     from bentoml.exceptions import NotFound
 
     resolved = {}
     for name in names:
         try:
-            resolved[name] = bentoml.models.get(f"{name}:latest")
+            resolved[name] = get(f"{name}:latest")
         except NotFound:
             continue  # not built: the backend answers 503 saying so
     return resolved

@@ -45,3 +45,33 @@ def test_a_malformed_pin_variable_is_refused_saying_what_it_is(raw, monkeypatch)
     monkeypatch.setenv(store.PINS_ENV, raw)
     with pytest.raises(ValueError, match=r"set by `bentoml serve`.*unset it"):
         store.pins()
+
+
+def test_a_stored_version_is_read_once_until_its_record_changes(tmp_path, monkeypatch) -> None:
+    """store.get parses a version's model.yaml once per process (BentoML parses it on every call), and again
+    once it is rewritten; ``latest`` is followed as it moves."""
+    import bentoml
+
+    from tests.conftest import model_store_at
+
+    with model_store_at(tmp_path):
+        with bentoml.models.create("cached-onnx", labels={"n": "1"}) as first:
+            pass
+        parsed = []
+        real = bentoml.models.get
+        monkeypatch.setattr(bentoml.models, "get", lambda tag: parsed.append(tag) or real(tag))
+        assert store.get("cached-onnx:latest") is store.get("cached-onnx") is store.get(str(first.tag))
+        assert parsed == [str(first.tag)]
+        record = tmp_path / "models" / "cached-onnx" / first.tag.version / "model.yaml"
+        record.write_text(record.read_text().replace("n: '1'", "n: '2'"))  # rewritten in place
+        assert store.get("cached-onnx:latest").info.labels == {"n": "2"} and len(parsed) == 2
+        kept = record.read_text()
+        record.write_text("{ garbled")
+        with pytest.raises(Exception):  # noqa: B017 (whatever BentoML raises for a bad record)
+            store.get("cached-onnx:latest")
+        record.write_text(kept)
+        with bentoml.models.create("cached-onnx", labels={"n": "3"}) as second:
+            pass
+        assert store.get("cached-onnx:latest").tag == second.tag
+        with pytest.raises(bentoml.exceptions.NotFound):
+            store.get("never-built:latest")
