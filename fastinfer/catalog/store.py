@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import secrets
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -93,7 +94,8 @@ class StoredModelInfo:
     accuracy: dict[str, Any] | None = None  # measured by the build with --eval-dir, else None
 
 
-_PARSED: dict[tuple[str, int, int, int], Model] = {}
+_PARSED: OrderedDict[tuple[str, int, int, int], Model] = OrderedDict()
+_PARSED_KEPT = 256  # records (~75 KB each): every version a long-lived server or a test run reads
 
 
 def get(tag: str) -> Model:
@@ -102,10 +104,12 @@ def get(tag: str) -> Model:
     of the start of every process of a server. Raises as BentoML does."""
     import bentoml
 
+    from fastinfer.compat.bentoml import model_store_dir
+
     name, _, version = tag.partition(":")
-    folder = bentoml_home() / "models" / name
+    folder = model_store_dir() / name
     try:
-        if version in ("", "latest"):
+        if ":" not in tag or version == "latest":
             version = (folder / "latest").read_text().strip()
         stat = (folder / version / "model.yaml").stat()
     except (OSError, ValueError):
@@ -113,6 +117,8 @@ def get(tag: str) -> Model:
     key = (str(folder / version), stat.st_mtime_ns, stat.st_size, stat.st_ino)
     if (model := _PARSED.get(key)) is None:
         model = _PARSED[key] = bentoml.models.get(f"{name}:{version}")
+        if len(_PARSED) > _PARSED_KEPT:
+            _PARSED.popitem(last=False)
     return model
 
 

@@ -24,6 +24,9 @@ has no public equivalent. Assumptions, one test each (tests/unit/test_compat_ben
    a ``oneOf`` as sent (so fastinfer/common/schemas.py's BatchResponse says oneOf, and its error items arrive).
 10. A bento holds its code in ``src/`` beside ``bento.yaml``, whose ``services`` list names each service of the graph
     it was built with; served, BentoML stops (``on_load_bento``: StopIteration) if the graph names one more.
+11. ``bentoml.models.get`` reads ``BentoMLContainer.model_store``, a store whose folder is its ``_path``: a served
+    bento's own in a container, else ``$BENTOML_HOME/models``. A model's record is ``<folder>/<name>/<version>/
+    model.yaml``, and ``<folder>/<name>/latest`` names the latest version.
 """
 
 from __future__ import annotations
@@ -59,6 +62,13 @@ def configuration() -> Any:
     from bentoml._internal.configuration.containers import BentoMLContainer
 
     return BentoMLContainer.config.get()
+
+
+def model_store_dir() -> Path:
+    """The folder ``bentoml.models.get`` reads models from."""
+    from bentoml._internal.configuration.containers import BentoMLContainer
+
+    return Path(BentoMLContainer.model_store.get()._path)
 
 
 def worker_service(cmdline: Sequence[str]) -> str | None:

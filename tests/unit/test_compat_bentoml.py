@@ -242,3 +242,18 @@ def test_10_a_bento_is_loaded_by_the_services_its_bento_yaml_names(tmp_path: Pat
         (tmp_path / "bento.yaml").write_text(broken)
         with pytest.raises(SystemExit, match=r"fastinfer: .*bento.yaml is not a bento.yaml BentoML wrote"):
             compat.bento_services(code, "fastinfer")
+
+
+def test_11_models_are_read_from_the_model_stores_folder(tmp_path: Path) -> None:
+    import bentoml
+
+    from tests.conftest import model_store_at
+
+    with model_store_at(tmp_path), bentoml.models.create("compat-check") as made:
+        pass
+    with model_store_at(tmp_path):
+        folder = compat.model_store_dir() / "compat-check"
+        assert compat.model_store_dir() == tmp_path / "models"
+        assert (folder / "latest").read_text().strip() == made.tag.version
+        assert Path(bentoml.models.get("compat-check:latest").path) == folder / made.tag.version
+        assert (folder / made.tag.version / "model.yaml").is_file()

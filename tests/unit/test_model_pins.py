@@ -63,8 +63,8 @@ def test_a_stored_version_is_read_once_until_its_record_changes(tmp_path, monkey
         assert store.get("cached-onnx:latest") is store.get("cached-onnx") is store.get(str(first.tag))
         assert parsed == [str(first.tag)]
         record = tmp_path / "models" / "cached-onnx" / first.tag.version / "model.yaml"
-        record.write_text(record.read_text().replace("n: '1'", "n: '2'"))  # rewritten in place
-        assert store.get("cached-onnx:latest").info.labels == {"n": "2"} and len(parsed) == 2
+        record.write_text(record.read_text().replace("n: '1'", "n: '20'"))  # rewritten in place
+        assert store.get("cached-onnx:latest").info.labels == {"n": "20"} and len(parsed) == 2
         kept = record.read_text()
         record.write_text("{ garbled")
         with pytest.raises(Exception):  # noqa: B017 (whatever BentoML raises for a bad record)
