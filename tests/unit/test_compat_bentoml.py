@@ -245,15 +245,25 @@ def test_10_a_bento_is_loaded_by_the_services_its_bento_yaml_names(tmp_path: Pat
 
 
 def test_11_models_are_read_from_the_model_stores_folder(tmp_path: Path) -> None:
+    """BentoML's store, not $BENTOML_HOME/models: served from a bento in a container, it is the bento's own,
+    and store.get (its cache keyed on the folder) answers as bentoml.models.get does."""
     import bentoml
+    from bentoml._internal.configuration.containers import BentoMLContainer
+    from bentoml._internal.models.model import ModelStore
 
+    from fastinfer.catalog import store
     from tests.conftest import model_store_at
 
-    with model_store_at(tmp_path), bentoml.models.create("compat-check") as made:
+    home, bento = tmp_path / "home", tmp_path / "bento-models"
+    with model_store_at(home), bentoml.models.create("compat-check", labels={"in": "home"}):
         pass
-    with model_store_at(tmp_path):
+    bento.mkdir()
+    with model_store_at(home), BentoMLContainer.model_store.patch(ModelStore(bento)):
+        with bentoml.models.create("compat-check", labels={"in": "bento"}) as made:
+            pass
         folder = compat.model_store_dir() / "compat-check"
-        assert compat.model_store_dir() == tmp_path / "models"
+        assert compat.model_store_dir() == bento
         assert (folder / "latest").read_text().strip() == made.tag.version
         assert Path(bentoml.models.get("compat-check:latest").path) == folder / made.tag.version
         assert (folder / made.tag.version / "model.yaml").is_file()
+        assert store.get("compat-check:latest").info.labels == {"in": "bento"}
