@@ -59,7 +59,7 @@ def test_a_stored_version_is_read_once_until_its_record_changes(tmp_path, monkey
             pass
         parsed = []
         real = bentoml.models.get
-        monkeypatch.setattr(bentoml.models, "get", lambda tag: parsed.append(tag) or real(tag))
+        monkeypatch.setattr(bentoml.models, "get", lambda tag: parsed.append(str(tag)) or real(tag))
         assert store.get("cached-onnx:latest") is store.get("cached-onnx") is store.get(str(first.tag))
         assert parsed == [str(first.tag)]
         record = tmp_path / "models" / "cached-onnx" / first.tag.version / "model.yaml"
@@ -73,5 +73,16 @@ def test_a_stored_version_is_read_once_until_its_record_changes(tmp_path, monkey
         with bentoml.models.create("cached-onnx", labels={"n": "3"}) as second:
             pass
         assert store.get("cached-onnx:latest").tag == second.tag
+        # Tags BentoML refuses stay refused once a version is read, even those naming its folder another way.
+        folder = record.parent.parent
+        for odd in (f"./cached-onnx:{second.tag.version}", f"cached-onnx:{second.tag.version}/",
+                    f"another-onnx:{folder / second.tag.version}"):  # fmt: skip
+            with pytest.raises(bentoml.exceptions.BentoMLException, match="Invalid Tag"):
+                store.get(odd)
+        with bentoml.models.create("another-onnx") as _:
+            pass
+        (tmp_path / "models" / "another-onnx" / "latest").write_text(str(folder / second.tag.version))
+        # A `latest` naming another model's folder: whatever BentoML answers (it follows it), never from the cache.
+        assert store.get("another-onnx:latest").tag == real("another-onnx:latest").tag == second.tag
         with pytest.raises(bentoml.exceptions.NotFound):
             store.get("never-built:latest")
