@@ -98,8 +98,8 @@ def bento_services(source: str | None, service: str) -> set[str] | None:
     if code is None or code.name != "src" or not (built := code.parent / "bento.yaml").is_file():
         return None
     try:
-        names = {entry["name"] for entry in yaml.safe_load(built.read_text())["services"]}
-    except (yaml.YAMLError, TypeError, KeyError, AttributeError, OSError) as exc:
+        names = {entry["name"] for entry in yaml.safe_load(built.read_text(encoding="utf-8"))["services"]}
+    except (yaml.YAMLError, TypeError, KeyError, AttributeError, OSError, ValueError, RecursionError) as exc:
         raise SystemExit(
             f"fastinfer: {built} is not a bento.yaml BentoML wrote ({type(exc).__name__}: {exc})"[:500]
         ) from None

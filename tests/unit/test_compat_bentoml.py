@@ -238,8 +238,9 @@ def test_10_a_bento_is_loaded_by_the_services_its_bento_yaml_names(tmp_path: Pat
     assert compat.bento_services(str(tmp_path / "elsewhere" / "src" / "service.py"), "fastinfer") is None
     assert compat.bento_services(str(tmp_path / "checkout" / "service.py"), "fastinfer") is None  # not in src/
     assert compat.bento_services(None, "fastinfer") is None  # a module without a file (python -c)
-    for broken in ("services: [", "services: 3", "services:\n- id: x\n", "", "text"):
-        (tmp_path / "bento.yaml").write_text(broken)
+    for broken in ("services: [", "services: 3", "services:\n- id: x\n", "", "text", "services: [é]".encode("latin-1"),
+                   "services: " + "[" * 20000):  # fmt: skip
+        (tmp_path / "bento.yaml").write_bytes(broken if isinstance(broken, bytes) else broken.encode())
         with pytest.raises(SystemExit, match=r"fastinfer: .*bento.yaml is not a bento.yaml BentoML wrote"):
             compat.bento_services(code, "fastinfer")
 
