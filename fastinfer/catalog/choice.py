@@ -261,10 +261,10 @@ def placement(settings: Settings, default_backend: Callable[[], str] | None = No
     if placed := os.environ.get(PLACED_ENV):
         with contextlib.suppress(ValueError, TypeError, KeyError, RecursionError):
             fields = json.loads(placed)
-            runners, source = frozenset(fields["runners"]), fields["source"]
-            valid = runners <= set(RUNNERS) and source in ("default", "environment", "tuned", "bento")
-            if valid and fields["pid"] == os.getppid():  # a value exported elsewhere, or stale: decided here
-                return runners, source
+            runners, source, pid = fields["runners"], fields["source"], fields["pid"]
+            valid = isinstance(runners, list) and set(runners) <= set(RUNNERS) and type(pid) is int
+            if valid and source in ("default", "environment", "tuned", "bento") and pid == os.getppid():
+                return frozenset(runners), source  # else exported elsewhere, stale or not ours: decided here
         logger.warning("%s was not set by this server's parent: ignored, the placement is decided here", PLACED_ENV)
     return engines_in_front(settings, default_backend or (lambda: default_choice(kept=False).backend))
 

@@ -5,6 +5,7 @@ the model version held, the deadline, a model that could not load."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -203,7 +204,12 @@ def test_a_servers_workers_take_the_placement_its_parent_started_the_runners_by(
         child = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
         assert child.stdout.splitlines()[-1] == "(frozenset({'openvino-int8'}), 'default')"  # a child: its parent's
         assert placement(settings) == ({SPECS["onnx"].runner_name}, "default")  # not set by this one's parent
-        for bad in ("{", '{"runners": ["no-such-runner"], "source": "default"}', '{"runners": [], "source": "x"}'):
+        ours = {"source": "default", "pid": os.getppid()}  # as this process's parent would set it, but:
+        onnx = SPECS["onnx"].runner_name
+        mistyped = [{**ours, "runners": {onnx: 1}}, {**ours, "runners": ""}, {**ours, "runners": onnx},
+                    {**ours, "runners": [], "pid": float(os.getppid())}]  # fmt: skip
+        for bad in ("{", '{"runners": ["no-such-runner"], "source": "default"}', '{"runners": [], "source": "x"}',
+                    *map(json.dumps, mistyped)):  # fmt: skip
             monkeypatch.setenv(PLACED_ENV, bad)
             assert placement(settings) == ({SPECS["onnx"].runner_name}, "default")  # decided here, and said
         assert f"{PLACED_ENV} was not set by this server's parent" in caplog.text
