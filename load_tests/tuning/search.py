@@ -384,7 +384,8 @@ def placement(search: Search, current: Trial, option: Config, measure: Measure) 
         gain, noise = relative_gap(*([search.goal.score(t) for t in runs[c]] for c in (current.config, option)))
         short = f", under the {MIN_GAIN:.0%} a change must gain" if noise < gain <= MIN_GAIN else ""
         told = "beyond" if abs(gain) > noise else "within"
-        gap = f"{abs(gain):.1%} {'better' if gain > 0 else 'worse'}, {told} the rounds' noise (±{noise:.1%}){short}"
+        side = "better" if gain > 0 else "worse" if gain < 0 else "apart"
+        gap = f"{abs(gain):.1%} {side}, {told} the rounds' noise (±{noise:.1%}){short}"
         kept = option if gain > max(MIN_GAIN, noise) else current.config
     said = (
         f"{option.label()} {round_figures(runs[option], search.goal)} vs {current.config.label()} "

@@ -162,6 +162,8 @@ def test_a_placement_clearly_worse_is_said_worse_beyond_the_noise_and_one_short_
     _, said = placement_said(tmp_path, {"openvino-int8, runner": [100.0], "openvino-int8, in front": [102.0]})
     assert said.endswith("2.0% better, beyond the rounds' noise (±0.0%), under the 3% a change must gain")
     assert said.startswith(f"{PLACEMENT}: kept; ")
+    _, said = placement_said(tmp_path, {"openvino-int8, runner": [100.0], "openvino-int8, in front": [100.0]})
+    assert said.endswith("0.0% apart, within the rounds' noise (±0.0%)")  # a tie is neither better nor worse
 
 
 def test_a_placement_that_serves_nothing_or_breaks_the_p95_limit_in_a_round_loses_and_is_named(tmp_path) -> None:
