@@ -210,9 +210,12 @@ def test_a_client_too_slow_to_send_gets_our_408_before_bentomls_timeout(own_serv
 
 def test_work_answered_504_is_dropped_by_the_runner(own_server) -> None:
     """More pytorch work than the 3 s deadline allows: the requests past it are answered 504, and the
-    runner computes no more than what was answered 200 and the one run under way at the deadline: the
-    rest is dropped, by the deadline sent with the call (``expired_images``) or as the front's call is
-    cancelled, whichever comes first."""
+    runner computes no more than what was answered 200 and the runs under way at the deadlines: the rest
+    is dropped, by the deadline sent with the call (``expired_images``) or as the front's call is
+    cancelled, whichever comes first. Each request's deadline runs from its own arrival, so a run can
+    start just before a later request's deadline while the first, over its own, is still being answered
+    504: two runs at most, as the arrivals spread over less than one run of 32 pytorch images (a CI run
+    computed 64 images with none answered 200)."""
     from concurrent.futures import ThreadPoolExecutor
 
     # Small photos (their decoding is nearly free, so every request reaches the runner at once), 32 a
@@ -243,7 +246,7 @@ def test_work_answered_504_is_dropped_by_the_runner(own_server) -> None:
                 settled, last = time.monotonic(), now
         images, expired = last[0] - before, last[1] - expired_before
     sent, answered = sum(len(files) for files in requests), statuses.count(200)
-    assert images <= 32 * (answered + 1) and images + expired <= sent, (images, expired, answered, sent)
+    assert images <= 32 * (answered + 2) and images + expired <= sent, (images, expired, answered, sent)
 
 
 def test_a_pinned_version_deleted_by_hand_is_a_503_naming_it(own_server, own_home) -> None:
