@@ -34,18 +34,6 @@ def test_docs_json_speaks_fastinfer(spec: dict) -> None:
     assert "## This server" in spec["info"]["description"]
 
 
-def test_the_page_at_root_is_fastinfer_s(client: httpx.Client) -> None:
-    page = client.get("/")
-    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    assert "<title>FastInfer API</title>" in page.text and "googletagmanager" not in page.text
-    assets = re.findall(r'(?:src|href)="\./([^"]+)"', page.text)
-    assert len(assets) == 3  # Swagger UI's css and two scripts, from BentoML's static files
-    for asset in assets:
-        assert client.get("/" + asset).status_code == 200, asset
-    assert client.head("/").status_code == 200
-    assert "default-src 'self'" in page.headers["content-security-policy"]  # nothing loads from elsewhere
-
-
 def examples(spec: dict) -> list[tuple[str, str, str]]:
     """(where, language, code) of every example on the page: its description's and each operation's."""
     found = [("the page", lang, code) for lang, code in BLOCK.findall(spec["info"]["description"])]

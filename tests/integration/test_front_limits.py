@@ -1,18 +1,7 @@
-"""The front under hostile connections and a full disk, on a real ``bentoml serve`` with API keys on.
-
-* Silent connections (never a byte) are closed after FASTINFER_KEEPALIVE_S, and beyond
-  FASTINFER_MAX_CONNECTIONS a new connection closes the longest-idle one: keyed clients and the probes
-  keep being answered. Before: 2,000 silent connections were still open after 40 s, and 21,000 took
-  the front's descriptors (no answer to /livez or /classify, nothing logged).
-* Headers over FASTINFER_MAX_HEADER_BYTES or FASTINFER_MAX_HEADERS get 431 in our JSON shape, before
-  the API key is read; a stalled head gets 408. Before: 1 MB headers and 100,000 headers were accepted,
-  and keyless clients sending 640 KB header blocks slowed a keyed client ~7-9x.
-* A full disk under BENTOML_HOME (a tmpfs mounted as root; skipped where the mount is refused): the
-  front keeps answering, /readyz says why, and it recovers. Before: SIGBUS on the next requests, the
-  front worker restarted over and over, every request unanswered.
-
-The p50 ratios are printed (``pytest -s``), not asserted: on a shared 2-core machine the flood's own
-processes take CPU from everyone. What is asserted is behaviour.
+"""The front under hostile connections and a full disk, on a real ``bentoml serve`` with API keys on: silent
+connections closed at the keep-alive and the cap, a flood of huge keyless headers refused 431 while keyed
+clients and probes keep answering, a wedged runner's prompt 503, a full BENTOML_HOME degrading without a
+crash loop, and SIGTERM closing idle connections at once. Latency ratios are printed (``pytest -s``), not asserted.
 """
 
 from __future__ import annotations
@@ -158,39 +147,6 @@ def test_silent_connections_are_closed_and_keyed_clients_and_probes_keep_answeri
     assert "idle connections closed to make room at the cap" in front.server.log.read_text()
 
 
-def test_a_stalled_head_gets_408_and_the_connection_closes(front: Front) -> None:
-    with socket.create_connection(front.address, timeout=HEADER_TIMEOUT_S + 10) as sock:
-        sock.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
-        answer = b""
-        while chunk := sock.recv(4096):
-            answer += chunk
-    head, _, body = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 408")
-    assert json.loads(body)["error"]["code"] == "request_timeout"
-
-
-BIG_HEADER = b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 1_000_000 + b"\r\n\r\n"
-MANY_HEADERS = b"GET /livez HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(100_000)) + b"\r\n"
-# Keyless: refused for its size before the key is read (before: 401, after reading it all).
-KEYLESS_640_KB = b"POST /classify HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"b" * 640_000 + b"\r\n\r\n"
-
-
-@pytest.mark.parametrize(
-    ("request_head", "setting"),
-    [
-        (BIG_HEADER, "FASTINFER_MAX_HEADER_BYTES"),
-        (MANY_HEADERS, "FASTINFER_MAX_HEADERS"),
-        (KEYLESS_640_KB, "FASTINFER_MAX_HEADER_BYTES"),
-    ],
-    ids=["1 MB header", "100,000 headers", "640 KB keyless"],
-)
-def test_oversized_headers_get_431_in_our_shape(front: Front, request_head: bytes, setting: str) -> None:
-    status, body = exchange(front.address, request_head)
-    assert status == 431
-    assert body["error"]["code"] == "request_header_fields_too_large"
-    assert setting in body["error"]["message"]
-
-
 ATTACKER = """
 import json, socket, sys, time
 host, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
@@ -259,38 +215,15 @@ def test_a_wedged_runner_gets_readyz_a_prompt_503_that_names_it(front: Front) ->
             time.sleep(0.5)
 
 
-# RFC 9112 6.3: a request whose Transfer-Encoding does not end in chunked has no readable length: 400 and
-# close. 6.1: a transfer coding the server does not know (gzip before chunked) SHOULD be answered 501.
-TRAILERS_101 = b"".join(b"X-T-%d: v\r\n" % i for i in range(101))
+# RFC 9112 6.1: a transfer coding the server does not know (gzip before chunked) SHOULD be answered 501.
+# The 400s (Transfer-Encoding: gzip, 101 trailer fields): tests/unit/test_front_limits.py, through FrontProtocol.
+GZIP_CHUNKED = b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
 
 
-@pytest.mark.parametrize(
-    ("request_bytes", "status", "code"),
-    [
-        (b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nabc", 400, "bad_request"),
-        (
-            b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
-            501,
-            "not_implemented",
-        ),
-        (
-            b"POST /classify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
-            + b"\r\nContent-Type: image/jpeg\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n"
-            + TRAILERS_101 + b"\r\n",
-            400,
-            "bad_request",
-        ),
-    ],
-    ids=["Transfer-Encoding: gzip", "Transfer-Encoding: gzip, chunked", "101 trailer fields"],
-)  # fmt: skip
-def test_framing_the_front_does_not_take_gets_an_answer_in_our_shape(
-    front: Front, request_bytes: bytes, status: int, code: str
-) -> None:
-    """Before: no answer at all, the connection closed (the parser failed after the request had reached
-    the app, and an answer then could have come before the app's)."""
-    answered, body = exchange(front.address, request_bytes)
-    assert answered == status, body
-    assert body is not None and body["error"]["code"] == code, body
+def test_a_transfer_coding_the_front_does_not_take_gets_501_in_our_shape(front: Front) -> None:
+    answered, body = exchange(front.address, GZIP_CHUNKED)
+    assert answered == 501, body
+    assert body is not None and body["error"]["code"] == "not_implemented", body
 
 
 def front_worker(front: Front) -> psutil.Process:

@@ -1,14 +1,6 @@
-"""A family whose stored models are of two sources, served (review finding on issue 34).
-
-A rebuild with other labels, interrupted after PyTorch and ONNX, leaves those two from the new source and the
-rest from the old under one family's names. Served together, they answered the same image with different
-labels and said nothing. The family is what its newest model was built from: a real ``bentoml serve`` pins
-only the models of that source, says once at start-up which it does not serve, and each of those backends
-answers 503 saying why and how to rebuild the whole family — and the server is still ready, serving the rest.
-
-The interrupted rebuild is made exactly: the old source built into one store, the new one (the labels
-reversed) into another, and the new PyTorch and ONNX versions moved into the first as a build stores them
-(their version folder, then the ``latest`` pointer), after the old ones were stored.
+"""A family whose stored models are of two sources (an interrupted rebuild with other labels, made exactly),
+served by a real ``bentoml serve``: only the newest source's models are served, the others answer 503
+saying why and how to rebuild, the server stays ready, and start-up says so once.
 """
 
 from __future__ import annotations
@@ -21,9 +13,7 @@ import httpx
 import pytest
 import yaml
 
-from fastinfer import cli
 from load_tests.service import Server
-from tests.conftest import model_store_at
 from tests.family_data import Built, Family, build_here, images
 from tests.servers import NO_CACHE, serve, serving
 
@@ -117,14 +107,3 @@ def test_a_server_of_a_mixed_family_serves_only_its_newest_source_and_says_so(
     # Said once at start-up (the deployment hook), not by each worker or runner.
     lines = [line for line in mixed_server.log.read_text().splitlines() if "holds models of two sources" in line]
     assert len(lines) == 1 and "WARNING" in lines[0], lines
-
-
-def test_doctor_names_the_models_of_another_source(
-    mixed: Mixed, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
-) -> None:
-    monkeypatch.setenv("FASTINFER_MODEL", mixed.name)
-    with model_store_at(mixed.home):
-        assert cli.main(["doctor"]) == 0
-    out = capsys.readouterr().out
-    (line,) = [line for line in out.splitlines() if line.strip().startswith("onnx-int8-dynamic")]
-    assert "unavailable" in line and f"source hash {mixed.old_hash}" in line, line

@@ -1,11 +1,6 @@
-"""Every answer names the model that computed it, across a rebuild, a runner killed and restarted, a
-front worker killed and restarted, and a second server sharing the same Redis (issue: answers were
-labelled with a version the front resolved at start-up while a restarted runner ran another).
-
-One server (A) starts; ``onnx`` is rebuilt with other weights under it; its onnx runner and then a
-front worker are killed with SIGKILL and come back; a second server (B) starts on the new version over
-the same Redis. Every answer, and every cache entry both wrote, is checked against what its named
-model computes in this process: a tag paired with another model's output fails the test.
+"""Every answer and every cache entry names the model that computed it: across ``onnx`` rebuilt under a running
+server, its runner and a front worker killed (SIGKILL) and restarted, and a second server on the new version
+over the same Redis, each checked against what its named model computes in this process.
 """
 
 from __future__ import annotations

@@ -202,10 +202,10 @@ def test_a_batch_is_answered_in_order_with_an_error_in_the_bad_images_slot(clien
         assert got["backend"] == "onnx-int8" and got["cached"] is False
         assert [p["index"] for p in got["top_k"]] == [p["index"] for p in single["top_k"][:3]]
         assert abs(got["confidence"] - single["confidence"]) < 1e-3  # one batch = the same answers
-    # All bad: still 200, each slot says why (documented); none at all, or too many: 400.
+    # All bad: still 200, each slot says why (documented). Too many: 400 at this server's default limit (the
+    # setting's wiring into the front's lane; the parsing itself: tests/unit/test_image_api.py::test_batch_limits).
     bad = client.post("/classify/batch", files=[("images", ("a", b"x")), ("images", ("b", b""))])
     assert bad.status_code == 200 and [x["error"]["code"] for x in bad.json()["results"]] == ["invalid_image"] * 2
-    assert client.post("/classify/batch", data={"top_k": "1"}, files={"x": (None, "")}).status_code == 400
     many = [("images", (f"{i}.jpg", b"x", "image/jpeg")) for i in range(33)]
     assert (
         client.post("/classify/batch", files=many)

@@ -1,11 +1,6 @@
-"""Two servers on one BENTOML_HOME whose model store is shared by a symlink, as README allows: neither
-blanks the other's metrics, and a build on the store's own home keeps what a running server pinned, even
-after that server's supervisor is killed while its workers go on serving.
-
-Before (review finding): the second `bentoml serve` emptied the home's one Prometheus directory
-(`fastinfer_requests_total` vanished from the first server's /metrics), pins were recorded under the
-server's home, where a build on the store's home never looked, and a pin was dropped as soon as the
-supervisor's pid was dead."""
+"""Two servers on one BENTOML_HOME whose model store is shared by a symlink (as README allows): neither blanks
+the other's /metrics, and a build on the store's own home keeps the models a running server pinned, even after
+that server's supervisor is killed while its workers go on serving."""
 
 from __future__ import annotations
 

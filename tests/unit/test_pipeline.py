@@ -119,6 +119,24 @@ def test_bypass_never_reads_or_writes_the_cache() -> None:
     assert pipeline.cache.stats.bypasses == 1
 
 
+def test_no_store_reads_the_cache_but_never_writes_it() -> None:
+    """Cache-Control: no-store (RFC 9111 §5.2.1.5): a stored answer may be read; a computed one is not kept."""
+    pipeline, runner = make()
+
+    async def main() -> list[list[bool]]:
+        await pipeline.classify(Image(grey(70)), "onnx", 5)  # stored
+        held = await pipeline.classify(Image(grey(70)), "onnx", 5, store=False)
+        fresh = [await pipeline.classify(Image(grey(71)), "onnx", 5, store=False)]
+        fresh.append(await pipeline.classify(Image(grey(71)), "onnx", 5))  # the no-store answer was not kept
+        pair = [Image(grey(72)), Image(grey(73))]
+        batches = [await pipeline.classify_many(pair, "onnx", 5, store=False) for _ in range(2)]
+        return [[held["cached"]], [a["cached"] for a in fresh], *[[a["cached"] for a in b] for b in batches]]
+
+    assert run(main()) == [[True], [False, False], [False, False], [False, False]]
+    assert runner.calls == [("onnx", 1, None)] * 3 + [("onnx", 2, None)] * 2  # each no-store miss computed
+    assert pipeline.cache.stats.bypasses == 0  # not a bypass: the cache was read
+
+
 def test_unknown_and_unavailable_backends_say_why() -> None:
     pipeline, _ = make({"coreml": "CoreML prediction needs macOS"})
     with pytest.raises(UnknownBackend, match="valid backends: onnx, pytorch, coreml"):
