@@ -1,11 +1,6 @@
-"""Build every FastInfer artifact of one model family and store it in the BentoML model store.
-
-``python -m build_models --weights auto|imagenet|random|PATH.pth [--labels PATH] [--name FAMILY]
-[--mean R,G,B --std R,G,B --resize N --crop N] [--only NAME,...] [--force]``
-
-Models are stored as ``<family>-<backend>[-b<N>]``. Arguments are checked before anything is exported; each
-export is checked against PyTorch, then stored or refused, and the build ends with one table of what was
-stored, refused and skipped, and why.
+"""Build every FastInfer artifact of one model family into the BentoML model store, as ``<family>-<backend>[-b<N>]``
+(``python -m build_models --help``; docs/backends.md). Arguments are checked before anything is exported; each export
+is checked against PyTorch, then stored or refused; one table ends the build: what was stored, refused, skipped, why.
 """
 
 from __future__ import annotations
@@ -29,9 +24,10 @@ from build_models.labels import IMAGENET_CLASSES, SHOWN, family_labels
 from build_models.plan import BuildRefused  # noqa: F401 (the build's last word, raised by build())
 from build_models.text import as_text, texts
 from fastinfer.catalog import store, store_check
-from fastinfer.catalog.backends import anywhere, open_engine, openvino_cache_dir, openvino_missing
+from fastinfer.catalog.backends import COREML_BATCHES, anywhere, open_engine, openvino_cache_dir, openvino_missing
 from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.common import hardware
+from fastinfer.common.errors import one_line
 from fastinfer.common.home import bentoml_home
 from fastinfer.engines import MAX_INPUT_SIZE, MIN_INPUT_SIZE, EngineUnavailable
 from fastinfer.engines.openvino import cache_folder
@@ -128,7 +124,7 @@ ARTIFACTS: dict[str, Artifact] = {
             still_current=BuildContext.converts_stored_int8_as_asked,
             built_from="onnx-int8",
         ),
-        Artifact("coreml", "fp16", exporters.export_coreml, batches=(1, 2, 4, 8)),
+        Artifact("coreml", "fp16", exporters.export_coreml, batches=COREML_BATCHES),
     )
 }
 ARTIFACT_NAMES: tuple[str, ...] = tuple(ARTIFACTS)
@@ -442,16 +438,16 @@ class Builder:
         except AccuracyRefused:
             raise
         except Exception as exc:  # it ran on the verification photos, then failed on these
-            said = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-            raise _Refused(f"the export does not run on the eval photos: {said}. Nothing stored{kept}.") from exc
+            raise _Refused(
+                f"the export does not run on the eval photos: {one_line(exc)}. Nothing stored{kept}."
+            ) from exc
 
     def exported(self, export: Callable[..., dict[str, Any]], tmp: str, kept: str) -> dict[str, Any]:
         """The export written into ``tmp``, its metadata; _Refused when its converter fails on this model."""
         try:
             return export(self.ctx, Path(tmp))
         except Exception as exc:  # the other backends are still built
-            said = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line in the table
-            raise _Refused(f"the export failed: {said[:300]}. Nothing stored{kept}.") from exc
+            raise _Refused(f"the export failed: {one_line(exc)}. Nothing stored{kept}.") from exc
 
     def skipped(self, job: plan.Job, step: str, why: str) -> plan.Outcome:
         self.progress(f"{step}: skipped: {why}")
@@ -494,8 +490,7 @@ class Builder:
         try:
             check = compare(job.name, self.reference, engine.run(self.batch))
         except Exception as exc:  # loads, then fails on real photos: as bad as not loading
-            said = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-            raise _Refused(f"the export does not run: {said}. Nothing stored{kept}.") from exc
+            raise _Refused(f"the export does not run: {one_line(exc)}. Nothing stored{kept}.") from exc
         del engine  # let go of the files before they move into the store
         found = (
             f"on {check.images} real photos: max |logit diff| {check.max_abs_error:.2e}, "

@@ -1,9 +1,7 @@
-"""``--eval-dir``: every backend the build makes or keeps, measured on the user's labelled photos beside
-PyTorch's, photo by photo, and the INT8/BF16 models shown to lose more than ``--max-accuracy-drop`` refused.
-The rule is :func:`judge` (docs/backends.md, "The accuracy gate").
-
-The build calls :meth:`~AccuracyGate.check` on a fresh export before it is stored, :meth:`~AccuracyGate.report_stored`
-on a model kept as up to date (reported only: a stored model is immutable), and :meth:`~AccuracyGate.finish` last.
+"""``--eval-dir``: every backend the build makes or keeps, measured on the user's labelled photos beside PyTorch's,
+and the INT8/BF16 models shown to lose more than ``--max-accuracy-drop`` refused (:func:`judge`; docs/backends.md,
+"The accuracy gate"). The build calls :meth:`~AccuracyGate.check` on an export before storing it,
+:meth:`~AccuracyGate.report_stored` on a model kept (reported only: it is immutable), :meth:`~AccuracyGate.finish` last.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ import numpy as np
 
 from build_models.text import as_text
 from fastinfer.catalog.backends import SPECS, open_engine
+from fastinfer.common.errors import one_line
 from fastinfer.engines import Engine, EngineUnavailable
 from fastinfer.measure import accuracy, evaluate
 from fastinfer.measure.accuracy import DEFAULT_MAX_DROP_PP, SETTLE_SEARCHED, Accuracy, EvalSet, Paired, Row
@@ -232,7 +231,7 @@ class AccuracyGate:
         try:
             m = self._measure(name, artifact, batch, path)
         except Exception as exc:  # stored already: said in the table, the build goes on
-            m = "fails when run: " + " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            m = f"fails when run: {one_line(exc)}"
         if isinstance(m, str):
             self.not_measured(name, m)
             return

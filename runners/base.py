@@ -20,10 +20,10 @@ from bentoml.exceptions import BentoMLException, InvalidArgument, ServiceUnavail
 from bentoml.models import BentoModel
 
 from fastinfer.catalog import holdings, store, store_check
-from fastinfer.catalog.backends import SPECS, open_engine
+from fastinfer.catalog.backends import SPECS, open_engine, stored_models
 from fastinfer.catalog.config import get_settings
 from fastinfer.common import hardware
-from fastinfer.common.errors import under_home, without_paths
+from fastinfer.common.errors import one_line, under_home, without_paths
 from fastinfer.compat import bentoml as bentoml_compat
 from fastinfer.engines import Engine, EngineUnavailable, check_batch, warm_up
 from fastinfer.serving import deadlines
@@ -36,13 +36,6 @@ RELOAD_AFTER_S = 30.0
 NEVER_RECYCLE_REQUESTS = 2**62
 NEVER_RECYCLE_SECONDS = 10.0**9
 logging.getLogger("fastinfer").setLevel(logging.INFO)  # BentoML leaves the root logger at WARNING
-
-
-def one_line(exc: BaseException, limit: int = 300) -> str:
-    """An exception as one short line: runtimes (OpenVINO's C++ core) raise pages of context."""
-    text = " ".join(str(exc).split()) or "(no message)"
-    text = f"{type(exc).__name__}: {text}"
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def public_line(exc: BaseException, limit: int = 300) -> str:
@@ -161,14 +154,11 @@ class RunnerCore:
 
     def _load(self) -> Engine:
         # The versions pinned at start-up: a runner restarted after a rebuild loads what the front names, or nothing.
-        spec = self.spec
-        found = {size: holdings.serving(spec.artifact, size) for size in spec.static_batches}
-        missing = [store.model_name(spec.artifact, size) for size, model in found.items() if model is None]
+        stored, missing = stored_models(self.spec)
         if missing:
             raise NotBuilt(
                 holdings.missing_reason() or f"{', '.join(missing)} not in the model store; {holdings.build_hint()}"
             )
-        stored = {size: model for size, model in found.items() if model is not None}
         store_check.require_intact(stored.values())  # a file that is not what was built is refused
         self.models = [str(model.tag) for model in stored.values()]
         engine = open_engine(self.name, self.threads, {size: model.path for size, model in stored.items()})
@@ -256,12 +246,8 @@ def tracing_configured() -> bool:
 
 
 def hop_uninstrumented() -> dict[str, Any]:
-    """Runner config that leaves BentoML's per-call instrumentation out (docs/metrics.md#runner-telemetry).
-
-    The front has already logged, counted and traced the call: doing it again in the runner cost 1.75-1.96
-    CPU ms per call against 1.04-1.07 (openvino-int8, 10 clients, 2 cores). Spans are left out only where
-    tracing is configured nowhere (only the trace id on the runner's log lines is lost).
-    """
+    """Runner config that leaves out BentoML's per-call log, metrics and, where tracing is configured nowhere, spans:
+    the front has done them (docs/metrics.md#runner-telemetry: 1.75-1.96 CPU ms per call became 1.04-1.07)."""
     config: dict[str, Any] = {"logging": {"access": {"enabled": False}}, "metrics": {"enabled": False}}
     if not tracing_configured():
         config["tracing"] = {"excluded_urls": ["/infer", "/infer_batched", "/describe"]}

@@ -1,9 +1,5 @@
-"""Runners leave last: on SIGTERM a runner keeps serving until the front has drained.
-
-`bentoml serve` stops every worker at once, but a request the front finishes during its graceful shutdown may
-still need its runner. So on SIGTERM a runner waits until no front worker is left, or the request deadline has
-passed; and since `bentoml serve` deletes the workers' Unix socket directory first, a runner keeps a hard link to
-its socket file and links it back. (Not loopback TCP: the runners' API takes pickles.)
+"""Runners leave last: on SIGTERM a runner keeps serving until the front beside it has drained, and links back the
+Unix socket file ``bentoml serve`` deletes first (docs/overload.md, "Shutdown", says why not loopback TCP).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastinfer.catalog import holdings, store
 from fastinfer.catalog.store import StoredModelInfo
@@ -21,6 +21,9 @@ from fastinfer.common import hardware
 from fastinfer.common.home import bentoml_home
 from fastinfer.engines import Engine
 from fastinfer.engines.openvino import PRECISIONS as OPENVINO_PRECISIONS  # without importing openvino
+
+if TYPE_CHECKING:
+    from bentoml import Model
 
 
 def anywhere() -> str | None:
@@ -157,14 +160,20 @@ def switched_on(raw: str | None = None) -> tuple[str, ...]:
     raw = (os.environ.get(SERVED_ENV, "") if raw is None else raw).strip()
     if not raw or raw.lower() == "all":
         return BACKENDS
-    names = [name.strip() for name in raw.split(",") if name.strip()]
+    names = backend_names(raw, f"{SERVED_ENV} ")
     if not names:  # "," serves nothing, yet would say ready
         raise ValueError(f"{SERVED_ENV} names no backend: {raw[:40]!r}; valid: all, {', '.join(BACKENDS)}")
+    return tuple(name for name in BACKENDS if name in names)
+
+
+def backend_names(raw: str, said: str = "") -> list[str]:
+    """Comma-separated backend names, or ValueError naming those that are none (after ``said``)."""
+    names = [name.strip() for name in raw.split(",") if name.strip()]
     if unknown := [name for name in names if name not in SPECS]:
         raise ValueError(
-            f"{SERVED_ENV} names no backend: {', '.join(repr(n[:40]) for n in unknown)}; valid: {', '.join(BACKENDS)}"
+            f"{said}names no backend: {', '.join(repr(n[:40]) for n in unknown)}; valid: {', '.join(BACKENDS)}"
         )
-    return tuple(name for name in BACKENDS if name in names)
+    return names
 
 
 def runs_here(runner: str) -> bool:
@@ -180,11 +189,7 @@ def unavailable_reason(name: str) -> str | None:
     spec = SPECS[name]
     reason = spec.platform()
     try:
-        missing = [
-            n
-            for n, b in zip(spec.model_names(), spec.static_batches, strict=True)
-            if holdings.serving(spec.artifact, b) is None
-        ]
+        missing = stored_models(spec)[1]
     except store.PinnedModelGone as exc:
         return reason or str(exc)
     if reason is not None:
@@ -239,16 +244,21 @@ class NotStored(LookupError):
     """A backend's model is not in the store this process uses: said in one line, where to look included."""
 
 
-def model_dirs(name: str) -> dict[int | None, str]:
-    spec = SPECS[name]
+def stored_models(spec: BackendSpec) -> tuple[dict[int | None, Model], list[str]]:
+    """A backend's stored model per batch size (holdings.serving), and the store names of those missing."""
     found = {b: holdings.serving(spec.artifact, b) for b in spec.static_batches}
-    lost = [store.model_name(spec.artifact, b) for b, m in found.items() if m is None]
+    missing = [store.model_name(spec.artifact, b) for b, m in found.items() if m is None]
+    return {b: m for b, m in found.items() if m is not None}, missing
+
+
+def model_dirs(name: str) -> dict[int | None, str]:
+    found, lost = stored_models(SPECS[name])
     if lost:
         raise NotStored(
             holdings.missing_reason()
             or f"{', '.join(lost)} not in the model store ({bentoml_home() / 'models'}); {holdings.build_hint()}"
         )
-    return {b: m.path for b, m in found.items() if m is not None}
+    return {b: m.path for b, m in found.items()}
 
 
 def engine_class(name: str) -> Any:

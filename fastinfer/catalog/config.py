@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import sys
 from collections.abc import Callable, Mapping
 from functools import lru_cache
@@ -31,6 +30,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from fastinfer.catalog import backends, store
 from fastinfer.catalog.backends import BACKENDS, SPECS
 from fastinfer.common.client import API_KEY_SYNTAX
+from fastinfer.common.files import read_small
 
 API_KEY_MIN_LENGTH = 16  # a short key is guessed: 401s are not rate limited
 CACHE_HMAC_KEY_MIN_LENGTH = 32  # anyone who can read Redis holds (key, entry, MAC) triples: a short key is guessed
@@ -293,11 +293,7 @@ class Settings(BaseSettings):
             return value
         if value.lower() == "none":
             return frozenset()
-        names = [name.strip() for name in value.split(",") if name.strip()]
-        if unknown := [name for name in names if name not in BACKENDS]:
-            raise ValueError(
-                f"names no backend: {', '.join(repr(n[:40]) for n in unknown)}; valid: {', '.join(BACKENDS)}"
-            )
+        names = backends.backend_names(value)
         workers = info.data.get("front_workers", 1)
         if names and workers != 1:
             raise ValueError(
@@ -405,14 +401,13 @@ def _secret(environ: Mapping[str, str], name: str) -> tuple[str, str]:
     if environ.get(name, "").strip():
         raise ValueError(f"set {name} or {file_name}, not both")
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block start-up, a device never end
-            raise ValueError(f"{file_name}: {path!r} is not a regular file")
-        with open(path, "rb") as f:
-            value = f.read(SECRET_FILE_MAX_BYTES + 1)
+        value = read_small(path, SECRET_FILE_MAX_BYTES)
+    except IsADirectoryError:
+        raise ValueError(f"{file_name}: {path!r} is not a regular file") from None
     except OSError as exc:
         raise ValueError(f"{file_name}: cannot read {path!r} ({type(exc).__name__})") from None
-    if len(value) > SECRET_FILE_MAX_BYTES:
-        raise ValueError(f"{file_name}: {path!r} is larger than {SECRET_FILE_MAX_BYTES} bytes: not a secret file")
+    except ValueError as exc:  # not a regular file, or too large for a secret
+        raise ValueError(f"{file_name}: {path!r} is {exc}") from None
     try:
         text = value.decode("utf-8-sig").strip()  # a BOM (Windows editors) is not part of the secret
     except UnicodeDecodeError:

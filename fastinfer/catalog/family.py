@@ -5,11 +5,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from pydantic import ConfigDict
 
 from fastinfer.catalog.holdings import missing_reason
 from fastinfer.catalog.store import StoredModelInfo
+from fastinfer.common.schemas import ModelFamily
 
 MAX_LABEL = 200  # characters in a class name the build accepts: a name, not a paragraph (every answer repeats it)
 
@@ -27,22 +29,13 @@ def shows_top5(num_classes: int | None) -> bool:
     return num_classes is None or num_classes > 5
 
 
-@dataclass(frozen=True)
-class FamilyInfo:
-    """The family a server serves, as its stored models say."""
+class FamilyInfo(ModelFamily):
+    """The family a server serves, as its stored models say (its fields: /backends' ``family``)."""
 
-    name: str
-    stored: bool  # False: no model of it was found (``missing`` says what the store holds instead)
-    num_classes: int | None = None
-    weights: str | None = None  # imagenet | random-init | file
-    weights_description: str | None = None
-    preprocess: dict[str, Any] = field(default_factory=dict)
-    accuracy: dict[str, dict[str, Any]] = field(default_factory=dict)  # backend → its build's measurement
-    missing: str | None = None
-    labels: list[str] = field(default_factory=list)  # its class names, in index order
+    model_config = ConfigDict(frozen=True)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self.model_dump()
 
     def weights_line(self) -> str:
         """Where the weights came from, in words: kind, and the build's description of them."""
@@ -73,7 +66,7 @@ class FamilyInfo:
 def summary(name: str, models: Mapping[str, StoredModelInfo]) -> FamilyInfo:
     """Family ``name`` from the models a server serves (backend → its stored model; the table's order)."""
     if not models:
-        return FamilyInfo(name, stored=False, missing=missing_reason(name))
+        return FamilyInfo(name=name, stored=False, missing=missing_reason(name))
     first = next(iter(models.values()))
     pre = first.preprocess
     accuracy = {

@@ -99,9 +99,8 @@ _PARSED_KEPT = 256  # records (~75 KB each): every version a long-lived server o
 
 
 def get(tag: str) -> Model:
-    """``bentoml.models.get(tag)``, read once per process while the version's model.yaml is unchanged: BentoML
-    parses it (15 KB of YAML, in pure Python) on every call, and importing service.py asked 37 times: 2.1 CPU-s
-    of the start of every process of a server, 1.2 read once. Raises as BentoML does."""
+    """``bentoml.models.get(tag)`` (raising as it does), parsed once per process while the version's model.yaml is
+    unchanged: BentoML parses its 15 KB of YAML on each of service.py's 37 calls (2.1 CPU-s of each process's start)."""
     import bentoml
 
     from fastinfer.compat.bentoml import model_store_dir

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 from fastinfer.catalog import tune_space
 from fastinfer.catalog.backends import BACKENDS, env_key
 from fastinfer.common import hardware
+from fastinfer.common.files import read_small
 from fastinfer.common.home import bentoml_home
 
 logger = logging.getLogger("fastinfer.tuned")
@@ -180,15 +180,7 @@ def _unreadable(exc: Exception) -> str:
 
 
 def _read(where: Path) -> str:
-    """The file's text: a regular file (a FIFO would block start-up) of at most MAX_BYTES."""
-    fd = os.open(where, os.O_RDONLY | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
-        data = f.read(MAX_BYTES + 1)
-    if len(data) > MAX_BYTES:
-        raise ValueError(f"larger than {MAX_BYTES} bytes")
-    return data.decode("utf-8")
+    return read_small(where, MAX_BYTES).decode("utf-8")
 
 
 def _plain(value: Any) -> str:

@@ -47,10 +47,6 @@ class ImageTooLarge(ApiError):
     status, code = 413, "image_too_large"
 
 
-class PayloadTooLarge(ApiError):
-    status, code = 413, "payload_too_large"
-
-
 class UnknownBackend(ApiError):
     status, code = 400, "unknown_backend"
 
@@ -75,6 +71,14 @@ class RunnerNotLoaded(BackendUnavailable):
 
 def error_body(code: str, message: str) -> dict[str, Any]:
     return {"error": {"code": code, "message": message}}
+
+
+def one_line(exc: BaseException, limit: int = 300, *, named: bool = True) -> str:
+    """An exception as one short line (runtimes such as OpenVINO's C++ core raise pages of context); ``named``:
+    after its type's name, which otherwise stands in only for an empty message."""
+    text = " ".join(str(exc).split())
+    text = f"{type(exc).__name__}: {text or '(no message)'}" if named else text or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 # An absolute path of two or more parts (``/tmp/x/model.onnx``; not ``/readyz``, ``53/53`` or a URL's

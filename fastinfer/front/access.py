@@ -1,14 +1,5 @@
-"""Who may call the API, and how often ``/analyze`` may spend the operator's Groq quota.
-
-* **API keys** (``FASTINFER_API_KEYS``, optional): when set, every route but the open ones
-  (fastinfer/front/paths.py) needs ``Authorization: Bearer <key>``, else 401; unknown paths are closed.
-  Keys are compared as SHA-256 digests against every key every time, so timing says nothing; a key is never
-  logged, echoed or read from a query string.
-* **The analyze guard**: at most ``FASTINFER_ANALYZE_PER_MINUTE`` calls per client (API key, else peer address)
-  and ``FASTINFER_ANALYZE_TOTAL_PER_MINUTE`` in all in any sliding 60 s, else 429 with ``Retry-After``. A call
-  is recorded just before Groq is called (:func:`spend`), so invalid requests hold no allowance.
-
-Both are checked in FrontMiddleware before a byte of the body is read.
+"""Who may call the API (API keys: 401) and how often ``/analyze`` may spend the operator's Groq quota (429), as
+docs/access.md says; both checked in FrontMiddleware before a byte of the body is read.
 """
 
 from __future__ import annotations

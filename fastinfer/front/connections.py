@@ -1,20 +1,12 @@
-"""The front's connections, bounded before a request reaches any ASGI code.
+"""The front's connections, bounded before a request reaches any ASGI code (docs/overload.md, "Connections and
+headers", has the limits).
 
 uvicorn's httptools protocol arms keep-alive only after a response, bounds neither the size nor the number of
-headers, and counts connections only once headers are in (fastinfer/compat/uvicorn.py); the limits of
+headers, and counts connections only once headers are in (fastinfer/compat/uvicorn.py): the limits of
 fastinfer/front/http.py come too late. :func:`install_front_protocol` makes :class:`FrontProtocol` uvicorn's
-``"auto"`` protocol; per front worker it adds:
-
-* idle connections closed: no byte within ``keepalive_s`` after connecting or after a response;
-* a request's headers must all arrive within ``header_timeout_s`` of its first byte (else 408);
-* at most ``max_header_bytes`` of request line and headers and ``max_headers`` fields (431), and as much
-  again of trailers (400); trailers are dropped, never merged into the headers (RFC 9110 6.5.1);
-* at most ``max_connections`` open connections: a new one beyond closes the longest-idle one, or gets 503;
-* a request the parser refuses after its headers reached the app is answered here, unless the app began one;
-* every answer here is a JSON error that closes the connection; events are counted
-  (``fastinfer_connection_events_total``) and logged at most once per ``LOG_INTERVAL_S``.
-
-Runners keep uvicorn's protocol (their only client is the front).
+``"auto"`` protocol in the front; runners keep uvicorn's (their only client is the front). Trailers are held to the
+header limits too (400) and dropped, never merged into the headers (RFC 9110 6.5.1); a request the parser refuses
+after its headers reached the app is answered here, unless the app began an answer.
 """
 
 from __future__ import annotations

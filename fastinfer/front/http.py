@@ -1,18 +1,8 @@
-"""ASGI middleware for the front: admission, limits, one error shape, and request metrics.
+"""ASGI middleware for the front: admission (429), body limits (413, 408), deadlines (504), access (401, the
+/analyze guard), one error shape for every 4xx/5xx, request metrics and ``/readyz``; docs/overload.md has the rules.
 
-* More requests in flight than ``max_concurrency`` → 429 at once (with Retry-After): refused, not queued.
-* The body is read before the request takes a slot: too large → 413, stalling ``body_idle_s`` → 408, and at most
-  ``max_uploads`` bodies arrive at once (429 beyond), so slow uploads cannot starve the rest.
-* No answer begun within ``timeout_s`` → 504 (408 while the body was still arriving), before BentoML's own timeout.
-* Any 4xx/5xx JSON produced outside our handlers is rewritten to ``{"error": {"code", "message"}}``.
-* Access (fastinfer/front/access.py): API keys (401) and the /analyze guard (429), before the body is read.
-* Every answered API request is counted in ``fastinfer_requests_total{route,backend,status}``.
-* ``/readyz`` answers 503 while ``degraded`` has a reason, and within ``READY_TIMEOUT_S`` whatever the runners do.
-* The image routes (``lanes``) are answered from the body in memory (fastinfer/front/image_api.py); other
-  requests go on to the app with the body replayed.
-
-Bodies are held in memory within ``MEMORY_FOR_BODIES`` in all, else spooled to a temporary file.
-Connection-level limits are below this middleware, in fastinfer/front/connections.py.
+The image routes (``lanes``) are answered from the body held in memory (fastinfer/front/image_api.py); other requests
+go on to the app with it replayed. Connection-level limits come first, in fastinfer/front/connections.py.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""The image APIs over HTTP: every form a client may send, read from the body the front holds in memory
-(fastinfer/front/http.py), run through the pipeline and answered as JSON in a single write.
-
-The forms, on every image route:
-* multipart/form-data, the image in the field ``image`` or ``file``, ``backend`` (``/classify`` only) and
-  ``top_k`` as form fields (``bentoml.SyncHTTPClient`` JSON-encodes them: ``"onnx"`` is read as onnx);
-* the image as the whole body (``Content-Type: image/*`` or application/octet-stream), options as query
-  parameters;
-* ``POST /classify/batch``: multipart with the field ``images`` repeated (1..FASTINFER_MAX_BATCH_IMAGES).
+"""The image APIs over HTTP in every form docs/api.md lists (multipart ``image`` or ``file``, ``images`` repeated for
+a batch; or the image as the whole body, ``image/*`` or application/octet-stream, options in the query), read from
+the body the front holds in memory (fastinfer/front/http.py) and answered as JSON in a single write.
 
 Not BentoML's ``Path`` input (image_routes.py declares the same APIs to it, for the spec and the client): it
 writes every upload to a temporary file, costing more than our whole cache-hit path (docs/architecture.md).
@@ -24,6 +18,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.datastructures import Headers
 from starlette.types import Send
 
 from fastinfer.common.errors import ApiError, BadRequest, UnsupportedMediaType, error_body
@@ -53,19 +48,12 @@ class FormRules:
     max_batch_images: int
 
 
-def _header(scope: dict[str, Any], name: bytes) -> str:
-    for key, value in scope.get("headers", []):
-        if key == name:
-            return value.decode("latin-1")
-    return ""
-
-
 QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')  # a quoted-string directive value: its commas split nothing
 
 
-def _directives(scope: dict[str, Any], name: bytes) -> set[str] | None:
+def _directives(scope: dict[str, Any], name: str) -> set[str] | None:
     """The directive names (lower case) of every ``name`` header in the request; None if it has none."""
-    values = [value.decode("latin-1") for key, value in scope.get("headers", []) if key == name]
+    values = Headers(raw=scope.get("headers", [])).getlist(name)
     if not values:
         return None
     return {item.split("=", 1)[0].strip().lower() for value in values for item in QUOTED.sub('""', value).split(",")}
@@ -74,9 +62,9 @@ def _directives(scope: dict[str, Any], name: bytes) -> set[str] | None:
 def cache_use(scope: dict[str, Any]) -> CacheUse:
     """``Cache-Control: no-cache``: neither read nor stored (we cannot revalidate). ``no-store``: not stored, still
     read (RFC 9111 §5.2.1.5). ``Pragma: no-cache`` counts only without a Cache-Control header (§5.4)."""
-    control = _directives(scope, b"cache-control")
+    control = _directives(scope, "cache-control")
     if control is None:
-        no_cache = "no-cache" in (_directives(scope, b"pragma") or set())
+        no_cache = "no-cache" in (_directives(scope, "pragma") or set())
         return CacheUse(read=not no_cache, store=not no_cache)
     no_cache = "no-cache" in control
     return CacheUse(read=not no_cache, store=not no_cache and "no-store" not in control)
@@ -84,7 +72,7 @@ def cache_use(scope: dict[str, Any]) -> CacheUse:
 
 def parse(scope: dict[str, Any], body: bytes, route: ImageRoute, rules: FormRules) -> Form:
     """The request's images and fields, or the 4xx that says what is wrong with it."""
-    ctype, options = parse_options_header(_header(scope, b"content-type"))
+    ctype, options = parse_options_header(Headers(raw=scope.get("headers", [])).get("content-type", ""))
     form = Form()
     query = _query(scope, route)
     if ctype == b"multipart/form-data":
@@ -244,9 +232,7 @@ def top_k(form: Form, pipeline: Pipeline | None = None) -> int | None:
     raw = form.fields["top_k"].strip()
     k = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 3 else 0  # plain digits, as the spec says
     if not 1 <= k <= TOP_K_MAX:
-        if pipeline is not None:
-            raise pipeline.top_k_refused(raw)
-        raise ApiError(f"top_k: must be a whole number from 1 to {TOP_K_MAX}, got {raw[:40]!r}", code="invalid_top_k")
+        raise Pipeline.top_k_refused(raw, pipeline.models.values() if pipeline else ())
     return k
 
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import bentoml
 from pydantic import BaseModel
@@ -20,7 +20,6 @@ from fastinfer.serving.pipeline import Image, Pipeline
 
 FILE_FIELDS = ("image", "file")  # ``file``: the original FastInfer API's field name
 BATCH_FIELD = "images"
-KINDS = ("one", "batch", "compare")
 
 
 @dataclass(frozen=True)
@@ -39,13 +38,9 @@ class ImageRoute:
     name: str  # the API's name (BentoML's, the Python client's method)
     doc: str  # the API's description in the spec and Swagger
     backend: str | None
-    kind: str = "one"  # one | batch | compare
+    kind: Literal["one", "batch", "compare"] = "one"
     batched: bool | None = None  # force adaptive batching on or off; None: the backend's setting
     original: bool = False  # a route of the original FastInfer API (its FastAPI release)
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"{self.path}: kind must be one of {', '.join(KINDS)}, not {self.kind!r}")
 
     @property
     def metric_label(self) -> str:

@@ -1,9 +1,6 @@
-"""The OpenAPI spec (``/docs.json``, Swagger UI at ``/``): BentoML's, with what FastInfer adds.
-
-BentoML generates the typed ``@bentoml.api`` methods and its probes. :func:`extend_spec` merges over it, from
-the table :func:`operations`: the GET routes beside them, each route's errors, the raw-image form of the image
-routes, an example per operation, the API key and the page (api_page.info). OpenAPI 3.1, so the schemas are
-pydantic's JSON Schema. :class:`DocumentedService` serves it; ``/schema.json`` stays BentoML's.
+"""The OpenAPI spec (``/docs.json``, Swagger UI at ``/``): BentoML's, with FastInfer's additions (docs/api.md) merged
+over it by :func:`extend_spec` from the table :func:`operations`. :class:`DocumentedService` serves it;
+``/schema.json`` stays BentoML's.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Response cache: Redis (shared by every worker and server) or a bounded in-process LRU. docs/cache.md has the design.
+"""Response cache: Redis (shared by every worker and server, fail-open) or a bounded in-process LRU; docs/cache.md.
 
-Keys: ``fastinfer:v<format>:<model tag>:<backend>:<top_k>:<engine digest>:<sha256 of the image>`` (engines at
-other precisions answer differently). Values: ``{"v": <format>, "mac": <HMAC or null>, "body": <response body>}``
-as JSON, in Redis and in memory alike.
-
-Redis is fail-open: an error opens a circuit breaker for ``retry_after_s``; a Redis that refuses to store only
-backs writes off. Every read is validated and bounded to ``MAX_ENTRY_BYTES`` + 1 bytes; a bad entry is an
-``invalid`` miss, never an error. The key count comes from the sorted set ``fastinfer:v<format>:index``
-(no SCAN or DBSIZE on a shared Redis), kept in each SET's pipeline.
+Keys: ``fastinfer:v<format>:<model tag>:<backend>:<top_k>:<engine digest>:<sha256 of the image>``. Values:
+``{"v": <format>, "mac": <HMAC or null>, "body": <response body>}`` as JSON, in Redis and in memory alike.
 """
 
 from __future__ import annotations
@@ -22,11 +16,12 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 from fastinfer.catalog.family import MAX_LABEL
+from fastinfer.common.errors import one_line
 from fastinfer.common.schemas import TOP_K_MAX
 
 logger = logging.getLogger("fastinfer.cache")
@@ -126,10 +121,8 @@ class Expected:
     categories: Sequence[str] = ()
 
 
-# The largest entry of any family a build accepts: its class names (top_k's and "class") at MAX_LABEL characters
-# of at most 4 UTF-8 bytes each (the build refuses control characters, the ones JSON escapes longer), plus the
-# rest (~2 KB at top_k 20: scores, tag, engine). An ImageNet entry is ~2 KB at top_k 20; reading or parsing a
-# much larger value would stall the event loop.
+# The largest entry a build's family can make (docs/cache.md): top_k's class names and "class", MAX_LABEL characters
+# of at most 4 UTF-8 bytes (the build refuses the control characters JSON escapes longer), plus the rest (~2 KB).
 LABEL_BYTES = 4
 MAX_ENTRY_BYTES = (TOP_K_MAX + 1) * MAX_LABEL * LABEL_BYTES + 8 * 1024
 
@@ -210,14 +203,13 @@ def describe_error(exc: BaseException, timeout_s: float | None = None) -> str:
     """What went wrong, in words, even for ``asyncio.wait_for``'s TimeoutError, which has no message."""
     if isinstance(exc, TimeoutError):  # asyncio.TimeoutError is this one since 3.11
         return f"timed out after {timeout_s * 1000:g} ms" if timeout_s else "timed out"
-    text = " ".join(str(exc).split())  # one line
-    return f"{type(exc).__name__}: {text}" if text else f"{type(exc).__name__} (no message)"
+    return one_line(exc, limit=1 << 30) if str(exc).strip() else f"{type(exc).__name__} (no message)"
 
 
 @dataclass
 class CacheStats:
-    mode: str
-    since: float = field(default_factory=time.time)
+    mode: str  # the fields in the order /cache/stats shows them (as_dict), after "healthy"
+    degraded: str | None = None  # why the cache is not working right now
     hits: int = 0
     misses: int = 0
     errors: int = 0  # lookups that failed, or skipped the cache while its breaker was open
@@ -227,27 +219,15 @@ class CacheStats:
     write_errors: int = 0  # answers not stored: the SET failed, or skipped while the breaker was open
     too_large: int = 0  # answers not stored: larger than a read accepts (MAX_ENTRY_BYTES)
     signed: bool = False  # entries carry an HMAC (FASTINFER_CACHE_HMAC_KEY)
-    degraded: str | None = None  # why the cache is not working right now
+    since: float = field(default_factory=time.time)
 
     def as_dict(self, keys: int | None) -> dict[str, Any]:
         lookups = self.hits + self.misses + self.errors  # an error is a lookup the cache did not answer
-        return {
-            "mode": self.mode,
-            "healthy": self.degraded is None,
-            "degraded": self.degraded,
-            "hits": self.hits,
-            "misses": self.misses,
-            "errors": self.errors,
-            "invalid": self.invalid,
-            "bypasses": self.bypasses,
-            "writes_refused": self.writes_refused,
-            "write_errors": self.write_errors,
-            "too_large": self.too_large,
-            "signed": self.signed,
-            "hit_rate": round(self.hits / lookups, 4) if lookups else 0.0,
-            "keys": keys,
-            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.since)),
-        }
+        shown = {"mode": self.mode, "healthy": self.degraded is None, **asdict(self)}
+        shown["hit_rate"] = round(self.hits / lookups, 4) if lookups else 0.0
+        shown["keys"] = keys
+        shown["since"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(shown.pop("since")))
+        return shown
 
 
 class ResponseCache:

@@ -1,13 +1,8 @@
-"""A full disk under BENTOML_HOME: a degraded state, not a crash loop.
+"""A full disk under BENTOML_HOME: a degraded state, not a crash loop (docs/overload.md, "A full disk").
 
-prometheus_client keeps each process's multiprocess metric values in a memory-mapped file sized with
-``truncate`` (sparse): on a full disk the first write to a new page finds no block and the kernel kills the
-process with SIGBUS, no exception and no log line, over and over (docs/overload.md).
-
-:func:`guard_metric_files` swaps prometheus_client's ``MmapedDict`` for one that gives the file real blocks
-(``os.posix_fallocate``) before any page is mapped, so a full disk is an ``OSError`` that can be caught; the
-process's values then live in anonymous memory (counted, not shown by ``/metrics``) until space returns.
-:meth:`DiskHealth.reason` is what ``/readyz`` answers 503 with meanwhile.
+:func:`guard_metric_files` swaps prometheus_client's ``MmapedDict`` for one that gives its sparse file real blocks
+(``os.posix_fallocate``) before any page is mapped, so a full disk is an ``OSError`` to catch, not a SIGBUS; the
+process's values live in anonymous memory until space returns. :meth:`DiskHealth.reason` is what ``/readyz`` says.
 """
 
 from __future__ import annotations

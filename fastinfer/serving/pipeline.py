@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,12 +80,13 @@ class Pipeline:
             raise BackendUnavailable(f"No {backend} model is in the store; {build_hint()}.")
         return self.models[backend]
 
-    def top_k_refused(self, said: str) -> ApiError:
+    @staticmethod
+    def top_k_refused(said: str, models: Collection[StoredModelInfo]) -> ApiError:
         """The 400 for a ``top_k`` (as sent) that is not a whole number from 1 to TOP_K_MAX or the class count."""
-        n = min((classes(info) for info in self.models.values()), default=0)
+        n = min((classes(info) for info in models), default=0)
         most = str(TOP_K_MAX)
         if 0 < n < TOP_K_MAX:
-            most = f"{n}, the classes of model family {min(self.models.values(), key=classes).family!r}"
+            most = f"{n}, the classes of model family {min(models, key=classes).family!r}"
         return ApiError(f"top_k: must be a whole number from 1 to {most}; got {said[:40]!r}", code="invalid_top_k")
 
     @staticmethod

@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - a platform without simplejpeg's wheels
     simplejpeg = None
 
 from fastinfer.catalog.store import PreprocessSpec
-from fastinfer.common.errors import ImageTooLarge, InvalidImage
+from fastinfer.common.errors import ImageTooLarge, InvalidImage, one_line
 
 # Pillow checks every size it reads before decoding (an image's, a GIF frame's, which may exceed its screen): over
 # its MAX_IMAGE_PIXELS (ours, set per call) it warns, and the warning is an error here.
@@ -72,7 +72,7 @@ def decode(data: bytes | memoryview, max_pixels: int, target_short_side: int, fa
     except Exception as exc:
         # Pillow's format plugins raise whatever bad data leads them to (OSError, but also NotImplementedError,
         # TypeError, struct.error, ...: scripts/fuzz_decode.py): all of it is the client's file, never a 500.
-        raise InvalidImage(f"The image could not be decoded: {_said(exc)}") from exc
+        raise InvalidImage(f"The image could not be decoded: {one_line(exc, 200, named=False)}") from exc
 
 
 _PILLOW_LIMIT = threading.Lock()
@@ -87,12 +87,6 @@ def open_checked(data: bytes | memoryview, max_pixels: int) -> Image.Image:
             return Image.open(io.BytesIO(data), formats=ACCEPTED_FORMATS)
         finally:
             Image.MAX_IMAGE_PIXELS = before
-
-
-def _said(exc: BaseException) -> str:
-    """An exception as one short line for a client."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 200 else text[:199] + "…"
 
 
 # The formats photos come in, each decoded by a C library after its header is checked. Left out: Pillow's others,
