@@ -3,12 +3,14 @@
 ``request``: one request as a client sends it, through httpx's own ASGI transport. ``raw``: the app called
 with a scope and a receive of the test's own, for what a client library does not do on purpose: a body
 that never comes, comes too slowly or is announced and not sent, a client that leaves mid-body, a HEAD's
-body (httpx drops it), a WebSocket or lifespan scope. It returns the messages the app sent.
+body (httpx drops it), a WebSocket or lifespan scope. It returns the messages the app sent. ``FakeTransport``:
+below ASGI, the connection a uvicorn protocol writes to.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -60,3 +62,54 @@ class Recorder:
         if scope["type"] == "http":
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b"reached"})
+
+
+class FakeTransport(asyncio.Transport):
+    """What the protocol writes and whether it closed; ``close`` reports the loss like a real one once
+    ``protocol`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = b""
+        self.closed = False
+        self.eof = False
+        self.reading = True
+        self.protocol: asyncio.Protocol | None = None
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 3000)}.get(name, default)
+
+    def write(self, data: bytes) -> None:  # type: ignore[override]
+        self.written += data
+
+    def write_eof(self) -> None:
+        self.eof = True
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.protocol is not None:
+                asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
+
+    def abort(self) -> None:
+        self.close()
+
+    def status(self) -> int | None:
+        if not self.written.startswith(b"HTTP/1.1 "):
+            return None
+        return int(self.written[9:12])
+
+    def json(self) -> dict[str, Any]:
+        return json.loads(self.written.split(b"\r\n\r\n", 1)[1])

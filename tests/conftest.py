@@ -56,6 +56,12 @@ def _settings_read_afresh() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """``@pytest.mark.anyio`` tests run on asyncio only (anyio's own fixture would add trio where installed)."""
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
 def bentoml_home() -> Path:
     return _HOME
 

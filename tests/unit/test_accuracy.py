@@ -1,4 +1,4 @@
-"""Accuracy on the user's labelled photos (issue 34, item 2): the eval folder reader, the top-k maths, the
+"""Accuracy on the user's labelled photos: the eval folder reader, the top-k maths, the
 build's gate on INT8/BF16 models, and ``fastinfer evaluate``.
 
 The gate's decisions are exercised with stand-in engines that answer chosen classes (its numbers are the
@@ -28,6 +28,8 @@ from fastinfer.common import hardware
 from fastinfer.common.home import bentoml_home
 from fastinfer.measure import accuracy
 from fastinfer.measure.accuracy import EvalDirError
+from tests.settings import settings_with
+from tests.unit.test_build_gate import Answering
 
 LABELS = ["bird", "cat", "dog", "fish"]
 COLOURS = {"cat": (200, 40, 40), "dog": (40, 200, 40), "fish": (40, 40, 200)}
@@ -140,24 +142,7 @@ def test_ranked_answers_give_the_same_figures_as_logits() -> None:
 # --- the build's gate --------------------------------------------------------------------------------
 
 
-class StandIn:
-    """An engine that answers a chosen class for each image, in the order the gate sends them."""
-
-    def __init__(self, answers: list[int], classes: int, precision: str | None = None) -> None:
-        self.answers, self.classes, self.precision, self.seen = answers, classes, precision, 0
-
-    def run(self, images: np.ndarray) -> np.ndarray:
-        logits = np.zeros((len(images), self.classes), dtype=np.float32)
-        for row, answer in enumerate(self.answers[self.seen : self.seen + len(images)]):
-            logits[row, answer] = 1.0
-        self.seen += len(images)
-        return logits
-
-    def describe(self) -> dict[str, Any]:
-        return {} if self.precision is None else {"precision": self.precision}
-
-
-def gate_on(root: Path, engines: dict[str, StandIn], limit: float = 1.0, tmp: Path | None = None) -> AccuracyGate:
+def gate_on(root: Path, engines: dict[str, Answering], limit: float = 1.0, tmp: Path | None = None) -> AccuracyGate:
     """A gate over ``root``'s photos whose reference answered every photo right."""
     images = accuracy.load(root, LABELS, PreprocessSpec())
     reference = accuracy.accuracy(np.eye(len(LABELS))[images.targets], images.targets)
@@ -173,26 +158,11 @@ def gate_on(root: Path, engines: dict[str, StandIn], limit: float = 1.0, tmp: Pa
     )
 
 
-def test_an_int8_model_losing_more_than_the_limit_on_too_few_photos_is_stored_with_a_warning(tmp_path) -> None:
-    """3 of 12 cats called birds: 25 points below, but 12 photos cannot show a loss over 1 point (the drop's
-    interval reaches below 0): stored, warned, with what would settle it."""
-    root = photo_folder(tmp_path / "eval")
-    wrong = [0, 0, 0] + [1] * 1 + [2] * 4 + [3] * 4
-    gate = gate_on(root, {"onnx-int8": StandIn(wrong, 4)})
-    measured = gate.check("tiles-onnx-int8", "onnx-int8", None, tmp_path, "; tiles-onnx-int8:v1 stays")
-    assert measured is not None and measured["top1"] == 0.75
-    row = gate.rows[-1]
-    assert row.status == "measured" and row.drop_pp == 25.0 and row.note.startswith("undecided: ")
-    assert (row.paired.only_reference_right, row.paired.changed) == (3, 3)
-    assert row.paired.drop_low_pp < 1 < row.paired.drop_high_pp
-    assert "photos would settle it" in row.note
-
-
 def test_one_within_the_limit_is_stored_with_its_figures(tmp_path) -> None:
     root = photo_folder(tmp_path / "eval", per_class=25)  # 75 photos: one miss is 1.33 points
     right = [1] * 25 + [2] * 25 + [3] * 25
     one_miss = [0, *right[1:]]
-    gate = gate_on(root, {"onnx-int8": StandIn(one_miss, 4), "onnx-int8-dynamic": StandIn(right, 4)}, limit=1.5)
+    gate = gate_on(root, {"onnx-int8": Answering(one_miss, 4), "onnx-int8-dynamic": Answering(right, 4)}, limit=1.5)
     measured = gate.check("tiles-onnx-int8", "onnx-int8", None, tmp_path)
     paired, verdict = measured.pop("paired"), measured.pop("gate")
     assert measured == {
@@ -212,7 +182,7 @@ def test_one_within_the_limit_is_stored_with_its_figures(tmp_path) -> None:
     assert gate.check("tiles-onnx-int8-dynamic", "onnx-int8-dynamic", None, tmp_path)["top1"] == 1.0
     assert gate.rows[-1].note.startswith("undecided: no photo differs; 95% interval -5.68 to +5.68 pp")
     # The same miss with a limit below it: one photo is never refused.
-    gate = gate_on(root, {"onnx-int8": StandIn(one_miss, 4)}, limit=1.0)
+    gate = gate_on(root, {"onnx-int8": Answering(one_miss, 4)}, limit=1.0)
     assert gate.check("tiles-onnx-int8", "onnx-int8", None, tmp_path)["top1"] == 74 / 75
     assert gate.rows[-1].note.startswith("undecided: a difference of 1 photo is never refused")
 
@@ -221,23 +191,23 @@ def test_a_drop_of_exactly_the_limit_passes(tmp_path) -> None:
     """100 photos, one miss: exactly 1 point (not 1.0000000000000009) is not more than --max-accuracy-drop 1."""
     root = photo_folder(tmp_path / "eval", per_class=50, classes={"cat": (200, 0, 0), "dog": (0, 200, 0)})
     answers = [0] + [1] * 49 + [2] * 50
-    assert gate_on(root, {"onnx-int8": StandIn(answers, 4)}).check("x-onnx-int8", "onnx-int8", None, tmp_path)
+    assert gate_on(root, {"onnx-int8": Answering(answers, 4)}).check("x-onnx-int8", "onnx-int8", None, tmp_path)
 
 
 def test_openvino_is_gated_only_where_it_runs_in_bf16(tmp_path) -> None:
     root = photo_folder(tmp_path / "eval")
     worse = [0] * 12  # every photo missed: 12 of 12 lost is over 1 point with 95% confidence
-    f32 = gate_on(root, {"openvino": StandIn(worse, 4, precision="f32")})
+    f32 = gate_on(root, {"openvino": Answering(worse, 4, precision="f32")})
     measured = f32.check("x-openvino", "openvino", None, tmp_path)  # FP32: its verification holds it, not this
     assert measured["precision"] == "fp32" and f32.rows[-1].status == "measured"
-    bf16 = gate_on(root, {"openvino": StandIn(worse, 4, precision="bf16")})
+    bf16 = gate_on(root, {"openvino": Answering(worse, 4, precision="bf16")})
     with pytest.raises(AccuracyRefused, match="at bf16"):
         bf16.check("x-openvino", "openvino", None, tmp_path)
 
 
 def test_a_model_kept_as_up_to_date_is_measured_and_reported_never_refused(tmp_path) -> None:
     root = photo_folder(tmp_path / "eval")
-    gate = gate_on(root, {"onnx-int8": StandIn([0] * 12, 4), "onnx": StandIn([1] * 4 + [2] * 4 + [3] * 4, 4)})
+    gate = gate_on(root, {"onnx-int8": Answering([0] * 12, 4), "onnx": Answering([1] * 4 + [2] * 4 + [3] * 4, 4)})
     gate.report_stored("x-onnx-int8", "onnx-int8", None, tmp_path)
     gate.report_stored("x-onnx", "onnx", None, tmp_path)
     assert gate.rows[-2].status == "over the limit" and "--force" in gate.rows[-2].note
@@ -254,7 +224,7 @@ def test_a_backend_that_cannot_run_here_is_recorded_as_not_measured(tmp_path) ->
 def test_the_table_is_printed_and_written_as_json(tmp_path) -> None:
     root = photo_folder(tmp_path / "eval")
     (root / "dog" / "bad.jpg").write_bytes(b"nope")
-    gate = gate_on(root, {"onnx": StandIn([1] * 4 + [2] * 4 + [3] * 4, 4)}, tmp=tmp_path)
+    gate = gate_on(root, {"onnx": Answering([1] * 4 + [2] * 4 + [3] * 4, 4)}, tmp=tmp_path)
     gate.check("x-onnx", "onnx", None, tmp_path)
     gate.finish()
     written = json.loads((tmp_path / "accuracy.json").read_text())
@@ -274,8 +244,8 @@ def test_a_bad_max_accuracy_drop_is_one_line(text) -> None:
 def test_every_refused_model_is_in_the_table_with_the_gates_figure(tmp_path) -> None:
     root = photo_folder(tmp_path / "eval")
     right, wrong = [1] * 4 + [2] * 4 + [3] * 4, [0] * 12
-    engines = {"onnx-int8": StandIn(wrong, 4), "onnx-int8-dynamic": StandIn(right, 4)}
-    engines["openvino-int8"] = StandIn(wrong, 4)
+    engines = {"onnx-int8": Answering(wrong, 4), "onnx-int8-dynamic": Answering(right, 4)}
+    engines["openvino-int8"] = Answering(wrong, 4)
     gate = gate_on(root, engines)
     for artifact in engines:
         with contextlib.suppress(AccuracyRefused):  # the build says it and goes on
@@ -368,7 +338,7 @@ def test_a_refused_model_does_not_stop_the_build_of_the_others(tmp_path, capsys,
     def with_a_losing_int8(cls, *args: Any, **kwargs: Any) -> AccuracyGate:
         gate = prepare(cls, *args, **kwargs)
         served = gate.open
-        losing = StandIn([(int(t) + 1) % 1000 for t in gate.images.targets], 1000)
+        losing = Answering([(int(t) + 1) % 1000 for t in gate.images.targets], 1000)
         gate.open = lambda backend, dirs: losing if backend == "onnx-int8-dynamic" else served(backend, dirs)
         return gate
 
@@ -462,24 +432,12 @@ def test_evaluate_passes_the_family_on_and_leaves_the_environment_alone(measured
     assert seen and set(seen) == {None}  # never set while it ran, not only restored afterwards
 
 
-@pytest.fixture
-def settings_read_again() -> Iterator[None]:
-    """get_settings() read from this test's environment, and afterwards from the suite's again."""
-    from fastinfer.catalog.config import get_settings
-
-    get_settings.cache_clear()
-    yield
-    get_settings.cache_clear()
-
-
-def test_a_photo_over_the_server_s_pixel_limit_is_skipped_as_the_server_skips_it(
-    tmp_path, monkeypatch, settings_read_again
-) -> None:
+def test_a_photo_over_the_server_s_pixel_limit_is_skipped_as_the_server_skips_it(tmp_path, monkeypatch) -> None:
     from fastinfer.catalog.config import get_settings
 
     root = photo_folder(tmp_path / "eval", per_class=1)  # at most 291×282 pixels
     Image.new("RGB", (400, 300), (9, 9, 9)).save(root / "cat" / "large.png")
-    monkeypatch.setenv("FASTINFER_MAX_PIXELS", "100000")
+    settings_with(monkeypatch, FASTINFER_MAX_PIXELS="100000")  # and get_settings() reads it afresh
     images = accuracy.load(root, LABELS, PreprocessSpec())
     assert len(images.targets) == 3
     (large,) = images.skipped

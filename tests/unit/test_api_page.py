@@ -25,6 +25,7 @@ from fastinfer.front.api_models import CacheStatsResponse, LiveStatsResponse
 from fastinfer.front.image_routes import ROUTES
 from fastinfer.front.openapi import STATUS_ROUTES
 from tests.asgi import Recorder, raw, request
+from tests.settings import settings_with
 from tests.spec_checks import spec_problems
 from tests.unit.test_openapi import as_json, base, service, spec  # noqa: F401 (fixtures)
 
@@ -49,16 +50,15 @@ def test_the_spec_speaks_fastinfer(spec: dict[str, Any]) -> None:  # noqa: F811
 
 
 def test_this_server_says_how_it_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FASTINFER_API_KEYS", "k" * 20)
-    monkeypatch.setenv("FASTINFER_MAX_BATCH_IMAGES", "7")
-    monkeypatch.setenv("FASTINFER_DEFAULT_BACKEND", "openvino-int8")
-    monkeypatch.setenv("FASTINFER_CONTACT", "Platform team <ops@example.org>")
     monkeypatch.setattr(api_page, "serving", lambda: True)  # as in a worker of `bentoml serve`
-    get_settings.cache_clear()
-    try:
-        info = api_page.info(get_settings(), service())
-    finally:
-        get_settings.cache_clear()
+    settings = settings_with(
+        monkeypatch,
+        FASTINFER_API_KEYS="k" * 20,
+        FASTINFER_MAX_BATCH_IMAGES="7",
+        FASTINFER_DEFAULT_BACKEND="openvino-int8",
+        FASTINFER_CONTACT="Platform team <ops@example.org>",
+    )
+    info = api_page.info(settings, service())
     assert info["description"].startswith(PAGE.rstrip())
     server = info["description"].split("## This server", 1)[1]
     assert "API keys: required" in server and "export FASTINFER_API_KEY=<your key>" in server
@@ -158,13 +158,8 @@ def test_the_backends_example_shows_every_field_and_setting_a_server_answers(mon
 
     backends = api_examples.ANSWERS["/backends"]
     assert set(backends) == set(BackendsResponse.model_fields)
-    for name in [n for n in os.environ if n.startswith("FASTINFER_")]:
-        monkeypatch.delenv(name)
-    get_settings.cache_clear()
-    try:
-        shown = choice.configuration(get_settings(), choice.default_choice())
-    finally:
-        get_settings.cache_clear()
+    settings = settings_with(monkeypatch, *(n for n in os.environ if n.startswith("FASTINFER_")))
+    shown = choice.configuration(settings, choice.default_choice())
     assert list(backends["configuration"]) == list(shown)
 
 
@@ -194,12 +189,8 @@ def test_original_routes_say_what_they_are(spec: dict[str, Any]) -> None:  # noq
 
 
 def test_examples_carry_the_key_when_keys_are_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FASTINFER_API_KEYS", "k" * 20)
-    get_settings.cache_clear()
-    try:
-        locked = as_json(service().openapi_spec)
-    finally:
-        get_settings.cache_clear()
+    settings_with(monkeypatch, FASTINFER_API_KEYS="k" * 20)  # and the spec's get_settings() reads it afresh
+    locked = as_json(service().openapi_spec)
     assert "Authorization: Bearer $FASTINFER_API_KEY" in locked["paths"]["/classify"]["post"]["description"]
     assert "Authorization" not in locked["paths"]["/livez"]["get"]["description"]  # open paths need none
 
@@ -254,14 +245,13 @@ def test_the_page_lists_every_error_code() -> None:
 def test_this_server_says_when_its_default_cannot_run_and_the_analyze_total_of_all_workers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("FASTINFER_DEFAULT_BACKEND", "coreml")
-    monkeypatch.setenv("FASTINFER_FRONT_WORKERS", "4")
-    monkeypatch.setenv("FASTINFER_ANALYZE_TOTAL_PER_MINUTE", "1")
-    get_settings.cache_clear()
-    try:
-        server = api_page.this_server(get_settings(), service())
-    finally:
-        get_settings.cache_clear()
+    settings = settings_with(
+        monkeypatch,
+        FASTINFER_DEFAULT_BACKEND="coreml",
+        FASTINFER_FRONT_WORKERS="4",
+        FASTINFER_ANALYZE_TOTAL_PER_MINUTE="1",
+    )
+    server = api_page.this_server(settings, service())
     if not hardware.is_macos():
         assert (
             "default backend `coreml` (FASTINFER_DEFAULT_BACKEND), which cannot run here: CoreML prediction needs macOS"

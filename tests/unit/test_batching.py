@@ -11,6 +11,8 @@ import pytest
 
 from fastinfer.serving.batching import MicroBatcher
 
+pytestmark = pytest.mark.anyio
+
 
 def slow_double(seconds: float = 0.03):
     calls: list[int] = []
@@ -27,14 +29,10 @@ def rows(i: int, n: int = 1) -> np.ndarray:
     return np.full((n, 3), i, dtype=np.float32)
 
 
-def test_concurrent_calls_are_batched_and_answered_in_order() -> None:
+async def test_concurrent_calls_are_batched_and_answered_in_order() -> None:
     run, calls = slow_double()
     batcher = MicroBatcher(run, max_batch_size=8, max_latency_ms=0)
-
-    async def main() -> list[np.ndarray]:
-        return await asyncio.gather(*(batcher.submit(rows(i)) for i in range(20)))
-
-    results = asyncio.run(main())
+    results = await asyncio.gather(*(batcher.submit(rows(i)) for i in range(20)))
     for i, out in enumerate(results):
         assert out.shape == (1, 3) and np.all(out == 2 * i)
     assert sum(calls) == 20
@@ -42,66 +40,50 @@ def test_concurrent_calls_are_batched_and_answered_in_order() -> None:
     assert all(c <= 8 for c in calls)
 
 
-def test_an_idle_model_runs_a_lone_request_at_once() -> None:
+async def test_an_idle_model_runs_a_lone_request_at_once() -> None:
     run, calls = slow_double(0)
     batcher = MicroBatcher(run, max_batch_size=8, max_latency_ms=0)
-    out = asyncio.run(batcher.submit(rows(5, n=2)))
+    out = await batcher.submit(rows(5, n=2))
     assert np.all(out == 10) and calls == [2]
 
 
-def test_multi_row_requests_never_exceed_the_limit() -> None:
+async def test_multi_row_requests_never_exceed_the_limit() -> None:
     run, calls = slow_double()
     batcher = MicroBatcher(run, max_batch_size=4, max_latency_ms=0)
-
-    async def main() -> list[np.ndarray]:
-        return await asyncio.gather(*(batcher.submit(rows(i, n=3)) for i in range(5)))
-
-    results = asyncio.run(main())
+    results = await asyncio.gather(*(batcher.submit(rows(i, n=3)) for i in range(5)))
     assert [len(r) for r in results] == [3] * 5
     assert all(np.all(r == 2 * i) for i, r in enumerate(results))
     assert all(c <= 4 for c in calls)
 
 
-def test_linger_collects_companions_for_an_idle_model() -> None:
+async def test_linger_collects_companions_for_an_idle_model() -> None:
     run, calls = slow_double(0)
     batcher = MicroBatcher(run, max_batch_size=8, max_latency_ms=200)
-
-    async def main() -> None:
-        first = asyncio.ensure_future(batcher.submit(rows(1)))
-        await asyncio.sleep(0.01)
-        await asyncio.gather(first, batcher.submit(rows(2)))
-
-    asyncio.run(main())
+    first = asyncio.ensure_future(batcher.submit(rows(1)))
+    await asyncio.sleep(0.01)
+    await asyncio.gather(first, batcher.submit(rows(2)))
     assert calls == [2]
 
 
-def test_a_model_error_reaches_every_caller_of_the_batch() -> None:
+async def test_a_model_error_reaches_every_caller_of_the_batch() -> None:
     def broken(x: np.ndarray) -> np.ndarray:
         raise RuntimeError("model exploded")
 
     batcher = MicroBatcher(broken, max_batch_size=8, max_latency_ms=0)
-
-    async def main() -> list:
-        return await asyncio.gather(*(batcher.submit(rows(i)) for i in range(3)), return_exceptions=True)
-
-    assert all(isinstance(r, RuntimeError) for r in asyncio.run(main()))
+    results = await asyncio.gather(*(batcher.submit(rows(i)) for i in range(3)), return_exceptions=True)
+    assert all(isinstance(r, RuntimeError) for r in results)
 
 
-def test_cancelled_callers_are_dropped_from_the_queue() -> None:
+async def test_cancelled_callers_are_dropped_from_the_queue() -> None:
     run, calls = slow_double()
     batcher = MicroBatcher(run, max_batch_size=8, max_latency_ms=0)
-
-    async def main() -> np.ndarray:
-        busy = asyncio.ensure_future(batcher.submit(rows(0)))
-        await asyncio.sleep(0.005)  # the model is now busy with `busy`
-        gone = asyncio.ensure_future(batcher.submit(rows(1)))
-        await asyncio.sleep(0)
-        gone.cancel()
-        kept = await batcher.submit(rows(2))
-        await busy
-        return kept
-
-    kept = asyncio.run(main())
+    busy = asyncio.ensure_future(batcher.submit(rows(0)))
+    await asyncio.sleep(0.005)  # the model is now busy with `busy`
+    gone = asyncio.ensure_future(batcher.submit(rows(1)))
+    await asyncio.sleep(0)
+    gone.cancel()
+    kept = await batcher.submit(rows(2))
+    await busy
     assert np.all(kept == 4)
     assert sum(calls) == 2  # the cancelled request never reached the model
 
@@ -111,29 +93,25 @@ def test_invalid_batch_size() -> None:
         MicroBatcher(lambda x: x, max_batch_size=0, max_latency_ms=0)
 
 
-def test_a_malformed_job_fails_its_batch_and_every_caller_hears_why() -> None:
+async def test_a_malformed_job_fails_its_batch_and_every_caller_hears_why() -> None:
     """One job whose rows do not fit the others' (np.concatenate raises) must not end the batcher:
     every caller taken with it gets the error, and the next call is served."""
     run, _calls = slow_double()
     batcher = MicroBatcher(run, max_batch_size=8, max_latency_ms=0)
-
-    async def main() -> tuple[list, np.ndarray]:
-        first = asyncio.ensure_future(batcher.submit(rows(0)))  # runs alone, keeps the model busy
-        await asyncio.sleep(0.005)
-        queued = [batcher.submit(rows(1)), batcher.submit(np.zeros((1, 5), np.float32)), batcher.submit(rows(2))]
-        results = await asyncio.wait_for(asyncio.gather(first, *queued, return_exceptions=True), 5)
-        return results, await asyncio.wait_for(batcher.submit(rows(3)), 5)
-
-    results, after = asyncio.run(main())
+    first = asyncio.ensure_future(batcher.submit(rows(0)))  # runs alone, keeps the model busy
+    await asyncio.sleep(0.005)
+    queued = [batcher.submit(rows(1)), batcher.submit(np.zeros((1, 5), np.float32)), batcher.submit(rows(2))]
+    results = await asyncio.wait_for(asyncio.gather(first, *queued, return_exceptions=True), 5)
+    after = await asyncio.wait_for(batcher.submit(rows(3)), 5)
     assert np.all(results[0] == 0)
     assert all(isinstance(r, ValueError) for r in results[1:]), results
     assert np.all(after == 6)
 
 
-def test_a_model_returning_the_wrong_row_count_fails_the_callers() -> None:
+async def test_a_model_returning_the_wrong_row_count_fails_the_callers() -> None:
     batcher = MicroBatcher(lambda x: x[:1], max_batch_size=8, max_latency_ms=0)
     with pytest.raises(RuntimeError, match="returned 1 rows for a batch of 3"):
-        asyncio.run(asyncio.wait_for(batcher.submit(rows(0, n=3)), 5))
+        await asyncio.wait_for(batcher.submit(rows(0, n=3)), 5)
 
 
 @pytest.mark.parametrize(
@@ -156,28 +134,25 @@ def test_runners_refuse_malformed_arrays(images, message: str) -> None:
         check_batch(images)
 
 
-def test_work_whose_deadline_passed_while_it_queued_is_dropped_not_run() -> None:
+async def test_work_whose_deadline_passed_while_it_queued_is_dropped_not_run() -> None:
     """A request answered 504 by the front is not computed by the model afterwards."""
     from fastinfer.serving.batching import Expired
 
     run, calls = slow_double(0.2)
     batcher = MicroBatcher(run, max_batch_size=2, max_latency_ms=0)
 
-    async def main() -> list:
-        soon = time.monotonic() + 0.1  # passes while the first batch (0.2 s) runs
-        return await asyncio.gather(
-            batcher.submit(rows(0, 2)),
-            batcher.submit(rows(1, 2), deadline=soon),
-            batcher.submit(rows(2, 2), deadline=time.monotonic() + 60),
-            late(batcher.run_now(rows(3), deadline=soon)),
-            return_exceptions=True,
-        )
-
     async def late(call):  # queued on the model thread behind the first batch
         await asyncio.sleep(0.05)
         return await call
 
-    first, expired, later, now = asyncio.run(main())
+    soon = time.monotonic() + 0.1  # passes while the first batch (0.2 s) runs
+    first, expired, later, now = await asyncio.gather(
+        batcher.submit(rows(0, 2)),
+        batcher.submit(rows(1, 2), deadline=soon),
+        batcher.submit(rows(2, 2), deadline=time.monotonic() + 60),
+        late(batcher.run_now(rows(3), deadline=soon)),
+        return_exceptions=True,
+    )
     assert np.all(first == 0) and np.all(later == 4)
     assert isinstance(expired, Expired) and isinstance(now, Expired)
     assert calls == [2, 2] and batcher.expired_rows == 3

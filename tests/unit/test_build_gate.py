@@ -123,7 +123,7 @@ def test_the_photos_said_to_settle_it_do_at_the_same_rates(lost: int, limit: flo
 class Answering:
     """A stand-in engine answering chosen classes, in the order the gate sends the photos."""
 
-    def __init__(self, answers: np.ndarray, classes: int, precision: str | None = None) -> None:
+    def __init__(self, answers: np.ndarray | list[int], classes: int, precision: str | None = None) -> None:
         self.answers, self.classes, self.precision, self.seen = answers, classes, precision, 0
 
     def run(self, images: np.ndarray) -> np.ndarray:
@@ -175,6 +175,9 @@ def test_a_family_too_small_to_decide_is_stored_with_a_warning_saying_what_would
     measured = gate.check("tiny-onnx-int8", "onnx-int8", None, tmp_path)
     assert measured["top1"] == 0.5 and measured["paired"]["drop_low_pp"] < 1.0 < measured["paired"]["drop_high_pp"]
     assert measured["gate"].startswith("undecided: the 95% interval")
+    row = gate.rows[-1]
+    assert row.status == "measured" and row.drop_pp == 50.0
+    assert (row.paired.only_reference_right, row.paired.changed) == (3, 3)
     warning = said[-1]
     assert warning.startswith("tiny-onnx-int8: WARNING: stored, undecided") and "photos would settle it" in warning
     assert "| drop's 95% interval (pp) | same answer (changed) |" in gate.report().table()
@@ -229,7 +232,7 @@ def test_out_without_eval_dir_is_one_line(capsys, tmp_path) -> None:
 
 
 def test_past_the_search_the_photos_that_would_settle_it_are_said_as_more_than() -> None:
-    """Review: past 20,000 photos the number was the search's last step or a normal approximation, not the fewest."""
+    """Past the search (20,000 photos) the number is said as a bound, not as the fewest."""
     targets, reference, backend = answers_with(60, lost=1)
     pairs = paired(reference, backend, targets)
     assert pairs.photos_to_settle(1.45) == SETTLE_SEARCHED + 1
@@ -237,7 +240,7 @@ def test_past_the_search_the_photos_that_would_settle_it_are_said_as_more_than()
 
 
 def test_the_build_names_the_fastest_backend_within_the_limit_and_writes_it(tmp_path) -> None:
-    """Issue 44: with --eval-dir the build's output says what `fastinfer evaluate` would, from a brief timing."""
+    """With --eval-dir the build's output says what `fastinfer evaluate` would, from a brief timing."""
 
     class Steady(Answering):  # the same answers on every pass: the accuracy pass, then the timing
         def __init__(self, answers: np.ndarray, delay_s: float) -> None:

@@ -39,6 +39,7 @@ from fastinfer.serving.cache import (
 from tests.servers import RedisServer
 from tests.settings import settings_with as settings
 
+pytestmark = pytest.mark.anyio
 TAG = "resnet50-onnx:abc"
 ENGINE = "ONNX Runtime 1.32.0 on CPUExecutionProvider; CPU instructions avx2"
 KEY = cache_key(b"image", "onnx", TAG, 5, ENGINE)
@@ -84,41 +85,31 @@ def test_key_changes_with_every_input() -> None:
     assert len({base, *others}) == 7
 
 
-def test_memory_cache_stays_within_its_bound() -> None:
-    async def main() -> MemoryCache:
-        cache = MemoryCache(max_entries=100, ttl_s=60)
-        for i in range(1000):
-            await cache.store(f"k{i}", body())
-        assert (await lookup(cache, "k999"))[1] == "hit"
-        assert (await lookup(cache, "k0"))[1] == "miss"  # evicted, least recently used first
-        return cache
-
-    cache = asyncio.run(main())
+async def test_memory_cache_stays_within_its_bound() -> None:
+    cache = MemoryCache(max_entries=100, ttl_s=60)
+    for i in range(1000):
+        await cache.store(f"k{i}", body())
+    assert (await lookup(cache, "k999"))[1] == "hit"
+    assert (await lookup(cache, "k0"))[1] == "miss"  # evicted, least recently used first
     assert len(cache._data) == 100
-    stats = asyncio.run(cache.describe())
+    stats = await cache.describe()
     assert stats["keys"] == 100 and stats["hits"] == 1 and stats["misses"] == 1
 
 
-def test_memory_cache_expires_entries() -> None:
-    async def main() -> str:
-        cache = MemoryCache(max_entries=10, ttl_s=0.01)
-        await cache.store(KEY, body())
-        await asyncio.sleep(0.02)
-        return (await lookup(cache))[1]
-
-    assert asyncio.run(main()) == "miss"
+async def test_memory_cache_expires_entries() -> None:
+    cache = MemoryCache(max_entries=10, ttl_s=0.01)
+    await cache.store(KEY, body())
+    await asyncio.sleep(0.02)
+    assert (await lookup(cache))[1] == "miss"
 
 
-def test_memory_hit_is_the_stored_body_and_a_copy() -> None:
-    async def main() -> None:
-        cache = MemoryCache(max_entries=10, ttl_s=60)
-        await cache.store(KEY, body())
-        first, event = await lookup(cache)
-        assert event == "hit" and first == body()
-        first["class"] = "changed by a caller"  # must not reach the next request
-        assert (await lookup(cache))[0] == body()
-
-    asyncio.run(main())
+async def test_memory_hit_is_the_stored_body_and_a_copy() -> None:
+    cache = MemoryCache(max_entries=10, ttl_s=60)
+    await cache.store(KEY, body())
+    first, event = await lookup(cache)
+    assert event == "hit" and first == body()
+    first["class"] = "changed by a caller"  # must not reach the next request
+    assert (await lookup(cache))[0] == body()
 
 
 def closed_port() -> int:
@@ -127,42 +118,35 @@ def closed_port() -> int:
         return s.getsockname()[1]  # nothing listens once the socket is closed
 
 
-def test_redis_down_fails_open_fast_and_is_counted() -> None:
-    async def main() -> tuple[list[str], float, dict]:
-        cache = RedisCache(f"redis://127.0.0.1:{closed_port()}/0", ttl_s=60, timeout_s=0.05)
-        t0 = time.perf_counter()
-        events = [(await lookup(cache, f"k{i}"))[1] for i in range(50)]
-        await cache.store("k", body())  # must not raise
-        elapsed = time.perf_counter() - t0
-        stats = await cache.describe()
-        await cache.close()
-        return events, elapsed, stats
-
-    events, elapsed, stats = asyncio.run(main())
+async def test_redis_down_fails_open_fast_and_is_counted() -> None:
+    cache = RedisCache(f"redis://127.0.0.1:{closed_port()}/0", ttl_s=60, timeout_s=0.05)
+    t0 = time.perf_counter()
+    events = [(await lookup(cache, f"k{i}"))[1] for i in range(50)]
+    await cache.store("k", body())  # must not raise
+    elapsed = time.perf_counter() - t0
+    stats = await cache.describe()
+    await cache.close()
     assert events == ["error"] * 50
     assert elapsed < 2.0  # the breaker skips Redis after the first failure instead of waiting 50 times
     assert stats["healthy"] is False and "redis" in stats["degraded"] and stats["errors"] >= 50
     assert stats["keys"] is None
 
 
-def test_auto_falls_back_to_memory_and_says_so() -> None:
-    cache = asyncio.run(open_cache("auto", f"redis://127.0.0.1:{closed_port()}/0", 60, 0.05, 10))
+async def test_auto_falls_back_to_memory_and_says_so() -> None:
+    cache = await open_cache("auto", f"redis://127.0.0.1:{closed_port()}/0", 60, 0.05, 10)
     assert isinstance(cache, MemoryCache) and "redis unreachable" in cache.stats.mode
 
 
-def test_off_never_hits() -> None:
-    async def main() -> str:
-        cache = await open_cache("off", "redis://unused", 60, 0.05, 10)
-        assert type(cache) is ResponseCache
-        await cache.store(KEY, body())
-        return (await lookup(cache))[1]
-
-    assert asyncio.run(main()) == "miss"
+async def test_off_never_hits() -> None:
+    cache = await open_cache("off", "redis://unused", 60, 0.05, 10)
+    assert type(cache) is ResponseCache
+    await cache.store(KEY, body())
+    assert (await lookup(cache))[1] == "miss"
 
 
-def test_unknown_mode_is_an_error() -> None:
+async def test_unknown_mode_is_an_error() -> None:
     with pytest.raises(ValueError, match="FASTINFER_CACHE"):
-        asyncio.run(open_cache("disk", "redis://unused", 60, 0.05, 10))
+        await open_cache("disk", "redis://unused", 60, 0.05, 10)
 
 
 # --- entries validated on read ----------------------------------------------------------------
@@ -253,44 +237,37 @@ BAD_ENTRIES: dict[str, str | bytes] = {
 
 @pytest.mark.parametrize("kind", ["memory", "redis"])
 @pytest.mark.parametrize("bad", BAD_ENTRIES, ids=list(BAD_ENTRIES))
-def test_a_bad_entry_is_an_invalid_miss_never_an_error(kind: str, bad: str, request) -> None:
+async def test_a_bad_entry_is_an_invalid_miss_never_an_error(kind: str, bad: str, request) -> None:
     # Redis is read with GETRANGE (bounded), which answers "" for a missing key and an empty value
     # alike: an empty value is a plain miss there, overwritten all the same.
     event = "miss" if (kind, bad) == ("redis", "empty") else "invalid"
-
-    async def main() -> dict:
-        if kind == "memory":
-            cache: ResponseCache = MemoryCache(max_entries=10, ttl_s=60)
-            cache._data[KEY] = (time.monotonic() + 60, BAD_ENTRIES[bad])
-        else:
-            cache = RedisCache(request.getfixturevalue("redis_url"), ttl_s=60, timeout_s=1)
-            await cache.client.set(KEY, BAD_ENTRIES[bad])  # as another version, or a person, would
-        try:
-            assert await lookup(cache) == (None, event)
-            await cache.store(KEY, body())  # what the request does after inference: overwrites it
-            assert await lookup(cache) == (body(), "hit")  # the breaker stayed closed
-            return await cache.describe()
-        finally:
-            await cache.close()
-
-    stats = asyncio.run(main())
+    if kind == "memory":
+        cache: ResponseCache = MemoryCache(max_entries=10, ttl_s=60)
+        cache._data[KEY] = (time.monotonic() + 60, BAD_ENTRIES[bad])
+    else:
+        cache = RedisCache(request.getfixturevalue("redis_url"), ttl_s=60, timeout_s=1)
+        await cache.client.set(KEY, BAD_ENTRIES[bad])  # as another version, or a person, would
+    try:
+        assert await lookup(cache) == (None, event)
+        await cache.store(KEY, body())  # what the request does after inference: overwrites it
+        assert await lookup(cache) == (body(), "hit")  # the breaker stayed closed
+        stats = await cache.describe()
+    finally:
+        await cache.close()
     assert stats["invalid"] == (event == "invalid") and stats["misses"] == 1 and stats["hits"] == 1
     assert stats["errors"] == 0 and stats["healthy"] is True
 
 
-def test_redis_stores_what_it_reads(redis_url: str) -> None:
-    async def main() -> None:
-        async with redis_cache(redis_url) as cache:
-            await cache.store(KEY, body())
-            assert json.loads(await cache.client.get(KEY)) == {"v": CACHE_FORMAT, "mac": None, "body": body()}
-            assert await lookup(cache) == (body(), "hit")
-            # the same entry read for another top_k, backend or model than it holds is not served
-            assert (await cache.lookup(KEY, replace(EXPECTED, top_k=3)))[1] == "invalid"
-            assert (await cache.lookup(KEY, replace(EXPECTED, backend="pytorch")))[1] == "invalid"
-            assert (await cache.lookup(KEY, replace(EXPECTED, model_tag="resnet50-onnx:def")))[1] == "invalid"
-            assert (await cache.lookup(KEY, replace(EXPECTED, weights="imagenet")))[1] == "invalid"
-
-    asyncio.run(main())
+async def test_redis_stores_what_it_reads(redis_url: str) -> None:
+    async with redis_cache(redis_url) as cache:
+        await cache.store(KEY, body())
+        assert json.loads(await cache.client.get(KEY)) == {"v": CACHE_FORMAT, "mac": None, "body": body()}
+        assert await lookup(cache) == (body(), "hit")
+        # the same entry read for another top_k, backend or model than it holds is not served
+        assert (await cache.lookup(KEY, replace(EXPECTED, top_k=3)))[1] == "invalid"
+        assert (await cache.lookup(KEY, replace(EXPECTED, backend="pytorch")))[1] == "invalid"
+        assert (await cache.lookup(KEY, replace(EXPECTED, model_tag="resnet50-onnx:def")))[1] == "invalid"
+        assert (await cache.lookup(KEY, replace(EXPECTED, weights="imagenet")))[1] == "invalid"
 
 
 # --- the key count: maintained, not scanned ----------------------------------------------------
@@ -302,99 +279,73 @@ async def calls(client: Any, command: str) -> int:
     return sum(stats.get(n, 0) for n in ("calls", "rejected_calls"))
 
 
-def test_redis_key_count_is_exact_and_never_scans(redis_url: str) -> None:
-    async def main() -> tuple[dict, dict[str, int]]:
-        async with redis_cache(redis_url) as cache:
-            async with cache.client.pipeline(transaction=False) as pipe:  # another app's keys, and v1's
-                for i in range(5000):
-                    pipe.set(f"otherapp:session:{i}" if i % 2 else f"fastinfer:v1:old:onnx:5:{i}", "x")
-                await pipe.execute()
-            for i in range(30):
-                await cache.store(cache_key(f"image {i}".encode(), "onnx", TAG, 5, ENGINE), body())
-            for i in range(10):  # stored again: still 30 entries
-                await cache.store(cache_key(f"image {i}".encode(), "onnx", TAG, 5, ENGINE), body())
-            before = {c: await calls(cache.client, c) for c in ("scan", "keys", "dbsize")}
-            stats = await cache.describe()
-            after = {c: await calls(cache.client, c) for c in before}
-            return stats, {c: after[c] - before[c] for c in before}
-
-    stats, issued = asyncio.run(main())
-    assert issued == {"scan": 0, "keys": 0, "dbsize": 0}
+async def test_redis_key_count_is_exact_and_never_scans(redis_url: str) -> None:
+    async with redis_cache(redis_url) as cache:
+        async with cache.client.pipeline(transaction=False) as pipe:  # another app's keys, and v1's
+            for i in range(5000):
+                pipe.set(f"otherapp:session:{i}" if i % 2 else f"fastinfer:v1:old:onnx:5:{i}", "x")
+            await pipe.execute()
+        for i in range(30):
+            await cache.store(cache_key(f"image {i}".encode(), "onnx", TAG, 5, ENGINE), body())
+        for i in range(10):  # stored again: still 30 entries
+            await cache.store(cache_key(f"image {i}".encode(), "onnx", TAG, 5, ENGINE), body())
+        before = {c: await calls(cache.client, c) for c in ("scan", "keys", "dbsize")}
+        stats = await cache.describe()
+        after = {c: await calls(cache.client, c) for c in before}
+    assert {c: after[c] - before[c] for c in before} == {"scan": 0, "keys": 0, "dbsize": 0}
     assert stats["keys"] == 30
 
 
-def test_redis_key_count_goes_down_as_entries_expire(redis_url: str) -> None:
-    async def main() -> list[int]:
-        async with redis_cache(redis_url, ttl_s=1.0) as cache:
-            counts = []
-            for i in range(12):
-                await cache.store(cache_key(f"image {i}".encode(), "onnx", TAG, 5, ENGINE), body())
-            counts.append((await cache.describe())["keys"])
-            await asyncio.sleep(1.2)
-            await cache.store(cache_key(b"a later image", "onnx", TAG, 5, ENGINE), body())
-            counts.append((await cache.describe())["keys"])
-            await asyncio.sleep(1.2)
-            counts.append((await cache.describe())["keys"])
-            return counts
-
-    assert asyncio.run(main()) == [12, 1, 0]
-
-
-def test_redis_index_stays_bounded_when_nobody_counts(redis_url: str) -> None:
-    async def main() -> None:
-        async with redis_cache(redis_url, ttl_s=1.0) as cache:  # long enough for 50 SETs on a busy machine
-            for i in range(50):
-                await cache.store(cache_key(f"image {i}".encode(), "onnx", TAG, 5, ENGINE), body())
-            assert await cache.client.zcard(INDEX_KEY) == 50
-            await asyncio.sleep(1.2)
-            await cache.store(cache_key(b"a later image", "onnx", TAG, 5, ENGINE), body())  # a SET trims, no describe
-            assert await cache.client.zcard(INDEX_KEY) == 1
-            assert 0 < await cache.client.pttl(INDEX_KEY) <= 1000
-            await asyncio.sleep(1.2)
-            assert await cache.client.exists(INDEX_KEY) == 0  # writes stopped: the index is gone too
-
-    asyncio.run(main())
+async def test_redis_key_count_and_index_follow_expiry_and_stay_bounded(redis_url: str) -> None:
+    """The count goes down as entries expire; a SET trims the index with nobody counting (no describe), and
+    the index expires when writes stop."""
+    async with redis_cache(redis_url, ttl_s=1.0) as cache:  # long enough for 50 SETs on a busy machine
+        for i in range(50):
+            await cache.store(cache_key(f"image {i}".encode(), "onnx", TAG, 5, ENGINE), body())
+        assert await cache.client.zcard(INDEX_KEY) == 50
+        assert (await cache.describe())["keys"] == 50
+        await asyncio.sleep(1.2)
+        await cache.store(cache_key(b"a later image", "onnx", TAG, 5, ENGINE), body())  # a SET trims, no describe
+        assert await cache.client.zcard(INDEX_KEY) == 1
+        assert 0 < await cache.client.pttl(INDEX_KEY) <= 1000
+        assert (await cache.describe())["keys"] == 1
+        await asyncio.sleep(1.2)
+        assert await cache.client.exists(INDEX_KEY) == 0  # writes stopped: the index is gone too
+        assert (await cache.describe())["keys"] == 0
 
 
-def test_a_foreign_value_under_the_index_costs_the_count_only(redis_url: str) -> None:
-    async def main() -> dict:
-        async with redis_cache(redis_url) as cache:
-            await cache.client.set(INDEX_KEY, "not a sorted set")  # every index command fails: WRONGTYPE
-            await cache.store(KEY, body())
-            assert await lookup(cache) == (body(), "hit")
-            return await cache.describe()
-
-    stats = asyncio.run(main())
+async def test_a_foreign_value_under_the_index_costs_the_count_only(redis_url: str) -> None:
+    async with redis_cache(redis_url) as cache:
+        await cache.client.set(INDEX_KEY, "not a sorted set")  # every index command fails: WRONGTYPE
+        await cache.store(KEY, body())
+        assert await lookup(cache) == (body(), "hit")
+        stats = await cache.describe()
     assert stats["keys"] is None and stats["errors"] == 0 and stats["healthy"] is True
 
 
 @pytest.mark.parametrize("kind", ["list", "hash", "set"])
-def test_another_redis_type_under_the_key_is_invalid_not_an_outage(kind: str, redis_url: str) -> None:
-    """WRONGTYPE once counted as a Redis failure: the breaker opened for every request, and the SET
-    that would replace the value was skipped while it was open, so one key kept the cache off."""
-
-    async def main() -> dict:
-        async with redis_cache(redis_url) as cache:
-            other = cache_key(b"another image", "onnx", TAG, 5, ENGINE)
-            await cache.store(other, body())
-            writes = {"list": cache.client.rpush, "hash": cache.client.hset, "set": cache.client.sadd}
-            await (writes[kind](KEY, "x", "y") if kind == "hash" else writes[kind](KEY, "x"))
-            assert await lookup(cache) == (None, "invalid")
-            assert await lookup(cache, other) == (body(), "hit")  # everyone else still served
-            await cache.store(KEY, body())
-            assert await lookup(cache) == (body(), "hit")
-            return await cache.describe()
-
-    stats = asyncio.run(main())
+async def test_another_redis_type_under_the_key_is_invalid_not_an_outage(kind: str, redis_url: str) -> None:
+    """WRONGTYPE is an invalid entry, not a Redis failure that would open the breaker (and skip the SET that
+    replaces the value)."""
+    async with redis_cache(redis_url) as cache:
+        other = cache_key(b"another image", "onnx", TAG, 5, ENGINE)
+        await cache.store(other, body())
+        writes = {"list": cache.client.rpush, "hash": cache.client.hset, "set": cache.client.sadd}
+        await (writes[kind](KEY, "x", "y") if kind == "hash" else writes[kind](KEY, "x"))
+        assert await lookup(cache) == (None, "invalid")
+        assert await lookup(cache, other) == (body(), "hit")  # everyone else still served
+        await cache.store(KEY, body())
+        assert await lookup(cache) == (body(), "hit")
+        stats = await cache.describe()
     assert stats["errors"] == 0 and stats["healthy"] is True and stats["invalid"] == 1
 
 
 # --- what /cache/stats says ---------------------------------------------------------------------
 
 
-def test_stats_have_the_documented_shape() -> None:
+async def test_stats_have_the_documented_shape() -> None:
     """describe() and the response model of /cache/stats (the OpenAPI spec) name the same fields."""
-    stats = asyncio.run(MemoryCache(max_entries=10, ttl_s=60).describe())
+    stats = await MemoryCache(max_entries=10, ttl_s=60).describe()
     assert set(stats) == set(CacheStatsResponse.model_fields)
     CacheStatsResponse.model_validate(stats)
 
@@ -410,20 +361,16 @@ class FlakyMemory(MemoryCache):
         return await super()._get(key)
 
 
-def test_the_hit_rate_counts_lookups_that_failed() -> None:
-    """A cache whose reads all failed once reported hit_rate 0.9995 (errors were left out)."""
-
-    async def main() -> dict:
-        cache = FlakyMemory(max_entries=10, ttl_s=60)
-        await cache.store(KEY, body())
-        assert (await lookup(cache))[1] == "hit"
-        assert (await lookup(cache, "absent"))[1] == "miss"
-        cache.down = True
-        assert [(await lookup(cache))[1] for _ in range(6)] == ["error"] * 6  # one failed, five skipped
-        cache.bypassed()  # no lookup: the client asked for none
-        return await cache.describe()
-
-    stats = asyncio.run(main())
+async def test_the_hit_rate_counts_lookups_that_failed() -> None:
+    """Failed lookups count in the hit rate (left out, a cache whose reads all failed reported 0.9995)."""
+    cache = FlakyMemory(max_entries=10, ttl_s=60)
+    await cache.store(KEY, body())
+    assert (await lookup(cache))[1] == "hit"
+    assert (await lookup(cache, "absent"))[1] == "miss"
+    cache.down = True
+    assert [(await lookup(cache))[1] for _ in range(6)] == ["error"] * 6  # one failed, five skipped
+    cache.bypassed()  # no lookup: the client asked for none
+    stats = await cache.describe()
     assert (stats["hits"], stats["misses"], stats["errors"], stats["bypasses"]) == (1, 1, 6, 1)
     assert stats["hit_rate"] == 0.125  # 1 / (1 + 1 + 6)
     assert stats["healthy"] is False and "Connection refused" in stats["degraded"]
@@ -443,15 +390,11 @@ class SlowStore(ResponseCache):
 
 
 @pytest.mark.parametrize("op", ["GET", "SET"])
-def test_a_timeout_is_said_in_words(op: str) -> None:
-    """asyncio's TimeoutError has no message: "redis SET failed: TimeoutError: " ended in nothing."""
-
-    async def main() -> dict:
-        cache = SlowStore()
-        await (lookup(cache) if op == "GET" else cache.store(KEY, body()))
-        return await cache.describe()
-
-    stats = asyncio.run(main())
+async def test_a_timeout_is_said_in_words(op: str) -> None:
+    """asyncio's TimeoutError has no message: the reason must not end in nothing."""
+    cache = SlowStore()
+    await (lookup(cache) if op == "GET" else cache.store(KEY, body()))
+    stats = await cache.describe()
     assert stats["degraded"] == f"redis {op} failed: timed out after 50 ms"
     assert (stats["errors"], stats["write_errors"]) == ((1, 0) if op == "GET" else (0, 1))
 
@@ -467,21 +410,17 @@ def test_every_degraded_message_says_something(exc: BaseException) -> None:
     assert type(exc).__name__ in reason
 
 
-def test_a_silent_redis_times_out_in_words() -> None:
+async def test_a_silent_redis_times_out_in_words() -> None:
     """A Redis that accepts connections and never answers (a hung server, a black-holed route)."""
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)  # accepted by the kernel, never read
-
-        async def main() -> dict:
-            cache = RedisCache(f"redis://127.0.0.1:{listener.getsockname()[1]}/0", ttl_s=60, timeout_s=0.05)
-            try:
-                await cache.store(KEY, body())
-                return await cache.describe()
-            finally:
-                await cache.close()
-
-        stats = asyncio.run(main())
+        cache = RedisCache(f"redis://127.0.0.1:{listener.getsockname()[1]}/0", ttl_s=60, timeout_s=0.05)
+        try:
+            await cache.store(KEY, body())
+            stats = await cache.describe()
+        finally:
+            await cache.close()
     degraded = stats["degraded"]
     assert degraded.startswith("redis SET failed: ") and "time" in degraded.lower(), degraded
     assert not degraded.rstrip().endswith(":"), degraded
@@ -514,13 +453,11 @@ def fill_to_the_brim(admin: redis.Redis) -> None:
 
 
 @pytest.mark.parametrize("refusal", ["OOM", "READONLY"])
-def test_a_refused_write_leaves_reads_on(refusal: str, own_redis: RedisServer) -> None:
-    """A full Redis (maxmemory + noeviction: OOM) or a replica (READONLY) still serves what it holds.
-    Every refused SET once opened the breaker, which skipped the GETs too: a repeated photo was
-    answered from the cache 0 of 656 times while the cache was full."""
+async def test_a_refused_write_leaves_reads_on(refusal: str, own_redis: RedisServer) -> None:
+    """A full Redis (maxmemory + noeviction: OOM) or a replica (READONLY) still serves what it holds: a
+    refused SET must not open the breaker, which would skip the GETs too."""
     admin = redis.Redis.from_url(own_redis.url)
-
-    async def main() -> tuple[list[str], dict, dict]:
+    try:
         async with redis_cache(own_redis.url) as cache:
             cache.retry_after_s = 0.2
             await cache.store(KEY, body())  # a photo stored while there was room
@@ -540,10 +477,7 @@ def test_a_refused_write_leaves_reads_on(refusal: str, own_redis: RedisServer) -
             await asyncio.sleep(0.25)  # the write back-off ends
             await cache.store(cache_key(b"a later photo", "onnx", TAG, 5, ENGINE), body())
             assert (await lookup(cache, cache_key(b"a later photo", "onnx", TAG, 5, ENGINE)))[1] == "hit"
-            return events, during, await cache.describe()
-
-    try:
-        events, during, after = asyncio.run(main())
+            after = await cache.describe()
     finally:
         admin.close()
     assert events == ["hit"] * 20
@@ -555,21 +489,17 @@ def test_a_refused_write_leaves_reads_on(refusal: str, own_redis: RedisServer) -
     assert after["healthy"] is True and after["degraded"] is None and after["writes_refused"] == 20
 
 
-def test_writes_back_off_while_refused(own_redis: RedisServer) -> None:
+async def test_writes_back_off_while_refused(own_redis: RedisServer) -> None:
     """One SET a back-off interval is tried while Redis refuses, not one per request."""
     admin = redis.Redis.from_url(own_redis.url)
-
-    async def main() -> int:
+    try:
         async with redis_cache(own_redis.url) as cache:
             cache.retry_after_s = 60
             fill_to_the_brim(admin)
             before = await calls(cache.client, "set")
             for i in range(50):
                 await cache.store(cache_key(f"photo {i}".encode(), "onnx", TAG, 5, ENGINE), body())
-            return await calls(cache.client, "set") - before
-
-    try:
-        assert asyncio.run(main()) == 1
+            assert await calls(cache.client, "set") - before == 1
     finally:
         admin.close()
 
@@ -603,47 +533,25 @@ def net_output_bytes(admin: redis.Redis) -> int:
     return admin.info("stats")["total_net_output_bytes"]
 
 
-def test_a_huge_value_is_refused_without_being_read_whole(redis_url: str) -> None:
-    """A ~200 MB value under our key made the GET time out and opened the breaker; now Redis sends
-    at most MAX_ENTRY_BYTES + 1 bytes of it, and it is an invalid entry, recomputed and overwritten."""
+async def test_a_huge_value_is_refused_without_being_read_whole(redis_url: str) -> None:
+    """Redis sends at most MAX_ENTRY_BYTES + 1 bytes of a huge value under our key (read whole, one of ~200 MB
+    timed out and opened the breaker); it is an invalid entry, recomputed and overwritten."""
     admin = redis.Redis.from_url(redis_url)
     admin.set(KEY, entry(body()) + " " * 64_000_000)
-
-    async def main() -> tuple[str, int, dict]:
-        cache = RedisCache(redis_url, ttl_s=60, timeout_s=0.05)  # the production limit
-        try:
-            before = net_output_bytes(admin)
-            event = (await lookup(cache))[1]
-            sent = net_output_bytes(admin) - before
-            await cache.store(KEY, body())
-            assert await lookup(cache) == (body(), "hit")
-            return event, sent, await cache.describe()
-        finally:
-            await cache.close()
-
+    cache = RedisCache(redis_url, ttl_s=60, timeout_s=0.05)  # the production limit
     try:
-        event, sent, stats = asyncio.run(main())
+        before = net_output_bytes(admin)
+        event = (await lookup(cache))[1]
+        sent = net_output_bytes(admin) - before
+        await cache.store(KEY, body())
+        assert await lookup(cache) == (body(), "hit")
+        stats = await cache.describe()
     finally:
+        await cache.close()
         admin.close()
     assert event == "invalid"
     assert sent < MAX_ENTRY_BYTES + 8_000, f"Redis sent {sent:,} bytes for one lookup"  # + INFO's own reply
     assert stats["healthy"] is True and stats["errors"] == 0 and stats["invalid"] == 1
-
-
-def test_an_entry_of_the_largest_size_is_still_read(redis_url: str) -> None:
-    """top_k 20 with long labels stays well inside the bound, and is served whole."""
-
-    async def main() -> tuple[dict | None, str]:
-        async with redis_cache(redis_url) as cache:
-            big = body(k=20)
-            big["top_k"] = [{**p, "label": p["label"] + " x" * 40} for p in big["top_k"]]
-            big["class"] = big["top_k"][0]["label"]
-            await cache.store(KEY, big)
-            assert len(await cache.client.get(KEY)) < MAX_ENTRY_BYTES // 2
-            return await cache.lookup(KEY, Expected("onnx", TAG, 20, "random-init", ENGINE)), json.dumps(big)
-
-    (found, event), text = asyncio.run(main())
-    assert event == "hit" and json.dumps(found) == text
 
 
 # --- signed entries -----------------------------------------------------------------------------
@@ -667,18 +575,14 @@ async def put(cache: ResponseCache, key: str, raw: str | bytes) -> None:
 
 
 @pytest.mark.parametrize("kind", ["memory", "redis"])
-def test_without_a_key_a_forged_consistent_entry_is_served(kind: str, request) -> None:
-    """The finding: anyone who can write to Redis can forge an answer that passes validation."""
-
-    async def main() -> tuple[dict | None, str]:
-        cache = signed_cache(kind, request, hmac_key="")
-        try:
-            await put(cache, KEY, encode_entry(FORGED, KEY))
-            return await lookup(cache)
-        finally:
-            await cache.close()
-
-    assert asyncio.run(main()) == (FORGED, "hit")
+async def test_without_a_key_a_forged_consistent_entry_is_served(kind: str, request) -> None:
+    """Without a key, anyone who can write to Redis can forge an answer that passes validation."""
+    cache = signed_cache(kind, request, hmac_key="")
+    try:
+        await put(cache, KEY, encode_entry(FORGED, KEY))
+        assert await lookup(cache) == (FORGED, "hit")
+    finally:
+        await cache.close()
 
 
 def signed(body_text: str, mac: str) -> str:
@@ -708,61 +612,44 @@ FORGERIES = {
 }
 
 
-def test_the_true_answer_signed_is_served() -> None:
-    """The forgeries below are refused for what they change, not for their layout."""
-
-    async def main() -> tuple[dict | None, str]:
-        cache = MemoryCache(max_entries=10, ttl_s=60, hmac_key=HMAC_KEY)
-        await put(cache, KEY, signed(json.dumps(body()), TRUE_MAC))
-        return await lookup(cache)
-
-    assert asyncio.run(main()) == (body(), "hit")
-
-
 @pytest.mark.parametrize("kind", ["memory", "redis"])
 @pytest.mark.parametrize("forgery", FORGERIES, ids=list(FORGERIES))
-def test_with_a_key_only_entries_it_signed_are_served(kind: str, forgery: str, request) -> None:
-    async def main() -> dict:
-        cache = signed_cache(kind, request)
-        try:
-            await put(cache, KEY, FORGERIES[forgery]())
-            assert await lookup(cache) == (None, "invalid")  # never served, and no outage
-            await cache.store(KEY, body())  # the request's answer overwrites it
-            assert await lookup(cache) == (body(), "hit")
-            return await cache.describe()
-        finally:
-            await cache.close()
-
-    stats = asyncio.run(main())
+async def test_with_a_key_only_entries_it_signed_are_served(kind: str, forgery: str, request) -> None:
+    cache = signed_cache(kind, request)
+    try:
+        await put(cache, KEY, FORGERIES[forgery]())
+        assert await lookup(cache) == (None, "invalid")  # never served, and no outage
+        await cache.store(KEY, body())  # the request's answer overwrites it
+        assert await lookup(cache) == (body(), "hit")
+        stats = await cache.describe()
+    finally:
+        await cache.close()
     assert stats["signed"] is True and stats["healthy"] is True and stats["invalid"] == 1 and stats["errors"] == 0
 
 
-def test_a_signed_entry_covers_key_and_body(redis_url: str) -> None:
-    async def main() -> bytes:
-        async with redis_cache(redis_url) as cache:
-            cache.hmac_key = HMAC_KEY.encode()
-            await cache.store(KEY, body())
-            return await cache.client.get(KEY)
-
-    stored = asyncio.run(main())
+async def test_a_signed_entry_covers_key_and_body(redis_url: str) -> None:
+    """Stored in the layout the forgeries above are written in (signed()): they are refused for what they
+    change, not for their layout."""
+    async with redis_cache(redis_url) as cache:
+        cache.hmac_key = HMAC_KEY.encode()
+        await cache.store(KEY, body())
+        stored = await cache.client.get(KEY)
     mac = entry_mac(HMAC_KEY.encode(), KEY, json.dumps(body()))
     assert json.loads(stored) == {"v": CACHE_FORMAT, "mac": mac, "body": body()}  # JSON, as before
     assert stored.decode() == signed(json.dumps(body()), mac) and len(mac) == 64
 
 
-def test_the_signing_key_reaches_every_mode_and_is_said() -> None:
-    async def main() -> list[ResponseCache]:
-        port = closed_port()
-        return [
-            await open_cache("memory", "redis://unused", 60, 0.05, 10, hmac_key=HMAC_KEY),
-            await open_cache("auto", f"redis://127.0.0.1:{port}/0", 60, 0.05, 10, hmac_key=HMAC_KEY),
-            await open_cache("redis", f"redis://127.0.0.1:{port}/0", 60, 0.05, 10, hmac_key=HMAC_KEY),
-        ]
-
-    caches = asyncio.run(main())
+async def test_the_signing_key_reaches_every_mode_and_is_said() -> None:
+    port = closed_port()
+    caches = [
+        await open_cache("memory", "redis://unused", 60, 0.05, 10, hmac_key=HMAC_KEY),
+        await open_cache("auto", f"redis://127.0.0.1:{port}/0", 60, 0.05, 10, hmac_key=HMAC_KEY),
+        await open_cache("redis", f"redis://127.0.0.1:{port}/0", 60, 0.05, 10, hmac_key=HMAC_KEY),
+    ]
     assert [c.hmac_key for c in caches] == [HMAC_KEY.encode()] * 3
-    assert all(asyncio.run(c.describe())["signed"] is True for c in caches)
-    assert asyncio.run(ResponseCache().describe())["signed"] is False
+    described = [await c.describe() for c in caches]
+    assert all(d["signed"] is True for d in described)
+    assert (await ResponseCache().describe())["signed"] is False
 
 
 # --- every valid family's entries fit what a read accepts ---------------------------------------
@@ -779,57 +666,49 @@ def family_body(labels: list[str], k: int) -> dict[str, Any]:
 @pytest.mark.parametrize("signed_with", ["", HMAC_KEY], ids=["unsigned", "signed"])
 @pytest.mark.parametrize("char", ["中", "\U00020000"], ids=["CJK (3 UTF-8 bytes)", "CJK extension B (4 bytes)"])
 @pytest.mark.parametrize("kind", ["memory", "redis"])
-def test_the_largest_labels_a_build_accepts_are_cached_at_every_top_k(kind, char, signed_with, request) -> None:
-    """Review finding: 20 labels of 200 CJK characters missed at top_k 13, 14 and 20, every time (entries of
-    17.9-26.7 KB, the read limit 16 KB), and each request wrote one again. The second request is a hit."""
+async def test_the_largest_labels_a_build_accepts_are_cached_at_every_top_k(kind, char, signed_with, request) -> None:
+    """20 labels of the longest a build accepts, in 3- and 4-byte UTF-8, hit at every top_k on the second
+    request (entries beyond the read limit once missed every time, and were written again each request)."""
     from build_models.labels import MAX_LABEL
     from fastinfer.common.schemas import TOP_K_MAX
 
     labels = [f"{i:02d}" + char * (MAX_LABEL - 2) for i in range(TOP_K_MAX)]
-
-    async def main() -> tuple[list[str], dict]:
-        cache = signed_cache(kind, request, hmac_key=signed_with)
-        events = []
-        try:
-            for k in range(1, TOP_K_MAX + 1):
-                key = cache_key(b"image", "onnx-int8", LONG_TAG, k, ENGINE)
-                expected = Expected("onnx", LONG_TAG, k, "random-init", ENGINE, labels)
-                for _ in range(2):  # a request: looked up, then stored on a miss
-                    found, event = await cache.lookup(key, expected)
-                    right = found in (None, family_body(labels, k))
-                    events.append(f"top_k {k}: {event}" if right else f"top_k {k}: another body")
-                    if found is None:
-                        await cache.store(key, family_body(labels, k))
-            return events, await cache.describe()
-        finally:
-            await cache.close()
-
-    events, stats = asyncio.run(main())
+    cache = signed_cache(kind, request, hmac_key=signed_with)
+    events = []
+    try:
+        for k in range(1, TOP_K_MAX + 1):
+            key = cache_key(b"image", "onnx-int8", LONG_TAG, k, ENGINE)
+            expected = Expected("onnx", LONG_TAG, k, "random-init", ENGINE, labels)
+            for _ in range(2):  # a request: looked up, then stored on a miss
+                found, event = await cache.lookup(key, expected)
+                right = found in (None, family_body(labels, k))
+                events.append(f"top_k {k}: {event}" if right else f"top_k {k}: another body")
+                if found is None:
+                    await cache.store(key, family_body(labels, k))
+        stats = await cache.describe()
+    finally:
+        await cache.close()
     assert events == [f"top_k {k}: {event}" for k in range(1, TOP_K_MAX + 1) for event in ("miss", "hit")]
     assert stats["invalid"] == 0 and stats["hits"] == TOP_K_MAX and stats["misses"] == TOP_K_MAX
 
 
 @pytest.mark.parametrize("kind", ["memory", "redis"])
-def test_an_entry_larger_than_a_read_accepts_is_never_written(kind: str, request, caplog) -> None:
+async def test_an_entry_larger_than_a_read_accepts_is_never_written(kind: str, request, caplog) -> None:
     """A model stored outside the build's bounds (labels of 1,000 characters): its answers are not stored, as a
     read would refuse them, and the cache says so: counted in too_large, logged once."""
     labels = [f"{i:02d}" + "中" * 998 for i in range(20)]
     expected = Expected("onnx", LONG_TAG, 20, "random-init", ENGINE, labels)
-
-    async def main() -> tuple[list[str], bool, dict]:
-        cache = signed_cache(kind, request, hmac_key="")
-        try:
+    cache = signed_cache(kind, request, hmac_key="")
+    try:
+        with caplog.at_level("WARNING", logger="fastinfer.cache"):
             events = []
             for _ in range(3):
                 events.append((await cache.lookup(KEY, expected))[1])
                 await cache.store(KEY, family_body(labels, 20))
-            written = KEY in cache._data if isinstance(cache, MemoryCache) else bool(await cache.client.exists(KEY))
-            return events, written, await cache.describe()
-        finally:
-            await cache.close()
-
-    with caplog.at_level("WARNING", logger="fastinfer.cache"):
-        events, written, stats = asyncio.run(main())
+        written = KEY in cache._data if isinstance(cache, MemoryCache) else bool(await cache.client.exists(KEY))
+        stats = await cache.describe()
+    finally:
+        await cache.close()
     assert events == ["miss"] * 3 and not written
     assert stats["too_large"] == 3 and stats["invalid"] == 0 and stats["healthy"] is True
     told = [r.getMessage() for r in caplog.records if "not stored" in r.getMessage()]
@@ -854,23 +733,19 @@ def test_a_redis_url_is_shown_without_its_password(url: str, shown: str) -> None
     assert redact_url(url) == shown
 
 
-def test_the_password_is_in_no_mode_message_or_log(own_redis: RedisServer, caplog) -> None:
+async def test_the_password_is_in_no_mode_message_or_log(own_redis: RedisServer, caplog) -> None:
     admin = redis.Redis.from_url(own_redis.url)
     admin.config_set("requirepass", "s3cret-pw")
     admin.close()
     host = own_redis.url.split("//")[1]
-
-    async def main() -> list[dict]:
-        described = []
+    described = []
+    with caplog.at_level("WARNING", logger="fastinfer.cache"):
         for password in ("wrong-s3cret-pw", "s3cret-pw"):
             cache = await open_cache("redis", f"redis://:{password}@{host}", 60, 0.5, 10)
             await cache.store(KEY, body())
             described.append({**await cache.describe(), "event": (await lookup(cache))[1]})
             await cache.close()
-        return described
-
-    with caplog.at_level("WARNING", logger="fastinfer.cache"):
-        wrong, right = asyncio.run(main())
+    wrong, right = described
     assert wrong["event"] == "error" and "AuthenticationError" in wrong["degraded"]
     assert right["event"] == "hit" and right["healthy"] is True
     shown = json.dumps([wrong, right]) + caplog.text

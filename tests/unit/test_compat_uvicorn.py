@@ -20,35 +20,13 @@ from uvicorn.server import ServerState
 
 from fastinfer.compat.uvicorn import HttpToolsProtocol, Protocol, use_http_protocol
 from fastinfer.front.connections import FrontProtocol
+from tests.asgi import FakeTransport
 
+pytestmark = pytest.mark.anyio
 GET = b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
-class Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.written, self.closed, self.reading = b"", False, True
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 3000)}.get(name, default)
-
-    def write(self, data: bytes) -> None:  # type: ignore[override]
-        self.written += data
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-
-async def connect(app: Any = None, cls: type[Protocol] = Protocol) -> tuple[Protocol, Transport, ServerState]:
+async def connect(app: Any = None, cls: type[Protocol] = Protocol) -> tuple[Protocol, FakeTransport, ServerState]:
     async def answer(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})
@@ -57,7 +35,7 @@ async def connect(app: Any = None, cls: type[Protocol] = Protocol) -> tuple[Prot
     config.load()
     state = ServerState()
     protocol = cls(config=config, server_state=state, app_state={})
-    transport = Transport()
+    transport = FakeTransport()
     protocol.connection_made(transport)
     return protocol, transport, state
 
@@ -79,7 +57,7 @@ def test_1_http_auto_loads_the_class_http_protocols_names(monkeypatch: pytest.Mo
     )
 
 
-def test_2_the_protocol_is_the_parsers_callback_object() -> None:
+async def test_2_the_protocol_is_the_parsers_callback_object() -> None:
     assert issubclass(HttpToolsProtocol, asyncio.Protocol), "assumption 2: HttpToolsProtocol is an asyncio.Protocol"
     assert list(inspect.signature(HttpToolsProtocol).parameters)[:3] == ["config", "server_state", "app_state"], (
         "assumption 2: HttpToolsProtocol takes (config, server_state, app_state)"
@@ -96,62 +74,53 @@ def test_2_the_protocol_is_the_parsers_callback_object() -> None:
 
     Watching = type("Watching", (Protocol,), {name: watch(name) for name in wanted})
 
-    async def go() -> None:
-        protocol, transport, state = await connect(cls=Watching)
-        assert (protocol.loop, protocol.transport, protocol.server_state) == (
-            asyncio.get_running_loop(),
-            transport,
-            state,
-        ), "assumption 2: the protocol keeps its loop, transport and server_state"
-        protocol.data_received(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\na")
-
-    asyncio.run(go())
+    protocol, transport, state = await connect(cls=Watching)
+    assert (protocol.loop, protocol.transport, protocol.server_state) == (
+        asyncio.get_running_loop(),
+        transport,
+        state,
+    ), "assumption 2: the protocol keeps its loop, transport and server_state"
+    protocol.data_received(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\na")
     assert list(dict.fromkeys(seen)) == wanted, (
         "assumption 2: data_received feeds self.parser, which calls on_message_begin, on_url, on_header, "
         "on_headers_complete and on_message_complete on the protocol"
     )
 
 
-def test_3_the_keepalive_timer_is_armed_after_a_response_and_disarmed_by_name() -> None:
-    async def go() -> None:
-        protocol, transport, _ = await connect()
-        protocol.timeout_keep_alive = 30.0
-        protocol.data_received(GET)
-        for _ in range(5):
-            await asyncio.sleep(0)
-        assert transport.written.startswith(b"HTTP/1.1 200")
-        timer = protocol.timeout_keep_alive_task
-        assert isinstance(timer, asyncio.TimerHandle) and round(timer.when() - protocol.loop.time()) == 30, (
-            "assumption 3: after a response uvicorn arms timeout_keep_alive_task for timeout_keep_alive seconds"
-        )
-        assert timer._callback == protocol.timeout_keep_alive_handler, (
-            "assumption 3: the keep-alive timer calls timeout_keep_alive_handler"
-        )
-        protocol.disarm_keepalive()
-        assert protocol.timeout_keep_alive_task is None and timer.cancelled(), (
-            "assumption 3: _unset_keepalive_if_required() cancels the keep-alive timer"
-        )
-        protocol.arm_keepalive()
-        assert protocol.timeout_keep_alive_task is not None
-        protocol.timeout_keep_alive_handler()
-        assert transport.closed, "assumption 3: timeout_keep_alive_handler closes the connection"
-
-    asyncio.run(go())
+async def test_3_the_keepalive_timer_is_armed_after_a_response_and_disarmed_by_name() -> None:
+    protocol, transport, _ = await connect()
+    protocol.timeout_keep_alive = 30.0
+    protocol.data_received(GET)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert transport.written.startswith(b"HTTP/1.1 200")
+    timer = protocol.timeout_keep_alive_task
+    assert isinstance(timer, asyncio.TimerHandle) and round(timer.when() - protocol.loop.time()) == 30, (
+        "assumption 3: after a response uvicorn arms timeout_keep_alive_task for timeout_keep_alive seconds"
+    )
+    assert timer._callback == protocol.timeout_keep_alive_handler, (
+        "assumption 3: the keep-alive timer calls timeout_keep_alive_handler"
+    )
+    protocol.disarm_keepalive()
+    assert protocol.timeout_keep_alive_task is None and timer.cancelled(), (
+        "assumption 3: _unset_keepalive_if_required() cancels the keep-alive timer"
+    )
+    protocol.arm_keepalive()
+    assert protocol.timeout_keep_alive_task is not None
+    protocol.timeout_keep_alive_handler()
+    assert transport.closed, "assumption 3: timeout_keep_alive_handler closes the connection"
 
 
-def test_4_connections_is_the_servers_set_of_open_connections() -> None:
-    async def go() -> None:
-        protocol, _, state = await connect()
-        assert protocol.connections is state.connections and protocol in state.connections, (
-            "assumption 4: connection_made adds the protocol to connections (server_state.connections)"
-        )
-        protocol.connection_lost(None)
-        assert protocol not in state.connections, "assumption 4: connection_lost discards it from connections"
-
-    asyncio.run(go())
+async def test_4_connections_is_the_servers_set_of_open_connections() -> None:
+    protocol, _, state = await connect()
+    assert protocol.connections is state.connections and protocol in state.connections, (
+        "assumption 4: connection_made adds the protocol to connections (server_state.connections)"
+    )
+    protocol.connection_lost(None)
+    assert protocol not in state.connections, "assumption 4: connection_lost discards it from connections"
 
 
-def test_5_the_cycle_pipeline_and_flow() -> None:
+async def test_5_the_cycle_pipeline_and_flow() -> None:
     release = asyncio.Event()
 
     async def held(scope: Any, receive: Any, send: Any) -> None:
@@ -159,48 +128,42 @@ def test_5_the_cycle_pipeline_and_flow() -> None:
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    async def go() -> None:
-        protocol, transport, _ = await connect(held)
-        protocol.data_received(GET)
+    protocol, transport, _ = await connect(held)
+    protocol.data_received(GET)
+    await asyncio.sleep(0)
+    first = protocol.cycle
+    assert (first.response_started, first.response_complete) == (False, False), (
+        "assumption 5: cycle is the request being answered, with response_started and response_complete"
+    )
+    protocol.data_received(GET)
+    assert isinstance(protocol.pipeline, deque) and [c for c, _ in protocol.pipeline] == [protocol.cycle], (
+        "assumption 5: a request behind the one being answered is queued in pipeline (and is the cycle)"
+    )
+    first.disconnected = True
+    first.message_event.set()
+    release.set()
+    for _ in range(5):
         await asyncio.sleep(0)
-        first = protocol.cycle
-        assert (first.response_started, first.response_complete) == (False, False), (
-            "assumption 5: cycle is the request being answered, with response_started and response_complete"
-        )
-        protocol.data_received(GET)
-        assert isinstance(protocol.pipeline, deque) and [c for c, _ in protocol.pipeline] == [protocol.cycle], (
-            "assumption 5: a request behind the one being answered is queued in pipeline (and is the cycle)"
-        )
-        first.disconnected = True
-        first.message_event.set()
-        release.set()
-        for _ in range(5):
-            await asyncio.sleep(0)
-        assert transport.written == b"", "assumption 5: a cycle marked disconnected drops what the app sends"
-        protocol.flow.resume_reading()  # paused by the pipelined request
-        assert transport.reading
-        protocol.flow.pause_reading()
-        assert not transport.reading, "assumption 5: flow.pause_reading() stops reading the transport"
-
-    asyncio.run(go())
+    assert transport.written == b"", "assumption 5: a cycle marked disconnected drops what the app sends"
+    protocol.flow.resume_reading()  # paused by the pipelined request
+    assert transport.reading
+    protocol.flow.pause_reading()
+    assert not transport.reading, "assumption 5: flow.pause_reading() stops reading the transport"
 
 
-def test_6_an_upgrade_is_handled_by_the_named_steps(caplog: pytest.LogCaptureFixture) -> None:
+async def test_6_an_upgrade_is_handled_by_the_named_steps(caplog: pytest.LogCaptureFixture) -> None:
     for step in ("_should_upgrade", "handle_websocket_upgrade", "_unsupported_upgrade_warning"):
         assert callable(getattr(HttpToolsProtocol, step, None)), f"assumption 6: HttpToolsProtocol has {step}()"
 
-    async def go() -> None:
-        protocol, _, _ = await connect()
-        upgrade = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
-        with pytest.raises(httptools.HttpParserUpgrade):
-            httptools.HttpRequestParser(protocol).feed_data(upgrade)
-        with caplog.at_level(logging.WARNING, logger="uvicorn.error"):
-            protocol.feed(upgrade)  # no websocket library configured: warned, not raised
-        assert "Unsupported upgrade request." in caplog.text, (
-            "assumption 6: an upgrade stops the parser (HttpParserUpgrade) and, unsupported, is only warned about"
-        )
-
-    asyncio.run(go())
+    protocol, _, _ = await connect()
+    upgrade = b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+    with pytest.raises(httptools.HttpParserUpgrade):
+        httptools.HttpRequestParser(protocol).feed_data(upgrade)
+    with caplog.at_level(logging.WARNING, logger="uvicorn.error"):
+        protocol.feed(upgrade)  # no websocket library configured: warned, not raised
+    assert "Unsupported upgrade request." in caplog.text, (
+        "assumption 6: an upgrade stops the parser (HttpParserUpgrade) and, unsupported, is only warned about"
+    )
 
 
 def _calls(function: Any) -> set[str]:

@@ -8,7 +8,6 @@ a fake transport; tests/integration/test_front_limits.py does the same against a
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import resource
 from collections.abc import Awaitable, Callable
@@ -20,62 +19,15 @@ import uvicorn.config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from fastinfer.catalog.config import Settings, get_settings
+from fastinfer.catalog.config import Settings
 from fastinfer.front import connections
 from fastinfer.front.connections import ConnectionLimits, FrontProtocol, install_front_protocol
+from tests.asgi import FakeTransport
+from tests.settings import settings_with
 
+pytestmark = pytest.mark.anyio
 FAST = ConnectionLimits(keepalive_s=0.2, header_timeout_s=0.3, max_header_bytes=4096, max_headers=20, max_connections=3)
 GET = b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n"
-
-
-class FakeTransport(asyncio.Transport):
-    """What the protocol writes and whether it closed; ``close`` reports the loss like a real one."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = b""
-        self.closed = False
-        self.eof = False
-        self.reading = True
-        self.protocol: asyncio.Protocol | None = None
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 3000)}.get(name, default)
-
-    def write(self, data: bytes) -> None:  # type: ignore[override]
-        self.written += data
-
-    def write_eof(self) -> None:
-        self.eof = True
-
-    def can_write_eof(self) -> bool:
-        return True
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            if self.protocol is not None:
-                asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
-
-    def abort(self) -> None:
-        self.close()
-
-    def status(self) -> int | None:
-        if not self.written.startswith(b"HTTP/1.1 "):
-            return None
-        return int(self.written[9:12])
-
-    def json(self) -> dict[str, Any]:
-        return json.loads(self.written.split(b"\r\n\r\n", 1)[1])
 
 
 class Server:
@@ -115,10 +67,6 @@ class Server:
         return protocol, transport
 
 
-def run(test: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(test())
-
-
 @pytest.fixture(autouse=True)
 def _front(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(FrontProtocol, "limits", FAST)
@@ -126,210 +74,165 @@ def _front(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(connections, "REFUSAL_DELAY_S", 0.0)
 
 
-def test_a_connection_that_never_sends_a_byte_is_closed_after_the_keepalive() -> None:
-    """uvicorn arms its keep-alive timer only after a response: 2,000 silent connections stayed open."""
+async def test_a_connection_that_never_sends_a_byte_is_closed_after_the_keepalive() -> None:
+    """uvicorn arms its keep-alive timer only after a response: silent connections stayed open."""
+    _, transport = Server().connect()
+    await asyncio.sleep(0.1)
+    assert not transport.closed
+    await asyncio.sleep(0.25)
+    assert transport.closed
+    assert transport.written == b""  # nothing was asked: nothing is answered
 
-    async def test() -> None:
-        _, transport = Server().connect()
+
+async def test_a_request_that_starts_and_stalls_gets_408_and_the_connection_closes() -> None:
+    """One byte cancels uvicorn's keep-alive timer: the header timeout must close the connection."""
+    server = Server()
+    protocol, transport = server.connect()
+    protocol.data_received(b"GET /livez HTTP/1.1\r\nHost: x\r\n")
+    await asyncio.sleep(0.5)
+    assert transport.status() == 408
+    assert transport.json()["error"]["code"] == "request_timeout"
+    assert "FASTINFER_HEADER_TIMEOUT_S" in transport.json()["error"]["message"]
+    await asyncio.sleep(0.1)
+    assert transport.closed
+    assert server.app_calls == 0
+
+
+async def test_blank_lines_do_not_keep_a_connection_open() -> None:
+    protocol, transport = Server().connect()
+    for _ in range(10):  # one every 0.1 s: the keep-alive timer alone would never fire
+        if transport.closed:
+            break
+        protocol.data_received(b"\r\n")  # llhttp skips these without starting a request
         await asyncio.sleep(0.1)
-        assert not transport.closed
-        await asyncio.sleep(0.25)
-        assert transport.closed
-        assert transport.written == b""  # nothing was asked: nothing is answered
-
-    run(test)
+    assert transport.closed
+    assert transport.written == b""  # no request began: closed as idle, not answered 408
 
 
-def test_a_request_that_starts_and_stalls_gets_408_and_the_connection_closes() -> None:
-    """Before: one byte cancelled the keep-alive timer, and nothing else ever closed the connection."""
-
-    async def test() -> None:
-        server = Server()
-        protocol, transport = server.connect()
-        protocol.data_received(b"GET /livez HTTP/1.1\r\nHost: x\r\n")
-        await asyncio.sleep(0.5)
-        assert transport.status() == 408
-        assert transport.json()["error"]["code"] == "request_timeout"
-        assert "FASTINFER_HEADER_TIMEOUT_S" in transport.json()["error"]["message"]
-        await asyncio.sleep(0.1)
-        assert transport.closed
-        assert server.app_calls == 0
-
-    run(test)
+async def test_a_connection_between_requests_closes_after_the_keepalive() -> None:
+    server = Server()
+    protocol, transport = server.connect()
+    protocol.data_received(GET)
+    await asyncio.sleep(0.05)
+    assert transport.status() == 200
+    await asyncio.sleep(0.1)
+    protocol.data_received(GET)  # a second request on the same connection is served
+    await asyncio.sleep(0.05)
+    assert transport.written.count(b"HTTP/1.1 200") == 2
+    await asyncio.sleep(0.3)
+    assert transport.closed
 
 
-def test_blank_lines_do_not_keep_a_connection_open() -> None:
-    async def test() -> None:
-        protocol, transport = Server().connect()
-        for _ in range(10):  # one every 0.1 s: the keep-alive timer alone would never fire
-            if transport.closed:
-                break
-            protocol.data_received(b"\r\n")  # llhttp skips these without starting a request
-            await asyncio.sleep(0.1)
-        assert transport.closed
-        assert transport.written == b""  # no request began: closed as idle, not answered 408
-
-    run(test)
+BIG_HEADER = b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8000 + b"\r\n\r\n"
+TOO_BIG = "4,096 bytes (FASTINFER_MAX_HEADER_BYTES)"
 
 
-def test_a_connection_between_requests_closes_after_the_keepalive() -> None:
-    async def test() -> None:
-        server = Server()
-        protocol, transport = server.connect()
-        protocol.data_received(GET)
-        await asyncio.sleep(0.05)
-        assert transport.status() == 200
-        await asyncio.sleep(0.1)
-        protocol.data_received(GET)  # a second request on the same connection is served
-        await asyncio.sleep(0.05)
-        assert transport.written.count(b"HTTP/1.1 200") == 2
-        await asyncio.sleep(0.3)
-        assert transport.closed
-
-    run(test)
-
-
-@pytest.mark.parametrize("pieces", [1, 8])
-def test_headers_over_the_size_limit_get_431_in_our_shape(pieces: int) -> None:
-    """In one read (judged as parsed) or spread over many (judged as they arrive, before httptools
-    holds them whole): 431, the connection closing, and the app never called."""
-
-    async def test() -> None:
-        server = Server()
-        protocol, transport = server.connect()
-        request = b"GET /livez HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8000 + b"\r\n\r\n"
-        size = len(request) // pieces + 1
-        for start in range(0, len(request), size):
-            protocol.data_received(request[start : start + size])
-        assert transport.status() == 431
-        error = transport.json()["error"]
-        assert error["code"] == "request_header_fields_too_large"
-        assert "4,096 bytes (FASTINFER_MAX_HEADER_BYTES)" in error["message"]
-        assert b"connection: close" in transport.written
-        assert transport.eof and not transport.reading  # lingers without reading, then closes
-        await asyncio.sleep(0.1)
-        assert transport.closed
-        assert server.app_calls == 0
-
-    run(test)
+@pytest.mark.parametrize(
+    ("sent", "pieces", "said"),
+    [
+        (BIG_HEADER, 1, TOO_BIG),  # in one read: judged as parsed
+        (BIG_HEADER, 8, TOO_BIG),  # spread over many: judged as they arrive, before httptools holds them whole
+        (b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 1, TOO_BIG),  # the request line counts
+        (
+            b"GET /livez HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(21)) + b"\r\n",
+            1,
+            "more than 20 header fields (FASTINFER_MAX_HEADERS)",
+        ),
+    ],
+    ids=["large header", "large header in pieces", "long request line", "too many fields"],
+)
+async def test_headers_over_the_limits_get_431_in_our_shape(sent: bytes, pieces: int, said: str) -> None:
+    """431, the connection closing, and the app never called."""
+    server = Server()
+    protocol, transport = server.connect()
+    size = len(sent) // pieces + 1
+    for start in range(0, len(sent), size):
+        protocol.data_received(sent[start : start + size])
+    assert transport.status() == 431
+    error = transport.json()["error"]
+    assert error["code"] == "request_header_fields_too_large"
+    assert said in error["message"]
+    assert b"connection: close" in transport.written
+    assert transport.eof and not transport.reading  # lingers without reading, then closes
+    await asyncio.sleep(0.1)
+    assert transport.closed
+    assert server.app_calls == 0
 
 
-def test_a_long_request_line_counts_towards_the_header_limit() -> None:
-    async def test() -> None:
-        protocol, transport = Server().connect()
-        protocol.data_received(b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert transport.status() == 431
-
-    run(test)
-
-
-def test_too_many_header_fields_get_431() -> None:
-    async def test() -> None:
-        server = Server()
-        protocol, transport = server.connect()
-        fields = b"".join(b"X-%d: 1\r\n" % i for i in range(21))
-        protocol.data_received(b"GET /livez HTTP/1.1\r\n" + fields + b"\r\n")
-        assert transport.status() == 431
-        assert "more than 20 header fields (FASTINFER_MAX_HEADERS)" in transport.json()["error"]["message"]
-        assert server.app_calls == 0
-
-    run(test)
-
-
-def test_headers_within_the_limits_pass_even_with_a_large_body_in_the_same_read() -> None:
+async def test_headers_within_the_limits_pass_even_with_a_large_body_in_the_same_read() -> None:
     """The raw byte count must not take the body for headers."""
-
-    async def test() -> None:
-        server = Server()
-        protocol, transport = server.connect()
-        fields = b"".join(b"X-%d: %s\r\n" % (i, b"v" * 100) for i in range(19))
-        body = b"x" * 100_000
-        protocol.data_received(b"POST /classify HTTP/1.1\r\nContent-Length: 100000\r\n" + fields + b"\r\n" + body)
-        await asyncio.sleep(0.05)
-        assert transport.status() == 200
-        assert server.app_calls == 1
-
-    run(test)
+    server = Server()
+    protocol, transport = server.connect()
+    fields = b"".join(b"X-%d: %s\r\n" % (i, b"v" * 100) for i in range(19))
+    body = b"x" * 100_000
+    protocol.data_received(b"POST /classify HTTP/1.1\r\nContent-Length: 100000\r\n" + fields + b"\r\n" + body)
+    await asyncio.sleep(0.05)
+    assert transport.status() == 200
+    assert server.app_calls == 1
 
 
-def test_an_unparsable_request_gets_400_in_our_shape() -> None:
-    async def test() -> None:
-        protocol, transport = Server().connect()
-        protocol.data_received(b"\x16\x03\x01 not http\r\n\r\n")  # e.g. TLS sent to the plain port
-        assert transport.status() == 400
-        assert transport.json()["error"]["code"] == "bad_request"
-
-    run(test)
+async def test_an_unparsable_request_gets_400_in_our_shape() -> None:
+    protocol, transport = Server().connect()
+    protocol.data_received(b"\x16\x03\x01 not http\r\n\r\n")  # e.g. TLS sent to the plain port
+    assert transport.status() == 400
+    assert transport.json()["error"]["code"] == "bad_request"
 
 
-def test_at_the_cap_a_new_connection_closes_the_longest_idle_one() -> None:
-    async def test() -> None:
-        server = Server()
-        (_, oldest), (busy, busy_transport), (_, newer) = (server.connect() for _ in range(3))
-        server.hold = True
-        busy.data_received(GET)  # a request being handled: never closed to make room
-        await asyncio.sleep(0.01)
-        protocol, transport = server.connect()  # the 4th, over the cap of 3
-        assert oldest.closed and not newer.closed and not busy_transport.closed
+async def test_at_the_cap_a_new_connection_closes_the_longest_idle_one() -> None:
+    server = Server()
+    (_, oldest), (busy, busy_transport), (_, newer) = (server.connect() for _ in range(3))
+    server.hold = True
+    busy.data_received(GET)  # a request being handled: never closed to make room
+    await asyncio.sleep(0.01)
+    protocol, transport = server.connect()  # the 4th, over the cap of 3
+    assert oldest.closed and not newer.closed and not busy_transport.closed
+    protocol.data_received(GET)
+    server.release.set()
+    await asyncio.sleep(0.05)
+    assert transport.status() == 200
+    assert busy_transport.status() == 200
+
+
+async def test_at_the_cap_with_every_connection_busy_a_new_one_gets_503() -> None:
+    server = Server()
+    server.hold = True
+    busy = [server.connect() for _ in range(3)]
+    for protocol, _ in busy:
         protocol.data_received(GET)
-        server.release.set()
-        await asyncio.sleep(0.05)
-        assert transport.status() == 200
-        assert busy_transport.status() == 200
-
-    run(test)
-
-
-def test_at_the_cap_with_every_connection_busy_a_new_one_gets_503() -> None:
-    async def test() -> None:
-        server = Server()
-        server.hold = True
-        busy = [server.connect() for _ in range(3)]
-        for protocol, _ in busy:
-            protocol.data_received(GET)
-        await asyncio.sleep(0.01)
-        _, refused = server.connect()
-        assert refused.status() == 503
-        assert refused.json()["error"]["code"] == "too_many_connections"
-        assert b"retry-after: 1" in refused.written
-        assert all(not t.closed for _, t in busy)
-        server.release.set()
-        await asyncio.sleep(0.1)
-        assert refused.closed
-        assert all(t.status() == 200 for _, t in busy)
-        _, accepted = server.connect()  # the busy ones are idle again: room is made
-        assert not accepted.closed
-
-    run(test)
+    await asyncio.sleep(0.01)
+    _, refused = server.connect()
+    assert refused.status() == 503
+    assert refused.json()["error"]["code"] == "too_many_connections"
+    assert b"retry-after: 1" in refused.written
+    assert all(not t.closed for _, t in busy)
+    server.release.set()
+    await asyncio.sleep(0.1)
+    assert refused.closed
+    assert all(t.status() == 200 for _, t in busy)
+    _, accepted = server.connect()  # the busy ones are idle again: room is made
+    assert not accepted.closed
 
 
-def test_refusals_are_logged_as_one_summary_line_per_interval(caplog: pytest.LogCaptureFixture) -> None:
-    async def test() -> None:
+async def test_refusals_are_logged_as_one_summary_line_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="fastinfer.connections"):
         server = Server()
         for _ in range(50):
             protocol, _ = server.connect()
             protocol.data_received(b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\n\r\n")
-
-    with caplog.at_level(logging.INFO, logger="fastinfer.connections"):
-        run(test)
     lines = [r for r in caplog.records if r.name == "fastinfer.connections"]
     assert len(lines) == 1  # the first at once; the other 49 wait for the interval
     assert lines[0].levelno == logging.WARNING
     assert "431" in lines[0].getMessage()
 
 
-def test_the_runners_keep_uvicorns_protocol(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_runners_keep_uvicorns_protocol(monkeypatch: pytest.MonkeyPatch) -> None:
     """The runners import the same service module; their only client is the front."""
     from bentoml._internal.context import server_context
 
     monkeypatch.setattr(server_context, "service_type", "service")
-
-    async def test() -> None:
-        server = Server()
-        protocol = FrontProtocol(config=server.config, server_state=server.state, app_state={})
-        assert type(protocol) is HttpToolsProtocol
-
-    run(test)
+    server = Server()
+    protocol = FrontProtocol(config=server.config, server_state=server.state, app_state={})
+    assert type(protocol) is HttpToolsProtocol
 
 
 def test_install_makes_uvicorns_auto_protocol_ours(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -367,27 +270,19 @@ def test_the_cap_fits_the_descriptor_limit(monkeypatch: pytest.MonkeyPatch, capl
 
 
 def test_limits_are_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    values = {
-        "FASTINFER_KEEPALIVE_S": "75",
-        "FASTINFER_HEADER_TIMEOUT_S": "20",
-        "FASTINFER_MAX_HEADER_BYTES": "16384",
-        "FASTINFER_MAX_HEADERS": "50",
-        "FASTINFER_MAX_CONNECTIONS": "200",
-        "FASTINFER_MIN_FREE_DISK_MB": "0",
-    }
-    for name, value in values.items():
-        monkeypatch.setenv(name, value)
-    get_settings.cache_clear()
-    try:
-        settings = get_settings()
-        assert connections.limits_from(settings) == ConnectionLimits(75, 20, 16384, 50, 200)
-        assert settings.min_free_disk_mb == 0
-        monkeypatch.setenv("FASTINFER_MAX_HEADER_BYTES", "0")
-        get_settings.cache_clear()
-        with pytest.raises(ValueError, match="FASTINFER_MAX_HEADER_BYTES must be at least 1"):
-            get_settings()
-    finally:
-        get_settings.cache_clear()
+    settings = settings_with(
+        monkeypatch,
+        FASTINFER_KEEPALIVE_S="75",
+        FASTINFER_HEADER_TIMEOUT_S="20",
+        FASTINFER_MAX_HEADER_BYTES="16384",
+        FASTINFER_MAX_HEADERS="50",
+        FASTINFER_MAX_CONNECTIONS="200",
+        FASTINFER_MIN_FREE_DISK_MB="0",
+    )
+    assert connections.limits_from(settings) == ConnectionLimits(75, 20, 16384, 50, 200)
+    assert settings.min_free_disk_mb == 0
+    with pytest.raises(ValueError, match="FASTINFER_MAX_HEADER_BYTES must be at least 1"):
+        settings_with(monkeypatch, FASTINFER_MAX_HEADER_BYTES="0")
 
 
 def test_defaults_are_sensible() -> None:
@@ -395,10 +290,9 @@ def test_defaults_are_sensible() -> None:
     assert limits == ConnectionLimits(5, 10, 32 * 1024, 100, 1000)
 
 
-def test_closing_idle_connections_is_logged_only_for_silent_ones(caplog: pytest.LogCaptureFixture) -> None:
+async def test_closing_idle_connections_is_logged_only_for_silent_ones(caplog: pytest.LogCaptureFixture) -> None:
     """A keep-alive expiring after a request is ordinary: counted, never logged."""
-
-    async def test() -> None:
+    with caplog.at_level(logging.INFO, logger="fastinfer.connections"):
         server = Server()
         protocol, _ = server.connect()
         protocol.data_received(GET)
@@ -406,148 +300,122 @@ def test_closing_idle_connections_is_logged_only_for_silent_ones(caplog: pytest.
         assert not caplog.records
         server.connect()  # never sends a byte
         await asyncio.sleep(0.35)
-
-    with caplog.at_level(logging.INFO, logger="fastinfer.connections"):
-        run(test)
     (line,) = [r for r in caplog.records if r.name == "fastinfer.connections"]
     assert line.levelno == logging.INFO
     assert "1 connections closed without having sent a byte" in line.getMessage()
 
 
-def test_blank_lines_after_a_body_do_not_cut_short_a_slow_answer() -> None:
+async def test_blank_lines_after_a_body_do_not_cut_short_a_slow_answer() -> None:
     """Some clients send CRLF after a POST body; the answer taking longer than the header timeout is
     still delivered, and only then does the idle connection close."""
-
-    async def test() -> None:
-        server = Server()
-        server.hold = True
-        protocol, transport = server.connect()
-        protocol.data_received(b"POST /classify HTTP/1.1\r\nContent-Length: 2\r\n\r\nab\r\n")
-        await asyncio.sleep(0.5)  # past the header timeout
-        assert transport.written == b"" and not transport.closed
-        server.release.set()
-        await asyncio.sleep(0.05)
-        assert transport.status() == 200
-        await asyncio.sleep(0.3)
-        assert transport.closed
-
-    run(test)
+    server = Server()
+    server.hold = True
+    protocol, transport = server.connect()
+    protocol.data_received(b"POST /classify HTTP/1.1\r\nContent-Length: 2\r\n\r\nab\r\n")
+    await asyncio.sleep(0.5)  # past the header timeout
+    assert transport.written == b"" and not transport.closed
+    server.release.set()
+    await asyncio.sleep(0.05)
+    assert transport.status() == 200
+    await asyncio.sleep(0.3)
+    assert transport.closed
 
 
-def test_a_refused_request_is_answered_late_so_a_looping_client_is_slowed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Four clients looping on 640 KB headers sent ~900 each per second when answered at once."""
+async def test_a_refused_request_is_answered_late_so_a_looping_client_is_slowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client looping on oversized headers, answered at once, sends hundreds of requests a second."""
     monkeypatch.setattr(connections, "REFUSAL_DELAY_S", 0.2)
     monkeypatch.setattr(connections, "LINGER_S", 0.2)
-
-    async def test() -> None:
-        protocol, transport = Server().connect()
-        protocol.data_received(b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\n\r\n")
-        assert transport.written == b"" and not transport.reading  # held, unread
-        await asyncio.sleep(0.3)
-        assert transport.status() == 431 and transport.eof and not transport.closed
-        await asyncio.sleep(0.2)
-        assert transport.closed
-
-    run(test)
+    protocol, transport = Server().connect()
+    protocol.data_received(b"GET /" + b"a" * 5000 + b" HTTP/1.1\r\n\r\n")
+    assert transport.written == b"" and not transport.reading  # held, unread
+    await asyncio.sleep(0.3)
+    assert transport.status() == 431 and transport.eof and not transport.closed
+    await asyncio.sleep(0.2)
+    assert transport.closed
 
 
-def test_a_client_that_reads_nothing_is_cut_off_after_the_send_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Busy connections are never closed to make room: 50 sockets that pipelined requests and never
-    read their answers held the whole cap, and the probes got 503 for as long as they liked."""
+async def test_a_client_that_reads_nothing_is_cut_off_after_the_send_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Busy connections are never closed to make room: sockets that pipeline requests and never read their
+    answers would hold the whole cap."""
     monkeypatch.setattr(connections, "SEND_TIMEOUT_S", 0.1)
-
-    async def test() -> None:
-        server = Server()
-        stuck, stuck_transport = server.connect()
-        slow, slow_transport = server.connect()
-        for protocol in (stuck, slow):
-            protocol.data_received(GET)
-            protocol.pause_writing()  # the client's window is full
-        await asyncio.sleep(0.05)
-        slow.resume_writing()  # this one reads, late but within the limit
-        await asyncio.sleep(0.15)
-        assert stuck_transport.closed and not slow_transport.closed
-
-    run(test)
+    server = Server()
+    stuck, stuck_transport = server.connect()
+    slow, slow_transport = server.connect()
+    for protocol in (stuck, slow):
+        protocol.data_received(GET)
+        protocol.pause_writing()  # the client's window is full
+    await asyncio.sleep(0.05)
+    slow.resume_writing()  # this one reads, late but within the limit
+    await asyncio.sleep(0.15)
+    assert stuck_transport.closed and not slow_transport.closed
 
 
-def test_more_than_a_few_pipelined_requests_close_the_connection() -> None:
-    async def test() -> None:
-        server = Server()
-        server.hold = True
-        few, few_transport = server.connect()
-        few.data_received(GET * 3)
-        flood, flood_transport = server.connect()
-        flood.data_received(GET * (connections.MAX_PIPELINED + 2))
-        await asyncio.sleep(0.01)
-        assert flood_transport.closed and not few_transport.closed
-        server.release.set()
-        await asyncio.sleep(0.1)
-        assert few_transport.written.count(b"HTTP/1.1 200") == 3
-
-    run(test)
+async def test_more_than_a_few_pipelined_requests_close_the_connection() -> None:
+    server = Server()
+    server.hold = True
+    few, few_transport = server.connect()
+    few.data_received(GET * 3)
+    flood, flood_transport = server.connect()
+    flood.data_received(GET * (connections.MAX_PIPELINED + 2))
+    await asyncio.sleep(0.01)
+    assert flood_transport.closed and not few_transport.closed
+    server.release.set()
+    await asyncio.sleep(0.1)
+    assert few_transport.written.count(b"HTTP/1.1 200") == 3
 
 
 CHUNKED_POST = b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n"
 
 
-def test_a_transfer_coding_not_ending_in_chunked_gets_400_not_a_silent_close() -> None:
+async def test_a_transfer_coding_not_ending_in_chunked_gets_400_not_a_silent_close() -> None:
     """RFC 9112 6.3: no readable length, 400 and close. llhttp refuses it only after the headers are
-    complete, when the request has reached the app: before, the connection was closed with no answer."""
-
-    async def test() -> None:
-        server = Server()
-        protocol, transport = server.connect()
-        protocol.data_received(b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nabc")
-        await asyncio.sleep(0.1)
-        assert transport.status() == 400, transport.written
-        assert transport.json()["error"]["code"] == "bad_request"
-        assert "Transfer-Encoding" in transport.json()["error"]["message"]
-        assert transport.written.count(b"HTTP/1.1 ") == 1  # the app's own answer is dropped
-        assert transport.closed
-
-    run(test)
+    complete, when the request has reached the app."""
+    server = Server()
+    protocol, transport = server.connect()
+    protocol.data_received(b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nabc")
+    await asyncio.sleep(0.1)
+    assert transport.status() == 400, transport.written
+    assert transport.json()["error"]["code"] == "bad_request"
+    assert "Transfer-Encoding" in transport.json()["error"]["message"]
+    assert transport.written.count(b"HTTP/1.1 ") == 1  # the app's own answer is dropped
+    assert transport.closed
 
 
-def test_trailer_fields_are_bounded_and_never_reach_the_apps_headers() -> None:
-    async def test() -> None:
-        server = Server()
-        protocol, transport = server.connect()
-        protocol.data_received(CHUNKED_POST + b"X-Trailer: sneaked\r\n\r\n")
-        await asyncio.sleep(0.05)
-        assert transport.status() == 200
-        ((headers, body),) = server.seen
-        assert body == b"abc" and b"x-trailer" not in dict(headers)  # RFC 9110 6.5.1: not merged
+async def test_trailer_fields_are_bounded_and_never_reach_the_apps_headers() -> None:
+    server = Server()
+    protocol, transport = server.connect()
+    protocol.data_received(CHUNKED_POST + b"X-Trailer: sneaked\r\n\r\n")
+    await asyncio.sleep(0.05)
+    assert transport.status() == 200
+    ((headers, body),) = server.seen
+    assert body == b"abc" and b"x-trailer" not in dict(headers)  # RFC 9110 6.5.1: not merged
 
-        many = b"".join(b"X-T-%d: v\r\n" % i for i in range(FAST.max_headers + 1))
-        protocol, transport = server.connect()
-        protocol.data_received(CHUNKED_POST + many + b"\r\n")
-        await asyncio.sleep(0.1)
-        assert transport.status() == 400, transport.written  # before: closed, no answer
-        assert transport.json()["error"]["code"] == "bad_request"
-        assert "trailer fields" in transport.json()["error"]["message"]
-        assert transport.written.count(b"HTTP/1.1 ") == 1
+    many = b"".join(b"X-T-%d: v\r\n" % i for i in range(FAST.max_headers + 1))
+    protocol, transport = server.connect()
+    protocol.data_received(CHUNKED_POST + many + b"\r\n")
+    await asyncio.sleep(0.1)
+    assert transport.status() == 400, transport.written  # answered, not closed silently
+    assert transport.json()["error"]["code"] == "bad_request"
+    assert "trailer fields" in transport.json()["error"]["message"]
+    assert transport.written.count(b"HTTP/1.1 ") == 1
 
-        big = b"X-Big: " + b"a" * FAST.max_header_bytes + b"\r\n"
-        protocol, transport = server.connect()
-        protocol.data_received(CHUNKED_POST + big + b"\r\n")
-        await asyncio.sleep(0.1)
-        assert transport.status() == 400
-
-    run(test)
+    big = b"X-Big: " + b"a" * FAST.max_header_bytes + b"\r\n"
+    protocol, transport = server.connect()
+    protocol.data_received(CHUNKED_POST + big + b"\r\n")
+    await asyncio.sleep(0.1)
+    assert transport.status() == 400
 
 
-def test_a_refusal_after_the_app_began_answering_closes_without_a_second_answer() -> None:
-    async def test() -> None:
-        server = Server()
-        protocol, transport = server.connect()
-        protocol.data_received(b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
-        await asyncio.sleep(0.05)
-        assert server.app_calls == 1 and not transport.written  # the app waits for the rest of the body
-        assert protocol.cycle is not None
-        protocol.cycle.response_started = True  # as if the app had begun its answer
-        protocol.data_received(b"0\r\n" + b"".join(b"X-T-%d: v\r\n" % i for i in range(FAST.max_headers + 1)) + b"\r\n")
-        await asyncio.sleep(0.05)
-        assert transport.closed and b"HTTP/1.1 400" not in transport.written
-
-    run(test)
+async def test_a_refusal_after_the_app_began_answering_closes_without_a_second_answer() -> None:
+    server = Server()
+    protocol, transport = server.connect()
+    protocol.data_received(b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+    await asyncio.sleep(0.05)
+    assert server.app_calls == 1 and not transport.written  # the app waits for the rest of the body
+    assert protocol.cycle is not None
+    protocol.cycle.response_started = True  # as if the app had begun its answer
+    protocol.data_received(b"0\r\n" + b"".join(b"X-T-%d: v\r\n" % i for i in range(FAST.max_headers + 1)) + b"\r\n")
+    await asyncio.sleep(0.05)
+    assert transport.closed and b"HTTP/1.1 400" not in transport.written

@@ -11,33 +11,21 @@ from fastinfer.common import hardware
 ALL = ["CoreMLExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
 
 
-def test_linux_without_gpu_uses_cpu(monkeypatch) -> None:
-    monkeypatch.setattr(hardware, "is_macos", lambda: False)
-    monkeypatch.setattr(hardware, "_cuda_device_present", lambda: False)
-    assert hardware.onnx_providers(ALL) == ["CPUExecutionProvider"]
-
-
-def test_linux_with_a_gpu_prefers_cuda(monkeypatch) -> None:
-    monkeypatch.setattr(hardware, "is_macos", lambda: False)
-    monkeypatch.setattr(hardware, "_cuda_device_present", lambda: True)
-    assert hardware.onnx_providers(ALL) == ["CUDAExecutionProvider", "CPUExecutionProvider"]
-
-
-def test_macos_prefers_coreml(monkeypatch) -> None:
-    monkeypatch.setattr(hardware, "is_macos", lambda: True)
-    monkeypatch.setattr(hardware, "_cuda_device_present", lambda: False)
-    assert hardware.onnx_providers(ALL) == ["CoreMLExecutionProvider", "CPUExecutionProvider"]
-
-
-def test_cpu_only_ignores_accelerators(monkeypatch) -> None:
-    monkeypatch.setattr(hardware, "is_macos", lambda: True)
-    assert hardware.onnx_providers(ALL, cpu_only=True) == ["CPUExecutionProvider"]
-
-
-def test_a_provider_missing_from_the_wheel_is_not_requested(monkeypatch) -> None:
-    monkeypatch.setattr(hardware, "is_macos", lambda: True)
-    monkeypatch.setattr(hardware, "_cuda_device_present", lambda: True)
-    assert hardware.onnx_providers(["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
+@pytest.mark.parametrize(
+    ("macos", "cuda", "available", "cpu_only", "chosen"),
+    [
+        (False, False, ALL, False, ["CPUExecutionProvider"]),  # Linux without a GPU
+        (False, True, ALL, False, ["CUDAExecutionProvider", "CPUExecutionProvider"]),  # Linux with one: CUDA
+        (True, False, ALL, False, ["CoreMLExecutionProvider", "CPUExecutionProvider"]),  # macOS: CoreML
+        (True, True, ALL, True, ["CPUExecutionProvider"]),  # cpu_only ignores the accelerators
+        (True, True, ["CPUExecutionProvider"], False, ["CPUExecutionProvider"]),  # one missing from the wheel
+    ],
+    ids=["linux", "linux with a gpu", "macos", "cpu only", "not in the wheel"],
+)
+def test_the_execution_providers_chosen(monkeypatch, macos, cuda, available, cpu_only, chosen) -> None:
+    monkeypatch.setattr(hardware, "is_macos", lambda: macos)
+    monkeypatch.setattr(hardware, "_cuda_device_present", lambda: cuda)
+    assert hardware.onnx_providers(available, cpu_only=cpu_only) == chosen
 
 
 def test_threads_split_the_cores_between_workers(monkeypatch) -> None:
@@ -89,13 +77,6 @@ def test_a_v2_quota_caps_the_cores_rounded_up(tmp_path, cpu_max: str, cores: int
     assert (budget.count, budget.affinity) == (cores, 64)
     assert budget.quota == int(cpu_max.split()[0]) / 100000
     assert budget.source == f"cgroup v2 cpu.max {cpu_max.split()[0]}/100000 → {cores} (CPU affinity 64)"
-
-
-def test_v2_max_is_no_limit(tmp_path) -> None:
-    root = machine(tmp_path, "0::/\n", {"cpu.max": "max 100000\n"})
-    assert hardware.probe_cpu_budget(root, affinity=64) == hardware.CpuBudget(
-        64, 64, None, "CPU affinity (64), no cgroup CPU limit"
-    )
 
 
 def test_the_tightest_limit_on_the_way_up_binds(tmp_path) -> None:
@@ -150,7 +131,7 @@ def test_v2_elsewhere_is_found_through_mountinfo(tmp_path) -> None:
 
 
 def test_a_host_hierarchy_mounted_elsewhere_is_not_taken_for_ours(tmp_path) -> None:
-    """A monitoring container with the host's cgroups at /host/sys/fs/cgroup, listed first (review finding)."""
+    """A monitoring container with the host's cgroups at /host/sys/fs/cgroup, listed first."""
     mountinfo = (
         "40 23 0:26 / /host/sys/fs/cgroup ro,relatime - cgroup2 cgroup2 rw\n"
         "41 23 0:27 / /sys/fs/cgroup ro,relatime - cgroup2 cgroup2 rw\n"
@@ -181,13 +162,6 @@ def test_a_v1_quota_caps_the_cores(tmp_path) -> None:
     assert budget.source.startswith("cgroup v1 cpu.cfs_quota_us/cpu.cfs_period_us 250000/100000 in /kubepods/pod1 → 3")
 
 
-def test_v1_minus_one_is_no_limit(tmp_path) -> None:
-    files = {"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}
-    root = machine(tmp_path, "4:cpu,cpuacct:/\n", files, V1_MOUNTINFO)
-    budget = hardware.probe_cpu_budget(root, affinity=16)
-    assert (budget.count, budget.quota) == (16, None) and "no cgroup CPU limit" in budget.source
-
-
 def test_v1_without_mountinfo_falls_back_to_the_usual_folders(tmp_path) -> None:
     files = {"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}
     root = machine(tmp_path, "3:cpu:/\n", files, mountinfo=None)
@@ -201,13 +175,22 @@ def test_a_smaller_affinity_wins_over_the_quota(tmp_path) -> None:
     assert budget.source == "CPU affinity (2); cgroup v2 cpu.max 400000/100000 allows 4"
 
 
+V1_NO_QUOTA = {"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}
+GARBLED = ["", "400000", "abc 100000", "400000 abc", "400000 0", "0 100000", "-5 100000", "400000 100000 7", "max"]
+
+
 @pytest.mark.parametrize(
-    "cpu_max",
-    ["", "400000", "abc 100000", "400000 abc", "400000 0", "0 100000", "-5 100000", "400000 100000 7", "max"],
+    ("cgroup", "files", "mountinfo"),
+    [
+        ("0::/\n", {"cpu.max": "max 100000\n"}, V2_MOUNTINFO),  # v2's "max"
+        ("4:cpu,cpuacct:/\n", V1_NO_QUOTA, V1_MOUNTINFO),  # v1's -1
+        *(("0::/\n", {"cpu.max": garbled}, V2_MOUNTINFO) for garbled in GARBLED),
+    ],
+    ids=["v2 max", "v1 -1", *(f"garbled {g!r}" for g in GARBLED)],
 )
-def test_a_garbled_cpu_max_is_no_limit(tmp_path, cpu_max: str) -> None:
-    root = machine(tmp_path, "0::/\n", {"cpu.max": cpu_max})
-    assert hardware.probe_cpu_budget(root, affinity=8).count == 8
+def test_no_quota_or_a_garbled_one_is_no_limit(tmp_path, cgroup: str, files: dict[str, str], mountinfo: str) -> None:
+    budget = hardware.probe_cpu_budget(machine(tmp_path, cgroup, files, mountinfo), affinity=16)
+    assert budget == hardware.CpuBudget(16, 16, None, "CPU affinity (16), no cgroup CPU limit")
 
 
 def test_garbled_or_missing_files_are_no_limit_never_an_error(tmp_path) -> None:

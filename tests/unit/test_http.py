@@ -17,6 +17,7 @@ from fastinfer.front.http import FrontMiddleware
 from fastinfer.serving.cpu import CpuPool
 from tests.asgi import araw, request
 
+pytestmark = pytest.mark.anyio
 TIMEOUT_S = 0.2
 
 
@@ -71,16 +72,11 @@ class BlockingWork:
         await send({"type": "http.response.body", "body": b"late"})
 
 
-def test_a_stuck_handler_gets_our_504_on_time_and_its_late_answer_is_dropped() -> None:
+async def test_a_stuck_handler_gets_our_504_on_time_and_its_late_answer_is_dropped() -> None:
     pool = CpuPool(1)
     app = BlockingWork(pool)
-
-    async def main() -> tuple[list[dict[str, Any]], float]:
-        sent, seconds = await call(app, scope())
-        await asyncio.sleep(1.3)  # the abandoned work ends meanwhile and tries to answer
-        return sent, seconds
-
-    sent, seconds = asyncio.run(main())
+    sent, seconds = await call(app, scope())
+    await asyncio.sleep(1.3)  # the abandoned work ends meanwhile and tries to answer
     status, body = answer(sent)
     assert status == 504 and body["error"]["code"] == "timeout", body
     assert seconds < TIMEOUT_S + 0.5  # not after the 1 s of work: nothing waits for it
@@ -89,34 +85,27 @@ def test_a_stuck_handler_gets_our_504_on_time_and_its_late_answer_is_dropped() -
     pool.close()
 
 
-def test_timed_out_work_never_runs_more_threads_than_the_pool() -> None:
-    """anyio's to_thread released its limiter on cancel: 3 waves of 5 timeouts ran 6 decodes at once
-    on a limit of 2. The pool keeps a started job's thread and drops jobs that never started."""
+async def test_timed_out_work_never_runs_more_threads_than_the_pool() -> None:
+    """The pool keeps a started job's thread and drops jobs that never started (anyio's to_thread released
+    its limiter on cancel: 6 decodes at once on a limit of 2)."""
     pool = CpuPool(2)
     app = BlockingWork(pool)
-
-    async def main() -> list[int]:
-        statuses = []
-        for _ in range(3):
-            waves = await asyncio.gather(*(call(app, scope()) for _ in range(5)))
-            statuses += [answer(sent)[0] for sent, _ in waves]
-        return statuses
-
-    statuses = asyncio.run(main())
+    statuses = []
+    for _ in range(3):
+        waves = await asyncio.gather(*(call(app, scope()) for _ in range(5)))
+        statuses += [answer(sent)[0] for sent, _ in waves]
     assert statuses == [504] * 15
     assert app.peak <= 2, app.peak
     pool.close()
 
 
-def test_a_client_too_slow_to_send_its_body_gets_a_408() -> None:
-    app = ok_app
-
+async def test_a_client_too_slow_to_send_its_body_gets_a_408() -> None:
     async def trickle() -> dict[str, Any]:
         await asyncio.sleep(0.15)
         return {"type": "http.request", "body": b"x", "more_body": True}
 
     for length in (None, 5_000):  # chunked and sized: each byte in time, the whole too late
-        sent, seconds = asyncio.run(call(app, scope(body_length=length), trickle))
+        sent, seconds = await call(ok_app, scope(body_length=length), trickle)
         status, body = answer(sent)
         assert status == 408 and body["error"]["code"] == "request_timeout", (length, body)
         assert seconds < TIMEOUT_S + 0.5
@@ -134,9 +123,9 @@ async def ok_app(scope, receive, send) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-def test_a_stalled_body_gets_408_after_the_idle_limit_not_the_deadline() -> None:
+async def test_a_stalled_body_gets_408_after_the_idle_limit_not_the_deadline() -> None:
     middleware = middleware_for(ok_app, timeout_s=30, body_idle_s=0.2)
-    sent, seconds = asyncio.run(call(ok_app, scope(body_length=5_000), never_arrives, middleware))
+    sent, seconds = await call(ok_app, scope(body_length=5_000), never_arrives, middleware)
     status, body = answer(sent)
     assert status == 408 and body["error"]["code"] == "request_timeout"
     assert seconds < 2
@@ -144,58 +133,35 @@ def test_a_stalled_body_gets_408_after_the_idle_limit_not_the_deadline() -> None
     assert (b"connection", b"close") in sent[0]["headers"]
 
 
-def test_stalled_uploads_take_no_handling_slot() -> None:
-    """64 sockets sending headers and nothing more once made every other request a 429 for 30 s."""
+async def test_stalled_uploads_take_no_handling_slot() -> None:
+    """Sockets that send headers and nothing more must not make every other request a 429."""
     middleware = middleware_for(ok_app, max_concurrency=2, timeout_s=5, body_idle_s=5)
-
-    async def main() -> tuple[list[dict[str, Any]], int]:
-        stalled = [asyncio.ensure_future(call(ok_app, scope(body_length=5_000), never_arrives, middleware))]
-        stalled += [asyncio.ensure_future(call(ok_app, scope(body_length=5_000), never_arrives, middleware))]
-        await asyncio.sleep(0.05)
-        uploading = middleware.uploading
-        sent, _ = await call(ok_app, scope(), None, middleware)
-        for task in stalled:
-            task.cancel()
-        return sent, uploading
-
-    sent, uploading = asyncio.run(main())
+    stalled = [asyncio.ensure_future(call(ok_app, scope(body_length=5_000), never_arrives, middleware))]
+    stalled += [asyncio.ensure_future(call(ok_app, scope(body_length=5_000), never_arrives, middleware))]
+    await asyncio.sleep(0.05)
+    uploading = middleware.uploading
+    sent, _ = await call(ok_app, scope(), None, middleware)
+    for task in stalled:
+        task.cancel()
     assert uploading == 2
     assert sent[0]["status"] == 200, sent
 
 
-def test_uploads_beyond_their_limit_are_refused_at_once() -> None:
+@pytest.mark.parametrize("length", [None, 5_000], ids=["chunked", "known length"])
+async def test_uploads_beyond_their_limit_are_refused_at_once(length: int | None) -> None:
+    """429 at once. An unknown length is cut off (connection: close); a known length within the limit is
+    left to drain, as closing while the client still sends made it see a reset, not its 429."""
     middleware = middleware_for(ok_app, max_uploads=1, body_idle_s=5, timeout_s=5)
-
-    async def main() -> list[dict[str, Any]]:
-        first = asyncio.ensure_future(call(ok_app, scope(body_length=5_000), never_arrives, middleware))
-        await asyncio.sleep(0.05)
-        sent, _ = await call(ok_app, scope(body_length=None), never_arrives, middleware)  # chunked
-        first.cancel()
-        return sent
-
-    sent = asyncio.run(main())
+    first = asyncio.ensure_future(call(ok_app, scope(body_length=5_000), never_arrives, middleware))
+    await asyncio.sleep(0.05)
+    sent, _ = await call(ok_app, scope(body_length=length), never_arrives, middleware)
+    first.cancel()
     status, body = answer(sent)
     assert status == 429 and body["error"]["code"] == "overloaded"
-    assert (b"connection", b"close") in sent[0]["headers"]  # an unknown length is cut off
+    assert ((b"connection", b"close") in sent[0]["headers"]) is (length is None)
 
 
-def test_a_429_to_a_body_of_known_length_keeps_the_connection() -> None:
-    """Closing it while the client still sends made the client see a reset, not its 429 (httpx
-    ReadError in the overload test); a known length within the limit is bounded to drain."""
-    middleware = middleware_for(ok_app, max_uploads=1, body_idle_s=5, timeout_s=5)
-
-    async def main() -> list[dict[str, Any]]:
-        first = asyncio.ensure_future(call(ok_app, scope(body_length=5_000), never_arrives, middleware))
-        await asyncio.sleep(0.05)
-        sent, _ = await call(ok_app, scope(body_length=5_000), never_arrives, middleware)
-        first.cancel()
-        return sent
-
-    sent = asyncio.run(main())
-    assert answer(sent)[0] == 429 and (b"connection", b"close") not in sent[0]["headers"]
-
-
-def test_a_client_leaving_mid_upload_reaches_no_handler() -> None:
+async def test_a_client_leaving_mid_upload_reaches_no_handler() -> None:
     called = []
 
     async def app(scope, receive, send) -> None:
@@ -206,7 +172,7 @@ def test_a_client_leaving_mid_upload_reaches_no_handler() -> None:
     async def receive() -> dict[str, Any]:
         return next(messages)
 
-    sent, _ = asyncio.run(call(app, scope(body_length=5_000), receive))
+    sent, _ = await call(app, scope(body_length=5_000), receive)
     assert called == []
     # A response is started all the same (uvicorn drops it: the connection is gone), so that BentoML's
     # timeout middleware, which waits for one, lets go at once: it held the request 35 s, and a
@@ -238,38 +204,33 @@ def chunks_then_stall(total: int, chunk: int = 64 * 1024):
     return receive
 
 
-def test_pending_uploads_beyond_the_memory_budget_wait_on_disk() -> None:
-    """Holding every arriving body in memory made 24 pending 19 MB uploads cost the front 1.4 GB:
-    bodies are held in memory only within MEMORY_FOR_BODIES (here 8 MB), the rest go to disk."""
+async def test_pending_uploads_beyond_the_memory_budget_wait_on_disk() -> None:
+    """Bodies are held in memory only within MEMORY_FOR_BODIES (here 8 MB), the rest go to disk: holding
+    every pending upload in memory cost the front 1.4 GB."""
     import tracemalloc
 
     middleware = middleware_for(ok_app, max_bytes=50_000_000, timeout_s=30, body_idle_s=30)
     middleware.memory.limit = 8 * 2**20
-
-    async def main() -> int:
-        tracemalloc.start()
-        before = tracemalloc.get_traced_memory()[0]
-        uploads = [
-            asyncio.ensure_future(call(ok_app, scope(body_length=20_000_000), chunks_then_stall(4_000_000), middleware))
-            for _ in range(10)
-        ]
-        while middleware.uploading < 10:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.2)  # every upload has delivered its 4 MB
-        held = tracemalloc.get_traced_memory()[0] - before
-        assert middleware.memory.used <= middleware.memory.limit
-        tracemalloc.stop()
-        for upload in uploads:
-            upload.cancel()
-        await asyncio.gather(*uploads, return_exceptions=True)
-        assert middleware.memory.used == 0  # every body released its share
-        return held
-
-    held = asyncio.run(main())
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    uploads = [
+        asyncio.ensure_future(call(ok_app, scope(body_length=20_000_000), chunks_then_stall(4_000_000), middleware))
+        for _ in range(10)
+    ]
+    while middleware.uploading < 10:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)  # every upload has delivered its 4 MB
+    held = tracemalloc.get_traced_memory()[0] - before
+    assert middleware.memory.used <= middleware.memory.limit
+    tracemalloc.stop()
+    for upload in uploads:
+        upload.cancel()
+    await asyncio.gather(*uploads, return_exceptions=True)
+    assert middleware.memory.used == 0  # every body released its share
     assert held < 8 * 2**20 + 4 * 2**20, f"{held / 2**20:.0f} MB held for 10 pending uploads of 4 MB"
 
 
-def test_a_body_within_the_budget_never_touches_the_disk(monkeypatch) -> None:
+async def test_a_body_within_the_budget_never_touches_the_disk(monkeypatch) -> None:
     """BentoML's typed Path input wrote every upload to a temporary file; ours stay in memory."""
     import fastinfer.front.http as http
 
@@ -302,14 +263,14 @@ def test_a_body_within_the_budget_never_touches_the_disk(monkeypatch) -> None:
     async def receive() -> dict[str, Any]:
         return next(messages)
 
-    sent, _ = asyncio.run(call(ok_app, scope(body_length=len(payload)), receive, middleware))
+    sent, _ = await call(ok_app, scope(body_length=len(payload)), receive, middleware)
     assert answer(sent)[0] == 200
     assert seen == [payload]
     assert middleware.memory.used == 0
 
 
 @pytest.mark.parametrize("budget", [64 * 2**20, 1_000_000], ids=["in memory", "moved to disk midway"])
-def test_a_multi_chunk_body_reaches_the_handler_whole(budget: int) -> None:
+async def test_a_multi_chunk_body_reaches_the_handler_whole(budget: int) -> None:
     received = bytearray()
 
     async def app(scope, receive, send) -> None:
@@ -330,13 +291,13 @@ def test_a_multi_chunk_body_reaches_the_handler_whole(budget: int) -> None:
 
     middleware = middleware_for(app, max_bytes=10_000_000)
     middleware.memory.limit = budget
-    sent, _ = asyncio.run(call(app, scope(body_length=len(payload)), receive, middleware))
+    sent, _ = await call(app, scope(body_length=len(payload)), receive, middleware)
     assert sent[0]["status"] == 200 and bytes(received) == payload
     assert middleware.memory.used == 0
 
 
-def test_a_body_where_none_is_taken_is_refused_before_a_byte_is_read() -> None:
-    """uvicorn reads and discards a body nobody reads, without limit: 50 GB in 20 s into POST /livez."""
+async def test_a_body_where_none_is_taken_is_refused_before_a_byte_is_read() -> None:
+    """uvicorn would read and discard, without limit, a body nobody reads."""
     called = []
 
     async def app(scope, receive, send) -> None:
@@ -344,56 +305,55 @@ def test_a_body_where_none_is_taken_is_refused_before_a_byte_is_read() -> None:
 
     for method, path in [("POST", "/livez"), ("POST", "/metrics"), ("GET", "/cache/stats"), ("DELETE", "/classify")]:
         request = {**scope(method=method, body_length=10**12), "path": path}
-        sent, _ = asyncio.run(call(app, request, never_arrives))
+        sent, _ = await call(app, request, never_arrives)
         status, body = answer(sent)
         assert status == 413 and body["error"]["code"] == "payload_too_large", (method, path, body)
         assert (b"connection", b"close") in sent[0]["headers"]
     assert called == []
 
 
-def test_content_length_with_chunked_framing_is_refused() -> None:
+async def test_content_length_with_chunked_framing_is_refused() -> None:
     request = scope(body_length=10)
     request["headers"].append((b"transfer-encoding", b"chunked"))
-    status, body = answer(asyncio.run(call(ok_app, request, never_arrives))[0])
+    status, body = answer((await call(ok_app, request, never_arrives))[0])
     assert status == 400 and body["error"]["code"] == "bad_request"
 
 
-def test_a_failure_before_answering_is_our_503_at_once() -> None:
-    """No space left to spool a body once escaped the middleware: BentoML's outer timeout then sent a
-    plain-text 500, 25 s later."""
+async def test_a_failure_before_answering_is_our_503_at_once() -> None:
+    """No space left to spool a body: our 503 at once, not BentoML's plain-text 500 after its outer timeout."""
 
     async def disk_full() -> dict[str, Any]:
         raise OSError(28, "No space left on device")
 
-    sent, seconds = asyncio.run(call(ok_app, scope(body_length=5_000), disk_full))
+    sent, seconds = await call(ok_app, scope(body_length=5_000), disk_full)
     status, body = answer(sent)
     assert status == 503 and body["error"]["code"] == "unavailable"
     assert seconds < 1
 
 
-def test_probe_routes_answer_errors_in_our_shape() -> None:
+async def test_probe_routes_answer_errors_in_our_shape() -> None:
     async def app(scope, receive, send) -> None:
         await send({"type": "http.response.start", "status": 405, "headers": [(b"content-type", b"text/plain")]})
         await send({"type": "http.response.body", "body": b"Method Not Allowed"})
 
     request = {**scope(method="POST", body_length=0), "path": "/livez"}
-    status, body = answer(asyncio.run(call(app, request))[0])
+    status, body = answer((await call(app, request))[0])
     assert status == 405 and body["error"]["code"] == "method_not_allowed"
 
 
-def test_an_unknown_transfer_coding_gets_501_before_a_byte_is_read() -> None:
-    """RFC 9112 6.1: gzip before chunked is a coding this server does not implement (501). Before, the
-    body was read as if the coding were not there, and a gzipped photo was "not an image" (400)."""
+async def test_an_unknown_transfer_coding_gets_501_before_a_byte_is_read() -> None:
+    """RFC 9112 6.1: gzip before chunked is a coding this server does not implement (501), not a body read
+    as if the coding were not there."""
     for codings in [[b"gzip, chunked"], [b"gzip", b"chunked"], [b"chunked, chunked"]]:
         request = scope(body_length=None)
         request["headers"] += [(b"transfer-encoding", coding) for coding in codings]
-        sent, _ = asyncio.run(call(ok_app, request, never_arrives))
+        sent, _ = await call(ok_app, request, never_arrives)
         status, body = answer(sent)
         assert status == 501 and body["error"]["code"] == "not_implemented", (codings, body)
         assert (b"connection", b"close") in sent[0]["headers"]
     plain = scope(body_length=None)
     plain["headers"].append((b"transfer-encoding", b"Chunked"))
-    assert asyncio.run(call(ok_app, plain))[0][0]["status"] == 200  # the one coding taken, in any case
+    assert (await call(ok_app, plain))[0][0]["status"] == 200  # the one coding taken, in any case
 
 
 READYZ = {"type": "http", "path": "/readyz", "method": "GET", "headers": []}
@@ -420,13 +380,12 @@ async def refused() -> bool:
     raise ConnectionRefusedError
 
 
-def test_readyz_answers_503_within_its_bound_naming_what_did_not_answer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Before: BentoML's probe waited for a wedged runner until its outer timeout (35 s), then answered a
-    plain-text 500; each probe meanwhile held a connection that could not be evicted."""
+async def test_readyz_answers_503_within_its_bound_naming_what_did_not_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wedged runner must not hold the probe (and its connection) until BentoML's outer timeout."""
     monkeypatch.setattr(http, "READY_TIMEOUT_S", 0.3)
     checks = readiness(runner_a=ready, runner_wedged=wedged, runner_b=not_ready, runner_c=refused)
     middleware = middleware_for(ok_app, readiness=checks)
-    sent, seconds = asyncio.run(asyncio.wait_for(call(ok_app, READYZ, middleware=middleware), 5))
+    sent, seconds = await asyncio.wait_for(call(ok_app, READYZ, middleware=middleware), 5)
     status, body = answer(sent)
     assert status == 503 and body["error"]["code"] == "not_ready", body
     message = body["error"]["message"]
@@ -435,11 +394,11 @@ def test_readyz_answers_503_within_its_bound_naming_what_did_not_answer(monkeypa
     assert "runner-a" not in message
     assert seconds < 1
     everyone_ready = middleware_for(ok_app, readiness=readiness(runner_a=ready, runner_b=ready))
-    sent, _ = asyncio.run(call(ok_app, READYZ, middleware=everyone_ready))
+    sent, _ = await call(ok_app, READYZ, middleware=everyone_ready)
     assert sent[0]["status"] == 200
 
 
-def test_probes_at_once_share_one_check(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_probes_at_once_share_one_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """A flood of probes (an open path) asks each runner once at a time, not once per probe."""
     monkeypatch.setattr(http, "READY_TIMEOUT_S", 0.2)
     asked = []
@@ -455,14 +414,14 @@ def test_probes_at_once_share_one_check(monkeypatch: pytest.MonkeyPatch) -> None
             sent for sent, _ in await asyncio.gather(*(call(ok_app, READYZ, middleware=middleware) for _ in range(20)))
         ]
 
-    answers = asyncio.run(asyncio.wait_for(probes(), 5))
+    answers = await asyncio.wait_for(probes(), 5)
     assert [sent[0]["status"] for sent in answers] == [503] * 20
     assert len(asked) == 1
-    asyncio.run(asyncio.wait_for(probes(), 5))  # a later probe checks again
+    await asyncio.wait_for(probes(), 5)  # a later probe checks again
     assert len(asked) == 2
 
 
-def test_without_named_checks_the_apps_own_probe_is_bounded_too(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_without_named_checks_the_apps_own_probe_is_bounded_too(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(http, "READY_TIMEOUT_S", 0.2, raising=False)
 
     async def hanging_probe(scope, receive, send) -> None:
@@ -472,7 +431,7 @@ def test_without_named_checks_the_apps_own_probe_is_bounded_too(monkeypatch: pyt
         raise TimeoutError  # BentoML's probe raised aiohttp's timeout, and nobody answered
 
     for app in (hanging_probe, failing_probe):
-        sent, seconds = asyncio.run(asyncio.wait_for(call(app, READYZ), 5))
+        sent, seconds = await asyncio.wait_for(call(app, READYZ), 5)
         status, body = answer(sent)
         assert status == 503 and body["error"]["code"] == "not_ready", body
         assert seconds < 1

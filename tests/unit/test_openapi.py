@@ -16,10 +16,11 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from fastinfer.catalog.choice import default_choice
-from fastinfer.catalog.config import BACKENDS, get_settings
+from fastinfer.catalog.config import BACKENDS
 from fastinfer.common.schemas import ErrorResponse
 from fastinfer.front import openapi
 from fastinfer.front.image_routes import ROUTES
+from tests.settings import settings_with
 
 IMAGE_ROUTES = [path for path, route in ROUTES.items() if route.kind != "batch"]
 ERROR_STATUSES = {"400", "408", "413", "415", "429", "500", "503", "504"}
@@ -212,13 +213,8 @@ def test_errors_are_documented_in_the_one_error_shape(spec: dict[str, Any], path
 
 
 def test_batch_limit_follows_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FASTINFER_MAX_BATCH_IMAGES", "8")
-    get_settings.cache_clear()
-    try:
-        op = as_json(service().openapi_spec)["paths"]["/classify/batch"]["post"]
-    finally:
-        monkeypatch.delenv("FASTINFER_MAX_BATCH_IMAGES")
-        get_settings.cache_clear()
+    settings_with(monkeypatch, FASTINFER_MAX_BATCH_IMAGES="8")  # and the spec's get_settings() reads it afresh
+    op = as_json(service().openapi_spec)["paths"]["/classify/batch"]["post"]
     assert "(1 to 8, FASTINFER_MAX_BATCH_IMAGES)" in op["description"]
     assert "more than 8" in op["responses"]["400"]["description"]
 
@@ -279,12 +275,8 @@ def test_the_spec_is_built_once_not_per_request(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(openapi, "_BUILT", [])
     first = service().openapi_spec
     assert service().openapi_spec is first and len(built) == 1
-    monkeypatch.setenv("FASTINFER_MAX_BATCH_IMAGES", "7")
-    get_settings.cache_clear()
-    try:
-        assert service().openapi_spec is not first and len(built) == 2
-    finally:
-        get_settings.cache_clear()
+    settings_with(monkeypatch, FASTINFER_MAX_BATCH_IMAGES="7")
+    assert service().openapi_spec is not first and len(built) == 2
 
 
 def test_the_error_descriptions_name_codes_the_server_answers() -> None:
