@@ -43,7 +43,7 @@ ELSEWHERE = (
     (
         "FASTINFER_API_KEY",
         "(none)",
-        "the key the clients send: `examples/client.py`, `python -m load_tests --url …`, locust, `load_tests.quick`",
+        "the key the clients send: `examples/client.py`, `python -m load_tests --url …`, locust",
     ),
     (
         "FASTINFER_PINNED_MODELS FASTINFER_UNSERVED_MODELS FASTINFER_PIN_FILE FASTINFER_TUNED_RESOLVED "

@@ -25,11 +25,10 @@ def test_a_key_no_header_can_carry_is_refused_without_echoing_it(monkeypatch, ke
 
 
 def test_commands_that_send_the_key_refuse_a_bad_one_in_one_line(monkeypatch, capsys, tmp_path) -> None:
-    """evaluate --url, the benchmark, the quick check and the tuner: one line naming the variable, no traceback,
-    nothing started or changed, the key never echoed."""
+    """evaluate --url, the benchmark and the tuner: one line naming the variable, no traceback, nothing started or
+    changed, the key never echoed."""
     from fastinfer import cli
     from load_tests.__main__ import main as bench_main
-    from load_tests.quick import main as quick_main
     from load_tests.tuning.__main__ import main as tune_main
 
     monkeypatch.setenv("FASTINFER_API_KEY", "sk-secret-0123 two words")
@@ -37,16 +36,12 @@ def test_commands_that_send_the_key_refuse_a_bad_one_in_one_line(monkeypatch, ca
     environment = dict(os.environ)
     assert cli.main(["evaluate", str(tmp_path), "--url", "http://127.0.0.1:9"]) == 1
     assert tune_main(["--budget", "60"]) == 1
-    for refused in (
-        lambda: bench_main(["--url", "http://127.0.0.1:9", "--out", str(tmp_path / "bench")]),
-        lambda: quick_main(["--url", "http://127.0.0.1:9"]),
-    ):
-        with pytest.raises(SystemExit) as exited:
-            refused()
-        assert exited.value.code == 2
+    with pytest.raises(SystemExit) as exited:
+        bench_main(["--url", "http://127.0.0.1:9", "--out", str(tmp_path / "bench")])
+    assert exited.value.code == 2
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "FASTINFER_API_KEY" in line]
-    assert len(lines) == 4 and "Traceback" not in err and "secret" not in err
+    assert len(lines) == 3 and "Traceback" not in err and "secret" not in err
     assert list(tmp_path.iterdir()) == [] and dict(os.environ) == environment
     monkeypatch.setenv("FASTINFER_TUNED", os.environ.get("FASTINFER_TUNED", ""))  # the benchmark sets it: restored
     with pytest.raises(SystemExit) as exited:  # rewriting the report sends nothing: the key is not its business

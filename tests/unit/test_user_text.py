@@ -1,9 +1,5 @@
-"""Users see FastInfer, not internal words (issue 14).
-
-"The seed" was this project's internal name for the original FastInfer API (its FastAPI release,
-whose routes are kept so its clients work unchanged). Text a user reads names it that way, or names
-the finding; a seeded random init and its RNG seed 0 are what they say and stay.
-"""
+"""Users see FastInfer, not internal words: "the seed" (the team's name for the original FastInfer API) is
+never in text a user reads; a seeded random init and its RNG seed 0 are what they say and stay."""
 
 from __future__ import annotations
 
@@ -32,8 +28,10 @@ def internal_words(text: str) -> list[str]:
 # One regex for the internal word (tests/spec_checks.py's INTERNAL_WORD, also run on json.dumps of the
 # API page's spec): these are it, whatever whitespace is between the words, and in JSON too.
 INTERNAL = ["the seed", "the seed's", "seed routes", "seed keys", "the seed's key", "The Seed", "seed route"]
-# The RNG's seed and other words: never it (review finding: spec_checks flagged "the seed 0").
-NOT_INTERNAL = ["seeded random init", "seed 0", "(seed 0)", "the seed 0", "seed %d", "RANDOM_SEED", "manual_seed"]
+# The RNG's seed and other words: never it.
+NOT_INTERNAL = ["seeded random init", "seed 0", "(seed 0)", "the seed 0", "seed %d", "RANDOM_SEED", "manual_seed",
+                "torch.manual_seed(RANDOM_SEED)", "seedless",
+                "the original FastInfer project's dynamic INT8"]  # fmt: skip
 
 
 def spaced(phrase: str, gap: str) -> str:
@@ -47,6 +45,7 @@ def test_the_one_regex_finds_the_internal_word(phrase: str, gap: str) -> None:
         assert INTERNAL_WORD.search(text), text
         assert INTERNAL_WORD.search(json.dumps(text)), json.dumps(text)  # JSON writes \n as two characters
         assert INTERNAL_WORD.search(json.dumps({"description": text.replace("'", "’")}))  # ’ is \u2019 there
+        assert internal_words(text)  # the check of the files and help texts below
 
 
 @pytest.mark.parametrize("gap", [" ", "\n", " \n  "], ids=repr)
@@ -55,39 +54,7 @@ def test_the_one_regex_leaves_the_rng_seed_alone(phrase: str, gap: str) -> None:
     for text in (spaced(phrase, gap), f"a {spaced(phrase, gap)}.", f"text.{gap}{spaced(phrase, gap)}"):
         assert not INTERNAL_WORD.search(text), text
         assert not INTERNAL_WORD.search(json.dumps(text)), json.dumps(text)
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "the seed's dynamic INT8",
-        "as the seed reported for its batching",
-        "The Seed",
-        "seed routes",
-        "every seed route",
-        "SEED_KEYS are the seed keys",
-        "the seed\nreported",
-        "as the\n      seed reported",
-    ],
-)
-def test_the_internal_word_is_found(text: str) -> None:
-    assert internal_words(text)
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "a seeded random init",
-        "seeded random init (seed 0)",
-        "Falling back to a RANDOM INIT (seed %d)",
-        "torch.manual_seed(RANDOM_SEED)",
-        "with the seed 0",
-        "the original FastInfer project's dynamic INT8",
-        "seedless",
-    ],
-)
-def test_the_rng_seed_is_not(text: str) -> None:
-    assert internal_words(text) == []
+        assert internal_words(text) == []
 
 
 def user_files() -> list[Path]:
@@ -125,7 +92,6 @@ def every_help() -> list[tuple[str, Callable[[list[str]], int], list[str]]]:
     from build_models.__main__ import main as build_models
     from fastinfer.cli import main as fastinfer
     from load_tests.__main__ import main as load_tests
-    from load_tests.quick import main as quick
 
     commands = ["build", "tune", "doctor", "fidelity", "bench", "profile", "evaluate"]  # fastinfer's subcommands
     return [
@@ -133,7 +99,6 @@ def every_help() -> list[tuple[str, Callable[[list[str]], int], list[str]]]:
         *((f"fastinfer {c}", fastinfer, [c, "--help"]) for c in commands),
         ("python -m build_models", build_models, ["--help"]),
         ("python -m load_tests", load_tests, ["--help"]),
-        ("python -m load_tests.quick", quick, ["--help"]),
         ("python examples/client.py", example_client(), ["--help"]),
     ]
 
