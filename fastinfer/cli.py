@@ -215,8 +215,6 @@ def profile(args: argparse.Namespace) -> int:
         engines[name] = open_engine(name, threads=args.threads)
     print("measuring stages ...", file=sys.stderr, flush=True)
     result = prof.run(engines, args.batches, args.repeats, family_spec())
-    if args.load_test and args.load_test.exists():
-        result["load_test"] = prof.against_load_test(result, json.loads(args.load_test.read_text()))
     print(prof.table(result))
     _write_json(args.json, result)
     if args.plot:
@@ -447,7 +445,6 @@ def parser() -> argparse.ArgumentParser:
     timing(p, "measure", 10, "stage and batch size")
     output(p, "--json", Path("artifacts/profile.json"), "write the results here")
     output(p, "--plot", Path("artifacts/profile.png"), "draw the stages here")
-    p.add_argument("--load-test", type=Path, help="a load-test result (results.json) to compare with the ceiling")
     return top
 
 

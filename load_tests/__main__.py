@@ -1,13 +1,10 @@
 """``python -m load_tests`` (``make bench``): measure every backend and write BENCHMARKS.md with plots.
 
-Steps, with progress on stderr: the in-process profile (before the server starts, so nothing competes); start
-``bentoml serve`` (or use ``--url``); sequential latency; locust per backend × concurrency; the cache-hit scenario;
+Steps, with progress on stderr (docs/benchmarks.md describes each): the in-process profile, before any server;
+``bentoml serve`` (or ``--url``); sequential latency; locust per backend × concurrency; the cache-hit scenario;
 ``/classify/batch``; the bare BentoML baseline; the engine's placement (runner vs front worker); optionally
-(``--study``) workers × batching; then the HTTP path's cost, results.json, plots and BENCHMARKS.md.
-docs/benchmarks.md describes each step.
-
-Around every locust run the CPU time of each process and thread of the server's tree is read (load_tests/cpu.py);
-with ``--url`` that is skipped unless ``--server-pid`` names the server's ``bentoml serve`` process.
+(``--study``) workers × batching; then the HTTP path's cost, results.json, plots and BENCHMARKS.md. The server's
+CPU is read around every locust run (with ``--url``, only given ``--server-pid``).
 """
 
 from __future__ import annotations
@@ -50,14 +47,13 @@ def batching_seen(url: str, backend: str) -> dict[str, Any] | None:
     """The server's batching setting for ``backend`` and the batch sizes its runner has seen (GET /backends);
     None when the server does not say."""
     try:
-        body = httpx.get(f"{url}/backends", headers=auth_headers(), timeout=30).json()
-        entry = next(b for b in body["backends"] if b["name"] == backend)
+        entry = next(b for b in from_backends(url, f"batching of {backend}", "backends") if b["name"] == backend)
         return {
             "enabled": bool(entry["batching"]["enabled"]),
             "max_batch_size": int(entry["batching"]["max_batch_size"]),
             "sizes": {int(k): int(v) for k, v in entry.get("runs_on", {}).get("batch_sizes_seen", {}).items()},
         }
-    except (httpx.HTTPError, ValueError, KeyError, TypeError, StopIteration):
+    except (ValueError, KeyError, TypeError, StopIteration):
         return None
 
 
@@ -72,25 +68,6 @@ def inference_run(url: str, backend: str, users: int, args: argparse.Namespace, 
         mean = round(rows / calls, 2) if calls else None
         run["batching"] = {"enabled": after["enabled"], "max_batch_size": after["max_batch_size"], "mean_batch": mean}
     return run
-
-
-def batch_probe(url: str, backend: str) -> str | None:
-    """None when ``POST /classify/batch`` answers a one-image batch, else why the batch step is skipped."""
-    try:
-        r = httpx.post(
-            f"{url}/classify/batch",
-            files=[("images", ("photo.jpg", photos.benchmark_photo(), "image/jpeg"))],
-            data={"backend": backend},
-            headers={"Cache-Control": "no-cache", **auth_headers()},
-            timeout=60,
-        )
-    except httpx.HTTPError as exc:
-        return f"POST /classify/batch failed: {exc}"
-    if r.status_code in (404, 405):
-        return f"this server has no POST /classify/batch (HTTP {r.status_code})"
-    if r.status_code != 200:
-        return f"POST /classify/batch answered HTTP {r.status_code}: {r.text[:200]}"
-    return None
 
 
 def from_backends(url: str, what: str, *keys: str) -> Any:
@@ -127,7 +104,8 @@ def sequential(url: str, backend: str, n: int, data: bytes) -> dict[str, Any]:
             response = client.getresponse()
             answer = response.read()
             if response.status != 200:
-                raise httpx.HTTPError(f"{response.status} from {url}/classify: {answer[:200]!r}")
+                why = "set FASTINFER_API_KEY to a key it accepts" if response.status == 401 else repr(answer[:200])
+                raise httpx.HTTPError(f"{response.status} from {url}/classify: {why}")
             if i >= 3:  # warm-up excluded
                 latencies.append((time.perf_counter() - t0) * 1000)
                 stages.append(json.loads(answer)["timings_ms"])
@@ -305,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         repeat["cache_mode"] = before["mode"]
         results["runs"].append(repeat)
         results["batch"] = batch_step(url, results, users, args, pid)
+    except httpx.HTTPError as exc:  # a server that refuses the key (401) or fails: one line, no traceback
+        parser.exit(1, f"{parser.prog}: {exc}\n")
     finally:
         if server is not None:
             stop_server(server)
@@ -340,10 +320,6 @@ def batch_step(
     n = 10 if 10 in users else max(users)
     if best is None:
         return {"skipped": "no inference run to pick a backend from"}
-    why = batch_probe(url, best)
-    if why is not None:
-        say(f"batch API: skipped, {why}")
-        return {"backend": best, "users": n, "skipped": why}
     say(f"locust: batch API, {best}, {BATCH_IMAGES} images a request, {n} users, {args.duration:g}s")
     run = run_locust(url, best, n, args.duration, "batch", args.out, pid)
     results["runs"].append(run)
@@ -365,10 +341,7 @@ def bare_baseline(backend: str, args: argparse.Namespace) -> dict[str, Any]:
         stop_server(bare)
 
 
-# Rounds of the placement step: on shared 2-core VMs a request's CPU moved by 25% between two runs of one
-# configuration minutes apart, so one run each cannot rank two configurations. 2 configurations × 2 rounds, each
-# a fresh server (~1 min: start-up, one client, 10 users): ~4 minutes of the bench.
-PLACEMENT_ROUNDS = 2
+PLACEMENT_ROUNDS = 2  # one run each cannot rank two configurations (docs/benchmarks.md#the-placement-step)
 
 
 def placement(results: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:

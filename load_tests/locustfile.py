@@ -3,7 +3,7 @@ fails); ``RepeatUser`` one photo again and again (the cache-hit path); ``BatchUs
 per ``POST /classify/batch``. Bodies are encoded once.
 
 Environment: ``FASTINFER_BENCH_BACKEND`` (default onnx), ``FASTINFER_BENCH_IMAGES`` (pool cache dir),
-``FASTINFER_BENCH_SUMMARY`` (where to write the final totals, which the ``--csv`` file can miss, and CPU seconds).
+``FASTINFER_BENCH_SUMMARY`` (where to write the final totals, the first error and the CPU seconds).
 """
 
 from __future__ import annotations
@@ -46,12 +46,14 @@ def _write_summary(environment: Any, **_: object) -> None:
     if not SUMMARY:
         return
     total = environment.stats.total
+    first = next(iter(environment.stats.errors.values()), None)  # in the order they were first seen
     summary = {
         "requests": total.num_requests,
         "failures": total.num_failures,
         "req_per_s": total.total_rps,
         **{f"p{q}_ms": total.get_response_time_percentile(q / 100) if total.num_requests else 0 for q in (50, 95, 99)},
         **{k: _window[k] for k in ("cpu_s", "wall_s") if k in _window},
+        "first_failure": first.to_name()[:300] if first else "",
     }
     Path(SUMMARY).write_text(json.dumps(summary))
 

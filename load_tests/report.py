@@ -12,11 +12,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from fastinfer.measure.plots import plot_latency, plot_served, plot_stages, plot_throughput
+from fastinfer.measure.plots import plot_latency, plot_served, plot_stages, plot_throughput, table
 from fastinfer.measure.profile import Ceiling, best_ceiling, in_process_latency_ms
 from load_tests.targets import Target, _costs, _run, _share, machine, served_splits, targets
 
-__all__ = ["Target", "machine", "render_targets", "table", "write_markdown"]  # load_tests/tuning/check.py's
+__all__ = ["Target", "machine", "write_markdown"]  # load_tests/tuning/check.py's
 
 DOCS = "docs/benchmarks.md"
 NOISE_CORES = 0.2  # cores busy elsewhere (or stolen) during a run from which the report says so
@@ -26,11 +26,6 @@ ANCHORS = {
     "openvino": "BF16 on Xeon with AMX ~70–110; FP32 ~14–17",
     "onnx-int8": "ORT default CPU EP on a Xeon with AMX ~26", "onnx": "FP32 ~14–17", "pytorch": "FP32 ~14–17",
 }  # fmt: skip
-
-
-def table(header: list[str], rows: Iterable[Iterable[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
 
 
 Cell = str | Callable[[dict[str, Any]], Any]  # a format string for the row's dict, or a function of it

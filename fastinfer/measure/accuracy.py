@@ -20,6 +20,7 @@ import numpy as np
 
 from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.measure.photos import UnusablePhoto, photo_pixels
+from fastinfer.measure.plots import table
 
 BATCH = 16  # images per engine call: OpenVINO gains nothing beyond 8-16 rows
 TOP_K = 5
@@ -464,7 +465,7 @@ class Report:
         head = ["backend", "precision", "images", "top-1", "top-5", "drop vs reference (pp)"]
         head += ["drop's 95% interval (pp)", "same answer (changed)"] if with_pairs else []
         head += ["status"]
-        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        rows = []
         for r in self.rows:
             cells = [
                 r.backend,
@@ -480,8 +481,8 @@ class Report:
                     f"{p.drop_low_pp:+.2f} to {p.drop_high_pp:+.2f}", f"{p.agreement:.1%} ({p.changed})"
                 ]  # fmt: skip
             cells += [r.status + (f": {r.note}" if r.note else "")]
-            lines.append("| " + " | ".join(map(visible, cells)) + " |")
-        return "\n".join(lines)
+            rows.append(map(visible, cells))
+        return table(head, rows)
 
 
 def visible(text: str) -> str:

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from fastinfer.engines import Engine
+from fastinfer.measure import plots
 
 
 @dataclass(frozen=True)
@@ -37,11 +38,7 @@ def time_engine(backend: str, engine: Engine, images: np.ndarray, batch: int, re
 
 def table(timings: list[EngineTiming], baseline: str = "onnx") -> str:
     base = {t.batch: t.per_image_ms for t in timings if t.backend == baseline}
-    lines = [
-        "| backend | batch | median ms | ms / image | images/s | × vs " + baseline + " FP32 |",
-        "|---|---|---|---|---|---|",
-    ]
-    for t in timings:
-        ratio = f"{base[t.batch] / t.per_image_ms:.2f}×" if t.batch in base else "—"
-        lines.append(f"| {t.backend} | {t.batch} | {t.median_ms} | {t.per_image_ms} | {t.images_per_s} | {ratio} |")
-    return "\n".join(lines)
+    head = ["backend", "batch", "median ms", "ms / image", "images/s", f"× vs {baseline} FP32"]
+    rows = [[t.backend, t.batch, t.median_ms, t.per_image_ms, t.images_per_s,
+             f"{base[t.batch] / t.per_image_ms:.2f}×" if t.batch in base else "—"] for t in timings]  # fmt: skip
+    return plots.table(head, rows)

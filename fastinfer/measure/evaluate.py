@@ -29,6 +29,7 @@ from fastinfer.common.client import auth_headers
 from fastinfer.engines import Engine
 from fastinfer.measure import accuracy
 from fastinfer.measure.accuracy import EvalFolder, EvalSet, Progress, Report, Row, Skipped
+from fastinfer.measure.plots import plot_frontier, table
 
 REFERENCE_BACKEND = "pytorch"
 HTTP_CLIENTS = 4  # the accuracy pass: enough to keep a small server's batches full, few enough to leave it the cores
@@ -361,7 +362,7 @@ class Evaluation:
         limit = f"within {self.limit_pp:g} pp"
         head = ["backend", "precision", "images/s", "top-1 (95% interval)"] + (["top-5"] if self.top5_shown() else [])
         head += [f"drop vs {REFERENCE_BACKEND} (pp)", limit, "Pareto front"]
-        lines = [self.report.table(), "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        rows = []
         for p in self.points():
             speed = self.speeds.get(p["backend"])
             rate = "—" if speed is None else "—" if speed.images_per_s is None else f"{speed.images_per_s:g}"
@@ -375,7 +376,8 @@ class Evaluation:
                 within + (": the fastest" if p["fastest_within_limit"] else ""),
                 "yes" if p["on_front"] else "",
             ]
-            lines.append("| " + " | ".join(map(accuracy.visible, cells)) + " |")
+            rows.append(map(accuracy.visible, cells))
+        lines = [self.report.table(), "", table(head, rows)]
         best = self.fastest()
         if best is not None:
             said = (f"fastest within the limit ({self.limit_pp:g} pp below {REFERENCE_BACKEND}'s top-1, from "
@@ -642,8 +644,6 @@ def evaluate(
 
 def plot(result: Evaluation, path: Path) -> Path:
     """The frontier: top-1 (and top-5, with more classes than 5) with its interval against images/s."""
-    from fastinfer.measure.plots import plot_frontier
-
     shown = accuracy.visible  # names a server gave: their control characters drawn as escapes, not as boxes
     points = [{k: shown(v) if isinstance(v, str) else v for k, v in p.items()} for p in result.points()]
     ref = next((p for p in points if p["backend"] == REFERENCE_BACKEND), None)

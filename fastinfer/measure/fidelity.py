@@ -10,7 +10,8 @@ from PIL import Image
 
 from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.engines import Engine
-from fastinfer.measure import photos
+from fastinfer.measure import photos, plots
+from fastinfer.measure.accuracy import run_precision
 from fastinfer.serving.preprocess import prepare
 
 
@@ -110,12 +111,9 @@ def gate_for(backend: str, precision: str | None) -> tuple[str, Gate] | None:
 
 def measure(backend: str, engine: Engine, images: np.ndarray, reference: np.ndarray) -> dict[str, object]:
     """One backend against the reference, with the precision it ran at and its gate's verdict."""
-    described = engine.describe()
-    precision = "int8" if "int8" in backend else described.get("precision")
-    if precision is None and "CoreMLExecutionProvider" not in described.get("execution_providers", []):
-        precision = "fp32"  # ONNX Runtime's CPU / CUDA EP run the graph as it is (the CoreML EP may use FP16)
+    precision = run_precision(backend, engine.describe())
     f = compare(backend, reference, run_batched(engine, images))
-    out: dict[str, object] = {**f.as_dict(), "precision": precision or "unknown"}
+    out: dict[str, object] = {**f.as_dict(), "precision": precision}
     gate = gate_for(backend, precision)
     if gate is not None:
         out |= {"gate": gate[0], "gate_passed": gate[1].passes(f)}
@@ -127,14 +125,9 @@ def run_batched(engine: Engine, images: np.ndarray, batch: int = 8) -> np.ndarra
 
 
 def table(results: list[dict[str, object]]) -> str:
-    lines = [
-        "| backend | runs at | images | top-1 agreement | top-5 overlap | cosine | max abs logit error | gate |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        verdict = f"{r['gate']} {'passed' if r['gate_passed'] else 'FAILED'}" if "gate" in r else "—"
-        lines.append(
-            f"| {r['backend']} | {r['precision']} | {r['images']} | {r['top1_agreement']:.1%} | "
-            f"{r['top5_overlap']:.1%} | {r['cosine']:.5f} | {r['max_abs_error']:.3g} | {verdict} |"
-        )
-    return "\n".join(lines)
+    head = ["backend", "runs at", "images", "top-1 agreement", "top-5 overlap", "cosine", "max abs logit error", "gate"]
+    rows = [[r["backend"], r["precision"], r["images"], f"{r['top1_agreement']:.1%}", f"{r['top5_overlap']:.1%}",
+             f"{r['cosine']:.5f}", f"{r['max_abs_error']:.3g}",
+             f"{r['gate']} {'passed' if r['gate_passed'] else 'FAILED'}" if "gate" in r else "—"]
+            for r in results]  # fmt: skip
+    return plots.table(head, rows)

@@ -1,10 +1,18 @@
-"""Plots for the benchmarks (matplotlib, written as PNG): where people would rather look than read."""
+"""Plots for the benchmarks (matplotlib, written as PNG): where people would rather look than read; and the one
+Markdown table every report prints."""
 
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+
+def table(header: list[str], rows: Iterable[Iterable[Any]]) -> str:
+    """A Markdown table: ``header``, then one line per row, each cell as ``str`` makes it."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
 
 
 def pyplot() -> Any:
@@ -140,6 +148,38 @@ def plot_served(splits: list[dict[str, Any]], path: Path) -> None:
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=7)
     ax.set_xlim(0, max(left) * 1.55)
     save(fig, path)
+
+
+def plot_tuning(
+    points: list[dict[str, Any]],
+    group: Callable[[dict[str, Any]], str],
+    marks: list[tuple[str, dict[str, Any] | None, str, str]],
+    title: str,
+    path: Path,
+    named: bool = False,
+) -> bool:
+    """req/s against p95 of configurations served, one colour per ``group``, each mark (legend, point, marker, colour)
+    drawn over its point; ``named``: every point's label beside it. False, and nothing drawn, without points."""
+    if not points:
+        return False
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name in dict.fromkeys(map(group, points)):
+        mine = [t for t in points if group(t) == name]
+        ax.scatter([t["p95_ms"] for t in mine], [t["req_per_s"] for t in mine], label=name, s=36, alpha=0.8)
+    for t in points if named else []:
+        ax.annotate(t["label"], (t["p95_ms"], t["req_per_s"]), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    for legend, t, marker, colour in marks:
+        if t is not None:
+            ax.scatter([t["p95_ms"]], [t["req_per_s"]], marker=marker, s=280, c=colour, edgecolors="black",
+                       label=legend, zorder=3)  # fmt: skip
+    ax.set(xlabel="p95 latency, ms", ylabel="req/s", title=title)
+    if named:
+        ax.margins(x=0.35, y=0.1)  # room for the labels right of the points
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    save(fig, path)
+    return True
 
 
 FRONTIER_COLOURS = {True: "tab:blue", False: "tab:red", None: "0.45"}  # within the limit, over it, no drop known

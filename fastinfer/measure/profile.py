@@ -20,7 +20,7 @@ from PIL import Image
 
 from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.common import hardware
-from fastinfer.measure import photos
+from fastinfer.measure import photos, plots
 from fastinfer.serving.postprocess import top_k
 from fastinfer.serving.preprocess import decode, resize_and_crop
 
@@ -392,46 +392,16 @@ def http_note(result: dict[str, Any]) -> str:
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = ["| stage | detail | CPU ms | wall ms |", "|---|---|---|---|"]
-    lines += [f"| {s['stage']} | {s['detail']} | {s['cpu_ms']:.2f} | {s['wall_ms']:.2f} |" for s in result["stages"]]
+    stages = [[s["stage"], s["detail"], f"{s['cpu_ms']:.2f}", f"{s['wall_ms']:.2f}"] for s in result["stages"]]
     mix = result.get("pool")
-    lines += [
-        "",
+    said = (
         f"Ceiling on {result['cores']} cores for the benchmark pool's mix"
         + (f" ({', '.join(f'{n} {cls}' for cls, n in mix.items())})" if mix else "")
-        + f", with {http_note(result)}:",
-        "",
-    ]
-    lines += [
-        "| backend | batch | CPU ms / request | ceiling req/s | binding stage | HTTP ms |",
-        "|---|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| {c['backend']} | {c['batch']} | {c['cpu_ms_per_request']} | {c['req_per_s']} | {c['binding_stage']} "
-        f"({c['shares'][c['binding_stage']]:.0%}) | {c.get('http_ms', result['http_overhead_ms'])} "
-        f"({c.get('http_source', 'estimate')}) |"
-        for c in result["ceilings"]
-    ]
-    return "\n".join(lines)
-
-
-def against_load_test(result: dict[str, Any], load: dict[str, Any]) -> list[dict[str, Any]]:
-    """For each backend × concurrency of a load test: % of this machine's ceiling reached."""
-    ceils = [Ceiling(**c) for c in result["ceilings"]]
-    rows = []
-    for run in load.get("runs", []):
-        best = best_ceiling(ceils, run["backend"])
-        if best is None or run.get("scenario") != "inference":
-            continue
-        rows.append(
-            {
-                "backend": run["backend"],
-                "users": run["users"],
-                "req_per_s": run["req_per_s"],
-                "ceiling_req_per_s": best.req_per_s,
-                "ceiling_http": best.http_source,
-                "percent_of_ceiling": round(100 * run["req_per_s"] / best.req_per_s, 1),
-                "binding_stage": best.binding_stage,
-            }
-        )
-    return rows
+        + f", with {http_note(result)}:"
+    )
+    ceils = [[c["backend"], c["batch"], c["cpu_ms_per_request"], c["req_per_s"],
+              f"{c['binding_stage']} ({c['shares'][c['binding_stage']]:.0%})",
+              f"{c.get('http_ms', result['http_overhead_ms'])} ({c.get('http_source', 'estimate')})"]
+             for c in result["ceilings"]]  # fmt: skip
+    head = ["backend", "batch", "CPU ms / request", "ceiling req/s", "binding stage", "HTTP ms"]
+    return "\n\n".join([plots.table(["stage", "detail", "CPU ms", "wall ms"], stages), said, plots.table(head, ceils)])

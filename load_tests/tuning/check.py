@@ -17,14 +17,13 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from fastinfer.catalog import tune_space
 from fastinfer.common import hardware
-from fastinfer.measure.plots import pyplot, save
-from load_tests.report import Target, machine, render_targets, table
+from fastinfer.measure.plots import plot_tuning, table
+from load_tests.report import Target, machine
 from load_tests.report import write_markdown as write_report
 from load_tests.tuning import files
 from load_tests.tuning.search import (
@@ -300,74 +299,26 @@ def _fig(trial: dict[str, Any]) -> str:
     return f"{trial['req_per_s']} ({trial['p50_ms']:g}{failures})"
 
 
-def replace_section(markdown: str, new: list[str]) -> str:
-    """``markdown`` with its tuning section (to the next heading of level 1 or 2 outside a code block)
-    replaced by ``new``, later copies dropped; or ``new`` appended."""
-    lines = markdown.rstrip("\n").split("\n")
-    kept, inside, fenced, commented, placed = [], False, False, False, False
-    for line in lines:
-        if line.lstrip().startswith(("```", "~~~")):
-            fenced = not fenced
-        if not fenced and "<!--" in line and "-->" not in line.split("<!--", 1)[1]:
-            commented = True
-        elif commented and "-->" in line:
-            commented = False
-        heading = not fenced and not commented and (line.startswith("# ") or line.startswith("## "))
-        if heading and line.strip() == SECTION:
-            inside = True
-            if not placed:
-                kept += new
-                placed = True
-            continue
-        if heading:
-            inside = False
-        if not inside:
-            kept.append(line)
-    if not placed:
-        kept += ["", *new]
-    return "\n".join(kept).rstrip("\n") + "\n"
-
-
 def plot_sweep(result: dict[str, Any], path: Path) -> bool:
     """req/s against p95 for every configuration of the sweep within the goal, the tuned one marked."""
-    plt = pyplot()
     served = [t for t in (result["sweep"] or {}).get("trials", []) if t["qualified"]]
-    if not served:
-        return False
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for backend in dict.fromkeys(t["config"]["backend"] for t in served):
-        mine = [t for t in served if t["config"]["backend"] == backend]
-        ax.scatter([t["p95_ms"] for t in mine], [t["req_per_s"] for t in mine], label=backend, s=30, alpha=0.8)
-    best, tuned = result["sweep"]["best"], result["tune"]["chosen"]
-    for name, chosen, marker, colour in (("sweep's best run", best, "D", "red"), ("tuned", tuned, "*", "gold")):
-        found = [t for t in served if chosen and t["label"] == chosen["label"]]
-        if found:
-            ax.scatter([found[0]["p95_ms"]], [found[0]["req_per_s"]], marker=marker, s=260, c=colour,
-                       edgecolors="black", label=f"{name}: {chosen['label']}", zorder=3)  # fmt: skip
-    ax.set(xlabel="p95 latency, ms", ylabel="req/s",
-           title=f"Sweep of the tuner's space ({result['hardware'].get('cpu')}, {result['goal']})")  # fmt: skip
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    save(fig, path)
-    return True
+    chosen = {"sweep's best run": ((result["sweep"] or {}).get("best"), "D", "red"),
+              "tuned": (result["tune"]["chosen"], "*", "gold")}  # fmt: skip
+    marks = [(f"{name}: {c['label']}", next((t for t in served if t["label"] == c["label"]), None), marker, colour)
+             for name, (c, marker, colour) in chosen.items() if c]  # fmt: skip
+    title = f"Sweep of the tuner's space ({result['hardware'].get('cpu')}, {result['goal']})"
+    return plot_tuning(served, lambda t: t["config"]["backend"], marks, title, path)
 
 
-def load(path: Path) -> dict[str, Any] | None:
-    """A saved check of this FORMAT, or None if there is none or it cannot be read (`make bench` goes on)."""
+def load(path: Path, key: str | None = None) -> dict[str, Any] | None:
+    """A saved check of this FORMAT (``key``: the one a bench's results.json holds there), or None if there is none
+    or it cannot be read (`make bench` goes on)."""
     try:
         result = json.loads(path.read_text())
-        return result if isinstance(result, dict) and result.get("format") == FORMAT else None
-    except (OSError, ValueError, RecursionError):
-        return None
-
-
-def last_check(results_json: Path) -> dict[str, Any] | None:
-    """The tune-check a bench's results.json holds, or None."""
-    try:
-        tuning = json.loads(results_json.read_text()).get("tuning")
+        result = result.get(key) if key else result
     except (OSError, ValueError, RecursionError, AttributeError):
         return None
-    return tuning if isinstance(tuning, dict) and tuning.get("format") == FORMAT else None
+    return result if isinstance(result, dict) and result.get("format") == FORMAT else None
 
 
 def write_benchmarks(results: dict[str, Any], markdown: Path, out: Path, plots: Path | None = None) -> None:
@@ -377,7 +328,7 @@ def write_benchmarks(results: dict[str, Any], markdown: Path, out: Path, plots: 
     plots.mkdir(parents=True, exist_ok=True)
     fresh = load(out / "tuning.json")  # a check of its own: drawn, even over results rebuilt from tables
     # Else the one the results carry, else the one the report held before this run (a tune-check is run apart).
-    results["tuning"] = tuning = fresh or results.get("tuning") or last_check(plots / "results.json")
+    results["tuning"] = tuning = fresh or results.get("tuning") or load(plots / "results.json", "tuning")
     rows: list[Target] = []
     with contextlib.suppress(Exception):  # a hand-edited tune-check file: its section says so
         rows = targets(tuning) if tuning else []
@@ -388,24 +339,13 @@ def write_benchmarks(results: dict[str, Any], markdown: Path, out: Path, plots: 
     )
 
 
-def write_markdown(result: dict[str, Any], markdown: Path, plots: Path, out: Path | None = None) -> Path | None:
-    """The plot and ``markdown``: rewritten whole from the bench's results.json beside the plots, else only its
-    tuning section. ``out`` holds the saved check (tuning.json). Returns the plot drawn, if any."""
-    plots.mkdir(parents=True, exist_ok=True)
-    png = plots / "tuning.png"
-    if out is not None and (plots / "results.json").exists():
-        write_benchmarks(json.loads((plots / "results.json").read_text()), markdown, out, plots)
-        return png if png.exists() else None
-    drawn = plot_sweep(result, png)
-    if not drawn:
-        png.unlink(missing_ok=True)  # a plot of an earlier check must not illustrate this one
-    rel = os.path.relpath(png, markdown.parent) if drawn else None
-    old = markdown.read_text() if markdown.exists() else "# FastInfer benchmarks\n"
-    markdown.parent.mkdir(parents=True, exist_ok=True)
-    new = section(result, rel)
-    new[2:2] = [render_targets([asdict(t) for t in targets(result)]), ""]
-    markdown.write_text(replace_section(old, new))
-    return png if drawn else None
+def write_markdown(markdown: Path, plots: Path, out: Path) -> bool:
+    """``markdown`` rewritten from the bench's results.json beside the plots, with the check saved in ``out``
+    (tuning.json); False, nothing written, without one (`make bench` shows the check)."""
+    if not (bench := plots / "results.json").exists():
+        return False
+    write_benchmarks(json.loads(bench.read_text()), markdown, out, plots)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -456,9 +396,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tune-check: interrupted; every server it started was stopped; what was measured is in {saved}",
               file=sys.stderr)  # fmt: skip
         return 130
-    drawn = write_markdown(result, args.markdown, args.plots, args.out)
     print("\n".join(verdict(result)))
-    print(f"wrote {saved}{f', {drawn}' if drawn else ''} and the section of {args.markdown}")
+    if not write_markdown(args.markdown, args.plots, args.out):
+        print(f"wrote {saved}; no bench results in {args.plots}: `make bench` shows the check in {args.markdown}")
+    else:
+        png = args.plots / "tuning.png"
+        print(f"wrote {saved}{f', {png}' if png.exists() else ''} and {args.markdown} with its tuning section")
     return 0
 
 

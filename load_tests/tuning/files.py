@@ -13,7 +13,7 @@ from typing import Any
 from fastinfer.catalog import tune_space
 from fastinfer.catalog import tuned as tuning
 from fastinfer.common import hardware
-from fastinfer.measure.plots import pyplot, save
+from fastinfer.measure.plots import plot_tuning, table
 from load_tests.tuning.search import Search, Trial, cores_said
 
 
@@ -93,21 +93,15 @@ def markdown(result: dict[str, Any], plot: str | None) -> str:
     ]
     if plot:
         lines += [f"![every configuration tried]({plot})", ""]
-    lines += ["| stage | configuration | req/s | p50 ms | p95 ms | errors |", "|---|---|---|---|---|---|"]
-    for i, t in enumerate(result["trials"]):
-        mark = " ★" if i == result.get("chosen_trial") else ""
-        figures = (
-            f"{t['req_per_s']} | {t['p50_ms']:g} | {t['p95_ms']:g} | {t['failures']}"
-            if not t["error"]
-            else f"– | – | – | {t['error'][:120]}"
-        )
-        lines.append(f"| {t['stage']} | {t['label']}{mark} | {figures} |")
+    trials = [[t["stage"], t["label"] + " ★" * (i == result.get("chosen_trial")),
+               *([t["req_per_s"], f"{t['p50_ms']:g}", f"{t['p95_ms']:g}", t["failures"]] if not t["error"]
+                 else ["–", "–", "–", t["error"][:120]])] for i, t in enumerate(result["trials"])]  # fmt: skip
+    lines.append(table(["stage", "configuration", "req/s", "p50 ms", "p95 ms", "errors"], trials))
     lines += ["", "## Why", ""] + [f"- {d}" for d in result["decisions"]]
     lines += ["", "## In process (stage 1: what decided which backends were served)", ""]
-    lines += ["| backend | ceiling req/s | single photo ms | served? |", "|---|---|---|---|"]
-    for name, fig in result["in_process"].items():
-        verdict = result["dropped"].get(name, "yes")
-        lines.append(f"| {name} | {fig['ceiling_req_per_s']:.1f} | {fig['latency_ms']:.1f} | {verdict} |")
+    backends = [[name, f"{f['ceiling_req_per_s']:.1f}", f"{f['latency_ms']:.1f}", result["dropped"].get(name, "yes")]
+                for name, f in result["in_process"].items()]  # fmt: skip
+    lines.append(table(["backend", "ceiling req/s", "single photo ms", "served?"], backends))
     if result["skipped"]:
         lines += ["", "Not tried (the budget ran out): " + "; ".join(result["skipped"]) + "."]
     return "\n".join(lines) + "\n"
@@ -115,28 +109,11 @@ def markdown(result: dict[str, Any], plot: str | None) -> str:
 
 def plot(result: dict[str, Any], path: Path) -> bool:
     """Throughput against p95 for every configuration served, the chosen one marked."""
-    plt = pyplot()
     served = [t for t in result["trials"] if not t["error"] and t["requests"]]
-    if not served:
-        return False
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for stage in dict.fromkeys(t["stage"] for t in served):
-        mine = [t for t in served if t["stage"] == stage]
-        ax.scatter([t["p95_ms"] for t in mine], [t["req_per_s"] for t in mine], label=stage, s=40)
-    for t in served:
-        ax.annotate(t["label"], (t["p95_ms"], t["req_per_s"]), fontsize=7, xytext=(4, 3), textcoords="offset points")
-    picked = result.get("chosen_trial")
-    best = [result["trials"][picked]] if picked is not None and result["trials"][picked] in served else []
-    if best:
-        ax.scatter([best[0]["p95_ms"]], [best[0]["req_per_s"]], marker="*", s=300, c="gold", edgecolors="black",
-                   label="chosen", zorder=3)  # fmt: skip
-    hw = result["hardware"]
-    ax.set(xlabel="p95 latency, ms", ylabel="req/s", title=f"fastinfer tune: {result['goal']} ({hw.get('cpu')})")
-    ax.margins(x=0.35, y=0.1)  # room for the labels right of the points
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    save(fig, path)
-    return True
+    picked = result.get("chosen_trial")  # its row: three rounds of one configuration can read the same
+    best = result["trials"][picked] if picked is not None and result["trials"][picked] in served else None
+    title = f"fastinfer tune: {result['goal']} ({result['hardware'].get('cpu')})"
+    return plot_tuning(served, lambda t: t["stage"], [("chosen", best, "*", "gold")], title, path, named=True)
 
 
 def report_path(target: Path, failed: bool = False) -> Path:

@@ -1,14 +1,7 @@
-"""The search of ``fastinfer tune``: the configuration that serves best here, within a time budget, pruned
-by measurement rather than swept (docs/tuning.md):
- 1. in process (``fastinfer profile``): each backend's ceiling and single-photo latency; backends below PRUNE
-    of the best are dropped;
- 2. one server with the table's settings serves each remaining backend under the goal's load; the best is kept;
- 3. a fresh server per candidate, one setting at a time from the best so far, kept only when it beats the best
-    by more than MIN_GAIN (the decode threads last);
- 4. the choice and the table's settings served once more each: the choice stands only if it still wins on
-    the mean of both rounds.
-Every trial is a real server under real load; ``sweep`` serves the whole space
-(fastinfer/catalog/tune_space.py), the yardstick of load_tests/tuning/check.py. Every server started is stopped.
+"""The search of ``fastinfer tune``: the configuration that serves best here, within a time budget, pruned by
+measurement rather than swept (its four stages: docs/tuning.md). Every trial is a real server under real load;
+``sweep`` serves the whole space (fastinfer/catalog/tune_space.py), the yardstick of load_tests/tuning/check.py.
+Every server started is stopped.
 """
 
 from __future__ import annotations

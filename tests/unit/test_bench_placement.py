@@ -4,6 +4,9 @@ the bench's other servers are told the decode pool they record."""
 from __future__ import annotations
 
 import argparse
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import pytest
@@ -64,3 +67,42 @@ def test_the_placement_step_runs_each_placement_in_alternating_order(monkeypatch
         assert env["FASTINFER_IN_FRONT"] == ("onnx-int8" if row["placement"] == "front worker" else "none")
         assert env["FASTINFER_FRONT_WORKERS"] == "1" and row["decode_threads"] == 0 and "scheduling" not in row
         assert row["sequential"]["median_ms"] == 20.0 and row["req_per_s"] == float(n)  # its own server's run
+
+
+class Refusing(BaseHTTPRequestHandler):
+    """A server with API keys, sent none it accepts: 401 to every request."""
+
+    def answer(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = b'{"error": "unauthorized"}'
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = answer
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def test_a_server_that_refuses_the_key_ends_the_bench_in_one_line(monkeypatch, capsys, tmp_path) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    for name, value in (("BENTOML_HOME", str(tmp_path)), ("FASTINFER_TUNED", "off")):
+        monkeypatch.setenv(name, value)  # what main sets, undone after the test
+    monkeypatch.delenv("FASTINFER_API_KEY", raising=False)
+    monkeypatch.setattr(bench.photos, "benchmark_pool", lambda directory: [])
+    monkeypatch.setattr(bench.photos, "benchmark_photo", lambda: b"jpeg")
+    monkeypatch.setattr(bench.hardware, "probe", lambda **_: {})
+    monkeypatch.setattr("fastinfer.catalog.backends.unavailable_reason", lambda name: "not here")  # no settings read
+    url, environment = f"http://127.0.0.1:{server.server_address[1]}", dict(os.environ)
+    try:
+        with pytest.raises(SystemExit) as exited:
+            bench.main(["--url", url, "--no-profile", "--no-bare", "--backends", "onnx", "--out", str(tmp_path)])
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err
+    assert exited.value.code == 1 and "Traceback" not in err and dict(os.environ) == environment
+    assert f"python -m load_tests: 401 from {url}/classify: set FASTINFER_API_KEY to a key it accepts\n" in err

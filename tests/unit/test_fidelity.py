@@ -111,3 +111,32 @@ def test_each_backend_answers_to_the_gate_of_what_it_computes_in() -> None:
     assert fid.gate_for("openvino", "bf16") == ("bf16", fid.BF16_GATE)
     assert fid.gate_for("openvino", "f32") == ("fp32", fid.FP32_GATE)
     assert fid.gate_for("coreml-batched", "fp16") is None
+
+
+class Said:
+    """An engine that says what it computes in and answers the reference's logits."""
+
+    def __init__(self, described: dict, logits: np.ndarray) -> None:
+        self.described, self.logits = described, logits
+
+    def describe(self) -> dict:
+        return self.described
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        return self.logits[: len(x)]
+
+
+def test_fidelity_names_the_precision_as_the_accuracy_table_does() -> None:
+    """One rule (accuracy.run_precision): OpenVINO's "f32" is fp32 as ONNX Runtime's unsaid one is, and held to the
+    FP32 gate; the CoreML EP, which says nothing and may compute in FP16, answers to none."""
+    logits = np.random.default_rng(0).normal(size=(4, 10)).astype(np.float32)
+    images = np.zeros((4, 224, 224, 3), np.uint8)
+    for backend, described, precision, gate in [
+        ("openvino", {"precision": "f32"}, "fp32", "fp32"),
+        ("onnx", {"execution_providers": ["CPUExecutionProvider"]}, "fp32", "fp32"),
+        ("openvino", {"precision": "bf16"}, "bf16", "bf16"),
+        ("onnx-int8", {"precision": "f32"}, "int8", "int8"),
+        ("onnx", {"execution_providers": ["CoreMLExecutionProvider"]}, "unknown", None),
+    ]:
+        out = fid.measure(backend, Said(described, logits), images, logits)
+        assert (out["precision"], out.get("gate"), out.get("gate_passed", True)) == (precision, gate, True), backend

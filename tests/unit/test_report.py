@@ -673,10 +673,8 @@ def test_batch_section_compares_images_per_second_with_single_requests_of_the_sa
     text = "\n".join(_batch_section(bench([single, batch]) | {"batch": {"backend": "openvino-int8"}}, "docs/bench"))
     assert "**64.0 images/s** vs 50.0 images/s one per request = **1.28×**; 0 of 1000 batch requests failed." in text
     assert "| batches of 8 | 10.0 | 17.5 | 0.5 |" in text and "| one per request | 12.0 | 20.0 | 3.0 |" in text
-    results = bench([]) | {"batch": {"backend": "x", "skipped": "this server has no POST /classify/batch (HTTP 404)"}}
-    assert "Not measured in this run: this server has no POST /classify/batch (HTTP 404)." in _batch_section(
-        results, ""
-    )
+    results = bench([]) | {"batch": {"skipped": "no inference run to pick a backend from"}}
+    assert "Not measured in this run: no inference run to pick a backend from." in _batch_section(results, "")
 
 
 def test_the_first_table_is_the_rows_of_results_json(tmp_path, monkeypatch) -> None:
@@ -764,7 +762,7 @@ def test_a_tune_check_rewrites_the_report_from_the_bench_results_beside_the_plot
     first = next(block for block in md.read_text().split("\n\n") if block.startswith("|"))
     assert "fastinfer tune" not in first
     (tmp_path / "tuning.json").write_text(json.dumps(tune_check()))  # as the check saves it, then:
-    assert check.write_markdown(tune_check(), md, plots, tmp_path) == plots / "tuning.png"
+    assert check.write_markdown(md, plots, tmp_path) and (plots / "tuning.png").exists()
     first = next(block for block in md.read_text().split("\n\n") if block.startswith("|"))
     assert "| `fastinfer tune`'s choice vs the sweep's best | 100% in the sweep's own runs (no head to head) |" in first
 

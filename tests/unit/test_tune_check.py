@@ -224,18 +224,6 @@ def test_shares_read_the_goal_and_refuse_nothing_measured() -> None:
     assert check.mean_score(Goal(), [Trial(Config("onnx"), "x", 10, 1, 1, 0, 5)]) == 10
 
 
-def test_the_section_replaces_its_old_self_and_nothing_else() -> None:
-    old = "# Benchmarks\n\n## Targets\n\n- a\n\n" + check.SECTION + "\n\nold\n\n## Fidelity\n\nkept\n"
-    new = check.replace_section(old, [check.SECTION, "", "new", ""])
-    assert "old" not in new and "new" in new and new.endswith("## Fidelity\n\nkept\n") and "- a" in new
-    assert check.replace_section("# B\n", ["x"]) == "# B\n\nx\n"
-    twice = f"# B\n\n{check.SECTION}  \n\nold\n\n# Appendix\n\nkept\n\n{check.SECTION}\n\nolder\n"
-    new = check.replace_section(twice, [check.SECTION, "", "new"])
-    assert new.count(check.SECTION) == 1 and "old" not in new and "# Appendix\n\nkept" in new
-    fenced = f"# B\n\n{check.SECTION}\n\n```\n## not a heading\n```\n\n## Next\n"
-    assert check.replace_section(fenced, [check.SECTION, "", "new"]).endswith("new\n## Next\n")
-
-
 def test_the_bench_keeps_a_saved_check_and_survives_a_broken_one(tmp_path) -> None:
     assert check.load(tmp_path / "missing.json") is None
     (tmp_path / "t.json").write_text('{"tune": {"elapsed_s"')  # truncated by an interrupt
@@ -273,21 +261,22 @@ def test_a_head_to_head_interrupted_or_with_a_failed_contender_says_so(tmp_path,
 
 
 def test_the_plot_and_the_link_follow_the_markdown_and_no_stale_plot_stays(tmp_path, monkeypatch) -> None:
+    from tests.unit.test_report import bench, run
+
     monkeypatch.setattr("fastinfer.common.hardware.cpu_count", lambda: 2)
     rates = {"openvino-int8, runner, max batch 16": 30.0}
     tuner, swept, _ = _searches(tmp_path, rates)
     result = check.compare(tuner, 60.0, swept, 0, by_rate(rates)) | ABOUT
     markdown, plots = tmp_path / "docs" / "B.md", tmp_path / "plots"
-    check.write_markdown(result, markdown, plots)
+    markdown.parent.mkdir()
+    (tmp_path / "tuning.json").write_text(json.dumps(result))  # as the check saves it
+    assert not check.write_markdown(markdown, plots, tmp_path) and not markdown.exists()  # no bench beside the plots
+    check.write_benchmarks(bench([run("inference", "onnx-int8", 10, 58.0)]), markdown, tmp_path / "none", plots)
+    assert check.write_markdown(markdown, plots, tmp_path)
     assert "](../plots/tuning.png)" in markdown.read_text() and (plots / "tuning.png").stat().st_size > 10_000
-    check.write_markdown(check.sweep_result(tuner, 60.0, None) | ABOUT, markdown, plots)
+    (tmp_path / "tuning.json").write_text(json.dumps(check.sweep_result(tuner, 60.0, None) | ABOUT))
+    assert check.write_markdown(markdown, plots, tmp_path)
     assert not (plots / "tuning.png").exists() and "tuning.png" not in markdown.read_text()
-
-
-def test_a_commented_out_section_does_not_swallow_the_rest_of_the_file() -> None:
-    md = f"# B\n\n<!--\n{check.SECTION}\n\nold draft\n-->\n\nVisible text\n\n## Next\n\nkeep\n"
-    out = check.replace_section(md, [check.SECTION, "", "NEW", ""])
-    assert "Visible text" in out and "old draft" in out and out.endswith("NEW\n")
 
 
 def test_a_head_to_head_without_its_tuned_row_is_not_met_not_a_crash() -> None:
