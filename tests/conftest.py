@@ -48,11 +48,16 @@ for _name in ("FASTINFER_API_KEYS", "FASTINFER_API_KEYS_FILE", "FASTINFER_API_KE
 
 @pytest.fixture(autouse=True)
 def _settings_read_afresh() -> Iterator[None]:
-    """The process's cached settings dropped after each test: settings read under one test's environment (a
-    monkeypatched FASTINFER_DEFAULT_BACKEND) must not be what the next test on that worker is given."""
+    """The process's cached settings dropped before and after each test: each test's code reads them under its
+    own environment (a monkeypatched FASTINFER_DEFAULT_BACKEND), not under what an import or another test saw."""
+
+    def clear() -> None:
+        if config := sys.modules.get("fastinfer.catalog.config"):  # never imported: nothing cached
+            config.get_settings.cache_clear()
+
+    clear()
     yield
-    if config := sys.modules.get("fastinfer.catalog.config"):  # never imported: nothing cached
-        config.get_settings.cache_clear()
+    clear()
 
 
 @pytest.fixture(scope="session")
@@ -173,6 +178,44 @@ def private_store(built_models: list, bentoml_home: Path, tmp_path: Path) -> Ite
     shutil.copytree(bentoml_home / "models", home / "models", copy_function=_link_or_copy)
     with model_store_at(home):
         yield home
+
+
+def doctor_report(tmp_path: Path) -> dict:
+    """``fastinfer doctor --json`` without a benchmark profile: it exits 0; its JSON report."""
+    from fastinfer import cli
+
+    out = tmp_path / "doctor.json"
+    assert cli.main(["doctor", "--json", str(out), "--profile", str(tmp_path / "none.json")]) == 0
+    return json.loads(out.read_text())
+
+
+# A user's own family of 3 classes, as its weights and labels files: what a build is given.
+CLASSES = ["red", "green", "blue"]
+
+
+def three_class_state(seed: int = 1) -> dict:
+    """A fresh torchvision ResNet-50 with a 3-class head: what a user's fine-tune saves."""
+    import torch
+    from torchvision.models import resnet50
+
+    torch.manual_seed(seed)
+    return resnet50(weights=None, num_classes=3).state_dict()
+
+
+@pytest.fixture(scope="module")
+def weights_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+
+    path = tmp_path_factory.mktemp("weights") / "three.pth"
+    torch.save(three_class_state(), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def labels_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("labels") / "labels.txt"
+    path.write_text("\n".join(CLASSES) + "\n")
+    return path
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -1,18 +1,11 @@
-"""A real fine-tuned ResNet-50 family made on this machine, for the end-to-end proof (issue 34).
+"""A real fine-tuned ResNet-50 family made on this machine, for the end-to-end proof.
 
-Images follow one obvious visual rule: the class is the colour of a noisy background, under dark or
-light grey shapes of varied size and place, in JPEGs and PNGs of 180-400 px. A seeded random-init
-ResNet-50 (no pretrained weights can be downloaded here) sees them through the service's own
-preprocessing (``prepare`` → uint8 NHWC → ``Uint8Classifier`` with the family's mean/std inside); its
-BatchNorm statistics are set from the training photos and its last layer fitted, in seconds.
-
-Why the BatchNorm statistics: with a random init's (0 and 1) the fitted head scored 100% held-out in
-FP32 but 25% (chance, 4 classes then) in static and dynamic INT8: activations grow block after block to
-ranges INT8 cannot keep. Set from the photos, as any training sets them, INT8 keeps 100%.
-
-The family's mean and std are far from ImageNet's and each class's colour is what the previous one
-looks like through ImageNet's (:func:`_chain`), so a build that drops them answers about 3%. A wrong
-label order answers 0-33%, a static INT8 calibrated on blank images 63%: all far below 90%.
+Images follow one obvious visual rule: the class is the colour of a noisy background, under grey shapes of varied
+size and place, in JPEGs and PNGs of 180-400 px. A seeded random-init ResNet-50 sees them through the service's
+own preprocessing; its BatchNorm statistics are set from the training photos (with a random init's, INT8 cannot
+keep the growing activations and scores chance) and its last layer fitted, in seconds. The family's mean and std
+are far from ImageNet's and each class's colour is what the previous one looks like through ImageNet's
+(:func:`_chain`), so a build that drops them, a wrong label order or a blank calibration all score far below 90%.
 
 ``python -m tests.family_data DIR`` makes one and prints its accuracies and timings.
 """

@@ -51,6 +51,18 @@ def serving(*backends: str) -> dict[str, str]:
     return env
 
 
+def wait_for_port(port: int, process: subprocess.Popen) -> None:
+    """Return once the redis-server ``process`` takes connections on loopback ``port`` (15 s at most)."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "redis-server exited"
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError("redis-server did not start")
+
+
 class RedisServer:
     """A real redis-server on a free loopback port, with no persistence; can be stopped and restarted."""
 
@@ -84,13 +96,7 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
+        wait_for_port(self.port, self.process)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

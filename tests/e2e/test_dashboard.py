@@ -91,7 +91,7 @@ def test_dashboard_end_to_end(server, fake_groq, browser, tmp_path) -> None:
     default = info["default_choice"]
     assert page.is_checked(f"#backend-{default['backend']}")
     assert f"default: {default['backend']} ({default['source']})" in page.inner_text("#machine")
-    # The model family served (issue 34): its name, class count and weights; top-k goes no higher than its classes.
+    # The model family served: its name, class count and weights; top-k goes no higher than its classes.
     family = info["family"]
     said = f"model family {family['name']} · {family['num_classes']} classes · weights: {family['weights']}"
     assert said in page.inner_text("#family")
@@ -198,7 +198,7 @@ def with_hostile_live(live: dict[str, Any]) -> dict[str, Any]:
 def test_values_from_the_server_are_shown_as_text_never_run(server, browser, tmp_path) -> None:
     """Backend names, labels, p50 keys, the cache's state, error messages: every text the page shows
     comes from the server, which validates it today. The page must not rely on that: a value holding
-    markup is shown as written, makes no element, runs nothing, and breaks no policy (issue 21, item 8)."""
+    markup is shown as written, makes no element, runs nothing, and breaks no policy."""
     photo = tmp_path / "cat.jpg"
     photo.write_bytes(photos.photo_jpeg("chelsea.png"))
     page, errors = watched_page(browser)
@@ -345,7 +345,7 @@ window.fetch = async (...args) => {
 
 def test_a_late_401_does_not_throw_away_the_key_just_entered(locked_server, browser) -> None:
     """The first /stats/live 401 arrives after the user entered the right key (a slow network): the page
-    retries it with that key instead of forgetting it and asking again (review finding)."""
+    retries it with that key instead of forgetting it and asking again."""
     context = browser.new_context()
     context.add_init_script(DELAY_FIRST_LIVE)
     page = context.new_page()

@@ -1,8 +1,7 @@
 """An answer does not depend on the other requests: the same photo alone, in one /classify/batch with
 others, and among concurrent single requests (which the runner batches) scores the same, on every
-backend that runs here. Dynamic INT8 computed its activation scales over the whole batch, so its
-answers moved with other clients' images (logits by up to 0.36 beside three other photos, 0.55 beside
-seven), until it ran one image at a time."""
+backend that runs here. Dynamic INT8 computes its activation scales over the whole batch it is given: it
+must run one image at a time, or its answers move with other clients' images."""
 
 from __future__ import annotations
 

@@ -12,7 +12,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import bentoml
@@ -25,7 +24,7 @@ import yaml
 from fastinfer import __version__
 from fastinfer.measure import photos
 from load_tests.service import ROOT, free_port
-from tests.servers import home_over, serve, serving
+from tests.servers import home_over, serve, serving, wait_for_port
 from tests.spec_checks import spec_problems
 
 BENTOML = Path(sys.executable).parent / "bentoml"
@@ -398,17 +397,6 @@ def tools(tmp_path) -> dict[str, str]:
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     return {"PATH": f"{bin_dir}:/usr/bin:/bin", "PORT": str(port)}
-
-
-def wait_for_port(port: int, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        assert process.poll() is None, "redis-server exited"
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError("redis-server did not start")
 
 
 def answers_without_password(port: int) -> bool:

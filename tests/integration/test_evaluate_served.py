@@ -1,6 +1,6 @@
 """`fastinfer evaluate --url` against a real server of a family's own: what it measures through HTTP is what
 evaluate measures in process, on a machine whose model store is empty; each backend timed through the server
-(issue 44) and the frontier drawn."""
+and the frontier drawn."""
 
 from __future__ import annotations
 

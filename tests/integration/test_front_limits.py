@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 
 from fastinfer.measure import photos
@@ -138,7 +137,7 @@ def test_silent_connections_are_closed_and_keyed_clients_and_probes_keep_answeri
         loaded = p50_ms(keyed)
         assert probes_answer(front.url)
         time.sleep(KEEPALIVE_S + 1.5)
-        assert all(closed_by_server(s) for s in silent)  # before: open for ever
+        assert all(closed_by_server(s) for s in silent)
     finally:
         for s in silent:
             s.close()
@@ -226,26 +225,18 @@ def test_a_transfer_coding_the_front_does_not_take_gets_501_in_our_shape(front: 
     assert body is not None and body["error"]["code"] == "not_implemented", body
 
 
-def front_worker(front: Front) -> psutil.Process:
-    for process in psutil.Process(front.server.process.pid).children(recursive=True):
-        command = process.cmdline()
-        if "--service-name" in command and command[command.index("--service-name") + 1] == "fastinfer":
-            return process
-    raise AssertionError("no front worker")
-
-
 def test_a_full_disk_under_bentoml_home_degrades_instead_of_crash_looping(front: Front, keyed) -> None:
     """Runs after the others but the shutdown: it fills the server's BENTOML_HOME, then frees it."""
     if front.full_disk is not None:
         pytest.skip(front.full_disk)
     assert classify(keyed).status_code == 200  # cached from the tests above, or now
-    worker = front_worker(front)
+    (worker,) = service_pids(front.server, "fastinfer")  # the front worker
     metrics_dir = front.home / METRICS_ROOT / str(front.server.process.pid)  # this server's own (serving/disk.py)
     files_before = len(list(metrics_dir.iterdir()))
     filler = fill(front.home)
     try:
         # New paths are new metric labels (BentoML labels its request metrics with the path): new pages
-        # of the front's metric files. Before: SIGBUS here, and no answer to anything after.
+        # of the front's metric files, which a full disk would answer with SIGBUS.
         for i in range(400):
             answer = keyed.get(f"/no-such-route-{i}")
             assert answer.status_code == 404, answer.text
@@ -260,7 +251,7 @@ def test_a_full_disk_under_bentoml_home_degrades_instead_of_crash_looping(front:
         assert hit.status_code == 200 and hit.json()["cached"] is True
         assert classify(keyed, **{"Cache-Control": "no-cache"}).status_code == 200  # the runner still infers
         assert httpx.get(f"{front.url}/metrics", timeout=10).status_code == 200
-        assert front_worker(front).pid == worker.pid  # never restarted
+        assert service_pids(front.server, "fastinfer") == [worker]  # never restarted
         assert "disk: cannot give" in front.server.log.read_text()
     finally:
         filler.unlink()
@@ -274,9 +265,8 @@ def test_a_full_disk_under_bentoml_home_degrades_instead_of_crash_looping(front:
 
 def test_sigterm_closes_idle_connections_and_refuses_new_ones_within_seconds(front: Front) -> None:
     """Stops the server: runs last. Idle keep-alive connections get a FIN at SIGTERM, and once nothing is
-    in flight the server is gone in seconds, so a new connection is refused. Before: an abandoned upload
-    (and a probe that had hung) held the front for BentoML's timeout (35 s) after SIGTERM; new connections
-    meanwhile waited in the listening socket `bentoml serve` keeps open, then were reset (ECONNRESET)."""
+    in flight the server is gone in seconds, so a new connection is refused: an abandoned upload must not
+    hold the front for BentoML's timeout (35 s) while new connections wait in the listening socket."""
     idle = []
     for _ in range(5):
         sock = socket.create_connection(front.address, timeout=10)

@@ -128,8 +128,7 @@ def test_two_servers_share_one_redis(client, own_server) -> None:
 def test_another_precision_never_serves_the_other_servers_answer(client, own_server) -> None:
     """The same stored openvino model at `auto` (the shared server) and at f32 (this one), on one Redis: an
     answer is shared only where both engines compute at the same precision. On a CPU with BF16 they differ
-    and each computes its own; on one without, `auto` is f32 and they share (review finding: an f32
-    server answered `cached: true` with the BF16 server's score)."""
+    and each computes its own; on one without, `auto` is f32 and they share."""
     data = photos.photo_jpeg("rocket.jpg", width=359, quality=82)  # bytes no other test sends
     files = {"image": ("p.jpg", data, "image/jpeg")}
     first = client.post("/classify", data={"backend": "openvino"}, files=files).json()
@@ -214,8 +213,7 @@ def test_work_answered_504_is_dropped_by_the_runner(own_server) -> None:
     is dropped, by the deadline sent with the call (``expired_images``) or as the front's call is
     cancelled, whichever comes first. Each request's deadline runs from its own arrival, so a run can
     start just before a later request's deadline while the first, over its own, is still being answered
-    504: two runs at most, as the arrivals spread over less than one run of 32 pytorch images (a CI run
-    computed 64 images with none answered 200)."""
+    504: two runs at most, as the arrivals spread over less than one run of 32 pytorch images."""
     from concurrent.futures import ThreadPoolExecutor
 
     # Small photos (their decoding is nearly free, so every request reaches the runner at once), 32 a

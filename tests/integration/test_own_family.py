@@ -65,7 +65,7 @@ def test_the_build_stores_every_backend_as_the_family_and_measures_it_on_the_hel
         assert row["images"] == len(heldout) and row["top1"] >= MIN_TOP1, (backend, row)
         if row["precision"] in ("int8", "bf16"):  # the default --max-accuracy-drop: 1 point
             assert reference["top1"] - row["top1"] <= 0.01 + 1e-9, (backend, row, reference)
-    # The fastest backend within the limit, from each engine's brief timing, named and written (issue 44).
+    # The fastest backend within the limit, from each engine's brief timing, named and written.
     fastest = table["fastest_within_limit"]
     assert fastest in {f"{own_family.name}-{backend}" for backend in rows}, table["images_per_s_in_process"]
     assert f"accuracy: fastest within the limit (1 pp): {fastest}, " in family_build.output

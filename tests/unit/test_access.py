@@ -249,14 +249,8 @@ def test_the_total_is_shared_out_among_the_front_workers(total: int, workers: in
 
 
 def test_the_analyze_guard_follows_the_settings(monkeypatch) -> None:
-    monkeypatch.setenv("FASTINFER_ANALYZE_PER_MINUTE", "4")
-    monkeypatch.setenv("FASTINFER_ANALYZE_TOTAL_PER_MINUTE", "12")
-    monkeypatch.setenv("FASTINFER_FRONT_WORKERS", "2")
-    config.get_settings.cache_clear()
-    try:
-        guard = analyze_guard(config.get_settings())
-    finally:
-        config.get_settings.cache_clear()
+    limits = {"FASTINFER_ANALYZE_PER_MINUTE": "4", "FASTINFER_ANALYZE_TOTAL_PER_MINUTE": "12"}
+    guard = analyze_guard(settings_with(monkeypatch, FASTINFER_FRONT_WORKERS="2", **limits))
     assert (guard.per_client, guard.total) == (4, 6)
     assert "FASTINFER_ANALYZE_PER_MINUTE" in guard.message("/analyze", 5)
 
@@ -290,7 +284,7 @@ def test_the_guard_applies_to_posts_on_its_route_by_client() -> None:
 
 def test_only_calls_that_spend_are_counted() -> None:
     """A request checked but never spending (invalid, refused, cut off, stalled on its body, no Groq
-    key) holds no allowance: a client holding such requests open cannot lock others out (review)."""
+    key) holds no allowance: a client holding such requests open cannot lock others out."""
     access = guarded(Clock(), keys=())
     for _ in range(5):
         assert access.check(request("/analyze")) is None  # checked, never spent
@@ -300,7 +294,7 @@ def test_only_calls_that_spend_are_counted() -> None:
 
 def test_a_call_is_counted_when_it_spends_not_when_it_arrived() -> None:
     """A body that takes 30 s to arrive is counted at 30 s: the window holds calls as Groq saw them, so
-    no more than the total reach Groq in any 60 s (review: slow bodies let 2x the total through)."""
+    no more than the total reach Groq in any 60 s (slow bodies must not let 2x the total through)."""
     clock = Clock()
     guard = RateGuard(per_client=5, total=5, clock=clock)
     access = Access(ApiKeys(()), {"/analyze": guard})
@@ -328,8 +322,8 @@ def test_an_in_process_call_has_no_guard() -> None:
 
 
 def test_the_guard_never_breaks_and_stays_bounded() -> None:
-    """Random calls, checks and waits: no exception (an emptied client entry once raised IndexError on every
-    later call), at most the total in the window, at most the total's worth of clients."""
+    """Random calls, checks and waits: no exception (an emptied client entry included), at most the total in
+    the window, at most the total's worth of clients."""
     rng = random.Random(7)
     for _ in range(300):
         clock = Clock()
@@ -422,7 +416,7 @@ def test_the_front_and_the_handler_count_only_calls_that_spend() -> None:
 
 
 def test_a_websocket_without_a_key_is_refused() -> None:
-    """No WebSocket route exists today; one added later must not be open (review finding)."""
+    """No WebSocket route exists today; one added later must not be open."""
     app = Recorder()
     front = FrontMiddleware(
         app, max_bytes=10, max_concurrency=1, timeout_s=1, route_backends={}, max_uploads=1, body_idle_s=1,

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +18,8 @@ from fastinfer.catalog import backends, choice, store
 from fastinfer.catalog.backends import BACKENDS, RUNNERS, SPECS, open_engine, runs_here, unavailable_reason
 from fastinfer.catalog.config import get_settings
 from fastinfer.engines import EngineUnavailable
-from tests.conftest import ROOT
+from tests.conftest import ROOT, doctor_report
+from tests.settings import settings_with
 
 
 def test_every_name_setting_and_runner_derives_from_the_table() -> None:
@@ -71,14 +70,8 @@ def test_fastinfer_backends_switches_runners_off_and_says_so(monkeypatch) -> Non
     ],
 )
 def test_a_fastinfer_backends_that_cannot_hold_stops_start_up_in_one_line(monkeypatch, env, said) -> None:
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    get_settings.cache_clear()
-    try:
-        with pytest.raises(ValueError, match=said):
-            get_settings()
-    finally:
-        get_settings.cache_clear()
+    with pytest.raises(ValueError, match=said):
+        settings_with(monkeypatch, **env)
 
 
 def test_the_front_depends_only_on_the_runners_switched_on() -> None:
@@ -133,25 +126,11 @@ def test_every_backend_has_a_build_step() -> None:
         assert set(spec.static_batches) <= set(artifact.batches), name
 
 
-def corrupt_copy(name: str, tmp_path: Path) -> Path:
-    copy = tmp_path / name
-    shutil.copytree(store.find(name).path, copy)
-    weights = copy / "model.bin"
-    weights.write_bytes(weights.read_bytes()[:1000])
-    return copy
-
-
-@pytest.mark.parametrize("fault", ["corrupt model", "runtime not importable"])
-def test_a_runner_whose_engine_cannot_load_stays_up_and_says_why(built_models, monkeypatch, tmp_path, fault) -> None:
+def test_a_runner_whose_runtime_cannot_be_imported_stays_up_and_says_why(built_models, monkeypatch) -> None:
+    """A corrupt model: tests/unit/test_store_health.py."""
     import runners.base
 
-    if fault == "corrupt model":
-        broken = corrupt_copy("openvino-int8", tmp_path)
-        monkeypatch.setattr(
-            runners.base, "open_engine", lambda backend, threads, dirs: open_engine(backend, threads, {None: broken})
-        )
-    else:
-        monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` raises ImportError
+    monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` raises ImportError
     runner = runners.base.make_runner("openvino-int8").inner()
 
     described = runner.describe()
@@ -162,6 +141,7 @@ def test_a_runner_whose_engine_cannot_load_stays_up_and_says_why(built_models, m
 
 
 def test_a_failed_load_is_retried_and_then_serves(built_models, monkeypatch) -> None:
+    """A transient failure: not ready, and the readiness probe starts the retry (a request's _loaded() does too)."""
     import runners.base
 
     attempts = []
@@ -176,6 +156,13 @@ def test_a_failed_load_is_retried_and_then_serves(built_models, monkeypatch) -> 
     monkeypatch.setattr(runners.base, "RELOAD_AFTER_S", 0.0)
     runner = runners.base.make_runner("onnx-int8").inner()
     assert "MemoryError: a transient failure" in runner.describe()["error"]
+
+    async def probe_until_ready() -> list[bool]:
+        answers = [await runner.__is_ready__()]  # not ready: and the probe starts the retry
+        await runner._retry
+        return [*answers, await runner.__is_ready__()]
+
+    assert asyncio.run(probe_until_ready()) == [False, True] and len(attempts) == 2
     logits = asyncio.run(runner.infer(np.zeros((2, 224, 224, 3), np.uint8)))
     assert logits.shape == (2, 1000) and len(attempts) == 2 and "error" not in runner.describe()
     assert runner.describe()["batch_sizes_seen"] == {2: 1}  # only real model runs are counted
@@ -199,6 +186,7 @@ def test_a_failure_about_this_machine_is_not_retried_and_a_retry_in_progress_doe
         with pytest.raises(ServiceUnavailable, match="SIGFPE on this CPU"):
             asyncio.run(runner.infer(np.zeros((1, 224, 224, 3), np.uint8)))
     assert attempts == ["openvino-int8"]  # loaded once, at start-up
+    assert asyncio.run(runner.__is_ready__()) is True  # not ready would hold the server: like a runner not started
 
     runner.lasting = False  # a transient failure, with a retry already running: answered at once
 
@@ -211,18 +199,14 @@ def test_a_failure_about_this_machine_is_not_retried_and_a_retry_in_progress_doe
     assert attempts == ["openvino-int8"]
 
 
-def test_doctor_recommends_only_what_loaded(built_models, monkeypatch, tmp_path, capsys) -> None:
-    from fastinfer import cli
-
+def test_doctor_recommends_only_what_loaded(built_models, monkeypatch, tmp_path) -> None:
     def failing(name: str, *args: object, **kwargs: object) -> object:
         if name.startswith("openvino"):
             raise EngineUnavailable("OpenVINO compile_model crashed with SIGFPE on this CPU")
         return open_engine(name, *args, **kwargs)
 
     monkeypatch.setattr(backends, "open_engine", failing)
-    out = tmp_path / "doctor.json"
-    assert cli.main(["doctor", "--json", str(out), "--profile", str(tmp_path / "none.json")]) == 0
-    report = json.loads(out.read_text())
+    report = doctor_report(tmp_path)
     assert report["backends"]["openvino-int8"]["available"] is False
     assert "SIGFPE" in report["backends"]["openvino-int8"]["reason"]
     # The rule's choice among what loaded: onnx-int8 on any x86 CPU once OpenVINO is out.
@@ -265,30 +249,26 @@ def operator_env(**given: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(
-    ("options", "dropped"),
+    ("options", "config", "dropped"),
     [
-        ("", True),
-        ("tracing.sample_rate=0.0", True),
-        ("tracing.sample_rate=0.5", False),
-        ("services.tracing.sample_rate=0.5", False),  # BentoML 1.4 layers services.* over each service
-        ("services.fastinfer.tracing.sample_rate=0.1", False),  # the front samples: its runners' spans follow
-        ("tracing.exporter_type=otlp", False),
+        ("", None, True),
+        ("tracing.sample_rate=0.0", None, True),
+        ("tracing.sample_rate=0.5", None, False),
+        ("services.tracing.sample_rate=0.5", None, False),  # BentoML 1.4 layers services.* over each service
+        ("services.fastinfer.tracing.sample_rate=0.1", None, False),  # the front samples: its runners' spans follow
+        ("tracing.exporter_type=otlp", None, False),
+        (None, "services:\n  tracing:\n    sample_rate: 1.0\n", False),  # a configuration file
     ],
 )
-def test_a_runner_keeps_its_spans_wherever_tracing_is_configured(options: str, dropped: bool) -> None:
-    """As an operator configures BentoML: its config options in the environment of a fresh process."""
-    env = operator_env(BENTOML_CONFIG_OPTIONS=options)
+def test_a_runner_keeps_its_spans_wherever_tracing_is_configured(tmp_path, options, config, dropped: bool) -> None:
+    """As an operator configures BentoML: its config options or file in the environment of a fresh process."""
+    env = operator_env()
+    if options is not None:
+        env["BENTOML_CONFIG_OPTIONS"] = options
+    if config is not None:
+        (tmp_path / "bentoml.yaml").write_text(config)
+        env["BENTOML_CONFIG"] = str(tmp_path / "bentoml.yaml")
     code = "import runners.base; print('tracing' in runners.base.hop_uninstrumented())"
     ran = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert ran.stdout.strip().splitlines()[-1] == str(dropped)
-
-
-def test_a_runner_keeps_its_spans_when_a_config_file_turns_tracing_on(tmp_path: Path) -> None:
-    config = tmp_path / "bentoml.yaml"
-    config.write_text("services:\n  tracing:\n    sample_rate: 1.0\n")
-    env = operator_env(BENTOML_CONFIG=str(config))
-    code = "import runners.base; print('tracing' in runners.base.hop_uninstrumented())"
-    ran = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert ran.returncode == 0, ran.stderr[-2000:]
-    assert ran.stdout.strip().splitlines()[-1] == "False"

@@ -1,6 +1,6 @@
-"""A model family from the user's own files (issue 34, build side): weights with any number of classes,
-labels in every common layout, the family's name and preprocessing, each refused in one line when it
-cannot be, before anything is stored; and a real small build of a 3-class family at crop 160."""
+"""A model family from the user's own files, build side: weights with any number of classes, labels in every
+common layout, the family's name and preprocessing, each refused in one line when it cannot be, before anything
+is stored; and a real small build of a 3-class family at crop 160."""
 
 from __future__ import annotations
 
@@ -20,33 +20,18 @@ from build_models.weights import NotResNet50Weights, load_weights, state_hash
 from fastinfer.catalog import store
 from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.measure import photos
+from tests.conftest import CLASSES, three_class_state
 from tests.family_data import build_here
 
 pytestmark = pytest.mark.heavy  # model builds
 
-CLASSES = ["red", "green", "blue"]
 # The small build's preprocessing: none of it ImageNet's, so that each must travel to be right.
 MEAN, STD, RESIZE, CROP = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3), 176, 160
-
-
-def three_class_state(seed: int = 1) -> dict[str, torch.Tensor]:
-    """A fresh torchvision ResNet-50 with a 3-class head: what a user's fine-tune saves."""
-    from torchvision.models import resnet50
-
-    torch.manual_seed(seed)
-    return resnet50(weights=None, num_classes=3).state_dict()
 
 
 @pytest.fixture(scope="module")
 def state() -> dict[str, torch.Tensor]:
     return three_class_state()
-
-
-@pytest.fixture(scope="module")
-def weights_file(state, tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("weights") / "three.pth"
-    torch.save(state, path)
-    return path
 
 
 def one_line_refusal(argv: list[str], capsys) -> str:
@@ -290,15 +275,13 @@ def test_the_build_command_is_named_as_it_was_invoked(capsys) -> None:
     assert "--std=R,G,B" in help_text  # a value beginning with '-' is written so (argparse takes it for a flag)
 
 
-def test_build_refuses_before_exporting(state, weights_file, tmp_path) -> None:
+def test_build_refuses_before_exporting(weights_file, labels_file) -> None:
     said: list[str] = []
-    labels = write(tmp_path, "labels.txt", "\n".join(CLASSES))
     with pytest.raises(store.BadFamilyName):
-        build(str(weights_file), family="Not OK", labels_path=labels, progress=said.append)
+        build(str(weights_file), family="Not OK", labels_path=labels_file, progress=said.append)
     with pytest.raises(BadPreprocessing):
-        build(
-            str(weights_file), labels_path=labels, preprocess=PreprocessSpec(std=(0.2, -1, 0.2)), progress=said.append
-        )
+        spec = PreprocessSpec(std=(0.2, -1, 0.2))
+        build(str(weights_file), labels_path=labels_file, preprocess=spec, progress=said.append)
     assert not [line for line in said if "exporting" in line]
 
 
@@ -333,10 +316,9 @@ def said_until_the_first_step(weights: Path | str, **options) -> list[str]:
 
 
 def test_int8_on_the_generic_photos_is_warned_about_for_a_family_of_ones_own(
-    weights_file, tmp_path, caplog, capsys
+    weights_file, labels_file, tmp_path, caplog, capsys
 ) -> None:
-    labels = write(tmp_path, "labels.txt", "\n".join(CLASSES))
-    options = {"only": ["onnx-int8"], "family": "warned", "labels_path": labels}
+    options = {"only": ["onnx-int8"], "family": "warned", "labels_path": labels_file}
     warned = "calibrated on the bundled generic photos"
     said = said_until_the_first_step(weights_file, **options)
     warning = [line for line in said if warned in line]
@@ -350,12 +332,11 @@ def test_int8_on_the_generic_photos_is_warned_about_for_a_family_of_ones_own(
     assert store.versions("warned-onnx-int8") == []
 
 
-def test_a_model_of_ones_own_without_a_name_is_warned_to_replace_the_default_family(weights_file, tmp_path) -> None:
-    labels = write(tmp_path, "labels.txt", "\n".join(CLASSES))
-    said = said_until_the_first_step(weights_file, labels_path=labels)  # every backend: no --only, no mixing
+def test_a_model_of_ones_own_without_a_name_is_warned_to_replace_the_default_family(weights_file, labels_file) -> None:
+    said = said_until_the_first_step(weights_file, labels_path=labels_file)  # every backend: no --only, no mixing
     warning = [line for line in said if "default family" in line]
     assert len(warning) == 1 and "replaces" in warning[0] and "--name NAME" in warning[0], said
-    assert not [line for line in said_until_the_first_step(weights_file, labels_path=labels, family="own")
+    assert not [line for line in said_until_the_first_step(weights_file, labels_path=labels_file, family="own")
                 if "default family" in line]  # fmt: skip
 
 
@@ -376,11 +357,9 @@ def stored(home: Path, name: str) -> tuple[Path, dict]:
 
 
 @pytest.fixture(scope="module")
-def family_home(weights_file, tmp_path_factory) -> tuple[Path, Path, str]:
+def family_home(weights_file, labels_file, tmp_path_factory) -> tuple[Path, Path, str]:
     home = tmp_path_factory.mktemp("family-home")
-    labels = home.parent / "tri-labels.txt"
-    labels.write_text("\n".join(CLASSES) + "\n")
-    return home, labels, build_family(home, weights_file, labels)
+    return home, labels_file, build_family(home, weights_file, labels_file)
 
 
 def test_a_three_class_family_is_stored_with_its_labels_and_preprocessing(family_home) -> None:

@@ -1,8 +1,5 @@
-"""``python -m build_models --force`` over a full store rebuilds the artifacts that read each other in one run.
-
-It used to crash: the INT8 steps read the FP32 ONNX file inside the stored ``resnet50-onnx``,
-which the ``onnx`` step of the same run had just superseded and deleted.
-"""
+"""``python -m build_models --force`` over a full store rebuilds the artifacts that read each other in one run:
+the INT8 steps read the FP32 ONNX model that the ``onnx`` step of the same run has just replaced."""
 
 from __future__ import annotations
 

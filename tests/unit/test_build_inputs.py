@@ -1,5 +1,5 @@
-"""What a build is given, refused in one line before the first export, and what it records, valid text
-(issue 41, findings 2, 3, 6 and 7): nothing here builds more than one PyTorch model."""
+"""What a build is given, refused in one line before the first export, and what it records, valid text: nothing
+here builds more than one PyTorch model."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from build_models.weights import NotResNet50Weights, load_weights
 from fastinfer.catalog import store
 from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.measure import photos
-from tests.unit.test_build_family import CLASSES, one_line_refusal, said_until_the_first_step, three_class_state
+from tests.conftest import CLASSES, three_class_state
+from tests.settings import settings_with
+from tests.unit.test_build_family import one_line_refusal, said_until_the_first_step
 
 pytestmark = pytest.mark.heavy  # model builds
 
@@ -48,20 +50,6 @@ def not_text(value: Any) -> list[str]:
         except UnicodeEncodeError:
             bad.append(text)
     return bad
-
-
-@pytest.fixture(scope="module")
-def weights_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("weights") / "three.pth"
-    torch.save(three_class_state(), path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def labels_file(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("labels") / "labels.txt"
-    path.write_text("\n".join(CLASSES) + "\n")
-    return path
 
 
 def photo(path: Path, name: str = "chelsea.png") -> Path:
@@ -98,8 +86,8 @@ def test_a_calibration_folder_not_in_utf8_is_recorded_as_text(tmp_path) -> None:
 
 def test_a_build_from_files_named_in_no_encoding_stores_only_valid_text(weights_file, labels_file, tmp_path) -> None:
     """Weights, eval and calibration folders whose names hold a byte that is not UTF-8: the stored model's
-    labels and metadata are all text a server can send (a surrogate there made /backends, /docs.json and
-    /metrics answer 500)."""
+    labels and metadata are all text a server can send (a surrogate there would make /backends, /docs.json
+    and /metrics answer 500)."""
     weights = tmp_path / odd("w?.pth")
     weights.symlink_to(weights_file)
     eval_dir, calibration = tmp_path / odd("eval?"), tmp_path / odd("cal?")
@@ -138,8 +126,8 @@ def test_weights_that_overflow_are_refused_before_anything_is_stored(labels_file
 
 
 def test_weights_whose_logits_are_huge_but_finite_are_refused_before_anything_is_stored(labels_file, tmp_path, capsys):
-    """fc.weight × 1e30: logits near 1e28 pass the finite check; onnx was refused on its absolute tolerance only
-    after pytorch was stored."""
+    """fc.weight × 1e30: logits near 1e28 pass the finite check, and must be refused before pytorch is stored
+    (not by onnx's absolute tolerance, after)."""
     path = tmp_path / "huge.pth"
     state = three_class_state()
     torch.save({**state, "fc.weight": state["fc.weight"] * 1e30}, path)
@@ -227,37 +215,24 @@ def test_calibration_decodes_no_image_over_the_servers_pixel_limit(tmp_path) -> 
 
 
 def test_calibration_follows_the_servers_pixel_setting(tmp_path, monkeypatch) -> None:
-    from fastinfer.catalog.config import get_settings
-
     photo(tmp_path / "small.jpg", "coffee.png").parent.joinpath("big.png").write_bytes(
         photos.encode(photos.load("chelsea.png"), "PNG")  # 451×300: 135,300 pixels
     )
-    monkeypatch.setenv("FASTINFER_MAX_PIXELS", "120000")  # small.jpg: 320×213 = 68,160
-    get_settings.cache_clear()
-    try:
-        said = said_until_the_first_step("random", only=["onnx-int8"], family="skips", calibration_dir=tmp_path)
-    finally:
-        monkeypatch.undo()
-        get_settings.cache_clear()
+    settings_with(monkeypatch, FASTINFER_MAX_PIXELS="120000")  # small.jpg: 320×213 = 68,160
+    said = said_until_the_first_step("random", only=["onnx-int8"], family="skips", calibration_dir=tmp_path)
     assert f"calibration: 1 images in {tmp_path}" in said, said
     (warned,) = [line for line in said if line.startswith("WARNING: calibration: skipped ")]
     assert "big.png: The image holds a picture of 135,300 pixels; the limit is 120,000" in warned, warned
 
 
 def test_a_calibration_file_over_the_servers_byte_limit_is_skipped_unread(tmp_path, monkeypatch) -> None:
-    """A 3 GB file named .png was read whole before it was found not to be an image."""
-    from fastinfer.catalog.config import get_settings
-
+    """A 3 GB file named .png is not read whole to find that it is not an image."""
     folder = tmp_path / "cal"
     photo(folder / "cat.png")
     with (folder / "huge.png").open("wb") as f:
         f.truncate(50_000_000)  # sparse: no disk used
-    monkeypatch.setenv("FASTINFER_MAX_BYTES", "10000000")
-    get_settings.cache_clear()
-    try:
-        found = directory_images(folder, PreprocessSpec())
-    finally:
-        get_settings.cache_clear()
+    settings_with(monkeypatch, FASTINFER_MAX_BYTES="10000000")
+    found = directory_images(folder, PreprocessSpec())
     assert len(found.images) == 1
     ((name, why),) = found.skipped
     assert name.endswith("huge.png") and "larger than FASTINFER_MAX_BYTES (10,000,000 bytes); it was not read" in why

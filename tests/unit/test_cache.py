@@ -668,7 +668,7 @@ def family_body(labels: list[str], k: int) -> dict[str, Any]:
 @pytest.mark.parametrize("kind", ["memory", "redis"])
 async def test_the_largest_labels_a_build_accepts_are_cached_at_every_top_k(kind, char, signed_with, request) -> None:
     """20 labels of the longest a build accepts, in 3- and 4-byte UTF-8, hit at every top_k on the second
-    request (entries beyond the read limit once missed every time, and were written again each request)."""
+    request (an entry beyond the read limit would miss every time, and be written again each request)."""
     from build_models.labels import MAX_LABEL
     from fastinfer.common.schemas import TOP_K_MAX
 

@@ -119,12 +119,10 @@ def test_the_process_default_resolves_once_per_setting(monkeypatch, tmp_path) ->
     try:
         settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND")
         assert choice.default_choice().backend == "onnx-int8"  # openvino-int8 cannot run: the next rule
-        monkeypatch.setenv("FASTINFER_DEFAULT_BACKEND", "pytorch")
-        choice.get_settings.cache_clear()
+        settings_with(monkeypatch, FASTINFER_DEFAULT_BACKEND="pytorch")
         assert choice.default_choice().backend == "pytorch"
     finally:
         choice._resolved.cache_clear()
-        choice.get_settings.cache_clear()
     assert set(EVERY) <= set(BACKENDS)
 
 

@@ -1,4 +1,4 @@
-"""The docs (issue 35): README stays short, the MkDocs site builds with --strict (a broken link or anchor
+"""The docs: README stays short, the MkDocs site builds with --strict (a broken link or anchor
 fails it), README's links reach their files, and configuration.md's tables, generated from the settings'
 definitions, list every environment variable the code reads."""
 

@@ -1,4 +1,4 @@
-"""A family is one source (its weights, labels and preprocessing) in every backend (review finding on issue 34).
+"""A family is one source (its weights, labels and preprocessing) in every backend.
 
 A build of some backends only (``--only``, ``--if-missing``) from another source than the family's stored
 models would leave them of two sources under one name, answering one photo with different labels: it is

@@ -1,12 +1,7 @@
-"""Serving a model family other than ImageNet's (issue 34): FASTINFER_MODEL picks it, answers carry its
-labels, top_k is capped at its class count, and what the server says of itself (/backends, the API
-page, doctor, /metrics) names it. A family missing from the store is said in one line, with what the
-store holds and how to build it.
-
-The stored models here are real entries of a BentoML store of the test's own (bentoml.models.create,
-with the labels and metadata a build writes), never the session's store: what is under test is what
-serving reads from them, not a model's numbers (the served proof of a trained family is
-tests/integration's)."""
+"""Serving a model family other than ImageNet's: FASTINFER_MODEL picks it, answers carry its labels, top_k is
+capped at its class count, what the server says of itself (/backends, the API page, doctor, /metrics) names it,
+and a family missing from the store is said in one line. The stored models are real entries of a store of the
+test's own, with what a build writes; a trained family served for real: tests/integration/test_own_family.py."""
 
 from __future__ import annotations
 
@@ -24,7 +19,6 @@ from prometheus_client import REGISTRY as METRICS
 from fastinfer.catalog import backends, config, family, holdings, store, store_check
 from fastinfer.catalog.choice import PLACED_ENV
 from fastinfer.catalog.store import PreprocessSpec, StoredModelInfo
-from fastinfer.common.errors import without_paths
 from fastinfer.front.image_api import FormRules, answer
 from fastinfer.front.image_routes import ROUTES
 from fastinfer.serving.cache import MemoryCache
@@ -32,19 +26,12 @@ from fastinfer.serving.cpu import CpuPool
 from fastinfer.serving.live import LiveStats
 from fastinfer.serving.pipeline import Pipeline
 from tests import images
+from tests.conftest import doctor_report, model_store_at
 from tests.settings import settings_with
 from tests.unit.test_image_api import request
 from tests.unit.test_pipeline import make
 
 SHAPES = ["circle", "square", "triangle"]  # N = 3
-
-
-@pytest.fixture(autouse=True)
-def fresh_settings() -> Iterator[None]:
-    """doctor reads (and caches) the settings of the family a test sets: no other test sees them."""
-    config.get_settings.cache_clear()
-    yield
-    config.get_settings.cache_clear()
 
 
 ACCURACY = {"eval_dir": "/data/shapes/heldout", "images": 30, "skipped": 1, "top1": 0.9667, "top5": 1.0,
@@ -212,7 +199,7 @@ def test_without_top_k_a_small_family_ranks_every_class(path: str) -> None:
 @pytest.mark.parametrize("form", ["multipart", "query"])
 def test_top_k_outside_the_outer_bound_names_the_family_s_classes(path: str, sent: str, form: str) -> None:
     """Beyond TOP_K_MAX too (or no whole number at all), a family of fewer classes is the bound said: not "1 to
-    20", which a client would take at its word and be refused again (review finding)."""
+    20", which a client would take at its word and be refused again."""
     if form == "query" and path == "/classify/batch":
         pytest.skip("the batch takes multipart only")
     status, payload, runner = asked(path, {"top_k": sent}, query=f"top_k={sent}" if form == "query" else "")
@@ -243,19 +230,6 @@ def test_a_large_family_is_capped_by_the_outer_bound_only() -> None:
 
 
 @pytest.mark.parametrize(
-    ("path", "told"),
-    [
-        ("/srv/home/models/shapes-onnx-int8/ty7v2sxpkgwx4/model.onnx", "shapes-onnx-int8:ty7v2sxpkgwx4/model.onnx"),
-        ("/srv/home/models/my_shop.v2-coreml-b4/abc123/m.mlpackage", "my_shop.v2-coreml-b4:abc123/m.mlpackage"),
-        ("/srv/home/models/resnet50-openvino/abc123/model.xml", "resnet50-openvino:abc123/model.xml"),
-    ],
-)
-def test_a_stored_model_s_path_is_told_as_its_tag_for_any_family(path: str, told: str) -> None:
-    said = without_paths(f"Load model from {path} failed.")
-    assert said == f"Load model from {told} failed.", said
-
-
-@pytest.mark.parametrize(
     ("name", "artifact"),
     [("shapes-coreml-b4", "coreml"), ("a-b-onnx-int8-dynamic", "onnx-int8-dynamic"), ("x-onnx-int8", "onnx-int8"),
      ("resnet50-openvino", "openvino"), ("resnet50-openvino-int8", "openvino-int8")],
@@ -265,16 +239,10 @@ def test_a_store_name_s_build_step_for_any_family(name: str, artifact: str) -> N
 
 
 @pytest.fixture
-def own_store(tmp_path: Path, monkeypatch) -> Iterator[Path]:
+def own_store(tmp_path: Path) -> Iterator[Path]:
     """An empty BentoML model store of this test's own (BENTOML_HOME and BentoML's store both)."""
-    from bentoml._internal.configuration.containers import BentoMLContainer
-    from bentoml._internal.models.model import ModelStore
-
-    (tmp_path / "models").mkdir()
-    monkeypatch.setenv("BENTOML_HOME", str(tmp_path))
-    monkeypatch.delenv(store.PINS_ENV, raising=False)
-    with BentoMLContainer.model_store.patch(ModelStore(tmp_path / "models")):
-        yield tmp_path
+    with model_store_at(tmp_path) as home:
+        yield home
 
 
 def stored(name: str, backend: str, *, labels: dict[str, str] | None = None, **metadata: Any) -> Any:
@@ -475,17 +443,13 @@ def test_the_api_page_and_metrics_name_the_family(own_store: Path, monkeypatch) 
 
 
 def test_doctor_names_the_family(own_store: Path, monkeypatch, tmp_path: Path, capsys) -> None:
-    from fastinfer import cli
-
     monkeypatch.setenv("FASTINFER_MODEL", "shapes")
     monkeypatch.setenv("FASTINFER_TUNED", "off")
     stored("shapes-onnx", "onnx", accuracy=ACCURACY)
-    report = tmp_path / "doctor.json"
-    assert cli.main(["doctor", "--json", str(report), "--profile", str(tmp_path / "no-bench.json")]) == 0
+    said = doctor_report(tmp_path)
     out = capsys.readouterr().out
     assert "model family shapes: 3 classes, weights file (fine-tuned on 30 shape photos (shapes.pth))" in out
     assert "accuracy measured at build: onnx top-1 96.7% (int8)" in out and "top-5" not in out
-    said = json.loads(report.read_text())
     assert said["family"]["name"] == "shapes" and said["family"]["num_classes"] == 3
     # Its models that are not stored are named, with the command that builds this family.
     assert "shapes-pytorch not in the model store; run `fastinfer build" in said["backends"]["pytorch"]["reason"]
@@ -551,9 +515,9 @@ def interrupted_rebuild() -> None:
 
 
 def test_a_family_of_two_sources_serves_only_its_newest_models_source(own_store: Path, monkeypatch, caplog) -> None:
-    """Review finding: a fresh server answered /compare with `pytorch: sage, onnx: sage, onnx-int8: fern` and said
-    nothing. The family is what its newest model was built from; every other model is not served, its backend
-    answering 503 with why and how to rebuild the whole family, and start-up says so in one WARNING line."""
+    """The family is what its newest model was built from; every other model is not served (else /compare
+    answers one photo with two families' labels), its backend answering 503 with why and how to rebuild the
+    whole family, and start-up says so in one WARNING line."""
     from fastinfer.front import inventory
     from runners import REGISTRY
     from runners.base import RunnerCore
@@ -603,16 +567,13 @@ def test_a_family_of_two_sources_serves_only_its_newest_models_source(own_store:
 
 def test_doctor_says_a_family_of_two_sources(own_store: Path, monkeypatch, tmp_path: Path, capsys) -> None:
     """Outside a server (doctor, evaluate, the tools) the same models are refused, with the same reason."""
-    from fastinfer import cli
-
     monkeypatch.setenv("FASTINFER_MODEL", "tiles")
     monkeypatch.setenv("FASTINFER_TUNED", "off")
     monkeypatch.delenv(store.PINS_ENV, raising=False)
     interrupted_rebuild()
     with pytest.raises(store.NotServed, match="not served; rebuild `fastinfer build"):
         holdings.serving("onnx-int8")
-    assert cli.main(["doctor", "--json", str(tmp_path / "d.json"), "--profile", str(tmp_path / "none.json")]) == 0
-    said = json.loads((tmp_path / "d.json").read_text())["backends"]
+    said = doctor_report(tmp_path)["backends"]
     refused = said["onnx-int8"]
     assert refused["available"] is False and f"(source hash {OLD_SOURCE}) than the rest" in refused["reason"]
     assert "then restart" not in refused["reason"]

@@ -115,7 +115,7 @@ def test_a_model_that_could_not_load_is_a_503_with_its_reason(built_models, monk
 
 def test_asking_the_engine_of_a_runner_that_could_not_load_retries_the_load_when_due(built_models, monkeypatch) -> None:
     """A request heals a runner whose load failed (README): the engine is asked first, so asking it must
-    retry the load when due, as a call to infer does (review finding: it asked `describe`, which does not)."""
+    retry the load when due, as a call to infer does (`describe` does not)."""
     import runners.base
 
     real = runners.base.open_engine

@@ -157,7 +157,7 @@ BROKEN_EXIF = {
 def test_a_broken_metadata_block_never_costs_the_answer(name: str, tail: bytes) -> None:
     """Either path, whether simplejpeg or Pillow decodes (extra bytes before the end marker make simplejpeg
     refuse): the same pixels, upright where the orientation (6) can still be read, as stored where it
-    cannot; never an exception (these were 500s: Pillow's exif_transpose raised rewriting the block)."""
+    cannot; never an exception (Pillow's exif_transpose raises rewriting the block: a 500)."""
     exif = bytes.fromhex(BROKEN_EXIF[name])  # the APP1 payload, "Exif\0\0" included
     clean = encode(photos.load("coffee.png").resize((300, 200)), quality=80, exif=exif, dpi=(72, 72))
     data = clean[:-2] + tail + clean[-2:]

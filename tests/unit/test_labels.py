@@ -1,6 +1,6 @@
-"""Labels a reader cannot tell apart, or cannot see, are refused by the build in one line naming where they are
-(review finding 9 of issue 41): case, width and invisible characters do not make two labels, a label of only
-invisible characters is empty, and bidirectional controls reorder what is shown."""
+"""Labels a reader cannot tell apart, or cannot see, are refused by the build in one line naming where they are:
+case, width and invisible characters do not make two labels, a label of only invisible characters is empty, and
+bidirectional controls reorder what is shown."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """Pins live with the store they pin and stay in use while any process of their server lives
 (fastinfer.common.leases, fastinfer.catalog.store.in_use). Real processes: a supervisor that records its
-pins and starts a worker, as ``bentoml serve`` does; the supervisor is then killed with SIGKILL.
-
-Before (review finding): pins lived in the server's own ``$BENTOML_HOME/pinned``, so a build on a home that
-shares the store by a symlink never saw them, and a pin was taken for dead as soon as the supervisor's
-pid was: a build deleted versions that the orphaned workers still served."""
+pins and starts a worker, as ``bentoml serve`` does; the supervisor is then killed with SIGKILL. A build on
+a home that shares the store by a symlink must see them, and must not delete versions orphaned workers serve."""
 
 from __future__ import annotations
 
@@ -66,8 +63,8 @@ time.sleep(600)
 
 
 def test_a_worker_that_starts_after_its_server_stopped_does_not_bring_the_pins_back(tmp_path, monkeypatch) -> None:
-    """A worker spawned as its supervisor dies reaches its start-up seconds later. Before: it took the
-    lease that no one held, and a build after that kept the versions of a server long gone (seen in CI)."""
+    """A worker spawned as its supervisor dies reaches its start-up seconds later: it must not take the lease
+    that no one holds, or a build after that keeps the versions of a server long gone."""
     env = {**os.environ, "BENTOML_HOME": str(tmp_path), "PYTHONPATH": str(Path.cwd())}
     env.pop(store.PIN_FILE_ENV, None)
     monkeypatch.setenv("BENTOML_HOME", str(tmp_path))

@@ -1,7 +1,6 @@
 """Each server's Prometheus files in a folder of its own (fastinfer/serving/disk.py own_metrics_dir and
 claim_metrics_dir): what BentoML's serve prepares is that folder, and a server's start removes only the
-folders of servers that are gone. Before (review finding): every `bentoml serve` on a home emptied the
-one folder of that home, and the other server's `fastinfer_requests_total` vanished from its /metrics."""
+folders of servers that are gone: another server on the same home keeps its `fastinfer_requests_total`."""
 
 from __future__ import annotations
 

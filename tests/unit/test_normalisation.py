@@ -1,37 +1,13 @@
 """Every stored uint8 model normalises the way torchvision does (in the graph: fastinfer/engines/torch_model.py).
 
-The reference is torchvision's own pipeline, not ours: the mean/std of the weights' transforms
-(``ResNet50_Weights.IMAGENET1K_V2.transforms()``; no download), applied the way its
-``ImageClassification`` does after the crop (``convert_image_dtype``, then ``normalize``), then
-torchvision's ResNet-50 with the weights the store was built from. Every backend is opened from the
-store as the service opens it (``open_engine``) and run on the same uint8 pixels: real photos through
-our preprocessing, plus a colour gradient.
-
-* FP32 backends (pytorch, onnx, openvino forced to f32) must equal the reference to float precision.
-* INT8 (and the served OpenVINO precision, BF16 on CPUs with BF16 units) cannot: their logits are a few
-  percent off on every image, more than the logit change that a mean 0.5 instead of 0.485 causes
-  (measured: relative RMS error 0.020-0.034 of correct INT8 models vs 0.003-0.033 of the mean bug in
-  FP32). So those are checked by what matters here: which mean and std the model *applies*. The
-  logit error is regressed on the reference's sensitivity to each channel's mean and std (finite
-  differences through the same torchvision pipeline); quantisation noise barely projects onto those
-  six directions (13 images x 1000 logits), a wrong constant does.
-
-Measured (random-init weights, AMD EPYC with AVX-512 VNNI/BF16, the 13 images as one batch): the
-largest of the six fitted offsets, in mean/std units, for the models built from the right constants
-and from a wrong one (tests/conftest.py rebuilds the store from the code under test):
-
-=========================  =======  =============  =============  =============
-backend                    correct  mean R 0.5     std R 0.25     mean B 0.42
-                                    (+0.015)       (+0.021)       (+0.014)
-=========================  =======  =============  =============  =============
-onnx-int8                  0.0018   mean R 0.0161  std R 0.0206   mean B 0.0147
-onnx-int8-dynamic          0.0026   mean R 0.0147  std R 0.0191   mean B 0.0148
-openvino-int8              0.0015   mean R 0.0161  std R 0.0212   mean B 0.0139
-openvino (served: bf16)    0.0007   mean R 0.0152  std R 0.0199   mean B 0.0143
-=========================  =======  =============  =============  =============
-
-The FP32 backends fit the true offsets to 1e-4 (max |logit error| 1.6 / 3.5 / 1.6 vs 6e-5 when correct).
-Dynamic INT8 quantises activations per call, so its logits depend on the batch: keep one batch of 13.
+The reference is torchvision's own pipeline (the mean/std of ``ResNet50_Weights.IMAGENET1K_V2.transforms()``,
+applied after the crop as its ``ImageClassification`` does) and ResNet-50 with the weights the store was built
+from; every backend is opened from the store as the service opens it and run on the same uint8 pixels (the
+sample photos through our preprocessing, and a colour gradient). FP32 backends must equal the reference to float
+precision. INT8 and BF16 are a few percent off on every image, more than a wrong mean causes, so they are checked
+by which mean and std they *apply*: the logit error is regressed on the reference's sensitivity to each channel's
+mean and std (finite differences), six directions that quantisation noise barely projects onto and a wrong
+constant does. The thresholds below were measured on random-init weights (AMD EPYC, AVX-512 VNNI/BF16).
 """
 
 from __future__ import annotations
@@ -52,28 +28,22 @@ from fastinfer.serving.preprocess import prepare
 
 PARAMETERS = ("mean R", "mean G", "mean B", "std R", "std G", "std B")
 STEP = 0.01
-"""Finite-difference step for the sensitivities, in mean/std units. The network is piecewise linear
-(ReLU), so a one-sided step is exact enough: the fitted offsets of the FP32 models came out at the
-true +0.0150 and +0.0199."""
+"""Finite-difference step for the sensitivities, in mean/std units: the network is piecewise linear (ReLU), so a
+one-sided step is exact enough (FP32 models with a known wrong constant fit it to 1e-4)."""
 
 FP32_TOLERANCE = 1e-5
-"""Max |logit error| of an FP32 backend, as a fraction of the largest |reference logit| (~91 here, so
-~9e-4). The same float32 graph in another runtime (folded scale/shift, other kernels) measured at most
-6e-5 here (pytorch 3e-5, onnx 4e-5, openvino f32 6e-5): 15x room. The mean bug gives 1.6, the std bug
-3.5."""
+"""Max |logit error| of an FP32 backend, as a fraction of the largest |reference logit| (~9e-4 absolute): the
+same float32 graph in another runtime measured at most 6e-5 (15x room); a wrong mean gives 1.6."""
 
 MAX_DRIFT = 0.007
-"""The largest fitted offset of any channel's mean or std that a non-FP32 model may show: 1.8 grey
-levels of mean, 3% of std. Correct INT8 models measured at most 0.0026, and the parameters a bug
-did not touch at most 0.0033 (2.1x below); the smallest bug above, 0.0139 (2x above): the threshold
-sits at the geometric middle, since other CPUs' INT8/BF16 kernels (AMX; AVX2 or ARM without VNNI)
-round differently, and were not measured.
-With 5 of these images the noise reached 0.006: keep all 13."""
+"""The largest fitted offset of any channel's mean or std a non-FP32 model may show (1.8 grey levels of mean, 3%
+of std): correct models measured at most 0.0033, the smallest wrong constant 0.0139; the geometric middle, as
+other CPUs' kernels round differently. With 5 images the noise reached 0.006: keep all 13, in one batch (dynamic
+INT8's logits depend on the batch)."""
 
 MAX_RELATIVE_RMS = 0.1
-"""The plain closeness check beside the fit (a model far off, whose error happens to be orthogonal to
-the six directions): RMS logit error / the reference's logit spread, per image. Correct INT8 models
-measured at most 0.034; this one is for gross errors (missing /255, swapped channels), not the bias."""
+"""For gross errors the fit cannot see (missing /255, swapped channels): RMS logit error / the reference's logit
+spread, per image; correct INT8 models measured at most 0.034."""
 
 
 def gradient() -> np.ndarray:

@@ -191,7 +191,7 @@ def test_compare_with_nothing_able_to_answer_is_a_503() -> None:
 
 
 def test_a_batch_decodes_at_most_one_image_per_core_at_a_time() -> None:
-    """The CPU pool serves first come first served: a batch queueing all its decodes at once made
+    """The CPU pool serves first come first served: a batch that queued all its decodes at once would make
     every other request wait behind 32 costly images."""
     pipeline, _ = make()
     running, peak = 0, 0
@@ -262,8 +262,7 @@ def test_cached_copies_of_a_repeated_image_are_each_counted() -> None:
 
 def test_an_answer_names_its_engine_and_another_engine_never_serves_it() -> None:
     """Two servers on one cache whose engines compute otherwise (OpenVINO at BF16 and at f32, say) never
-    answer with each other's numbers; the same engine shares them (review finding: the key named the
-    model only, so an f32 server answered `cached: true` with the BF16 server's score)."""
+    answer with each other's numbers (a key of the model alone would); the same engine shares them."""
     pipeline, runner = make()
 
     async def main() -> list[dict]:
@@ -289,8 +288,8 @@ CRASHERS = Path(__file__).parent.parent / "data" / "decode_crashers"
     [("tiff-float-tile-typeerror.tif", "could not be decoded"), ("dds-pixel-format-flags-0.dds", "not an image in")],
 )
 def test_an_image_pillow_cannot_read_is_a_400_alone_and_its_batch_is_answered(file: str, said: str) -> None:
-    """A fuzzed TIFF made Pillow raise TypeError, a 192-byte DDS NotImplementedError: once a 500 for the request
-    and its whole batch. (DDS is no longer opened at all.)"""
+    """A fuzzed TIFF makes Pillow raise TypeError (a 192-byte DDS raised NotImplementedError; DDS is not opened
+    at all): a 400 for that image, not a 500 for the request and its whole batch."""
     bad = (CRASHERS / file).read_bytes()
     pipeline, _ = make()
     with pytest.raises(InvalidImage, match=said):

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from fastinfer.catalog.config import get_settings
 from fastinfer.front.http import normalise_error
 from fastinfer.serving.postprocess import softmax, top_k
+from tests.settings import settings_with
 
 
 def test_top_k_is_sorted_and_labelled() -> None:
@@ -49,37 +49,25 @@ def test_our_errors_pass_through_unchanged() -> None:
 
 
 def test_settings_from_environment(monkeypatch) -> None:
-    get_settings.cache_clear()
-    monkeypatch.setenv("FASTINFER_MAX_BYTES", "123")
-    monkeypatch.setenv("FASTINFER_BATCHING_PYTORCH", "true")
-    monkeypatch.setenv("FASTINFER_MAX_BATCH_SIZE_PYTORCH", "4")
-    monkeypatch.setenv("FASTINFER_MAX_CONCURRENCY", "8")
-    try:
-        s = get_settings()
-        assert s.max_bytes == 123
-        assert s.max_uploads == 16  # twice max_concurrency
-        assert s.batching_for("pytorch").enabled and s.batching_for("pytorch").max_batch_size == 4
-    finally:
-        get_settings.cache_clear()
+    s = settings_with(
+        monkeypatch,
+        FASTINFER_MAX_BYTES="123",
+        FASTINFER_BATCHING_PYTORCH="true",
+        FASTINFER_MAX_BATCH_SIZE_PYTORCH="4",
+        FASTINFER_MAX_CONCURRENCY="8",
+    )
+    assert s.max_bytes == 123
+    assert s.max_uploads == 16  # twice max_concurrency
+    assert s.batching_for("pytorch").enabled and s.batching_for("pytorch").max_batch_size == 4
 
 
 def test_bad_settings_say_which_variable(monkeypatch) -> None:
-    get_settings.cache_clear()
-    monkeypatch.setenv("FASTINFER_MAX_BYTES", "lots")
-    try:
-        with pytest.raises(ValueError, match="FASTINFER_MAX_BYTES"):
-            get_settings()
-    finally:
-        get_settings.cache_clear()
+    with pytest.raises(ValueError, match="FASTINFER_MAX_BYTES"):
+        settings_with(monkeypatch, FASTINFER_MAX_BYTES="lots")
 
 
 @pytest.mark.parametrize("name", ["FASTINFER_BODY_IDLE_S", "FASTINFER_MAX_CONCURRENCY"])
 def test_a_limit_of_zero_is_refused_not_taken_as_off(monkeypatch, name: str) -> None:
-    """FASTINFER_BODY_IDLE_S=0 made every POST a 408; FASTINFER_MAX_CONCURRENCY=0 would refuse every POST."""
-    get_settings.cache_clear()
-    monkeypatch.setenv(name, "0")
-    try:
-        with pytest.raises(ValueError, match=f"{name} must be at least 1"):
-            get_settings()
-    finally:
-        get_settings.cache_clear()
+    """FASTINFER_BODY_IDLE_S=0 would make every POST a 408; FASTINFER_MAX_CONCURRENCY=0 would refuse every POST."""
+    with pytest.raises(ValueError, match=f"{name} must be at least 1"):
+        settings_with(monkeypatch, **{name: "0"})
