@@ -402,12 +402,11 @@ def _secret(environ: Mapping[str, str], name: str) -> tuple[str, str]:
         raise ValueError(f"set {name} or {file_name}, not both")
     try:
         value = read_small(path, SECRET_FILE_MAX_BYTES)
-    except IsADirectoryError:
-        raise ValueError(f"{file_name}: {path!r} is not a regular file") from None
     except OSError as exc:
         raise ValueError(f"{file_name}: cannot read {path!r} ({type(exc).__name__})") from None
     except ValueError as exc:  # not a regular file, or too large for a secret
-        raise ValueError(f"{file_name}: {path!r} is {exc}") from None
+        suffix = ": not a secret file" if str(exc).startswith("larger") else ""
+        raise ValueError(f"{file_name}: {path!r} is {exc}{suffix}") from None
     try:
         text = value.decode("utf-8-sig").strip()  # a BOM (Windows editors) is not part of the secret
     except UnicodeDecodeError:

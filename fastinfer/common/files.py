@@ -15,16 +15,13 @@ def file_sha256(path: Path) -> str:
 
 
 def read_small(path: str | Path, max_bytes: int) -> bytes:
-    """A regular file's bytes, at most ``max_bytes`` (else ValueError: a FIFO would block start-up, a device never
-    end); OSError when it cannot be opened."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        f = os.fdopen(fd, "rb")  # IsADirectoryError for a directory
-    except OSError:
-        os.close(fd)
-        raise
-    with f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+    """A regular file's bytes, at most ``max_bytes``, else ValueError; OSError when it cannot be read. Anything
+    else is refused before it is opened: opening a FIFO releases its writer, a device may act on open."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise ValueError("not a regular file")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped for something else since the stat
             raise ValueError("not a regular file")
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:

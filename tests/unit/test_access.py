@@ -143,16 +143,31 @@ def test_an_empty_huge_or_binary_secret_file_stops_the_service(monkeypatch, tmp_
     huge.write_text("k" * 70_000)
     binary.write_bytes(b"\xff\xfe" + b"k" * 20)
     for name in ("FASTINFER_API_KEYS_FILE", "GROQ_API_KEY_FILE"):
-        for path, says in ((empty, "is empty; unset"), (huge, "larger than 65536"), (binary, "not UTF-8")):
+        for path, says in (
+            (empty, "is empty; unset"),
+            (huge, "larger than 65536 bytes: not a secret file"),
+            (binary, "not UTF-8"),
+        ):
             with pytest.raises(ValueError, match=says):
                 settings_with(monkeypatch, **{name: str(path)})
 
 
-def test_a_fifo_as_secret_file_is_refused_without_blocking(monkeypatch, tmp_path: Path) -> None:
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)  # open() would wait for a writer forever
-    with pytest.raises(ValueError, match="not a regular file"):
-        settings_with(monkeypatch, FASTINFER_API_KEYS_FILE=str(fifo))
+def test_a_fifo_or_socket_as_secret_file_is_refused_unopened(monkeypatch, tmp_path: Path) -> None:
+    """Never opened: open() on a FIFO would wait for a writer (or release one that waits), a device may act."""
+    import socket
+
+    from fastinfer.common import files
+
+    fifo, sock = tmp_path / "fifo", tmp_path / "sock"
+    os.mkfifo(fifo)
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(str(sock))
+        opened = []
+        monkeypatch.setattr(files.os, "open", lambda *args: opened.append(args))
+        for path in (fifo, sock, "/dev/zero", tmp_path):
+            with pytest.raises(ValueError, match=f"{str(path)!r} is not a regular file$"):
+                settings_with(monkeypatch, FASTINFER_API_KEYS_FILE=str(path))
+    assert opened == []
 
 
 def test_an_empty_file_variable_means_unset(monkeypatch) -> None:
