@@ -93,8 +93,8 @@ tune: models
 
 # The benchmark of the tuner: `fastinfer tune`, then every configuration of its space served (the
 # exhaustive sweep; on 2 cores 32 min for 3 backends at --seconds 10, about an hour for all six at
-# the default 12 s), then the sweep's best three and the tuned choice head to head; writes BENCHMARKS.md's
-# tuning section. It prints its estimate first.
+# the default 12 s), then the sweep's best three and the tuned choice head to head; rewrites BENCHMARKS.md
+# with its tuning section (from the bench's docs/bench/results.json). It prints its estimate first.
 # TUNE_ARGS="--backends openvino-int8,onnx-int8,openvino --seconds 10", ...
 tune-check: models
 	$(PY) -m load_tests.tuning.check $(TUNE_ARGS)

@@ -148,6 +148,11 @@ def _http_section(results: dict[str, Any], rel: str) -> list[str]:
 def _batch_section(results: dict[str, Any], rel: str) -> list[str]:
     """Images/s of the batch API against the single-image run of the same backend and users."""
     step, batch, title = results.get("batch"), _run(results, "batch"), "Batch API (`POST /classify/batch`)"
+    if batch is not None and batch["requests"] and batch["failures"] == batch["requests"]:  # e.g. no such route
+        first = batch.get("failure_example")
+        return _section(
+            title, f"Not measured in this run: all {batch['requests']} batch requests failed (first: {first})."
+        )
     if batch is None:
         return _section(title, f"Not measured in this run: {step.get('skipped', 'no batch run')}.") if step else []
     single, n = _run(results, "inference", backend=batch["backend"], users=batch["users"]), batch["images_per_request"]

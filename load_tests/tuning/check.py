@@ -1,5 +1,6 @@
 """``make tune-check`` (``python -m load_tests.tuning.check``): hold ``fastinfer tune`` against an
-exhaustive sweep of the same space, on this machine, and put the verdict in BENCHMARKS.md.
+exhaustive sweep of the same space, on this machine; the verdict goes into BENCHMARKS.md, rewritten from the
+bench's results.json beside its plots (without one, only OUT/tuning.json is saved: ``make bench`` shows it).
 
 The search runs as ``fastinfer tune`` does (its tuned file to OUT/tuning/), then the sweep, then the sweep's
 best few (CONTENDERS) and the search's choice head to head on fresh servers, ``--rounds`` times in alternating

@@ -675,6 +675,10 @@ def test_batch_section_compares_images_per_second_with_single_requests_of_the_sa
     assert "| batches of 8 | 10.0 | 17.5 | 0.5 |" in text and "| one per request | 12.0 | 20.0 | 3.0 |" in text
     results = bench([]) | {"batch": {"skipped": "no inference run to pick a backend from"}}
     assert "Not measured in this run: no inference run to pick a backend from." in _batch_section(results, "")
+    gone = run("batch", "onnx", 10, 0.0, images_per_request=8, images_per_s=0.0, failures=1000)
+    gone["failure_example"] = "POST batch onnx: HTTP 404"  # a server without the route
+    text = "\n".join(_batch_section(bench([single, gone]) | {"batch": {"backend": "onnx"}}, ""))
+    assert "Not measured in this run: all 1000 batch requests failed (first: POST batch onnx: HTTP 404)." in text
 
 
 def test_the_first_table_is_the_rows_of_results_json(tmp_path, monkeypatch) -> None:
