@@ -18,6 +18,7 @@ from typing import Any
 
 from locust import constant, events, task
 from locust.contrib.fasthttp import FastHttpUser
+from locust.stats import StatsError
 
 from fastinfer.common.client import auth_headers
 from fastinfer.measure.photos import benchmark_pool
@@ -53,7 +54,7 @@ def _write_summary(environment: Any, **_: object) -> None:
         "req_per_s": total.total_rps,
         **{f"p{q}_ms": total.get_response_time_percentile(q / 100) if total.num_requests else 0 for q in (50, 95, 99)},
         **{k: _window[k] for k in ("cpu_s", "wall_s") if k in _window},
-        "first_failure": first.to_name()[:300] if first else "",
+        "first_failure": StatsError.parse_error(first.to_name())[:300] if first else "",  # no 0x addresses
     }
     Path(SUMMARY).write_text(json.dumps(summary))
 

@@ -1,0 +1,30 @@
+"""One real headless locust run against a stub that refuses every request: what run_locust reads back."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from load_tests.locust_runs import run_locust
+
+
+class Refusing(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def test_a_batch_run_whose_requests_all_fail_is_read_back_with_its_first_failure(tmp_path) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        run = run_locust(f"http://127.0.0.1:{server.server_port}", "onnx", 1, 1, "batch", tmp_path)
+    finally:
+        server.shutdown()
+    assert run["requests"] > 0 and run["failures"] == run["requests"] and run["images_per_s"] == 0, run
+    assert "HTTP 404" in run["failure_example"], run["failure_example"]
