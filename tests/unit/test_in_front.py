@@ -196,22 +196,20 @@ def test_a_servers_workers_take_the_placement_its_parent_started_the_runners_by(
     """Decided once by `bentoml serve`'s parent (service.py's deployment hook): a worker restarted after the
     default backend would change still holds the engine whose runner was not started."""
     settings = settings_with(monkeypatch, "FASTINFER_IN_FRONT", FASTINFER_DEFAULT_BACKEND="onnx", FASTINFER_TUNED="off")
-    monkeypatch.delenv(PLACED_ENV, raising=False)
+    monkeypatch.setenv(PLACED_ENV, "")  # recorded, so that the test's end takes away what keep_placement sets
+    monkeypatch.delenv(PLACED_ENV)
     assert placement(settings) == ({SPECS["onnx"].runner_name}, "default")
     keep_placement(({"openvino-int8"}, "default"))
-    try:
-        code = "from fastinfer.catalog import choice, config; print(choice.placement(config.get_settings()))"
-        child = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-        assert child.stdout.splitlines()[-1] == "(frozenset({'openvino-int8'}), 'default')"  # a child: its parent's
-        assert placement(settings) == ({SPECS["onnx"].runner_name}, "default")  # not set by this one's parent
-        ours = {"source": "default", "pid": os.getppid()}  # as this process's parent would set it, but:
-        onnx = SPECS["onnx"].runner_name
-        mistyped = [{**ours, "runners": {onnx: 1}}, {**ours, "runners": ""}, {**ours, "runners": onnx},
-                    {**ours, "runners": [], "pid": float(os.getppid())}]  # fmt: skip
-        for bad in ("{", '{"runners": ["no-such-runner"], "source": "default"}', '{"runners": [], "source": "x"}',
-                    *map(json.dumps, mistyped)):  # fmt: skip
-            monkeypatch.setenv(PLACED_ENV, bad)
-            assert placement(settings) == ({SPECS["onnx"].runner_name}, "default")  # decided here, and said
-        assert f"{PLACED_ENV} was not set by this server's parent" in caplog.text
-    finally:
-        os.environ.pop(PLACED_ENV, None)
+    code = "from fastinfer.catalog import choice, config; print(choice.placement(config.get_settings()))"
+    child = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert child.stdout.splitlines()[-1] == "(frozenset({'openvino-int8'}), 'default')"  # a child: its parent's
+    assert placement(settings) == ({SPECS["onnx"].runner_name}, "default")  # not set by this one's parent
+    ours = {"source": "default", "pid": os.getppid()}  # as this process's parent would set it, but:
+    onnx = SPECS["onnx"].runner_name
+    mistyped = [{**ours, "runners": {onnx: 1}}, {**ours, "runners": ""}, {**ours, "runners": onnx},
+                {**ours, "runners": [], "pid": float(os.getppid())}]  # fmt: skip
+    for bad in ("{", '{"runners": ["no-such-runner"], "source": "default"}', '{"runners": [], "source": "x"}',
+                *map(json.dumps, mistyped)):  # fmt: skip
+        monkeypatch.setenv(PLACED_ENV, bad)
+        assert placement(settings) == ({SPECS["onnx"].runner_name}, "default")  # decided here, and said
+    assert f"{PLACED_ENV} was not set by this server's parent" in caplog.text
