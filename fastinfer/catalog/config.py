@@ -30,7 +30,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from fastinfer.catalog import backends, store
 from fastinfer.catalog.backends import BACKENDS, SPECS
 from fastinfer.common.client import API_KEY_SYNTAX
-from fastinfer.common.files import read_small
+from fastinfer.common.files import TooLarge, read_small
 
 API_KEY_MIN_LENGTH = 16  # a short key is guessed: 401s are not rate limited
 CACHE_HMAC_KEY_MIN_LENGTH = 32  # anyone who can read Redis holds (key, entry, MAC) triples: a short key is guessed
@@ -404,9 +404,10 @@ def _secret(environ: Mapping[str, str], name: str) -> tuple[str, str]:
         value = read_small(path, SECRET_FILE_MAX_BYTES)
     except OSError as exc:
         raise ValueError(f"{file_name}: cannot read {path!r} ({type(exc).__name__})") from None
-    except ValueError as exc:  # not a regular file, or too large for a secret
-        suffix = ": not a secret file" if str(exc).startswith("larger") else ""
-        raise ValueError(f"{file_name}: {path!r} is {exc}{suffix}") from None
+    except TooLarge as exc:
+        raise ValueError(f"{file_name}: {path!r} is {exc}: not a secret file") from None
+    except ValueError as exc:  # not a regular file
+        raise ValueError(f"{file_name}: {path!r} is {exc}") from None
     try:
         text = value.decode("utf-8-sig").strip()  # a BOM (Windows editors) is not part of the secret
     except UnicodeDecodeError:

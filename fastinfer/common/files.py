@@ -14,6 +14,10 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+class TooLarge(ValueError):
+    """A file over read_small's limit."""
+
+
 def read_small(path: str | Path, max_bytes: int) -> bytes:
     """A regular file's bytes, at most ``max_bytes``, else ValueError; OSError when it cannot be read. Anything
     else is refused before it is opened: opening a FIFO releases its writer, a device may act on open."""
@@ -25,5 +29,5 @@ def read_small(path: str | Path, max_bytes: int) -> bytes:
             raise ValueError("not a regular file")
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
-        raise ValueError(f"larger than {max_bytes} bytes")
+        raise TooLarge(f"larger than {max_bytes} bytes")
     return data
