@@ -94,7 +94,7 @@ class StoredModelInfo:
     accuracy: dict[str, Any] | None = None  # measured by the build with --eval-dir, else None
 
 
-_PARSED: OrderedDict[tuple[str, int, int, int], Model] = OrderedDict()
+_PARSED: OrderedDict[tuple[str, int, int, int, int], Model] = OrderedDict()
 _PARSED_KEPT = 256  # records (~75 KB each): every version a long-lived server or a test run reads
 
 
@@ -113,7 +113,8 @@ def get(tag: str) -> Model:
         stat = (folder / version / "model.yaml").stat()
     except (OSError, ValueError):
         return bentoml.models.get(tag)  # BentoML says what is missing
-    key = (str(folder / version), stat.st_mtime_ns, stat.st_size, stat.st_ino)
+    # ctime too: a same-size rewrite in place that keeps the mtime (cp -p, rsync --inplace) still changes it
+    key = (str(folder / version), stat.st_mtime_ns, stat.st_ctime_ns, stat.st_size, stat.st_ino)
     if (model := _PARSED.get(key)) is None:
         model = _PARSED[key] = bentoml.models.get(exact)
         if len(_PARSED) > _PARSED_KEPT:
@@ -286,12 +287,12 @@ def describe(model: Model) -> StoredModelInfo:
     meta: dict[str, Any] = dict(model.info.metadata)
     pre = meta.get("preprocess", {})
     default = PreprocessSpec()  # a model stored before families was built with the default family's
-    categories = list(meta.get("categories", []))
+    categories = [str(c) for c in meta.get("categories", [])]  # a hand-edited record may hold numbers
     return StoredModelInfo(
         tag=str(model.tag),
         path=model.path,
         backend=labels.get("backend", ""),
-        weights=labels.get("weights", "unknown"),
+        weights=str(labels.get("weights", "unknown")),
         source_hash=labels.get("source_hash", ""),
         preprocess=PreprocessSpec(
             resize_size=int(pre.get("resize_size", default.resize_size)),

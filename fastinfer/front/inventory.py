@@ -11,7 +11,7 @@ from fastinfer.catalog.config import Settings
 from fastinfer.catalog.family import FamilyInfo
 from fastinfer.catalog.family import summary as family_summary
 from fastinfer.catalog.store import StoredModelInfo
-from fastinfer.common.schemas import BackendInfo, BackendsResponse, BatchingInfo, ModelFamily
+from fastinfer.common.schemas import BackendInfo, BackendsResponse, BatchingInfo
 
 
 class Entry(Protocol):
@@ -56,7 +56,7 @@ def backends(
     available = [i.name for i in infos if i.available]
     default = default or choice.default_choice()
     return BackendsResponse(
-        family=ModelFamily(**family.as_dict()),
+        family=family,
         default=default.backend,
         default_choice=default.as_dict(),
         configuration=choice.configuration(settings, default),

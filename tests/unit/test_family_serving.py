@@ -621,3 +621,17 @@ def test_a_runner_without_its_model_at_start_up_does_not_hold_the_server_s_readi
     assert asyncio.run(runner.__is_ready__())
     monkeypatch.delenv(store.PINS_ENV)  # outside a server: a retry may find it built since
     assert not RunnerCore("pytorch", workers=1).lasting
+
+
+def test_a_record_whose_labels_are_read_as_numbers_still_makes_a_family(tmp_path) -> None:
+    """A hand-edited model.yaml (``- 1`` as a class name, a number as its weights label): named as text, never a
+    validation traceback at start-up or in doctor."""
+    import bentoml
+
+    with model_store_at(tmp_path):
+        with bentoml.models.create("resnet50-onnx", labels={"backend": "onnx", "weights": 7},
+                                   metadata={"categories": [1, "b", 2.5], "num_classes": 3}) as model:  # fmt: skip
+            pass
+        info = store.describe(bentoml.models.get(model.tag))
+    summary = family.summary("resnet50", {"onnx": info})
+    assert summary.labels == ["1", "b", "2.5"] and summary.weights == "7", summary

@@ -4,6 +4,7 @@ names, whatever ``:latest`` becomes meanwhile, and what a rebuild must keep whil
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -65,6 +66,10 @@ def test_a_stored_version_is_read_once_until_its_record_changes(tmp_path, monkey
         record = tmp_path / "models" / "cached-onnx" / first.tag.version / "model.yaml"
         record.write_text(record.read_text().replace("n: '1'", "n: '20'"))  # rewritten in place
         assert store.get("cached-onnx:latest").info.labels == {"n": "20"} and len(parsed) == 2
+        same = record.stat()  # same size, inode and mtime (cp -p, rsync --inplace -a): only its ctime moves
+        record.write_text(record.read_text().replace("n: '20'", "n: '21'"))
+        os.utime(record, ns=(same.st_atime_ns, same.st_mtime_ns))
+        assert store.get("cached-onnx:latest").info.labels == {"n": "21"} and len(parsed) == 3
         kept = record.read_text()
         record.write_text("{ garbled")
         with pytest.raises(Exception):  # noqa: B017 (whatever BentoML raises for a bad record)
