@@ -10,9 +10,14 @@ from typing import Any
 
 
 def table(header: list[str], rows: Iterable[Iterable[Any]]) -> str:
-    """A Markdown table: ``header``, then one line per row, each cell as ``str`` makes it."""
+    """A Markdown table: ``header``, then one line per row, each cell as ``str`` makes it on one line, its ``|``
+    escaped (an error message in a cell cannot break the table)."""
+
+    def cell(value: Any) -> str:
+        return " ".join(str(value).splitlines()).replace("|", r"\|")
+
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+    return "\n".join(lines + ["| " + " | ".join(map(cell, row)) + " |" for row in rows])
 
 
 def pyplot() -> Any:

@@ -828,3 +828,10 @@ def test_every_engine_target_is_judged_on_the_configuration_that_served_most_not
     names = ("Engine beyond", "Server CPU beyond", "Served / ceiling without", "Served / ceiling on")
     tops = {row(results, name).figure.split(" (")[0] for name in names}
     assert len(tops) == 1  # one configuration for every row
+
+
+def test_a_table_cell_stays_in_its_cell() -> None:
+    """An error message in a cell (a failed trial's locust stderr) neither ends the row nor splits the cell."""
+    from fastinfer.measure.plots import table
+
+    assert table(["a", "b"], [["x|y", "one\ntwo"]]).splitlines()[2] == "| x\\|y | one two |"
