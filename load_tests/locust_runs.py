@@ -39,8 +39,13 @@ def run_locust(
     after, wall = cpu.snapshot(server_pid), time.perf_counter() - t0
     if not summary_file.exists():  # the locustfile writes it as locust quits
         raise RuntimeError(f"locust wrote no summary (exit {done.returncode}): {done.stderr[-2000:]}")
-    final = json.loads(summary_file.read_text())
-    count, failures, rps = int(final["requests"]), int(final["failures"]), float(final["req_per_s"])
+    try:
+        final = json.loads(summary_file.read_text())
+        count, failures, rps = int(final["requests"]), int(final["failures"]), float(final["req_per_s"])
+        latencies = {k: float(final[k]) for k in ("p50_ms", "p95_ms", "p99_ms")}
+    except (ValueError, KeyError, TypeError) as exc:
+        said = f"locust's summary is unreadable ({exc}; exit {done.returncode}): {done.stderr[-2000:]}"
+        raise RuntimeError(said) from exc
     run: dict[str, Any] = {
         "scenario": scenario,
         "backend": backend,
@@ -50,7 +55,7 @@ def run_locust(
         "failures": failures,
         "error_rate": round(failures / count, 4) if count else 0.0,
         "req_per_s": round(rps, 1),
-        **{k: float(final[k]) for k in ("p50_ms", "p95_ms", "p99_ms")},
+        **latencies,
     }
     if scenario == "batch":
         run["images_per_request"] = BATCH_IMAGES

@@ -56,7 +56,9 @@ def _write_summary(environment: Any, **_: object) -> None:
         **{k: _window[k] for k in ("cpu_s", "wall_s") if k in _window},
         "first_failure": StatsError.parse_error(first.to_name())[:300] if first else "",  # no 0x addresses
     }
-    Path(SUMMARY).write_text(json.dumps(summary))
+    written = Path(f"{SUMMARY}.part")
+    written.write_text(json.dumps(summary))
+    written.replace(SUMMARY)  # whole or not at all: run_locust reads it
 
 
 AUTH = auth_headers()  # a server with API keys: FASTINFER_API_KEY

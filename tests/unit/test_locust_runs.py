@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import threading
+import types
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
+import pytest
+
+from load_tests import locust_runs
 from load_tests.locust_runs import run_locust
 
 
@@ -28,3 +33,13 @@ def test_a_batch_run_whose_requests_all_fail_is_read_back_with_its_first_failure
         server.shutdown()
     assert run["requests"] > 0 and run["failures"] == run["requests"] and run["images_per_s"] == 0, run
     assert "HTTP 404" in run["failure_example"], run["failure_example"]
+
+
+def test_a_torn_summary_is_said_with_locusts_exit_and_stderr(tmp_path, monkeypatch) -> None:
+    def killed(cmd: list[str], env: dict[str, str], **_: object) -> types.SimpleNamespace:
+        Path(env["FASTINFER_BENCH_SUMMARY"]).write_text('{"requests": 12')
+        return types.SimpleNamespace(returncode=-9, stderr="Killed\n")
+
+    monkeypatch.setattr(locust_runs.subprocess, "run", killed)
+    with pytest.raises(RuntimeError, match=r"summary is unreadable .*exit -9.*Killed"):
+        run_locust("http://127.0.0.1:9", "onnx", 1, 1, "inference", tmp_path)
