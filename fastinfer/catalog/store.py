@@ -103,8 +103,9 @@ def get(tag: str) -> Model:
     unchanged: BentoML parses its 15 KB of YAML on each of service.py's 37 calls (2.1 CPU-s of each process's start)."""
     import bentoml
 
-    from fastinfer.compat.bentoml import model_store_dir
+    from fastinfer.compat.bentoml import model_store_dir, read_records_with_libyaml
 
+    read_records_with_libyaml()
     asked = bentoml.Tag.from_taglike(tag)  # a tag BentoML refuses is refused here, never answered from the cache
     folder = model_store_dir() / asked.name
     try:
@@ -140,6 +141,10 @@ def families() -> dict[str, list[str]]:
     """The families the store holds → their store names."""
     import bentoml
 
+    from fastinfer.compat.bentoml import read_records_with_libyaml
+
+    read_records_with_libyaml()
+
     found: dict[str, list[str]] = {}
     for model in bentoml.models.list():
         owner = family_of(model)
@@ -159,6 +164,9 @@ def unreadable(name: str) -> dict[str, str]:
     import bentoml
     from bentoml.exceptions import NotFound
 
+    from fastinfer.compat.bentoml import read_records_with_libyaml
+
+    read_records_with_libyaml()
     found = {}
     for tag in versions(name):
         try:

@@ -268,3 +268,27 @@ def test_11_models_are_read_from_the_model_stores_folder(tmp_path: Path) -> None
         assert Path(bentoml.models.get("compat-check:latest").path) == folder / made.tag.version
         assert (folder / made.tag.version / "model.yaml").is_file()
         assert store.get("compat-check:latest").info.labels == {"in": "bento"}
+
+
+def test_12_a_record_is_parsed_by_the_yaml_of_bentomls_model_module(tmp_path: Path, monkeypatch) -> None:
+    """BentoML parses a record with that module's ``yaml.safe_load``; libyaml's stand-in reads 1,000 class names
+    (quotes, commas, accents) and floats as PyYAML's own loader does."""
+    import yaml
+    from bentoml._internal.models import model
+
+    from tests.conftest import model_store_at
+
+    classes = [f"class {i}: a name, with 'quotes' and ünïcode" for i in range(1000)]
+    with model_store_at(tmp_path / "home"):
+        with bentoml.models.create("compat-yaml", metadata={"categories": classes, "mean": [0.485, 1e-7]}) as made:
+            pass
+        monkeypatch.setattr(model, "yaml", yaml)  # as BentoML imports it
+        compat.read_records_with_libyaml()
+        assert (model.yaml is not yaml) == yaml.__with_libyaml__
+        read = bentoml.models.get(made.tag).info
+        parsed: list[object] = []
+        monkeypatch.setattr(model.yaml, "safe_load", lambda stream: parsed.append(stream) or yaml.safe_load(stream))
+        bentoml.models.get(made.tag)
+    assert parsed, "BentoML no longer parses records with its model module's yaml.safe_load"
+    assert read.metadata["categories"] == classes and read.metadata["mean"] == [0.485, 1e-7]
+    assert read.metadata == yaml.safe_load((Path(made.path) / "model.yaml").read_text())["metadata"]
