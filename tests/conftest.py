@@ -239,25 +239,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     server or a model build: ``-m "unit and not heavy"`` is `make test-quick`. Under pytest-xdist, each file's group
     (SHARED_FIXTURES) is written for the scheduler below."""
     groups: dict[str, str] = {}
+    heavy: dict[str, int] = {}
     for item in items:
         folder = Path(str(item.path)).relative_to(ROOT / "tests").parts[0]
         item.add_marker(folder)
         fixtures = set(getattr(item, "fixturenames", ()))
+        file = item.nodeid.split("::", 1)[0]
         if folder != "unit" or HEAVY_FIXTURES & fixtures:
             item.add_marker("heavy")
+            heavy[file] = heavy.get(file, 0) + 1
         for fixture, group in SHARED_FIXTURES.items():
             if fixture in fixtures:
-                groups.setdefault(item.nodeid.split("::", 1)[0], group)
+                groups.setdefault(file, group)
                 break
     if "PYTEST_XDIST_WORKER" in os.environ:  # every worker collects the same tests: the last write is as good
         written = run_folder(config._tmp_path_factory) / f"{_GROUPS}.{os.environ['PYTEST_XDIST_WORKER']}"
-        written.write_text(json.dumps(groups))
+        written.write_text(json.dumps({"groups": groups, "heavy": heavy}))
         written.replace(written.parent / _GROUPS)
 
 
 class _GroupedFiles(LoadFileScheduling):
     """``--dist loadfile``, with the files of one group (SHARED_FIXTURES) handed to one worker as one unit, the
-    groups first, then the other files by their number of tests, as loadfile hands them."""
+    groups first, then the files with the most heavy tests (the longest, as a rule), then the rest by their
+    number of tests: the quick files come last, where they fill in while the other worker ends its last file."""
 
     def __init__(self, config: pytest.Config, log: object = None) -> None:
         super().__init__(config, log)
@@ -267,14 +271,19 @@ class _GroupedFiles(LoadFileScheduling):
         if self.collection is not None or not self._check_nodes_have_same_collection():
             return super().schedule()  # a later call, or a collection that differs (xdist reports it)
         written = self.config._tmp_path_factory.getbasetemp() / _GROUPS
-        self.groups = {f: f"group {g}" for f, g in json.loads(written.read_text()).items()} if written.exists() else {}
+        told = json.loads(written.read_text()) if written.exists() else {"groups": {}, "heavy": {}}
+        self.groups = {f: f"group {g}" for f, g in told["groups"].items()}
         # The collections' order is what the workers run by (xdist sends indices into it): only the units are ranked.
         self.collection = list(next(iter(self.registered_collections.values())))
         units: dict[str, dict[str, bool]] = {}
         for nodeid in self.collection:
             units.setdefault(self._split_scope(nodeid), {})[nodeid] = False
         rank = {f"group {group}": r for r, group in enumerate(dict.fromkeys(SHARED_FIXTURES.values()))}
-        for scope in sorted(units, key=lambda scope: (rank.get(scope, len(rank)), -len(units[scope]))):
+
+        def order(scope: str) -> tuple[int, int, int]:
+            return rank.get(scope, len(rank)), -told["heavy"].get(scope, 0), -len(units[scope])
+
+        for scope in sorted(units, key=order):
             self.workqueue[scope] = units[scope]
         for node in self.nodes:
             self._assign_work_unit(node)
