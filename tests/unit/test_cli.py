@@ -182,15 +182,3 @@ def test_bench_then_doctor_recommends_from_measurements(built_models, tmp_path, 
     assert rec["backend"] == max(rows, key=lambda n: rows[n]["images_per_s"]) and rec["source"] == "measured"
     default = json.loads(doctor.read_text())["default"]  # FASTINFER_DEFAULT_BACKEND=auto follows the measurement
     assert (default["backend"], default["source"]) == (rec["backend"], "measured")
-
-
-def test_fidelity_writes_a_table_and_json(built_models, tmp_path, capsys) -> None:
-    out = tmp_path / "fidelity.json"
-    assert cli.main(["fidelity", "--json", str(out)]) == 0
-    rows = {r["backend"]: r for r in json.loads(out.read_text())}
-    assert {"onnx", "onnx-int8", "onnx-int8-dynamic", "openvino", "openvino-int8"} <= rows.keys()
-    assert rows["onnx"]["top1_agreement"] == 1.0 and rows["onnx"]["gate"] == "fp32"
-    assert all(r["gate_passed"] for r in rows.values()), rows
-    assert rows["openvino-int8"]["gate"] == "int8"
-    assert rows["openvino"]["gate"] == {"bf16": "bf16", "f32": "fp32"}[rows["openvino"]["precision"]]
-    assert "| backend | runs at | images | top-1 agreement" in capsys.readouterr().out

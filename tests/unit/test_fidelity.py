@@ -15,11 +15,15 @@ weights it is the classic failure; these gates then apply as they are.
 
 from __future__ import annotations
 
-from dataclasses import replace
+import contextlib
+import io
+import json
+from dataclasses import fields, replace
 
 import numpy as np
 import pytest
 
+from fastinfer import cli
 from fastinfer.catalog.backends import open_engine
 from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.measure import fidelity as fid
@@ -41,8 +45,32 @@ def reference(built_models, images) -> np.ndarray:
     return fid.run_batched(open_engine("pytorch"), images)
 
 
-def test_onnx_fp32_is_the_reference(images, reference) -> None:
-    f = fid.compare("onnx", reference, fid.run_batched(open_engine("onnx"), images))
+@pytest.fixture(scope="module")
+def command(built_models, tmp_path_factory) -> tuple[dict[str, dict], str]:
+    """``fastinfer fidelity --json``: every backend stored and able to run here against the reference, on the
+    same photos as ``images``; its rows by backend, and the table it printed."""
+    out, printed = tmp_path_factory.mktemp("fidelity") / "fidelity.json", io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()):
+        assert cli.main(["fidelity", "--json", str(out)]) == 0
+    return {r["backend"]: r for r in json.loads(out.read_text())}, printed.getvalue()
+
+
+def measured(command: tuple[dict[str, dict], str], backend: str) -> fid.Fidelity:
+    row = command[0][backend]
+    return fid.Fidelity(**{field.name: row[field.name] for field in fields(fid.Fidelity)})
+
+
+def test_the_command_writes_a_table_and_json_and_every_gate_passes(command) -> None:
+    rows, printed = command
+    assert {"onnx", "onnx-int8", "onnx-int8-dynamic", "openvino", "openvino-int8"} <= rows.keys()
+    assert all(r["images"] == 36 and r["gate_passed"] for r in rows.values()), rows
+    assert rows["onnx"]["gate"] == "fp32" and rows["openvino-int8"]["gate"] == "int8"
+    assert rows["openvino"]["gate"] == {"bf16": "bf16", "f32": "fp32"}[rows["openvino"]["precision"]]
+    assert "| backend | runs at | images | top-1 agreement" in printed
+
+
+def test_onnx_fp32_is_the_reference(command) -> None:
+    f = measured(command, "onnx")
     assert f.top1_agreement == 1.0 and f.top5_overlap == 1.0
     assert f.max_abs_error <= 1e-3 and f.cosine > 0.99999
 
@@ -53,8 +81,8 @@ def test_openvino_at_f32_is_the_reference(images, reference) -> None:
 
 
 @pytest.mark.parametrize("backend", ["onnx-int8", "onnx-int8-dynamic", "openvino-int8"])
-def test_int8_backends_pass_the_gates(images, reference, backend: str) -> None:
-    f = fid.compare(backend, reference, fid.run_batched(open_engine(backend), images))
+def test_int8_backends_pass_the_gates(command, backend: str) -> None:
+    f = measured(command, backend)
     assert passes(f), f
     assert fid.INT8_GATE.passes(f)
 
@@ -67,8 +95,9 @@ def bf16() -> object:
     return engine
 
 
-def test_openvino_in_bf16_passes_the_bf16_gates(images, reference, bf16) -> None:
-    f = fid.compare("openvino", reference, fid.run_batched(bf16, images))
+def test_openvino_in_bf16_passes_the_bf16_gates(command, bf16) -> None:
+    assert command[0]["openvino"]["precision"] == "bf16"  # as served: `auto`, BF16 where the CPU has it
+    f = measured(command, "openvino")
     assert fid.BF16_GATE.passes(f), f
     assert f.max_abs_error > 1e-3, "BF16 that equals FP32 to 1e-3 is not running in BF16"
 
