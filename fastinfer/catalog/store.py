@@ -98,14 +98,22 @@ _PARSED: OrderedDict[tuple[str, int, int, int, int], Model] = OrderedDict()
 _PARSED_KEPT = 256  # records (~75 KB each): every version a long-lived server or a test run reads
 
 
-def get(tag: str) -> Model:
-    """``bentoml.models.get(tag)`` (raising as it does), parsed once per process while the version's model.yaml is
-    unchanged: BentoML parses its 15 KB of YAML on each of service.py's 37 calls (2.1 CPU-s of each process's start)."""
+def _bentoml() -> Any:
+    """The bentoml module, its model records read with libyaml's loader (fastinfer/compat/bentoml.py)."""
     import bentoml
 
-    from fastinfer.compat.bentoml import model_store_dir, read_records_with_libyaml
+    from fastinfer.compat.bentoml import read_records_with_libyaml
 
     read_records_with_libyaml()
+    return bentoml
+
+
+def get(tag: str) -> Model:
+    """``bentoml.models.get(tag)`` (raising as it does), parsed once per process while the version's model.yaml is
+    unchanged: BentoML would parse its 15 KB of YAML on each of service.py's 37 calls."""
+    from fastinfer.compat.bentoml import model_store_dir
+
+    bentoml = _bentoml()
     asked = bentoml.Tag.from_taglike(tag)  # a tag BentoML refuses is refused here, never answered from the cache
     folder = model_store_dir() / asked.name
     try:
@@ -139,12 +147,7 @@ def find(backend: str, batch: int | None = None, family_name: str | None = None)
 
 def families() -> dict[str, list[str]]:
     """The families the store holds → their store names."""
-    import bentoml
-
-    from fastinfer.compat.bentoml import read_records_with_libyaml
-
-    read_records_with_libyaml()
-
+    bentoml = _bentoml()
     found: dict[str, list[str]] = {}
     for model in bentoml.models.list():
         owner = family_of(model)
@@ -161,12 +164,9 @@ def family_of(model: Model) -> str | None:
 
 def unreadable(name: str) -> dict[str, str]:
     """Stored versions of ``name`` whose model.yaml is deleted or garbled → why (BentoML stores nothing beside them)."""
-    import bentoml
     from bentoml.exceptions import NotFound
 
-    from fastinfer.compat.bentoml import read_records_with_libyaml
-
-    read_records_with_libyaml()
+    bentoml = _bentoml()
     found = {}
     for tag in versions(name):
         try:
