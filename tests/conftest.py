@@ -275,6 +275,8 @@ class _GroupedFiles(LoadFileScheduling):
         self.groups = {f: f"group {g}" for f, g in told["groups"].items()}
         # The collections' order is what the workers run by (xdist sends indices into it): only the units are ranked.
         self.collection = list(next(iter(self.registered_collections.values())))
+        if not self.collection:  # as xdist's own: nothing to hand out
+            return None
         units: dict[str, dict[str, bool]] = {}
         for nodeid in self.collection:
             units.setdefault(self._split_scope(nodeid), {})[nodeid] = False
@@ -285,6 +287,8 @@ class _GroupedFiles(LoadFileScheduling):
 
         for scope in sorted(units, key=order):
             self.workqueue[scope] = units[scope]
+        for _ in range(len(self.nodes) - len(self.workqueue)):  # more workers than units (-k, one file): as xdist
+            self.assigned_work.popitem()[0].shutdown()
         for node in self.nodes:
             self._assign_work_unit(node)
         for node in self.nodes:
