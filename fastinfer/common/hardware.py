@@ -8,17 +8,19 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import re
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-# ---- the CPU budget: the cores this process may use (affinity, then a container's CPU quota) ----
+# ---- the CPU budget: the cores this process may use (affinity, then a container's cgroup v2 CPU quota) ----
 
 
 @dataclass(frozen=True)
 class CpuBudget:
-    """How many threads this process should size its pools for: min(CPU affinity, the tightest cgroup CPU quota
-    rounded up); ``quota`` in CPUs or None; ``source`` says it in words (``cores_source``)."""
+    """How many threads this process should size its pools for: min(CPU affinity, the tightest cgroup v2 CPU quota
+    rounded up); ``quota`` in CPUs or None; ``source`` says it in words (``cores_source``). A cgroup v1 host gets
+    its affinity alone."""
 
     count: int
     affinity: int
@@ -26,28 +28,7 @@ class CpuBudget:
     source: str
 
 
-@dataclass(frozen=True)
-class _Limit:
-    """One cgroup's CPU quota: ``quota`` µs of CPU time every ``period`` µs."""
-
-    version: int
-    cgroup: str  # the cgroup's path as the process sees it ("/" inside a container's namespace)
-    quota: int
-    period: int
-
-    @property
-    def cpus(self) -> Fraction:
-        return Fraction(self.quota, self.period)
-
-    def describe(self) -> str:
-        where = f" in {self.cgroup}" if self.cgroup != "/" else ""
-        if self.version == 2:
-            return f"cgroup v2 cpu.max {self.quota}/{self.period}{where}"
-        return f"cgroup v1 cpu.cfs_quota_us/cpu.cfs_period_us {self.quota}/{self.period}{where}"
-
-
-_CGROUP_ROOT = "/sys/fs/cgroup"  # where the hierarchies usually are when /proc/self/mountinfo does not say
-_V1_FALLBACKS = ("/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu")
+_CGROUP_ROOT = "/sys/fs/cgroup"  # where cgroup2 usually is when /proc/self/mountinfo does not say
 
 
 def _affinity() -> tuple[int, str]:
@@ -69,51 +50,27 @@ def _inside(root: Path, absolute: str) -> Path:
     return root / absolute.lstrip("/")
 
 
-def _own_cgroups(text: str | None) -> tuple[str | None, str | None]:
-    """This process's cgroup paths from /proc/self/cgroup: the v2 one and the v1 one with the ``cpu`` controller."""
-    v2 = v1 = None
+def _own_cgroup(text: str | None) -> str | None:
+    """This process's cgroup v2 path, from /proc/self/cgroup's ``0::<path>`` line."""
     for line in (text or "").splitlines():
-        parts = line.strip().split(":", 2)
-        if len(parts) != 3 or not parts[2].startswith("/"):
-            continue
-        hierarchy, controllers, path = parts
-        if hierarchy == "0" and controllers == "" and v2 is None:
-            v2 = path
-        elif "cpu" in controllers.split(",") and v1 is None:
-            v1 = path
-    return v2, v1
+        if line.startswith("0::/"):
+            return line.strip()[3:]
+    return None
 
 
-def _unescape(field: str) -> str:
-    """mountinfo writes a space, tab, newline and backslash in a path as octal (``\\040``)."""
-    for code in ("\\040", "\\011", "\\012", "\\134"):
-        field = field.replace(code, chr(int(code[1:], 8)))
-    return field
-
-
-def _mounts(text: str | None) -> tuple[tuple[str, str] | None, tuple[str, str] | None]:
-    """(mount point, root of the mount) of the cgroup v2 and the v1 ``cpu`` hierarchies, from mountinfo."""
-    v2: list[tuple[str, str]] = []
-    v1: list[tuple[str, str]] = []
+def _mount(text: str | None) -> tuple[str, str]:
+    """(mount point, root of the mount) of the cgroup v2 hierarchy, from mountinfo: the one under /sys/fs/cgroup
+    where there are several (a host's, bind-mounted elsewhere, is not ours); /sys/fs/cgroup when none is listed."""
+    mounts = []
     for line in (text or "").splitlines():
         fields = line.split()
-        if "-" not in fields:
-            continue
-        sep = fields.index("-")
-        if sep < 5 or len(fields) < sep + 4:
-            continue
-        root, point, fstype, options = _unescape(fields[3]), _unescape(fields[4]), fields[sep + 1], fields[sep + 3]
-        if fstype == "cgroup2":
-            v2.append((point, root))
-        elif fstype == "cgroup" and "cpu" in options.split(","):
-            v1.append((point, root))
-    return _usual(v2), _usual(v1)
-
-
-def _usual(mounts: list[tuple[str, str]]) -> tuple[str, str] | None:
-    """The mount under /sys/fs/cgroup where there are several (a host's, bind-mounted elsewhere, is not ours)."""
+        sep = fields.index("-") if "-" in fields else 0
+        if sep >= 5 and fields[sep + 1 : sep + 2] == ["cgroup2"]:
+            # mountinfo writes a space, tab, newline and backslash in a path as octal (\040)
+            root, point = (re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), f) for f in fields[3:5])
+            mounts.append((point, root))
     usual = [m for m in mounts if m[0] == _CGROUP_ROOT or m[0].startswith(_CGROUP_ROOT + "/")]
-    return (usual or mounts or [None])[0]
+    return (usual or mounts or [(_CGROUP_ROOT, "/")])[0]
 
 
 def _chain(mount: Path, mount_root: str, cgroup: str) -> list[tuple[Path, str]]:
@@ -130,42 +87,26 @@ def _chain(mount: Path, mount_root: str, cgroup: str) -> list[tuple[Path, str]]:
     ]
 
 
-def _limit(version: int, cgroup: str, quota: str, period: str) -> _Limit | None:
-    """Anything but two positive integers is no limit."""
+def _limit(folder: Path, cgroup: str) -> tuple[int, int, str] | None:
+    """``cpu.max``'s "QUOTA PERIOD" as (quota µs, period µs, cgroup); "max PERIOD" or anything garbled: no limit."""
+    fields = (_read(folder / "cpu.max") or "").split()
     try:
-        q, p = int(quota), int(period)
+        quota, period = map(int, fields) if len(fields) == 2 else (0, 0)
     except ValueError:
         return None
-    return _Limit(version, cgroup, q, p) if q > 0 and p > 0 else None
+    return (quota, period, cgroup) if quota > 0 and period > 0 else None
 
 
-def _v2_limit(folder: Path, cgroup: str) -> _Limit | None:
-    """``cpu.max``: "QUOTA PERIOD", or "max PERIOD" for no limit."""
-    fields = (_read(folder / "cpu.max") or "").split()
-    return _limit(2, cgroup, *fields) if len(fields) == 2 and fields[0] != "max" else None
-
-
-def _v1_limit(folder: Path, cgroup: str) -> _Limit | None:
-    """``cpu.cfs_quota_us`` (-1: no limit) over ``cpu.cfs_period_us``."""
-    quota, period = _read(folder / "cpu.cfs_quota_us"), _read(folder / "cpu.cfs_period_us")
-    return None if quota is None or period is None else _limit(1, cgroup, quota.strip(), period.strip())
-
-
-def _cgroup_limits(root: Path) -> list[_Limit]:
-    """Every CPU quota from this process's cgroups up to their roots (the tightest binds), in v2 and v1."""
+def _cgroup_limits(root: Path) -> list[tuple[int, int, str]]:
+    """Every CPU quota from this process's cgroup up to the root (the tightest binds)."""
     proc = _inside(root, "/proc/self")
-    v2_path, v1_path = _own_cgroups(_read(proc / "cgroup"))
-    v2_mount, v1_mount = _mounts(_read(proc / "mountinfo"))
-    if v2_path is not None and v2_mount is None:
-        v2_mount = (_CGROUP_ROOT, "/")
-    if v1_path is not None and v1_mount is None:
-        v1_mount = (next((p for p in _V1_FALLBACKS if _inside(root, p).is_dir()), _V1_FALLBACKS[-1]), "/")
-    limits: list[_Limit] = []
-    for path, mount, limit_of in ((v2_path, v2_mount, _v2_limit), (v1_path, v1_mount, _v1_limit)):
-        if path is not None and mount is not None:
-            chain = _chain(_inside(root, mount[0]), mount[1], path)
-            limits += [limit for folder, cgroup in chain if (limit := limit_of(folder, cgroup))]
-    return limits
+    cgroup = _own_cgroup(_read(proc / "cgroup"))
+    if cgroup is None:
+        return []
+    point, mount_root = _mount(_read(proc / "mountinfo"))
+    return [
+        limit for folder, name in _chain(_inside(root, point), mount_root, cgroup) if (limit := _limit(folder, name))
+    ]
 
 
 def probe_cpu_budget(root: Path = Path("/"), affinity: int | None = None) -> CpuBudget:
@@ -181,12 +122,12 @@ def probe_cpu_budget(root: Path = Path("/"), affinity: int | None = None) -> Cpu
         limits = []
     if not limits:
         return CpuBudget(cores, cores, None, f"{what} ({cores}), no cgroup CPU limit")
-    tightest = min(limits, key=lambda limit: limit.cpus)
-    allowed = max(1, -(-tightest.quota // tightest.period))  # rounded up: 1.5 CPUs of quota → 2 threads
-    quota = float(tightest.cpus)
+    quota, period, cgroup = min(limits, key=lambda limit: Fraction(limit[0], limit[1]))
+    allowed = max(1, -(-quota // period))  # rounded up: 1.5 CPUs of quota → 2 threads
+    limit = f"cgroup v2 cpu.max {quota}/{period}" + (f" in {cgroup}" if cgroup != "/" else "")
     if allowed < cores:
-        return CpuBudget(allowed, cores, quota, f"{tightest.describe()} → {allowed} ({what} {cores})")
-    return CpuBudget(cores, cores, quota, f"{what} ({cores}); {tightest.describe()} allows {allowed}")
+        return CpuBudget(allowed, cores, quota / period, f"{limit} → {allowed} ({what} {cores})")
+    return CpuBudget(cores, cores, quota / period, f"{what} ({cores}); {limit} allows {allowed}")
 
 
 @functools.lru_cache(maxsize=1)

@@ -48,12 +48,6 @@ def test_the_probe_says_what_amx_and_bf16_mean_for_the_backends(monkeypatch) -> 
 # ---- the CPU budget: affinity capped by a container's cgroup CPU quota, read from files in tmp_path ----
 
 V2_MOUNTINFO = "30 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
-V1_MOUNTINFO = (
-    "31 23 0:28 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n"
-    "32 31 0:29 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
-    "33 31 0:30 / /sys/fs/cgroup/cpu,cpuacct rw,relatime shared:9 - cgroup cgroup rw,cpu,cpuacct\n"
-    "34 31 0:31 / /sys/fs/cgroup/cpuset rw,relatime - cgroup cgroup rw,cpuset\n"
-)
 
 
 def machine(tmp_path: Path, proc_cgroup: str, files: dict[str, str], mountinfo: str | None = V2_MOUNTINFO) -> Path:
@@ -141,33 +135,6 @@ def test_a_host_hierarchy_mounted_elsewhere_is_not_taken_for_ours(tmp_path) -> N
     assert hardware.probe_cpu_budget(root, affinity=8).count == 2
 
 
-def test_a_v1_quota_caps_the_cores(tmp_path) -> None:
-    root = machine(
-        tmp_path,
-        "12:memory:/kubepods/pod1\n5:cpuset:/elsewhere\n4:cpu,cpuacct:/kubepods/pod1\n0::/\n",
-        {
-            "cpu,cpuacct/cpu.cfs_quota_us": "-1\n",
-            "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
-            "cpu,cpuacct/kubepods/pod1/cpu.cfs_quota_us": "250000\n",
-            "cpu,cpuacct/kubepods/pod1/cpu.cfs_period_us": "100000\n",
-            "memory/kubepods/pod1/cpu.cfs_quota_us": "100000\n",  # not the cpu controller: ignored
-            "memory/kubepods/pod1/cpu.cfs_period_us": "100000\n",
-            "cpu,cpuacct/elsewhere/cpu.cfs_quota_us": "100000\n",  # cpuset's path, not cpu's: ignored
-            "cpu,cpuacct/elsewhere/cpu.cfs_period_us": "100000\n",
-        },
-        V1_MOUNTINFO,
-    )
-    budget = hardware.probe_cpu_budget(root, affinity=16)
-    assert (budget.count, budget.quota) == (3, 2.5)
-    assert budget.source.startswith("cgroup v1 cpu.cfs_quota_us/cpu.cfs_period_us 250000/100000 in /kubepods/pod1 → 3")
-
-
-def test_v1_without_mountinfo_falls_back_to_the_usual_folders(tmp_path) -> None:
-    files = {"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}
-    root = machine(tmp_path, "3:cpu:/\n", files, mountinfo=None)
-    assert hardware.probe_cpu_budget(root, affinity=16).count == 1
-
-
 def test_a_smaller_affinity_wins_over_the_quota(tmp_path) -> None:
     root = machine(tmp_path, "0::/\n", {"cpu.max": "400000 100000\n"})
     budget = hardware.probe_cpu_budget(root, affinity=2)
@@ -175,7 +142,9 @@ def test_a_smaller_affinity_wins_over_the_quota(tmp_path) -> None:
     assert budget.source == "CPU affinity (2); cgroup v2 cpu.max 400000/100000 allows 4"
 
 
-V1_NO_QUOTA = {"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}
+# cgroup v1 is not read: a v1 host's quota leaves the affinity alone.
+V1_QUOTA = {"cpu,cpuacct/cpu.cfs_quota_us": "100000\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}
+V1_MOUNTINFO = "33 31 0:30 / /sys/fs/cgroup/cpu,cpuacct rw,relatime shared:9 - cgroup cgroup rw,cpu,cpuacct\n"
 GARBLED = ["", "400000", "abc 100000", "400000 abc", "400000 0", "0 100000", "-5 100000", "400000 100000 7", "max"]
 
 
@@ -183,10 +152,10 @@ GARBLED = ["", "400000", "abc 100000", "400000 abc", "400000 0", "0 100000", "-5
     ("cgroup", "files", "mountinfo"),
     [
         ("0::/\n", {"cpu.max": "max 100000\n"}, V2_MOUNTINFO),  # v2's "max"
-        ("4:cpu,cpuacct:/\n", V1_NO_QUOTA, V1_MOUNTINFO),  # v1's -1
+        ("4:cpu,cpuacct:/\n", V1_QUOTA, V1_MOUNTINFO),  # v1: not read
         *(("0::/\n", {"cpu.max": garbled}, V2_MOUNTINFO) for garbled in GARBLED),
     ],
-    ids=["v2 max", "v1 -1", *(f"garbled {g!r}" for g in GARBLED)],
+    ids=["v2 max", "v1 ignored", *(f"garbled {g!r}" for g in GARBLED)],
 )
 def test_no_quota_or_a_garbled_one_is_no_limit(tmp_path, cgroup: str, files: dict[str, str], mountinfo: str) -> None:
     budget = hardware.probe_cpu_budget(machine(tmp_path, cgroup, files, mountinfo), affinity=16)
@@ -209,11 +178,6 @@ def test_garbled_or_missing_files_are_no_limit_never_an_error(tmp_path) -> None:
     (root / "sys/fs/cgroup/a/cpu.max").write_text("200000 100000\n")
     (root / "sys/fs/cgroup/a/b/cpu.max").write_bytes(b"\xff\xfe\x00 100000")
     assert hardware.probe_cpu_budget(root, affinity=8).count == 2
-    files = {"cpu,cpuacct/cpu.cfs_quota_us": "100000\n", "cpu,cpuacct/cpu.cfs_period_us": "fast\n"}
-    root = machine(tmp_path / "v1", "4:cpu,cpuacct:/\n", files, V1_MOUNTINFO)
-    assert hardware.probe_cpu_budget(root, affinity=8).count == 8
-    (root / "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us").unlink()  # a quota without its period
-    assert hardware.probe_cpu_budget(root, affinity=8).count == 8
     assert hardware.probe_cpu_budget(tmp_path / "nothing", affinity=8).count == 8  # no /proc, no /sys: macOS
     assert hardware.probe_cpu_budget(tmp_path / "nothing", affinity=0).count == 1  # at least 1
 
