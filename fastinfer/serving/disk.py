@@ -20,6 +20,7 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from fastinfer.common import leases
 from fastinfer.common.home import bentoml_home
@@ -121,34 +122,39 @@ def _allocate(fd: int, size: int) -> None:
     os.posix_fallocate(fd, 0, size)
 
 
+def _open_allocated(filename: str, capacity: int) -> BinaryIO:
+    """The file, with blocks for its first ``capacity`` bytes and all it holds (a file made before the disk filled
+    has holes); else OSError, and a file left empty is removed (/metrics cannot read one)."""
+    file = open(filename, "a+b")  # noqa: SIM115 - the caller keeps it open
+    try:
+        _allocate(file.fileno(), max(capacity, os.fstat(file.fileno()).st_size))
+    except OSError:
+        if os.fstat(file.fileno()).st_size == 0:
+            with contextlib.suppress(OSError):
+                os.unlink(filename)
+        file.close()
+        raise
+    return file
+
+
 class GuardedMmapedDict(MmapedDict):
     """prometheus_client's MmapedDict (fastinfer/compat/prometheus.py), never mapping a page without a disk block
-    behind it: without one, the values are held in anonymous memory. Every method but ``__init__`` runs under
-    prometheus_client's lock, so switching between file and memory cannot race with a write."""
+    behind it: without one, the values are held in anonymous memory and tried on the file again every RETRY_S.
+    Every method but ``__init__`` runs under prometheus_client's lock, so a move cannot race with a write."""
 
     def __init__(self, filename: str, read_mode: bool = False) -> None:
         self._retry_at = 0.0
-        if read_mode:
-            super().__init__(filename, read_mode=True)
-            return
-        try:
-            fd = os.open(filename, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError as exc:  # no room even for the file's name
-            self._to_memory(filename, INITIAL_MMAP_SIZE, b"", {}, exc)
-            return
-        size = 0
-        try:
-            size = os.fstat(fd).st_size
-            _allocate(fd, max(size, INITIAL_MMAP_SIZE))  # all of it: a file made before the disk filled has holes
-        except OSError as exc:
-            if size == 0:  # ours, empty: not left behind for /metrics to read
-                with contextlib.suppress(OSError):
-                    os.unlink(filename)
-            self._to_memory(filename, INITIAL_MMAP_SIZE, b"", {}, exc)
-            return
-        finally:
-            os.close(fd)
-        super().__init__(filename)
+        if not read_mode:
+            try:
+                _open_allocated(filename, INITIAL_MMAP_SIZE).close()
+            except OSError as exc:
+                self._f, self._fname, self._used, self._positions = None, filename, HEADER, {}
+                self._m = struct.pack("ii", HEADER, 0)
+                self._retry_at = time.monotonic() + RETRY_S
+                HEALTH.moved_to_memory(self, filename, exc)
+                self._remap(INITIAL_MMAP_SIZE)
+                return
+        super().__init__(filename, read_mode)
 
     def _init_value(self, key: str) -> None:
         # Room for the entry first (an upper bound of the one prometheus_client writes: length, key padded
@@ -158,67 +164,34 @@ class GuardedMmapedDict(MmapedDict):
             capacity = self._capacity
             while needed > capacity:
                 capacity *= 2
-            self._grow(capacity)
+            self._remap(capacity)
         super()._init_value(key)
 
     def write_value(self, key: str, value: float, timestamp: float) -> None:
         if self._f is None and time.monotonic() >= self._retry_at:
-            self._back_to_file()
+            self._remap(self._capacity)
         super().write_value(key, value, timestamp)
 
-    def _grow(self, capacity: int) -> None:
-        if self._f is None:
-            grown = mmap.mmap(-1, capacity)
-            grown[: self._used] = self._m[: self._used]
-            self._m, self._capacity = grown, capacity
-            return
-        try:
-            _allocate(self._f.fileno(), capacity)
-        except OSError as exc:
-            contents = self._m[: self._used]
-            self._m.close()
-            self._f.close()
-            # The file keeps its last consistent values (/metrics shows them, stale) until space returns.
-            self._to_memory(self._fname, capacity, contents, self._positions, exc)
-            return
-        self._m = mmap.mmap(self._f.fileno(), capacity)
-        self._capacity = capacity
-
-    def _to_memory(
-        self, filename: str, capacity: int, contents: bytes, positions: dict[str, int], exc: OSError
-    ) -> None:
-        self._f = None  # prometheus_client's close() then leaves the (anonymous) map to the collector
-        self._fname = filename
-        self._capacity = capacity
-        self._m = mmap.mmap(-1, capacity)
-        if contents:
-            self._m[: len(contents)] = contents
-            self._used = len(contents)
-        else:
-            self._used = HEADER
-            self._m[0:4] = struct.pack("i", HEADER)
-        self._positions = dict(positions)
-        self._retry_at = time.monotonic() + RETRY_S
-        HEALTH.moved_to_memory(self, filename, exc)
-
-    def _back_to_file(self) -> None:
-        self._retry_at = time.monotonic() + RETRY_S
-        try:
-            fd = os.open(self._fname, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError:
-            return
-        try:
-            _allocate(fd, self._capacity)
-            file = os.fdopen(fd, "a+b")
-        except OSError:
-            os.close(fd)
-            return
-        mapped = mmap.mmap(file.fileno(), self._capacity)
+    def _remap(self, capacity: int) -> None:
+        """Move the values to ``capacity`` bytes of the file where it gets their blocks (once in memory, tried at
+        most every RETRY_S), else of anonymous memory; the file keeps its last consistent values meanwhile."""
+        file = None
+        if self._f is not None or time.monotonic() >= self._retry_at:
+            try:
+                file = _open_allocated(self._fname, capacity)
+            except OSError as exc:
+                self._retry_at = time.monotonic() + RETRY_S
+                HEALTH.moved_to_memory(self, self._fname, exc)
+        mapped = mmap.mmap(-1 if file is None else file.fileno(), capacity)
         # Entries first, the used count last: a /metrics scrape reading meanwhile sees old or new, whole.
         mapped[HEADER : self._used] = self._m[HEADER : self._used]
-        mapped[0:HEADER] = self._m[0:HEADER]
-        self._f, self._m = file, mapped
-        HEALTH.back_on_disk(self)
+        mapped[:HEADER] = self._m[:HEADER]
+        if self._f is not None:
+            self._m.close()
+            self._f.close()
+        elif file is not None:
+            HEALTH.back_on_disk(self)
+        self._f, self._m, self._capacity = file, mapped, capacity
 
 
 def remove_stale_files(directory: str) -> int:
