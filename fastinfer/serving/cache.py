@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from fastinfer.catalog.family import MAX_LABEL
 from fastinfer.common.errors import one_line
 from fastinfer.common.schemas import TOP_K_MAX
@@ -30,10 +32,6 @@ CACHE_FORMAT = "4"  # bumped when the value's shape changes, so old entries are 
 NAMESPACE = "fastinfer"
 INDEX_KEY = f"{NAMESPACE}:v{CACHE_FORMAT}:index"
 ENTRY_KEYS = frozenset({"v", "mac", "body"})
-BODY_KEYS = frozenset(
-    {"class", "class_index", "confidence", "top_k", "backend", "model", "weights", "engine", "cached"}
-)
-PREDICTION_KEYS = frozenset({"label", "index", "score"})
 
 
 def cache_key(image: bytes, backend: str, model_tag: str, top_k: int, engine: str) -> str:
@@ -127,6 +125,34 @@ LABEL_BYTES = 4
 MAX_ENTRY_BYTES = (TOP_K_MAX + 1) * MAX_LABEL * LABEL_BYTES + 8 * 1024
 
 
+_STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)  # JSON's true is no index, NaN no score
+
+
+class _Prediction(BaseModel):
+    model_config = _STRICT
+    label: str
+    index: int = Field(ge=0)
+    score: float = Field(ge=0.0, le=1.0)
+
+
+class _Body(BaseModel):
+    """A response body as stored: its keys exactly, each of its type."""
+
+    model_config = _STRICT
+    class_: str = Field(alias="class")
+    class_index: int
+    confidence: float = Field(ge=0.0, le=1.0)
+    top_k: list[_Prediction]
+    backend: str
+    model: str
+    weights: str
+    engine: str
+    cached: bool
+
+
+BODY_KEYS = frozenset(field.alias or name for name, field in _Body.model_fields.items())
+
+
 def decode_entry(raw: str | bytes, expected: Expected, key: str = "", hmac_key: bytes = b"") -> dict[str, Any]:
     """The body stored in ``raw`` under ``key``, checked against ``expected`` (and its MAC); else ValueError."""
     if len(raw) > MAX_ENTRY_BYTES:
@@ -140,8 +166,10 @@ def decode_entry(raw: str | bytes, expected: Expected, key: str = "", hmac_key: 
         if entry["v"] != CACHE_FORMAT:
             raise InvalidEntry(f"format {entry['v']!r}, this version reads {CACHE_FORMAT!r}")
         body = entry["body"]
-    if not isinstance(body, dict) or body.keys() != BODY_KEYS:
-        raise InvalidEntry("the body's keys are not a response's")
+    try:
+        _Body.model_validate(body)
+    except ValidationError as exc:
+        raise InvalidEntry(f"not a response's body: {one_line(exc, named=False)}") from None
     said = (body["backend"], body["model"], body["weights"], body["engine"])
     if said != (expected.backend, expected.model_tag, expected.weights, expected.engine):
         raise InvalidEntry(
@@ -149,18 +177,10 @@ def decode_entry(raw: str | bytes, expected: Expected, key: str = "", hmac_key: 
             f"{expected.backend!r}/{expected.model_tag!r}/{expected.weights!r}/{expected.engine!r}"
         )
     ranked = body["top_k"]
-    k = expected.top_k
-    if not isinstance(ranked, list) or not ranked or len(ranked) != k or not all(map(_is_prediction, ranked)):
-        raise InvalidEntry(f"top_k is not a list of {k} predictions")
+    if len(ranked) != expected.top_k:
+        raise InvalidEntry(f"top_k is not a list of {expected.top_k} predictions")
     _check_ranking(ranked, expected.categories)
     best = ranked[0]
-    if not (
-        isinstance(body["class"], str)
-        and _is_int(body["class_index"])
-        and _is_probability(body["confidence"])
-        and isinstance(body["cached"], bool)
-    ):
-        raise InvalidEntry("a field has the wrong type")
     if (body["class"], body["class_index"], body["confidence"]) != (best["label"], best["index"], best["score"]):
         raise InvalidEntry("class, class_index, confidence disagree with top_k[0]")
     return body
@@ -178,25 +198,6 @@ def _check_ranking(ranked: list[dict[str, Any]], categories: Sequence[str]) -> N
     scores = [p["score"] for p in ranked]
     if any(a < b for a, b in itertools.pairwise(scores)) or sum(scores) > 1.0 + 1e-3:  # float rounding
         raise InvalidEntry("top_k scores are not a ranked softmax")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)  # JSON true is no index
-
-
-def _is_probability(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 1.0  # NaN fails
-
-
-def _is_prediction(value: Any) -> bool:
-    return (
-        isinstance(value, dict)
-        and value.keys() == PREDICTION_KEYS
-        and isinstance(value["label"], str)
-        and _is_int(value["index"])
-        and value["index"] >= 0
-        and _is_probability(value["score"])
-    )
 
 
 def describe_error(exc: BaseException, timeout_s: float | None = None) -> str:
