@@ -31,7 +31,6 @@ logger = logging.getLogger("fastinfer.cache")
 CACHE_FORMAT = "4"  # bumped when the value's shape changes, so old entries are never served
 NAMESPACE = "fastinfer"
 INDEX_KEY = f"{NAMESPACE}:v{CACHE_FORMAT}:index"
-ENTRY_KEYS = frozenset({"v", "mac", "body"})
 
 
 def cache_key(image: bytes, backend: str, model_tag: str, top_k: int, engine: str) -> str:
@@ -150,6 +149,13 @@ class _Body(BaseModel):
     cached: bool
 
 
+class _Entry(BaseModel):
+    model_config = _STRICT
+    v: str
+    mac: str | None
+    body: _Body
+
+
 BODY_KEYS = frozenset(field.alias or name for name, field in _Body.model_fields.items())
 
 
@@ -157,47 +163,37 @@ def decode_entry(raw: str | bytes, expected: Expected, key: str = "", hmac_key: 
     """The body stored in ``raw`` under ``key``, checked against ``expected`` (and its MAC); else ValueError."""
     if len(raw) > MAX_ENTRY_BYTES:
         raise InvalidEntry(f"more than {MAX_ENTRY_BYTES:,} bytes, larger than any entry of ours")
-    if hmac_key:  # the MAC first: nothing of an entry is believed, or parsed, before it is checked
-        body = json.loads(_signed_body(raw, key, hmac_key))
-    else:
-        entry = json.loads(raw)  # ValueError (JSONDecodeError, UnicodeDecodeError) when not JSON
-        if not isinstance(entry, dict) or entry.keys() != ENTRY_KEYS:
-            raise InvalidEntry("not a {v, mac, body} object")
-        if entry["v"] != CACHE_FORMAT:
-            raise InvalidEntry(f"format {entry['v']!r}, this version reads {CACHE_FORMAT!r}")
-        body = entry["body"]
     try:
-        _Body.model_validate(body)
-    except ValidationError as exc:
-        raise InvalidEntry(f"not a response's body: {one_line(exc, named=False)}") from None
-    said = (body["backend"], body["model"], body["weights"], body["engine"])
+        if hmac_key:  # the MAC first: nothing of an entry is believed, or parsed, before it is checked
+            body = _Body.model_validate_json(_signed_body(raw, key, hmac_key))
+        else:
+            entry = _Entry.model_validate_json(raw)
+            if entry.v != CACHE_FORMAT:
+                raise InvalidEntry(f"format {entry.v!r}, this version reads {CACHE_FORMAT!r}")
+            body = entry.body
+    except ValidationError as exc:  # not JSON, not UTF-8, a key missing or extra, a value of another type
+        raise InvalidEntry(f"not an entry of ours: {one_line(exc, named=False)}") from None
+    said = (body.backend, body.model, body.weights, body.engine)
     if said != (expected.backend, expected.model_tag, expected.weights, expected.engine):
         raise InvalidEntry(
             f"answers {'/'.join(map(repr, said))}, the key "
             f"{expected.backend!r}/{expected.model_tag!r}/{expected.weights!r}/{expected.engine!r}"
         )
-    ranked = body["top_k"]
+    ranked = body.top_k
     if len(ranked) != expected.top_k:
         raise InvalidEntry(f"top_k is not a list of {expected.top_k} predictions")
-    _check_ranking(ranked, expected.categories)
-    best = ranked[0]
-    if (body["class"], body["class_index"], body["confidence"]) != (best["label"], best["index"], best["score"]):
-        raise InvalidEntry("class, class_index, confidence disagree with top_k[0]")
-    return body
-
-
-def _check_ranking(ranked: list[dict[str, Any]], categories: Sequence[str]) -> None:
-    """A softmax top-k: distinct classes, each with its own name, scores falling, summing to <= 1."""
-    indices = [p["index"] for p in ranked]
+    indices = [p.index for p in ranked]
     if len(set(indices)) != len(indices):
         raise InvalidEntry("a class appears twice in top_k")
-    if categories and any(
-        i >= len(categories) or p["label"] != categories[i] for i, p in zip(indices, ranked, strict=True)
-    ):
+    names = expected.categories
+    if names and any(p.index >= len(names) or p.label != names[p.index] for p in ranked):
         raise InvalidEntry("a label is not its class index's name")
-    scores = [p["score"] for p in ranked]
+    scores = [p.score for p in ranked]
     if any(a < b for a, b in itertools.pairwise(scores)) or sum(scores) > 1.0 + 1e-3:  # float rounding
         raise InvalidEntry("top_k scores are not a ranked softmax")
+    if (body.class_, body.class_index, body.confidence) != (ranked[0].label, ranked[0].index, ranked[0].score):
+        raise InvalidEntry("class, class_index, confidence disagree with top_k[0]")
+    return body.model_dump(by_alias=True)  # in the order answers have: a hit answers in it
 
 
 def describe_error(exc: BaseException, timeout_s: float | None = None) -> str:
