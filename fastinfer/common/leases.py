@@ -56,15 +56,10 @@ def held(path: Path) -> bool:
     if str(path) in _held:
         return True
     try:
-        # Read-write where it may (NFS's emulated LOCK_EX needs it), else read-only: another user's lease.
-        fd = os.open(path, os.O_RDWR)
-    except PermissionError:
-        try:
+        try:  # read-write where it may (NFS's emulated LOCK_EX needs it), else read-only: another user's lease
+            fd = os.open(path, os.O_RDWR)
+        except PermissionError:
             fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return False
-        except OSError:
-            return True
     except FileNotFoundError:
         return False
     except OSError:
