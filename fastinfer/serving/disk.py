@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from psutil import pid_exists
+
 from fastinfer.common import leases
 from fastinfer.common.home import bentoml_home
 from fastinfer.compat.bentoml import set_prometheus_dir
@@ -38,12 +40,9 @@ class DiskHealth:
     """Why the disk makes this process degraded, or None: metric files that could not get disk blocks,
     or less than ``min_free_bytes`` free where BentoML writes (BENTOML_HOME, the Prometheus directory)."""
 
-    def __init__(
-        self, min_free_bytes: int, paths: Callable[[], list[str]], clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, min_free_bytes: int, paths: Callable[[], list[str]]) -> None:
         self.min_free_bytes = min_free_bytes
         self.paths = paths
-        self.clock = clock
         self.in_memory: weakref.WeakSet[GuardedMmapedDict] = weakref.WeakSet()
         self.lock = threading.Lock()
         self.checked_at = -CHECK_S
@@ -62,29 +61,24 @@ class DiskHealth:
         return "; ".join(reasons) or None
 
     def _low_space(self) -> str | None:
-        if self.min_free_bytes <= 0:
-            return None
-        now = self.clock()
-        if now - self.checked_at < CHECK_S:
+        now = time.monotonic()
+        if self.min_free_bytes <= 0 or now - self.checked_at < CHECK_S:
             return self.low_space
         self.checked_at = now
         low = None
         for path in self.paths():
-            try:
+            with contextlib.suppress(OSError):  # a path not there (yet): nothing to say about its disk
                 stat = os.statvfs(path)
-            except OSError:
-                continue  # not there (yet): nothing to say about its disk
-            free = stat.f_bavail * stat.f_frsize
-            if free < self.min_free_bytes:
-                low = (
-                    f"less than {self.min_free_bytes // 2**20} MB free on the disk under BENTOML_HOME "
-                    f"({free // 2**20} MB; FASTINFER_MIN_FREE_DISK_MB)"
-                )
-                if self.low_space is None:
-                    logger.error(
-                        "disk: %s has %d bytes free (FASTINFER_MIN_FREE_DISK_MB): /readyz answers 503", path, free
+                if (free := stat.f_bavail * stat.f_frsize) < self.min_free_bytes:
+                    low = (
+                        f"less than {self.min_free_bytes // 2**20} MB free on the disk under BENTOML_HOME "
+                        f"({free // 2**20} MB; FASTINFER_MIN_FREE_DISK_MB)"
                     )
-                break
+                    if self.low_space is None:
+                        logger.error(
+                            "disk: %s has %d bytes free (FASTINFER_MIN_FREE_DISK_MB): /readyz answers 503", path, free
+                        )
+                    break
         if low is None and self.low_space is not None:
             logger.warning("disk: free space is back above FASTINFER_MIN_FREE_DISK_MB")
         self.low_space = low
@@ -201,7 +195,7 @@ def remove_stale_files(directory: str) -> int:
     with contextlib.suppress(OSError), os.scandir(directory) as entries:
         for entry in entries:
             match = _FILE_NAME.fullmatch(entry.name)
-            if match is None or _alive(int(match["pid"])):
+            if match is None or not _is_pid(match["pid"]) or pid_exists(int(match["pid"])):
                 continue
             try:
                 if match["kind"].startswith("gauge_live") or _holds_nothing(entry.path):
@@ -215,16 +209,6 @@ def remove_stale_files(directory: str) -> int:
 def _is_pid(name: str) -> bool:
     """A folder name a server gave (its pid), not one someone else put there ("²", twenty digits)."""
     return name.isascii() and name.isdigit() and 0 < int(name) <= 4_194_304  # Linux's largest pid_max
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's: alive
-    return True
 
 
 def _holds_nothing(path: str) -> bool:
@@ -265,7 +249,7 @@ def claim_metrics_dir() -> None:
     atexit.register(shutil.rmtree, _own_dir, ignore_errors=True)  # a clean stop leaves nothing behind
     with contextlib.suppress(OSError), os.scandir(_own_dir.parent) as entries:
         for entry in entries:
-            gone = _is_pid(entry.name) and not _alive(int(entry.name)) and not leases.held(Path(entry.path) / LEASE)
+            gone = _is_pid(entry.name) and not pid_exists(int(entry.name)) and not leases.held(Path(entry.path) / LEASE)
             if gone and entry.path != str(_own_dir):
                 shutil.rmtree(entry.path, ignore_errors=True)
 
