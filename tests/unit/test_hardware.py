@@ -94,11 +94,31 @@ def test_the_tightest_limit_on_the_way_up_binds(tmp_path) -> None:
     assert hardware.probe_cpu_budget(root, affinity=64).count == 2
 
 
-def test_a_different_period_is_compared_as_a_fraction(tmp_path) -> None:
-    root = machine(
-        tmp_path, "0::/a/b\n", {"a/cpu.max": "250000 50000\n", "a/b/cpu.max": "600000 100000\n"}
-    )  # 5 CPUs above, 6 below: the parent binds
-    assert hardware.probe_cpu_budget(root, affinity=64).count == 5
+@pytest.mark.parametrize(
+    ("cgroup", "files", "mountinfo", "cores"),
+    [
+        # 5 CPUs above, 6 below, in other periods: the parent binds
+        ("0::/a/b\n", {"a/cpu.max": "250000 50000\n", "a/b/cpu.max": "600000 100000\n"}, V2_MOUNTINFO, 5),
+        # cgroup2 mounted elsewhere: not the 1 of a cpu.max outside the mount mountinfo names
+        (
+            "0::/svc\n",
+            {"unified/svc/cpu.max": "200000 100000\n", "svc/cpu.max": "1 100000"},
+            "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n",
+            2,
+        ),
+        # a monitoring container with the host's cgroups at /host/sys/fs/cgroup, listed first: not ours
+        (
+            "0::/\n",
+            {"cpu.max": "200000 100000\n"},
+            "40 23 0:26 / /host/sys/fs/cgroup ro - cgroup2 cgroup2 rw\n"
+            "41 23 0:27 / /sys/fs/cgroup ro - cgroup2 cgroup2 rw\n",
+            2,
+        ),
+    ],
+    ids=["another period", "mounted elsewhere", "a host hierarchy listed first"],
+)
+def test_the_quota_is_read_where_the_mounts_say(tmp_path, cgroup: str, files: dict, mountinfo: str, cores: int) -> None:
+    assert hardware.probe_cpu_budget(machine(tmp_path, cgroup, files, mountinfo), affinity=64).count == cores
 
 
 def test_the_cgroup_mounted_as_the_namespace_root_is_found_through_mountinfo(tmp_path) -> None:
@@ -113,26 +133,6 @@ def test_the_cgroup_mounted_as_the_namespace_root_is_found_through_mountinfo(tmp
     (root / "sys/fs/cgroup/sub/cpu.max").write_text("100000 100000\n")
     budget = hardware.probe_cpu_budget(root, affinity=64)
     assert budget.count == 1 and " in /docker/abc/sub →" in budget.source
-
-
-def test_v2_elsewhere_is_found_through_mountinfo(tmp_path) -> None:
-    mountinfo = "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n"
-    root = machine(
-        tmp_path, "0::/svc\n", {"unified/svc/cpu.max": "200000 100000\n", "svc/cpu.max": "1 100000"}, mountinfo
-    )
-    budget = hardware.probe_cpu_budget(root, affinity=64)
-    assert budget.count == 2  # not the 1 of a cpu.max outside the mount mountinfo names
-
-
-def test_a_host_hierarchy_mounted_elsewhere_is_not_taken_for_ours(tmp_path) -> None:
-    """A monitoring container with the host's cgroups at /host/sys/fs/cgroup, listed first."""
-    mountinfo = (
-        "40 23 0:26 / /host/sys/fs/cgroup ro,relatime - cgroup2 cgroup2 rw\n"
-        "41 23 0:27 / /sys/fs/cgroup ro,relatime - cgroup2 cgroup2 rw\n"
-    )
-    root = machine(tmp_path, "0::/\n", {"cpu.max": "200000 100000\n"}, mountinfo)
-    (root / "host/sys/fs/cgroup").mkdir(parents=True)
-    assert hardware.probe_cpu_budget(root, affinity=8).count == 2
 
 
 def test_a_smaller_affinity_wins_over_the_quota(tmp_path) -> None:
