@@ -89,9 +89,8 @@ def open_checked(data: bytes | memoryview, max_pixels: int) -> Image.Image:
             Image.MAX_IMAGE_PIXELS = before
 
 
-# The formats photos come in, each decoded by a C library after its header is checked. Left out: Pillow's others,
-# some decoded in Python (a 196 KB gzip FITS of 49 MP took 12 s) or whole while opening, before any size check
-# (ICO and ICNS: a 875 KB file became 900 MP in memory).
+# The formats photos come in, each decoded by a C library after its header is checked (why not the others:
+# docs/api.md).
 ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "AVIF")  # a phone's MPO opens as JPEG
 NOT_AN_IMAGE = "The body is not an image in a format this service reads (JPEG, PNG, WebP, GIF, BMP, TIFF, AVIF)."
 JPEG_FORMATS = ("JPEG", "MPO")  # a phone's MPO is a JPEG followed by others: the first is the photo

@@ -167,25 +167,14 @@ def test_a_batch_uses_the_cache_per_image() -> None:
     assert runner.calls == [("onnx", 1, None), ("onnx", 1, None)]  # only the new image was inferred
 
 
-def test_a_batch_of_only_bad_images_never_calls_the_runner() -> None:
-    pipeline, runner = make()
-    results = run(pipeline.classify_many([Image(b"x"), Image(images.truncated_jpeg())], "onnx", 5))
-    assert [r["error"]["code"] for r in results] == ["invalid_image", "invalid_image"]
-    assert runner.calls == []
-
-
-def test_compare_skips_a_runner_that_could_not_load_and_lists_it() -> None:
+def test_compare_skips_a_runner_that_could_not_load_and_with_none_left_is_a_503() -> None:
     pipeline, runner = make({"coreml": "CoreML prediction needs macOS"})
     runner.not_loaded.add("pytorch")
     results, skipped = run(pipeline.compare(Image(grey(60)), 5, ["onnx", "pytorch", "coreml"]))
     assert [r["backend"] for r in results] == ["onnx"]
     assert sorted(skipped) == ["coreml", "pytorch"]
     assert results[0]["cached"] is False
-
-
-def test_compare_with_nothing_able_to_answer_is_a_503() -> None:
-    pipeline, runner = make({"coreml": "needs macOS"})
-    runner.not_loaded.update({"onnx", "pytorch"})
+    runner.not_loaded.add("onnx")
     with pytest.raises(BackendUnavailable, match="No backend can run here"):
         run(pipeline.compare(Image(grey(60)), 5, ["onnx", "pytorch", "coreml"]))
 
@@ -249,12 +238,14 @@ def test_a_batch_observes_its_stages_once(monkeypatch) -> None:
     assert stages["total"] >= stages["inference"] > 0
 
 
-def test_cached_copies_of_a_repeated_image_are_each_counted() -> None:
-    pipeline, _ = make()
+def test_cached_copies_of_a_repeated_image_are_each_counted_and_bad_images_never_call_the_runner() -> None:
+    pipeline, runner = make()
     same = [Image(grey(60))] * 4
     run(pipeline.classify_many(same, "onnx", 3))
     run(pipeline.classify_many(same, "onnx", 3))  # all four answered by the cache
-    run(pipeline.classify_many([Image(b"junk"), Image(b"junk")], "onnx", 3))  # no inference, nothing cached
+    bad = run(pipeline.classify_many([Image(b"junk"), Image(images.truncated_jpeg())], "onnx", 3))
+    assert [r["error"]["code"] for r in bad] == ["invalid_image", "invalid_image"]
+    assert runner.calls == [("onnx", 1, None)]  # no inference for the bad batch, nothing cached
     live = pipeline.live.snapshot()
     assert (live["served"], live["images"], live["cached"]) == (3, 10, 4)
     assert len(pipeline.live._latencies["onnx"]) == 1

@@ -70,11 +70,8 @@ def test_odd_modes_become_rgb(make) -> None:
     out = prepare(make(), SPEC, 10**9).pixels
     assert out.shape == (224, 224, 3) and out.dtype == np.uint8
     assert out.std() > 5  # a real picture, not a flat fill
-
-
-def test_16bit_png_keeps_its_range() -> None:
-    out = prepare(images.png16(), SPEC, 10**9).pixels
-    assert out.max() > 200 and out.min() < 60  # scaled from 16 bits, not clipped to white
+    if make is images.png16:
+        assert out.max() > 200 and out.min() < 60  # scaled from 16 bits, not clipped to white
 
 
 def test_rgba_is_composited_on_white() -> None:
