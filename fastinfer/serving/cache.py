@@ -196,13 +196,6 @@ def decode_entry(raw: str | bytes, expected: Expected, key: str = "", hmac_key: 
     return body.model_dump(by_alias=True)  # in the order answers have: a hit answers in it
 
 
-def describe_error(exc: BaseException, timeout_s: float | None = None) -> str:
-    """What went wrong, in words, even for ``asyncio.wait_for``'s TimeoutError, which has no message."""
-    if isinstance(exc, TimeoutError):  # asyncio.TimeoutError is this one since 3.11
-        return f"timed out after {timeout_s * 1000:g} ms" if timeout_s else "timed out"
-    return one_line(exc, limit=1 << 30) if str(exc).strip() else f"{type(exc).__name__} (no message)"
-
-
 @dataclass
 class CacheStats:
     mode: str  # the fields in the order /cache/stats shows them (as_dict), after "healthy"
@@ -315,7 +308,9 @@ class ResponseCache:
             self.stats.errors += 1
         else:
             self.stats.write_errors += 1
-        reason = describe_error(exc, self.timeout_s)
+        reason = one_line(exc)
+        if isinstance(exc, TimeoutError) and self.timeout_s:  # asyncio.wait_for's has no message
+            reason = f"timed out after {self.timeout_s * 1000:g} ms"
         self._outage = f"{self.mode} {op} failed: {reason}"[:300]
         self._update_degraded()
         self._open_until = time.monotonic() + self.retry_after_s
