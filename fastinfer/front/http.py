@@ -14,6 +14,8 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from itertools import chain
 from tempfile import TemporaryFile
 from typing import IO, TYPE_CHECKING, Any
 
@@ -56,16 +58,14 @@ def normalise_error(status: int, body: bytes) -> dict[str, Any]:
         data = None
     if isinstance(data, list) and len(data) == 1:  # BentoML wraps some errors in a list
         data = data[0]
+    message = None
     if isinstance(data, dict):
-        error = data.get("error")
+        error, detail = data.get("error"), data.get("detail")
         if isinstance(error, dict) and {"code", "message"} <= error.keys():
             return data
-        detail = data.get("detail")
         if isinstance(detail, list) and detail and isinstance(detail[0], dict):
             return validation_error(detail)
         message = error if isinstance(error, str) else detail if isinstance(detail, str) else None
-    else:
-        message = None
     if status >= 500:
         message = "The server failed to handle this request; it has been logged."
     if not message:
@@ -93,9 +93,6 @@ def overloaded(max_concurrency: int, max_uploads: int) -> dict[str, Any]:
     )
 
 
-RETRY_SHORTLY = [(b"retry-after", b"1")]  # the overloaded answer's headers
-
-
 def too_large(length: int | None, max_bytes: int) -> dict[str, Any]:
     size = f"{length:,} bytes" if length is not None else "larger than the limit"
     return error_body(
@@ -120,20 +117,24 @@ def no_body(method: str, path: str) -> dict[str, Any]:
 
 
 UNAVAILABLE = error_body("unavailable", "The server could not take this request now (logged); retry shortly.")
-
+DISK_FULL = error_body("unavailable", "The server's disk is full and this request needs it (logged); retry later.")
+RETRY_SHORTLY = [(b"retry-after", b"1")]  # the overloaded answer's headers
+CLOSE = [(b"connection", b"close")]  # answered before the body was read: the rest is not read either
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 MEMORY_FOR_BODIES = 256 * 1024 * 1024  # all bodies held in memory at once, per front worker
-REPLAY_CHUNK = 64 * 1024
+REPLAY_CHUNK = 64 * 1024  # a body read back from its temporary file, in pieces of this size
+SMALL_BODY = 64 * 1024  # an unread body up to this size is left for the server to drain
+DISK_FULL_LOG_S = 60.0
+CLIENT_CLOSED = 499  # nginx's "client closed request": what the access log and request metrics say
+# A probe is answered within this, whatever a runner does: a load balancer's probe gives up after a few
+# seconds anyway (Kubernetes: timeoutSeconds), and an unanswered probe holds a busy connection meanwhile.
+READY_TIMEOUT_S = 2.0
 
 Lane = Callable[[Scope, bytes, Send], Awaitable[None]]
 """Answers a request whose whole body is in hand (an image route); sends an ASGI response."""
 Readiness = Callable[[], Mapping[str, Awaitable[bool]]]
 """What /readyz asks now, by the name its 503 gives: each awaitable says whether that part is ready."""
-# A probe is answered within this, whatever a runner does: a load balancer's probe gives up after a few
-# seconds anyway (Kubernetes: timeoutSeconds), and an unanswered probe holds a busy connection meanwhile.
-READY_TIMEOUT_S = 2.0
-CLOSE = [(b"connection", b"close")]  # answered before the body was read: the rest is not read either
 
 
 def front_options(
@@ -160,34 +161,22 @@ def front_options(
     }
 
 
+@dataclass(eq=False)
 class FrontMiddleware:
-    def __init__(
-        self,
-        app: ASGIApp,
-        max_bytes: int,
-        max_concurrency: int,
-        timeout_s: float,
-        route_backends: Mapping[str, str],
-        max_uploads: int,
-        body_idle_s: float,
-        lanes: Mapping[str, Lane] | None = None,
-        access: Access | None = None,
-        degraded: Callable[[], str | None] | None = None,
-        readiness: Readiness | None = None,
-    ) -> None:
-        self.app = app
-        self.access = access
-        self.degraded = degraded  # why the server cannot be ready now (a full disk), or None: /readyz 503
-        # /readyz's checks; None: the app's own /readyz, within READY_TIMEOUT_S.
-        self.readiness = readiness
+    app: ASGIApp
+    max_bytes: int
+    max_concurrency: int
+    timeout_s: float
+    route_backends: Mapping[str, str]  # API route → backend label when the handler sets none
+    max_uploads: int
+    body_idle_s: float
+    lanes: Mapping[str, Lane] = field(default_factory=dict)  # POST route → its handler over the body in memory
+    access: Access | None = None
+    degraded: Callable[[], str | None] | None = None  # why the server cannot be ready now (a full disk): 503
+    readiness: Readiness | None = None  # /readyz's checks (None: none but ``degraded``)
+
+    def __post_init__(self) -> None:
         self.ready_check: asyncio.Future[str | None] | None = None  # one at a time, shared by the probes
-        self.lanes = dict(lanes or {})  # POST route → its handler over the body in memory
-        self.max_bytes = max_bytes
-        self.max_concurrency = max_concurrency
-        self.max_uploads = max_uploads
-        self.timeout_s = timeout_s
-        self.body_idle_s = body_idle_s
-        self.route_backends = dict(route_backends)  # API route → backend label when the handler sets none
         self.in_flight = 0  # requests being handled (their body is in)
         self.uploading = 0  # requests whose body is still arriving
         self.memory = _MemoryBudget(MEMORY_FOR_BODIES)
@@ -206,7 +195,7 @@ class FrontMiddleware:
             await send_json(send, *refused, CLOSE)
             return
         if path == "/readyz" and scope["method"] in ("GET", "HEAD"):  # another method: the app's 405
-            await self._ready(scope, receive, send)
+            await self._ready(send)
             return
         if path in UNLIMITED_PATHS:
             await self.app(scope, receive, _ErrorRewriter(send))
@@ -223,15 +212,17 @@ class FrontMiddleware:
             if recorder.status is not None:  # already answering: nothing else can be said
                 raise
             # E.g. no disk left to spool a body; unanswered, BentoML would give a plain-text 500 much later.
-            if _disk_full(exc):  # said once per episode (fastinfer/serving/disk.py logs it too), not per request
-                self._log_disk_full(path, exc)
-                refused = error_body(
-                    "unavailable", "The server's disk is full and this request needs it (logged); retry later."
-                )
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                # Said once a minute (fastinfer/serving/disk.py logs it too), not per request.
+                if (now := time.monotonic()) - self.disk_full_logged >= DISK_FULL_LOG_S:
+                    self.disk_full_logged = now
+                    logger.error(
+                        "front: %s answered 503: no space left on the disk (%s); said once a minute", path, exc
+                    )
+                await send_json(recorder, 503, DISK_FULL)
             else:
                 logger.exception("front: failed before answering %s", path)
-                refused = UNAVAILABLE
-            await send_json(recorder, 503, refused)
+                await send_json(recorder, 503, UNAVAILABLE)
         finally:
             if path in self.route_backends and recorder.status is not None:
                 backend = state.get("fastinfer_backend") or self.route_backends[path]
@@ -286,9 +277,8 @@ class FrontMiddleware:
         complete = False
         try:
             while True:
-                wait = min(self.body_idle_s, deadline - loop.time())
-                try:
-                    async with asyncio.timeout(max(wait, 0.0)):  # no task per chunk, unlike wait_for
+                try:  # asyncio.timeout: no task per chunk, unlike wait_for
+                    async with asyncio.timeout(max(0.0, min(self.body_idle_s, deadline - loop.time()))):
                         message = await receive()
                 except TimeoutError:
                     await send_json(send, 408, slow_body(self.body_idle_s, self.timeout_s), CLOSE)
@@ -329,73 +319,44 @@ class FrontMiddleware:
         task.add_done_callback(_retrieve)
         await send_json(send, 504, timed_out(self.timeout_s))
 
-    async def _ready(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _ready(self, send: Send) -> None:
         """/readyz: 503 with the reason (a full disk, a runner not ready or not answering), else 200."""
         if self.degraded is not None and (reason := self.degraded()) is not None:
             await send_json(send, 503, error_body("degraded", f"Not ready: {reason}."))
             return
-        if self.readiness is None:
-            await self._app_ready(scope, receive, send)
-            return
-        # Probes share a running check: a flood asks each runner once at a time, a wedged one holds one request.
-        if self.ready_check is None or self.ready_check.done():
-            self.ready_check = asyncio.ensure_future(self._check_ready(self.readiness))
-        reason = await asyncio.shield(self.ready_check)
-        if reason is not None:
-            await send_json(send, 503, error_body("not_ready", f"Not ready: {reason}."))
-            return
+        if self.readiness is not None:
+            # Probes share a running check: a flood asks each runner once at a time, a wedged one holds one request.
+            if self.ready_check is None or self.ready_check.done():
+                self.ready_check = asyncio.ensure_future(_check_ready(self.readiness))
+            if (reason := await asyncio.shield(self.ready_check)) is not None:
+                await send_json(send, 503, error_body("not_ready", f"Not ready: {reason}."))
+                return
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
         await send({"type": "http.response.body", "body": b"\n"})  # what BentoML's probe answers
 
-    @staticmethod
-    async def _check_ready(readiness: Readiness) -> str | None:
-        """Every check at once, each given READY_TIMEOUT_S: why not ready (naming each part that is not,
-        or did not answer in time), or None."""
-        try:
-            checks = {name: asyncio.ensure_future(check) for name, check in readiness().items()}
-        except Exception as exc:  # a bug in wiring the checks: said, never a hung probe
-            logger.exception("front: the readiness checks could not start")
-            return f"the readiness checks could not start ({type(exc).__name__})"
-        if not checks:
-            return None
-        _, late = await asyncio.wait(checks.values(), timeout=READY_TIMEOUT_S)
-        problems = []
-        for name, check in checks.items():
-            if check in late:
-                check.cancel()
-                check.add_done_callback(_retrieve)
-                problems.append(f"{name} did not answer within {READY_TIMEOUT_S:g} s")
-            elif (exc := check.exception()) is not None:
-                problems.append(f"{name} did not answer ({type(exc).__name__})")
-            elif not check.result():
-                problems.append(f"{name} is not ready")
-        return "; ".join(problems) or None
 
-    async def _app_ready(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The app's own /readyz, answered 503 in our shape if it has not answered within READY_TIMEOUT_S."""
-        recorder = _Recorder(send)
-        try:
-            async with asyncio.timeout(READY_TIMEOUT_S):
-                await self.app(scope, receive, _ErrorRewriter(recorder))
-        except Exception as exc:
-            if recorder.status is not None:  # already answering: nothing else can be said
-                raise
-            late = isinstance(exc, TimeoutError)
-            said = f"did not answer within {READY_TIMEOUT_S:g} s" if late else f"failed ({type(exc).__name__})"
-            await send_json(send, 503, error_body("not_ready", f"Not ready: the readiness probe {said}."))
-
-    def _log_disk_full(self, path: str, exc: BaseException) -> None:
-        now = time.monotonic()
-        if now - self.disk_full_logged >= DISK_FULL_LOG_S:
-            self.disk_full_logged = now
-            logger.error("front: %s answered 503: no space left on the disk (%s); said once a minute", path, exc)
-
-
-DISK_FULL_LOG_S = 60.0
-
-
-def _disk_full(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+async def _check_ready(readiness: Readiness) -> str | None:
+    """Every check at once, each given READY_TIMEOUT_S: why not ready (naming each part that is not, or did not
+    answer in time), or None."""
+    try:
+        checks = {name: asyncio.ensure_future(check) for name, check in readiness().items()}
+    except Exception as exc:  # a bug in wiring the checks: said, never a hung probe
+        logger.exception("front: the readiness checks could not start")
+        return f"the readiness checks could not start ({type(exc).__name__})"
+    if not checks:
+        return None
+    _, late = await asyncio.wait(checks.values(), timeout=READY_TIMEOUT_S)
+    problems = []
+    for name, check in checks.items():
+        if check in late:
+            check.cancel()
+            check.add_done_callback(_retrieve)
+            problems.append(f"{name} did not answer within {READY_TIMEOUT_S:g} s")
+        elif (exc := check.exception()) is not None:
+            problems.append(f"{name} did not answer ({type(exc).__name__})")
+        elif not check.result():
+            problems.append(f"{name} is not ready")
+    return "; ".join(problems) or None
 
 
 class _Recorder:
@@ -414,9 +375,6 @@ class _Recorder:
             await self.send(message)
 
 
-CLIENT_CLOSED = 499  # nginx's "client closed request": what the access log and request metrics say
-
-
 async def _answer_nobody(send: Send) -> None:
     """Start a response to a client that has left (uvicorn drops it): BentoML's timeout middleware, outside,
     would otherwise hold the request (and a shutdown with it) for FASTINFER_TIMEOUT_S + 5 s."""
@@ -425,14 +383,14 @@ async def _answer_nobody(send: Send) -> None:
         await send({"type": "http.response.body", "body": b""})
 
 
-def _retrieve(task: asyncio.Future[None]) -> None:
-    """Collect an abandoned handler's outcome, so that asyncio does not log it as never retrieved."""
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Collect an abandoned task's outcome, so that asyncio does not log it as never retrieved."""
     if not task.cancelled():
         task.exception()
 
 
 class _ErrorRewriter:
-    """Wraps ``send``: buffers error responses that are not already in our shape."""
+    """Wraps ``send``: JSON or plain-text error responses not already in our shape are buffered and reshaped."""
 
     def __init__(self, send: Send) -> None:
         self.send = send
@@ -440,40 +398,36 @@ class _ErrorRewriter:
         self.chunks: list[bytes] = []
 
     async def __call__(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            status = message["status"]
-            if status >= 400 and _is_json_or_text(message):
+        if message["type"] == "http.response.start" and message["status"] >= 400:
+            headers = {k.lower(): v for k, v in message.get("headers", [])}
+            if headers.get(b"content-type", b"text/plain").startswith((b"application/json", b"text/plain")):
                 self.start = message
                 return
+        if message["type"] != "http.response.body" or self.start is None:
             await self.send(message)
             return
-        if message["type"] == "http.response.body" and self.start is not None:
-            self.chunks.append(message.get("body", b""))
-            if message.get("more_body", False):
-                return
+        self.chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
             status = self.start["status"]
-            extra = [(k, v) for k, v in self.start.get("headers", []) if k.lower() not in _REPLACED]
-            await send_json(self.send, status, normalise_error(status, b"".join(self.chunks)), extra)
+            replaced = (b"content-length", b"content-type")
+            extra = [(k, v) for k, v in self.start.get("headers", []) if k.lower() not in replaced]
             self.start = None
-            return
-        await self.send(message)
+            await send_json(self.send, status, normalise_error(status, b"".join(self.chunks)), extra)
 
 
-_REPLACED = {b"content-length", b"content-type"}
-
-
-def _is_json_or_text(start: Message) -> bool:
-    for key, value in start.get("headers", []):
-        if key.lower() == b"content-type":
-            return value.startswith((b"application/json", b"text/plain"))
-    return True
+def _content_length(scope: Scope) -> int | None:
+    value = next((v for k, v in scope.get("headers", []) if k == b"content-length"), None)
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
 
 
 def _unwanted_body(scope: Scope) -> tuple[int, dict[str, Any]] | None:
     """A body where none is taken, or framing a proxy could read differently: refused before a byte
     (uvicorn reads and discards an unread body without limit: 50 GB into POST /livez)."""
     headers = dict(scope.get("headers", []))
-    chunked, length = b"transfer-encoding" in headers, _content_length(scope)
+    chunked = b"transfer-encoding" in headers
     if chunked and b"content-length" in headers:
         return 400, error_body("bad_request", "Content-Length and Transfer-Encoding together are refused.")
     codings = b",".join(v for k, v in scope.get("headers", []) if k == b"transfer-encoding")
@@ -482,14 +436,10 @@ def _unwanted_body(scope: Scope) -> tuple[int, dict[str, Any]] | None:
         # ending in chunked has no readable length: connections.py answers it 400.)
         said = codings.decode("latin-1")[:100]
         return 501, error_body("not_implemented", f"Transfer-Encoding {said!r} is not supported; only chunked is.")
-    has_body = chunked or bool(length)
     # The open paths too: a caller without a key must not hold upload slots with bodies nobody reads.
-    if has_body and (scope.get("method") not in BODY_METHODS or is_open(scope["path"])):
+    if (chunked or _content_length(scope)) and (scope.get("method") not in BODY_METHODS or is_open(scope["path"])):
         return 413, no_body(str(scope.get("method")), scope["path"])
     return None
-
-
-SMALL_BODY = 64 * 1024
 
 
 def _unread_body(scope: Scope) -> list[tuple[bytes, bytes]]:
@@ -501,16 +451,6 @@ def _unread_body(scope: Scope) -> list[tuple[bytes, bytes]]:
     # Expect: 100-continue: the client waits to be asked for the body; it is not asked, so close.
     unread = length is None or length > SMALL_BODY or b"expect" in headers
     return CLOSE if has_body and unread else []
-
-
-def _content_length(scope: Scope) -> int | None:
-    for key, value in scope.get("headers", []):
-        if key == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
 
 
 class _MemoryBudget:
@@ -549,20 +489,17 @@ class _Body:
         if self.file is not None:
             self.file.seek(0)
             return self.file.read()
-        if len(self.chunks) != 1:
-            self.chunks = [b"".join(self.chunks)]  # one copy, kept: the budget still counts it once
+        self.chunks = [b"".join(self.chunks)]  # one copy, kept: the budget still counts it once
         return self.chunks[0]
 
     def pieces(self) -> Iterator[bytes]:
-        """The body in chunks of at most REPLAY_CHUNK bytes."""
-        if self.file is not None:
-            self.file.seek(0)
-            while chunk := self.file.read(REPLAY_CHUNK):
-                yield chunk
+        """The body as it arrived, or from its file in pieces of REPLAY_CHUNK bytes."""
+        if self.file is None:
+            yield from self.chunks
             return
-        for chunk in self.chunks:
-            for start in range(0, len(chunk), REPLAY_CHUNK):
-                yield chunk[start : start + REPLAY_CHUNK]
+        self.file.seek(0)
+        while chunk := self.file.read(REPLAY_CHUNK):
+            yield chunk
 
     def close(self) -> None:
         self._release()
@@ -576,19 +513,14 @@ class _Body:
 
 
 def _replay(body: _Body, original: Receive) -> Receive:
-    """The body just received, in chunks, then the real channel (which reports a real disconnect)."""
-    pieces = iter(body.pieces())
-    pending = next(pieces, b"")
-    done = False
+    """The body just received (then an empty last message), then the real channel (a real disconnect)."""
+    messages = chain(
+        ({"type": "http.request", "body": chunk, "more_body": True} for chunk in body.pieces()),
+        [{"type": "http.request", "body": b"", "more_body": False}],
+    )
 
     async def receive() -> Message:
-        nonlocal pending, done
-        if done:
-            return await original()
-        chunk = pending
-        pending = next(pieces, None)
-        done = pending is None
-        return {"type": "http.request", "body": chunk, "more_body": not done}
+        return next(messages, None) or await original()
 
     return receive
 
@@ -597,15 +529,7 @@ async def send_json(
     send: Send, status: int, payload: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
     body = json.dumps(payload).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                *(headers or []),
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
+    length = (b"content-length", str(len(body)).encode())
+    start_headers = [*(headers or []), (b"content-type", b"application/json"), length]
+    await send({"type": "http.response.start", "status": status, "headers": start_headers})
     await send({"type": "http.response.body", "body": body})

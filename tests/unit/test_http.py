@@ -419,19 +419,3 @@ async def test_probes_at_once_share_one_check(monkeypatch: pytest.MonkeyPatch) -
     assert len(asked) == 1
     await asyncio.wait_for(probes(), 5)  # a later probe checks again
     assert len(asked) == 2
-
-
-async def test_without_named_checks_the_apps_own_probe_is_bounded_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(http, "READY_TIMEOUT_S", 0.2, raising=False)
-
-    async def hanging_probe(scope, receive, send) -> None:
-        await wedged()
-
-    async def failing_probe(scope, receive, send) -> None:
-        raise TimeoutError  # BentoML's probe raised aiohttp's timeout, and nobody answered
-
-    for app in (hanging_probe, failing_probe):
-        sent, seconds = await asyncio.wait_for(call(app, READYZ), 5)
-        status, body = answer(sent)
-        assert status == 503 and body["error"]["code"] == "not_ready", body
-        assert seconds < 1
