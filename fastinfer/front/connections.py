@@ -12,15 +12,15 @@ after its headers reached the app is answered here, unless the app began an answ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import resource
 import time
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 import httptools
 from prometheus_client import Counter
@@ -68,6 +68,39 @@ _EVENT_TEXT = {
 }
 _UNLOGGED = frozenset({"keepalive_closed"})
 _QUIET = frozenset({"silent_closed"})
+# event → the answer given here: status, code, message ({names}: ConnectionLimits' fields, and the parser's error).
+_TOO_LARGE = "request_header_fields_too_large"
+_ANSWERS = {
+    "refused": (
+        503,
+        "too_many_connections",
+        "The server is at its limit of {max_connections} open connections (FASTINFER_MAX_CONNECTIONS), "
+        "all of them busy; retry shortly.",
+    ),
+    "headers_too_large": (
+        431,
+        _TOO_LARGE,
+        "The request line and headers exceed {max_header_bytes:,} bytes (FASTINFER_MAX_HEADER_BYTES).",
+    ),
+    "too_many_headers": (
+        431,
+        _TOO_LARGE,
+        "The request has more than {max_headers} header fields (FASTINFER_MAX_HEADERS).",
+    ),
+    "header_timeout": (
+        408,
+        "request_timeout",
+        "The request's headers did not arrive within {header_timeout_s:g} s (FASTINFER_HEADER_TIMEOUT_S).",
+    ),
+    # llhttp's reason is a fixed phrase ("Request has invalid `Transfer-Encoding`"), never input.
+    "bad_request": (400, "bad_request", "The request is not valid HTTP/1.1: {error}."),
+    "trailers_too_large": (
+        400,
+        "bad_request",
+        "The request's trailer fields exceed {max_headers} fields or {max_header_bytes:,} bytes "
+        "(FASTINFER_MAX_HEADERS, FASTINFER_MAX_HEADER_BYTES).",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -92,12 +125,10 @@ def install_front_protocol(settings: Settings) -> ConnectionLimits:
     needed = 2 * limits.max_connections + FD_RESERVE
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < needed:
-        raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-        try:
+        with contextlib.suppress(ValueError, OSError):  # not allowed here: the cap is fitted to what there is
+            raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
             resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
             soft = raised
-        except (ValueError, OSError):
-            pass  # not allowed here: the cap is fitted to what there is
     if soft != resource.RLIM_INFINITY and soft < needed:
         allowed = max(1, (soft - FD_RESERVE) // 2)
         logger.warning(
@@ -117,41 +148,42 @@ class _Refusal(Exception):
     """Raised inside a parser callback to stop parsing: the request is answered here."""
 
 
-class _Incidents:
-    """Counts events and logs a summary at most once per LOG_INTERVAL_S (a flood gives one line, not
-    thousands), the first one at once."""
+class _Shared:
+    """What the connections of one server (one front worker) share: who is idle, who lingers, and the events
+    counted for the next summary line (at most one per LOG_INTERVAL_S, the first at once: a flood gives one line)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
+    def __init__(self) -> None:
+        # Connections with no request being handled, oldest idle first (re-entered after each response):
+        # the ones a new connection at the cap may close.
+        self.idle: dict[FrontProtocol, None] = {}
+        self.lingering = 0  # answered here, closing: not counted against the cap, but bounded
         self.counts: dict[str, int] = {}
         self.last_log = -LOG_INTERVAL_S
         self.flush_pending = False
 
-    def add(self, event: str, loop: asyncio.AbstractEventLoop | None, limits: ConnectionLimits) -> None:
+    def add(self, event: str, loop: asyncio.AbstractEventLoop, limits: ConnectionLimits) -> None:
         EVENTS.labels(event=event).inc()
         if event in _UNLOGGED:
             return
         self.counts[event] = self.counts.get(event, 0) + 1
-        if self.clock() - self.last_log >= LOG_INTERVAL_S:
+        if time.monotonic() - self.last_log >= LOG_INTERVAL_S:
             self.flush(limits)
-        elif not self.flush_pending and loop is not None:
+        elif not self.flush_pending:
             self.flush_pending = True  # what arrives until then is told in one line
-            loop.call_later(self.last_log + LOG_INTERVAL_S - self.clock(), self.flush, limits)
+            loop.call_later(self.last_log + LOG_INTERVAL_S - time.monotonic(), self.flush, limits)
 
     def flush(self, limits: ConnectionLimits) -> None:
         self.flush_pending = False
         counts, self.counts = self.counts, {}
         if not counts:
             return
-        self.last_log = self.clock()
-        parts = [f"{n} {_EVENT_TEXT.get(event, event)}" for event, n in counts.items()]
-        level = logging.INFO if counts.keys() <= _QUIET else logging.WARNING
+        self.last_log = time.monotonic()
         logger.log(
-            level,
+            logging.INFO if counts.keys() <= _QUIET else logging.WARNING,
             "front connections: %s (limits: keep-alive %gs, headers within %gs, %d header bytes, %d header "
             "fields, %d connections per worker; FASTINFER_KEEPALIVE_S, FASTINFER_HEADER_TIMEOUT_S, "
             "FASTINFER_MAX_HEADER_BYTES, FASTINFER_MAX_HEADERS, FASTINFER_MAX_CONNECTIONS)",
-            ", ".join(parts),
+            ", ".join(f"{n} {_EVENT_TEXT.get(event, event)}" for event, n in counts.items()),
             limits.keepalive_s,
             limits.header_timeout_s,
             limits.max_header_bytes,
@@ -160,24 +192,7 @@ class _Incidents:
         )
 
 
-class _Shared:
-    """What the connections of one server (one front worker) know about each other."""
-
-    def __init__(self) -> None:
-        # Connections with no request being handled, oldest idle first (re-entered after each response):
-        # the ones a new connection at the cap may close.
-        self.idle: dict[FrontProtocol, None] = {}
-        self.lingering = 0  # answered here, closing: not counted against the cap, but bounded
-        self.incidents = _Incidents()
-
-
 _SHARED: weakref.WeakKeyDictionary[Any, _Shared] = weakref.WeakKeyDictionary()
-
-
-def _shared(server_state: Any) -> _Shared:
-    if (shared := _SHARED.get(server_state)) is None:  # once per worker, not a throwaway per connection
-        shared = _SHARED[server_state] = _Shared()
-    return shared
 
 
 class FrontProtocol(Protocol):
@@ -195,14 +210,16 @@ class FrontProtocol(Protocol):
         super().__init__(*args, **kwargs)
         # uvicorn's keep-alive timer (armed after each response) now also runs from the connection's start.
         self.timeout_keep_alive = self.limits.keepalive_s
-        self.shared = _shared(self.server_state)
+        if (shared := _SHARED.get(self.server_state)) is None:  # once per worker, not one per connection
+            shared = _SHARED[self.server_state] = _Shared()
+        self.shared = shared
         self.head_bytes = 0  # bytes read since the current request's head began (raw, as they arrive)
-        self.head_size = 0  # its request target and header fields, as parsed
+        self.head_size = 0  # its request target and header fields (then its trailer fields), as parsed
         self.header_count = 0
         self.in_head = True  # the next bytes belong to a request line or headers
         self.begun = False  # a request line has begun (not just blank lines), its headers not complete
         self.head_timer: asyncio.TimerHandle | None = None
-        self.refusal: tuple[int, str, str, str] | None = None  # (status, code, message, event) once decided
+        self.refusal: str | None = None  # the event (an _ANSWERS key) once a parser callback refused
         self.answered = False  # answered here: anything still read is dropped until the connection closes
         self.served = False  # a request of this connection reached the app
         self.send_timer: asyncio.TimerHandle | None = None  # armed while the client reads nothing
@@ -212,14 +229,7 @@ class FrontProtocol(Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections and not self._evict_one():
-            self._answer(
-                503,
-                "too_many_connections",
-                f"The server is at its limit of {self.limits.max_connections} open connections "
-                "(FASTINFER_MAX_CONNECTIONS), all of them busy; retry shortly.",
-                "refused",
-                retry_after=True,
-            )
+            self._answer("refused")
             return
         self._become_idle()
         self.arm_keepalive()
@@ -243,17 +253,12 @@ class FrontProtocol(Protocol):
         try:
             self.feed(data)
         except httptools.HttpParserError as exc:
-            if self.refusal is not None:
-                self._answer(*self.refusal, delay=REFUSAL_DELAY_S)
-            else:
-                # llhttp's reason is a fixed phrase ("Request has invalid `Transfer-Encoding`"), never input.
-                said = f"The request is not valid HTTP/1.1: {exc}."
-                self._answer(400, "bad_request", said, "bad_request", delay=REFUSAL_DELAY_S)
+            self._answer(self.refusal or "bad_request", delay=REFUSAL_DELAY_S, error=exc)
             return
         # Still in the head after this read: every byte of it was head (a read that completes the
         # head may carry body bytes too, so that case is judged on the parsed size instead).
         if self.in_head and self.head_bytes > self.limits.max_header_bytes:
-            self._answer(*self._too_large(), delay=REFUSAL_DELAY_S)
+            self._answer("headers_too_large", delay=REFUSAL_DELAY_S)
 
     # Parser callbacks
 
@@ -264,23 +269,24 @@ class FrontProtocol(Protocol):
         self._arm_head_timer()  # a pipelined request may begin in a read that began in a body
 
     def on_url(self, url: bytes) -> None:
-        self._count_head(len(url))
+        self.head_size += len(url)
+        if self.head_size > self.limits.max_header_bytes:
+            self._refuse("headers_too_large")
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if not self.in_head:  # a trailer field, after a chunked body
-            self._count_trailer(len(name) + len(value) + 4)
-            return  # dropped: uvicorn would append it to the headers the app already holds
         self.header_count += 1
-        if self.header_count > self.limits.max_headers:
-            self.refusal = (
-                431,
-                "request_header_fields_too_large",
-                f"The request has more than {self.limits.max_headers} header fields (FASTINFER_MAX_HEADERS).",
-                "too_many_headers",
-            )
-            raise _Refusal
-        self._count_head(len(name) + len(value) + 4)  # "name: value\r\n"
+        self.head_size += len(name) + len(value) + 4  # "name: value\r\n"
+        limits = self.limits
+        if not self.in_head:  # a trailer field, after a chunked body: bounded, then dropped (uvicorn would
+            # append it to the headers the app already holds)
+            if self.header_count > limits.max_headers or self.head_size > limits.max_header_bytes:
+                self._refuse("trailers_too_large")
+            return
+        if self.header_count > limits.max_headers:
+            self._refuse("too_many_headers")
+        if self.head_size > limits.max_header_bytes:
+            self._refuse("headers_too_large")
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
@@ -293,8 +299,17 @@ class FrontProtocol(Protocol):
         super().on_headers_complete()
         if len(self.pipeline) > MAX_PIPELINED and not self.answered:  # no answer fits ahead of the queue: cut
             self.answered = True  # what is still read or parsed is dropped
-            self.shared.incidents.add("pipeline_flood", self.loop, self.limits)
+            self._count("pipeline_flood")
             self.transport.abort()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self.in_head = True  # what follows is the next request's head
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self.timeout_keep_alive_task is not None:
+            self._become_idle()  # uvicorn armed the keep-alive timer: nothing queued behind it
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -307,27 +322,17 @@ class FrontProtocol(Protocol):
             self.send_timer.cancel()
             self.send_timer = None
 
+    # Timers and closing
+
     def _send_timed_out(self) -> None:
         self.send_timer = None
         if not self.transport.is_closing():
-            self.shared.incidents.add("send_timeout", self.loop, self.limits)
+            self._count("send_timeout")
             self.transport.abort()
-
-    def on_message_complete(self) -> None:
-        super().on_message_complete()
-        self.in_head = True  # what follows is the next request's head
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing() and self.timeout_keep_alive_task is not None:
-            self._become_idle()  # uvicorn armed the keep-alive timer: nothing queued behind it
-
-    # Timers and closing
 
     def timeout_keep_alive_handler(self) -> None:
         if not self.transport.is_closing():
-            event = "keepalive_closed" if self.served else "silent_closed"
-            self.shared.incidents.add(event, self.loop, self.limits)
+            self._count("keepalive_closed" if self.served else "silent_closed")
         super().timeout_keep_alive_handler()
 
     def _head_timed_out(self) -> None:
@@ -335,37 +340,19 @@ class FrontProtocol(Protocol):
         if not self.in_head or self.transport.is_closing():
             return
         if self.begun:  # part of a request's head came, not all of it
-            self._answer(
-                408,
-                "request_timeout",
-                f"The request's headers did not arrive within {self.limits.header_timeout_s:g} s "
-                "(FASTINFER_HEADER_TIMEOUT_S).",
-                "header_timeout",
-            )
+            self._answer("header_timeout")
         elif self.cycle is None or self.cycle.response_complete:  # blank lines only: idle, as HTTP goes
-            self.shared.incidents.add("keepalive_closed" if self.served else "silent_closed", self.loop, self.limits)
+            self._count("keepalive_closed" if self.served else "silent_closed")
             self.transport.close()
         # else: blank lines after a request still being handled; FASTINFER_TIMEOUT_S bounds it, and
         # the keep-alive timer follows its response.
 
-    def _count_trailer(self, size: int) -> None:
-        self.header_count += 1
-        self.head_size += size
-        if self.header_count > self.limits.max_headers or self.head_size > self.limits.max_header_bytes:
-            self.refusal = (
-                400,
-                "bad_request",
-                f"The request's trailer fields exceed {self.limits.max_headers} fields or "
-                f"{self.limits.max_header_bytes:,} bytes (FASTINFER_MAX_HEADERS, FASTINFER_MAX_HEADER_BYTES).",
-                "trailers_too_large",
-            )
-            raise _Refusal
+    def _refuse(self, event: str) -> NoReturn:
+        self.refusal = event
+        raise _Refusal
 
-    def _count_head(self, size: int) -> None:
-        self.head_size += size
-        if self.head_size > self.limits.max_header_bytes:
-            self.refusal = self._too_large()
-            raise _Refusal
+    def _count(self, event: str) -> None:
+        self.shared.add(event, self.loop, self.limits)
 
     def _arm_head_timer(self) -> None:
         if self.head_timer is None:
@@ -391,23 +378,14 @@ class FrontProtocol(Protocol):
             victim.connections.discard(victim)  # gone now for the count; uvicorn's own discard follows
             victim._cancel_head_timer()
             victim.transport.close()
-            self.shared.incidents.add("evicted", self.loop, self.limits)
+            self._count("evicted")
             return True
         return False
 
-    def _too_large(self) -> tuple[int, str, str, str]:
-        return (
-            431,
-            "request_header_fields_too_large",
-            f"The request line and headers exceed {self.limits.max_header_bytes:,} bytes (FASTINFER_MAX_HEADER_BYTES).",
-            "headers_too_large",
-        )
-
-    def _answer(
-        self, status: int, code: str, message: str, event: str, retry_after: bool = False, delay: float = 0.0
-    ) -> None:
-        """Answer in the JSON error shape, ``delay`` seconds from now, and close LINGER_S after it. Nothing
-        more is read meanwhile: a client still sending reads this answer rather than a reset."""
+    def _answer(self, event: str, delay: float = 0.0, **extra: Any) -> None:
+        """Answer ``event`` (an _ANSWERS key) in the JSON error shape, ``delay`` seconds from now, and close
+        LINGER_S after it. Nothing more is read meanwhile: a client still sending reads this answer rather than
+        a reset."""
         if self.answered:
             return
         self.answered = True
@@ -415,7 +393,7 @@ class FrontProtocol(Protocol):
         self.disarm_keepalive()
         self.shared.idle.pop(self, None)
         self.connections.discard(self)  # not counted against the cap while it lingers
-        self.shared.incidents.add(event, self.loop, self.limits)
+        self._count(event)
         # Refused after its headers, so the request has reached the app (its body, trailers or framing):
         # unless queued behind another (pipelined) one.
         handled = self.cycle is not None and not self.in_head and not self.pipeline
@@ -428,10 +406,11 @@ class FrontProtocol(Protocol):
             # An answer now would follow or cut the app's, or precede a pipelined one's: close instead.
             self.transport.close()
             return
-        body = json.dumps(error_body(code, message)).encode()
+        status, code, message = _ANSWERS[event]
+        body = json.dumps(error_body(code, message.format(**asdict(self.limits), **extra))).encode()
         head = [b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode())]
         head += [b"content-type: application/json\r\n", b"connection: close\r\n"]
-        if retry_after:
+        if status == 503:
             head.append(b"retry-after: 1\r\n")
         head.append(b"content-length: %d\r\n\r\n" % len(body))
         answer = b"".join(head) + body
