@@ -66,35 +66,31 @@ def unauthorized(message: str, invalid: bool = False) -> Refusal:
     return Refusal(401, error_body("unauthorized", message), [(b"www-authenticate", challenge)])
 
 
-class RateGuard:
-    """At most ``per_client`` calls per client and ``total`` in all within any ``window_s`` (``settings``: what
-    set them, for the refusal's message)."""
+WINDOW_S = 60.0
 
-    def __init__(
-        self,
-        per_client: int,
-        total: int,
-        settings: str = "",
-        window_s: float = 60.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.per_client = per_client
-        self.total = total
-        self.settings = settings
-        self.window_s = window_s
-        self.clock = clock
-        self.calls: deque[float] = deque()  # recorded calls in the window, oldest first (at most total)
-        self.clients: OrderedDict[str, deque[float]] = OrderedDict()  # least recently recorded first
+
+@dataclass(eq=False)
+class RateGuard:
+    """At most ``per_client`` calls per client and ``total`` in all within any WINDOW_S (``settings``: what set
+    them, for the refusal's message)."""
+
+    per_client: int
+    total: int
+    settings: str = ""
+    clock: Callable[[], float] = time.monotonic
+    # Recorded calls in the window, oldest first (at most total); each client's, least recently recorded first.
+    calls: deque[float] = field(default_factory=deque, init=False)
+    clients: OrderedDict[str, deque[float]] = field(default_factory=OrderedDict, init=False)
 
     def wait(self, client: str) -> float | None:
         """Seconds until ``client`` may call, or None if it may now (nothing is recorded)."""
         now = self.clock()
-        mine = self._forget_before(now - self.window_s, client)
+        mine = self._forget_before(now - WINDOW_S, client)
         waits = []
         if len(mine) >= self.per_client:
-            waits.append(mine[0] + self.window_s - now)
+            waits.append(mine[0] + WINDOW_S - now)
         if len(self.calls) >= self.total:
-            waits.append(self.calls[0] + self.window_s - now)
+            waits.append(self.calls[0] + WINDOW_S - now)
         return max(waits) if waits else None
 
     def admit(self, client: str) -> float | None:
@@ -121,12 +117,6 @@ class RateGuard:
         if not mine:  # an emptied entry must not stay: the loop above reads each entry's last call
             self.clients.pop(client, None)
         return mine
-
-    def message(self, path: str, retry_s: int) -> str:
-        return (
-            f"{path} is limited to {self.per_client} calls per client and {self.total} in all per minute "
-            f"({self.settings}); retry in {retry_s} s."
-        )
 
 
 ANALYZE_ROUTE = "/analyze"
@@ -160,12 +150,9 @@ class Access:
         path = scope["path"]
         if is_open(path):
             return None
-        client: str | None = None
-        if self.keys.enabled:
-            identity = self.keys.client(scope)
-            if isinstance(identity, Refusal):
-                return identity
-            client = identity
+        client = self.keys.client(scope) if self.keys.enabled else None
+        if isinstance(client, Refusal):
+            return client
         guard = self.guards.get(path) if scope.get("method") == "POST" else None
         if guard is None:
             return None
@@ -192,7 +179,11 @@ def spend(scope: Scope) -> Refusal | None:
 
 def rate_limited(guard: RateGuard, path: str, wait: float) -> Refusal:
     retry = max(1, math.ceil(wait))
-    return Refusal(429, error_body("rate_limited", guard.message(path, retry)), [(b"retry-after", str(retry).encode())])
+    message = (
+        f"{path} is limited to {guard.per_client} calls per client and {guard.total} in all per minute "
+        f"({guard.settings}); retry in {retry} s."
+    )
+    return Refusal(429, error_body("rate_limited", message), [(b"retry-after", str(retry).encode())])
 
 
 def _peer(scope: Scope) -> str:
