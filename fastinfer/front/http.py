@@ -179,7 +179,8 @@ class FrontMiddleware:
         self.ready_check: asyncio.Future[str | None] | None = None  # one at a time, shared by the probes
         self.in_flight = 0  # requests being handled (their body is in)
         self.uploading = 0  # requests whose body is still arriving
-        self.memory = _MemoryBudget(MEMORY_FOR_BODIES)
+        self.memory_limit = MEMORY_FOR_BODIES  # bytes of bodies held in memory at once; beyond, in files
+        self.memory_used = 0
         self.disk_full_logged = -DISK_FULL_LOG_S
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -273,7 +274,7 @@ class FrontMiddleware:
             return None
         self.uploading += 1
         loop = asyncio.get_running_loop()
-        body = _Body(self.memory)
+        body = _Body(self)
         complete = False
         try:
             while True:
@@ -283,8 +284,12 @@ class FrontMiddleware:
                 except TimeoutError:
                     await send_json(send, 408, slow_body(self.body_idle_s, self.timeout_s), CLOSE)
                     break
-                if message["type"] == "http.disconnect":  # the client left: nobody to answer
-                    await _answer_nobody(send)
+                if message["type"] == "http.disconnect":
+                    # The client left: a response all the same (uvicorn drops it), or BentoML's timeout
+                    # middleware, outside, holds the request (and a shutdown) for FASTINFER_TIMEOUT_S + 5 s.
+                    with contextlib.suppress(OSError):  # ASGI lets a server refuse output to a closed connection
+                        await send({"type": "http.response.start", "status": CLIENT_CLOSED, "headers": []})
+                        await send({"type": "http.response.body", "body": b""})
                     break
                 chunk = message.get("body", b"")
                 if body.size + len(chunk) > self.max_bytes:
@@ -375,14 +380,6 @@ class _Recorder:
             await self.send(message)
 
 
-async def _answer_nobody(send: Send) -> None:
-    """Start a response to a client that has left (uvicorn drops it): BentoML's timeout middleware, outside,
-    would otherwise hold the request (and a shutdown with it) for FASTINFER_TIMEOUT_S + 5 s."""
-    with contextlib.suppress(OSError):  # ASGI lets a server refuse output to a closed connection
-        await send({"type": "http.response.start", "status": CLIENT_CLOSED, "headers": []})
-        await send({"type": "http.response.body", "body": b""})
-
-
 def _retrieve(task: asyncio.Future[Any]) -> None:
     """Collect an abandoned task's outcome, so that asyncio does not log it as never retrieved."""
     if not task.cancelled():
@@ -453,18 +450,10 @@ def _unread_body(scope: Scope) -> list[tuple[bytes, bytes]]:
     return CLOSE if has_body and unread else []
 
 
-class _MemoryBudget:
-    """Bytes of request bodies held in memory by one front worker, against a limit."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-
 class _Body:
-    """A request body as it arrives: in memory while the budget allows, else moved to a temporary file."""
+    """A request body as it arrives: in memory while its worker's budget allows, else moved to a temporary file."""
 
-    def __init__(self, budget: _MemoryBudget) -> None:
+    def __init__(self, budget: FrontMiddleware) -> None:
         self.budget = budget
         self.chunks: list[bytes] = []
         self.held = 0  # bytes of this body counted in the budget
@@ -473,7 +462,7 @@ class _Body:
 
     def write(self, chunk: bytes) -> None:
         self.size += len(chunk)
-        if self.file is None and self.budget.used + len(chunk) > self.budget.limit:
+        if self.file is None and self.budget.memory_used + len(chunk) > self.budget.memory_limit:
             self.file = TemporaryFile()  # noqa: SIM115 (closed in close())
             self.file.writelines(self.chunks)
             self._release()
@@ -482,7 +471,7 @@ class _Body:
             return
         self.chunks.append(chunk)
         self.held += len(chunk)
-        self.budget.used += len(chunk)
+        self.budget.memory_used += len(chunk)
 
     def read(self) -> bytes:
         """The whole body as one bytes object."""
@@ -507,7 +496,7 @@ class _Body:
             self.file.close()
 
     def _release(self) -> None:
-        self.budget.used -= self.held
+        self.budget.memory_used -= self.held
         self.held = 0
         self.chunks = []
 
