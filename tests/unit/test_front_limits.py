@@ -1,9 +1,6 @@
-"""The front's connection limits (fastinfer/front/connections.py), below the ASGI app: idle connections closed,
-headers bounded in time, size and count (408/431 in our JSON shape), and a cap on open connections.
-
-Driven through uvicorn's real protocol machinery (httptools parser, timers on a real event loop) over
-a fake transport; tests/integration/test_front_limits.py does the same against a real ``bentoml serve``.
-"""
+"""The front's connection limits (fastinfer/front/connections.py) through uvicorn's real protocol machinery
+(httptools parser, timers on a real event loop) over a fake transport: idle connections closed, headers bounded in
+time, size and count (408/431 in our JSON shape), a cap on open connections."""
 
 from __future__ import annotations
 
@@ -37,9 +34,7 @@ class Server:
         self.release = asyncio.Event()
         self.app_calls = 0
         self.hold = False
-        self.seen: list[
-            tuple[list[tuple[bytes, bytes]], bytes]
-        ] = []  # each request's headers and body, as the app saw them
+        self.seen: list[tuple[list[Any], bytes]] = []  # each request's headers and body, as the app saw them
         self.config = uvicorn.Config(app=self.app, log_config=None, lifespan="off", interface="asgi3")
         self.config.load()
         self.state = ServerState()
@@ -72,16 +67,6 @@ def _front(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(FrontProtocol, "limits", FAST)
     monkeypatch.setattr(connections, "LINGER_S", 0.05)
     monkeypatch.setattr(connections, "REFUSAL_DELAY_S", 0.0)
-
-
-async def test_a_connection_that_never_sends_a_byte_is_closed_after_the_keepalive() -> None:
-    """uvicorn arms its keep-alive timer only after a response: silent connections stayed open."""
-    _, transport = Server().connect()
-    await asyncio.sleep(0.1)
-    assert not transport.closed
-    await asyncio.sleep(0.25)
-    assert transport.closed
-    assert transport.written == b""  # nothing was asked: nothing is answered
 
 
 async def test_a_request_that_starts_and_stalls_gets_408_and_the_connection_closes() -> None:
@@ -171,13 +156,6 @@ async def test_headers_within_the_limits_pass_even_with_a_large_body_in_the_same
     assert server.app_calls == 1
 
 
-async def test_an_unparsable_request_gets_400_in_our_shape() -> None:
-    protocol, transport = Server().connect()
-    protocol.data_received(b"\x16\x03\x01 not http\r\n\r\n")  # e.g. TLS sent to the plain port
-    assert transport.status() == 400
-    assert transport.json()["error"]["code"] == "bad_request"
-
-
 async def test_at_the_cap_a_new_connection_closes_the_longest_idle_one() -> None:
     server = Server()
     (_, oldest), (busy, busy_transport), (_, newer) = (server.connect() for _ in range(3))
@@ -235,41 +213,34 @@ async def test_the_runners_keep_uvicorns_protocol(monkeypatch: pytest.MonkeyPatc
     assert type(protocol) is HttpToolsProtocol
 
 
-def test_install_makes_uvicorns_auto_protocol_ours(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("rlimit", "requested", "raised", "allowed"),
+    [
+        ((65536, 65536), 500, [], 500),  # whatever this machine's ulimit
+        ((1024, 65536), 1000, [(2 * 1000 + connections.FD_RESERVE, 65536)], 1000),  # the soft limit raised
+        ((1024, 1024), 5000, [(1024, 1024)], (1024 - connections.FD_RESERVE) // 2),  # the cap fitted to it
+    ],
+)
+def test_install_makes_uvicorns_auto_protocol_ours_with_descriptors_for_its_cap(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, rlimit, requested: int, raised, allowed: int
+) -> None:
     monkeypatch.setitem(uvicorn.config.HTTP_PROTOCOLS, "auto", uvicorn.config.HTTP_PROTOCOLS["auto"])
     monkeypatch.setattr(FrontProtocol, "limits", FrontProtocol.limits)
-    monkeypatch.setattr(resource, "getrlimit", lambda _: (65536, 65536))  # whatever this machine's ulimit
-    limits = install_front_protocol(Settings(max_connections=500))
+    monkeypatch.setattr(resource, "getrlimit", lambda _: rlimit)
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(resource, "setrlimit", lambda _, value: calls.append(value))
+    with caplog.at_level(logging.WARNING, logger="fastinfer.connections"):
+        limits = install_front_protocol(Settings(max_connections=requested))
     config = uvicorn.Config(app=lambda *a: None, log_config=None)  # what BentoML's worker builds: http="auto"
     config.load()
     assert config.http_protocol_class is FrontProtocol
     assert FrontProtocol.limits == limits
-    assert limits.max_connections == 500
-
-
-def test_the_descriptor_limit_is_raised_for_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(uvicorn.config.HTTP_PROTOCOLS, "auto", uvicorn.config.HTTP_PROTOCOLS["auto"])
-    monkeypatch.setattr(FrontProtocol, "limits", FrontProtocol.limits)
-    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 65536))
-    raised: list[tuple[int, int]] = []
-    monkeypatch.setattr(resource, "setrlimit", lambda _, value: raised.append(value))
-    limits = install_front_protocol(Settings(max_connections=1000))
-    assert raised == [(2 * 1000 + connections.FD_RESERVE, 65536)]
-    assert limits.max_connections == 1000
-
-
-def test_the_cap_fits_the_descriptor_limit(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setitem(uvicorn.config.HTTP_PROTOCOLS, "auto", uvicorn.config.HTTP_PROTOCOLS["auto"])
-    monkeypatch.setattr(FrontProtocol, "limits", FrontProtocol.limits)
-    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 1024))
-    monkeypatch.setattr(resource, "setrlimit", lambda *_: None)
-    with caplog.at_level(logging.WARNING, logger="fastinfer.connections"):
-        limits = install_front_protocol(Settings(max_connections=5000))
-    assert limits.max_connections == (1024 - connections.FD_RESERVE) // 2
-    assert "ulimit -n" in caplog.text
+    assert (calls, limits.max_connections) == (raised, allowed)
+    assert ("ulimit -n" in caplog.text) is (allowed < requested)
 
 
 def test_limits_are_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert connections.limits_from(Settings()) == ConnectionLimits(5, 10, 32 * 1024, 100, 1000)  # the defaults
     settings = settings_with(
         monkeypatch,
         FASTINFER_KEEPALIVE_S="75",
@@ -285,21 +256,21 @@ def test_limits_are_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         settings_with(monkeypatch, FASTINFER_MAX_HEADER_BYTES="0")
 
 
-def test_defaults_are_sensible() -> None:
-    limits = connections.limits_from(Settings())
-    assert limits == ConnectionLimits(5, 10, 32 * 1024, 100, 1000)
-
-
-async def test_closing_idle_connections_is_logged_only_for_silent_ones(caplog: pytest.LogCaptureFixture) -> None:
-    """A keep-alive expiring after a request is ordinary: counted, never logged."""
+async def test_a_silent_connection_is_closed_after_the_keepalive_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """uvicorn arms its keep-alive timer only after a response: silent connections stayed open. A keep-alive
+    expiring after a request is ordinary: counted, never logged."""
     with caplog.at_level(logging.INFO, logger="fastinfer.connections"):
         server = Server()
         protocol, _ = server.connect()
         protocol.data_received(GET)
         await asyncio.sleep(0.35)  # served, then idle past the keep-alive
         assert not caplog.records
-        server.connect()  # never sends a byte
-        await asyncio.sleep(0.35)
+        _, transport = server.connect()  # never sends a byte
+        await asyncio.sleep(0.1)
+        assert not transport.closed
+        await asyncio.sleep(0.25)
+        assert transport.closed
+        assert transport.written == b""  # nothing was asked: nothing is answered
     (line,) = [r for r in caplog.records if r.name == "fastinfer.connections"]
     assert line.levelno == logging.INFO
     assert "1 connections closed without having sent a byte" in line.getMessage()
@@ -369,17 +340,24 @@ async def test_more_than_a_few_pipelined_requests_close_the_connection() -> None
 CHUNKED_POST = b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n"
 
 
-async def test_a_transfer_coding_not_ending_in_chunked_gets_400_not_a_silent_close() -> None:
-    """RFC 9112 6.3: no readable length, 400 and close. llhttp refuses it only after the headers are
-    complete, when the request has reached the app."""
-    server = Server()
-    protocol, transport = server.connect()
-    protocol.data_received(b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nabc")
+@pytest.mark.parametrize(
+    ("sent", "said"),
+    [
+        (b"\x16\x03\x01 not http\r\n\r\n", "not valid HTTP/1.1"),  # e.g. TLS sent to the plain port
+        # RFC 9112 6.3: no readable length. llhttp refuses it only after the headers are complete, when the
+        # request has reached the app: its own answer is dropped.
+        (b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nabc", "Transfer-Encoding"),
+    ],
+    ids=["not http", "transfer coding not ending in chunked"],
+)
+async def test_an_unparsable_request_gets_400_in_our_shape_not_a_silent_close(sent: bytes, said: str) -> None:
+    protocol, transport = Server().connect()
+    protocol.data_received(sent)
     await asyncio.sleep(0.1)
     assert transport.status() == 400, transport.written
     assert transport.json()["error"]["code"] == "bad_request"
-    assert "Transfer-Encoding" in transport.json()["error"]["message"]
-    assert transport.written.count(b"HTTP/1.1 ") == 1  # the app's own answer is dropped
+    assert said in transport.json()["error"]["message"]
+    assert transport.written.count(b"HTTP/1.1 ") == 1
     assert transport.closed
 
 
