@@ -137,12 +137,12 @@ def share(total: int, workers: int) -> int:
     return max(1, total // max(1, workers))
 
 
+@dataclass(eq=False)
 class Access:
     """The front's access check: keys first, then the per-route rate guards (POST only)."""
 
-    def __init__(self, keys: ApiKeys, guards: Mapping[str, RateGuard] | None = None) -> None:
-        self.keys = keys
-        self.guards = dict(guards or {})  # route → its guard
+    keys: ApiKeys
+    guards: Mapping[str, RateGuard] = field(default_factory=dict)  # route → its guard
 
     def check(self, scope: Scope) -> Refusal | None:
         """None to go on, or the answer instead: 401, or 429 from a guard whose window is full. A guarded

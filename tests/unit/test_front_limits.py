@@ -344,11 +344,13 @@ CHUNKED_POST = b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunke
     ("sent", "said"),
     [
         (b"\x16\x03\x01 not http\r\n\r\n", "not valid HTTP/1.1"),  # e.g. TLS sent to the plain port
+        # Framing a proxy could read differently.
+        (b"POST /classify HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", "Content-Length"),
         # RFC 9112 6.3: no readable length. llhttp refuses it only after the headers are complete, when the
         # request has reached the app: its own answer is dropped.
         (b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nabc", "Transfer-Encoding"),
     ],
-    ids=["not http", "transfer coding not ending in chunked"],
+    ids=["not http", "length and chunked", "transfer coding not ending in chunked"],
 )
 async def test_an_unparsable_request_gets_400_in_our_shape_not_a_silent_close(sent: bytes, said: str) -> None:
     protocol, transport = Server().connect()
