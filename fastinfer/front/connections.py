@@ -68,38 +68,35 @@ _EVENT_TEXT = {
 }
 _UNLOGGED = frozenset({"keepalive_closed"})
 _QUIET = frozenset({"silent_closed"})
-# event → the answer given here: status, code, message ({names}: ConnectionLimits' fields, and the parser's error).
-_TOO_LARGE = "request_header_fields_too_large"
+# event → the answer given here: status, message ({names}: ConnectionLimits' fields, and the parser's error).
 _ANSWERS = {
     "refused": (
         503,
-        "too_many_connections",
         "The server is at its limit of {max_connections} open connections (FASTINFER_MAX_CONNECTIONS), "
         "all of them busy; retry shortly.",
     ),
     "headers_too_large": (
         431,
-        _TOO_LARGE,
         "The request line and headers exceed {max_header_bytes:,} bytes (FASTINFER_MAX_HEADER_BYTES).",
     ),
-    "too_many_headers": (
-        431,
-        _TOO_LARGE,
-        "The request has more than {max_headers} header fields (FASTINFER_MAX_HEADERS).",
-    ),
+    "too_many_headers": (431, "The request has more than {max_headers} header fields (FASTINFER_MAX_HEADERS)."),
     "header_timeout": (
         408,
-        "request_timeout",
         "The request's headers did not arrive within {header_timeout_s:g} s (FASTINFER_HEADER_TIMEOUT_S).",
     ),
     # llhttp's reason is a fixed phrase ("Request has invalid `Transfer-Encoding`"), never input.
-    "bad_request": (400, "bad_request", "The request is not valid HTTP/1.1: {error}."),
+    "bad_request": (400, "The request is not valid HTTP/1.1: {error}."),
     "trailers_too_large": (
         400,
-        "bad_request",
         "The request's trailer fields exceed {max_headers} fields or {max_header_bytes:,} bytes "
         "(FASTINFER_MAX_HEADERS, FASTINFER_MAX_HEADER_BYTES).",
     ),
+}
+_CODES = {
+    400: "bad_request",
+    408: "request_timeout",
+    431: "request_header_fields_too_large",
+    503: "too_many_connections",
 }
 
 
@@ -406,8 +403,8 @@ class FrontProtocol(Protocol):
             # An answer now would follow or cut the app's, or precede a pipelined one's: close instead.
             self.transport.close()
             return
-        status, code, message = _ANSWERS[event]
-        body = json.dumps(error_body(code, message.format(**asdict(self.limits), **extra))).encode()
+        status, message = _ANSWERS[event]
+        body = json.dumps(error_body(_CODES[status], message.format(**asdict(self.limits), **extra))).encode()
         head = [b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode())]
         head += [b"content-type: application/json\r\n", b"connection: close\r\n"]
         if status == 503:
