@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 3000
 WEIGHTS ?= auto
-# The model family `make serve` serves, `make bento` packs and `make bench`/`tune`/`tune-check` measure:
+# The model family `make serve` serves, `make bento` packs and `make bench`/`tune` measure:
 # FASTINFER_MODEL's, else resnet50 (ImageNet's, the one `make models` builds from WEIGHTS). Your own is built
 # by `fastinfer build --weights PATH --labels PATH --name NAME`; then `make serve MODEL=NAME`, `make bench
 # MODEL=NAME`, ... (README, "Serve your own model").
@@ -13,7 +13,7 @@ MODEL ?= $(or $(FASTINFER_MODEL),resnet50)
 # The model store lives in the project unless you point BENTOML_HOME elsewhere.
 export BENTOML_HOME ?= $(CURDIR)/bentoml_home
 
-.PHONY: serve test test-quick system-deps models lint clean-models bento container bench tune tune-check docs lock
+.PHONY: serve test test-quick system-deps models lint clean-models bento container bench tune docs lock
 
 # Every package at the version and hashes of the lock (the bento installs the same file), then the project
 # itself; pip check fails when pyproject.toml pins a version the lock does not hold (run `make lock`).
@@ -46,7 +46,7 @@ endif
 
 # Serves (and packs, benchmarks, tunes) MODEL's family: FASTINFER_MODEL for the server and everything it
 # runs first; `make bench MODEL=shop` measures shop's models and records the family in its results.
-serve bento bench tune tune-check: export FASTINFER_MODEL := $(MODEL)
+serve bento bench tune: export FASTINFER_MODEL := $(MODEL)
 
 serve: models
 	$(VENV)/bin/bentoml serve service:FastInfer --port $(PORT)
@@ -90,14 +90,6 @@ bench: models
 # default ($(BENTOML_HOME)/tuned/tuned.json); TUNE_ARGS="--goal latency", "--budget 900", ...
 tune: models
 	$(PY) -m load_tests.tuning $(TUNE_ARGS)
-
-# The benchmark of the tuner: `fastinfer tune`, then every configuration of its space served (the
-# exhaustive sweep; on 2 cores 32 min for 3 backends at --seconds 10, about an hour for all six at
-# the default 12 s), then the sweep's best three and the tuned choice head to head; rewrites BENCHMARKS.md
-# with its tuning section (from the bench's docs/bench/results.json). It prints its estimate first.
-# TUNE_ARGS="--backends openvino-int8,onnx-int8,openvino --seconds 10", ...
-tune-check: models
-	$(PY) -m load_tests.tuning.check $(TUNE_ARGS)
 
 # The bento: service, code, dashboard and MODEL's models (by tag), its packages from the lock — offline. It
 # carries its family: the bento argument `model` (BentoML sets it again wherever the bento is served) and

@@ -34,9 +34,9 @@ from fastinfer.measure import photos
 from load_tests.bodies import multipart
 from load_tests.checks import BATCH_IMAGES
 from load_tests.locust_runs import run_locust
+from load_tests.report import write_markdown
 from load_tests.service import ROOT, start_server, stop_server
 from load_tests.targets import best_backend, measured_runs
-from load_tests.tuning.check import write_benchmarks
 
 
 def say(message: str) -> None:
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         saved = next((p for p in (args.out / "results.json", args.plots / "results.json") if p.exists()), None)
         if saved is None:
             parser.error(f"no results.json in {args.out} or {args.plots}")
-        write_benchmarks(json.loads(saved.read_text()), args.markdown, args.out, args.plots)
+        write_markdown(json.loads(saved.read_text()), args.markdown, args.out, args.plots)
         return 0
     command = "python -m load_tests " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             plot_profile(results["profile"], args.out / "profile.png")  # again, with the measured HTTP cost
     (args.out / "results.json").write_text(json.dumps(results, indent=2))  # kept should the report fail
     say(f"writing {args.markdown}, its plots and results.json in {args.plots}")
-    write_benchmarks(results, args.markdown, args.out, args.plots)
+    write_markdown(results, args.markdown, args.out, args.plots)
     (args.out / "results.json").write_text(json.dumps(results, indent=2))  # with the target rows judged
     return 0
 

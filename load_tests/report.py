@@ -14,9 +14,7 @@ from typing import Any
 
 from fastinfer.measure.plots import plot_latency, plot_served, plot_stages, plot_throughput, table
 from fastinfer.measure.profile import Ceiling, best_ceiling, in_process_latency_ms
-from load_tests.targets import Target, _costs, _run, _share, machine, served_splits, targets
-
-__all__ = ["Target", "machine", "write_markdown"]  # load_tests/tuning/check.py's
+from load_tests.targets import _costs, _run, _share, served_splits, targets
 
 DOCS = "docs/benchmarks.md"
 NOISE_CORES = 0.2  # cores busy elsewhere (or stolen) during a run from which the report says so
@@ -29,7 +27,6 @@ ANCHORS = {
 
 
 Cell = str | Callable[[dict[str, Any]], Any]  # a format string for the row's dict, or a function of it
-Extra = tuple[Iterable["Target"], list[str]]  # more target rows and lines at the end: the tune-check's
 
 
 def _columns(columns: dict[str, Cell], items: Iterable[dict[str, Any]]) -> str:
@@ -248,14 +245,10 @@ def _study(results: dict[str, Any], rel: str) -> list[str]:
     return _section("Workers and batching", "\n".join(_study_findings(study)), _columns(columns, study))
 
 
-def write_markdown(
-    results: dict[str, Any], path: Path, out: Path, plots: Path | None = None, more: Extra = ((), [])
-) -> None:
-    """BENCHMARKS.md at ``path``, its plots and results.json in ``plots``: ``results`` with the target rows added,
-    and ``more`` (rows, lines) after its own: the tune-check's (load_tests/tuning/check.py write_benchmarks)."""
-    plots = plots or path.parent / "docs" / "bench"
+def write_markdown(results: dict[str, Any], path: Path, out: Path, plots: Path) -> None:
+    """BENCHMARKS.md at ``path``, its plots and results.json in ``plots``: ``results`` with the target rows added."""
     plots.mkdir(parents=True, exist_ok=True)
-    results["targets"] = [asdict(t) for t in [*targets(results), *more[0]]]
+    results["targets"] = [asdict(t) for t in targets(results)]
     splits = served_splits(results)
     if not results.get("rebuilt"):  # results rebuilt from tables: the plots stay the run's own
         plot_throughput(results["runs"], plots / "throughput.png")
@@ -278,7 +271,6 @@ def write_markdown(
         f"![served vs ceiling]({rel}/served.png)\n" if splits else f"![throughput]({rel}/throughput.png)\n",
         *(line for part in (_served_section, _profile_section, _http_section, _batch_section, _sequential, _load,
                             _study) for line in part(results, rel)),
-        *more[1],
     ]  # fmt: skip
     text = "\n".join(md) + "\n"  # a picture only where its plot exists (results rebuilt from tables draw none)
     path.write_text(re.sub(r"!\[[^]]*\]\(([^)]+)\)", lambda m: m[0] if (path.parent / m[1]).exists() else "", text))

@@ -19,8 +19,6 @@ PLAIN = {
     "FASTINFER_THREADS": "0",
     "FASTINFER_DECODE_THREADS": "0",
 }
-# How the server shares its cores: the tune-check's sweep serves these only on its best (load_tests/tuning/search.py).
-CORES_DIMENSIONS = ("decode_threads",)
 
 
 @dataclass(frozen=True)

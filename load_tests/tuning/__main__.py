@@ -20,8 +20,15 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="fastinfer tune", description=TUNE_DESCRIPTION)
     tune_arguments(parser)  # the same arguments `fastinfer tune` checks before it hands over
-    args, wanted = parse(parser, argv, "fastinfer tune")
-    if not wanted:
+    args = parser.parse_args(argv)
+    try:  # its requests send it: a bad one is said before any server starts
+        auth_headers()
+    except BadApiKey as exc:
+        print(f"fastinfer tune: {exc}", file=sys.stderr)
+        return 1
+    if args.clients < 1 or args.budget <= 0 or args.seconds <= 0:
+        parser.error("--clients, --budget and --seconds must be positive")
+    if not (wanted := backends_to_tune(args.backends)):
         return 1
     from fastinfer.catalog import tuned as tuning
 
@@ -51,28 +58,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def parse(parser: argparse.ArgumentParser, argv: list[str] | None, prog: str) -> tuple[argparse.Namespace, list[str]]:
-    """``argv`` parsed and checked, the project's store in use, and the backends to tune: those named, else every
-    one that can run here; none when that cannot be (why: on stderr)."""
+def backends_to_tune(named: str | None) -> list[str]:
+    """The project's store in use, and the backends to tune: those ``named`` (comma-separated), else every one
+    that can run here; none when that cannot be (why: on stderr)."""
     from fastinfer.catalog.backends import over_accuracy_limit, unavailable_reason
     from fastinfer.catalog.tune_space import BACKENDS_TUNED
 
-    args = parser.parse_args(argv)
-    try:  # its requests send it: a bad one is said before any server starts
-        auth_headers()
-    except BadApiKey as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return args, []
-    if args.clients < 1 or args.budget <= 0 or args.seconds <= 0 or getattr(args, "rounds", 0) < 0:
-        rounds = ", --rounds not negative" if "rounds" in args else ""
-        parser.error(f"--clients, --budget and --seconds must be positive{rounds}")
     use_project_store()
     reasons = {b: unavailable_reason(b) for b in BACKENDS_TUNED}
     lossy = {b: lost for b, why in reasons.items() if why is None and (lost := over_accuracy_limit(b)) is not None}
     if any(why is None and b not in lossy for b, why in reasons.items()):  # within the limit only, where any is
         reasons |= lossy
     runnable = [b for b, why in reasons.items() if why is None]
-    wanted = list(dict.fromkeys(b.strip() for b in args.backends.split(","))) if args.backends else runnable
+    wanted = list(dict.fromkeys(b.strip() for b in named.split(","))) if named else runnable
     why = ""
     if not runnable:
         example, reason = next(iter(reasons.items()))
@@ -81,8 +79,8 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None, prog: str) ->
         said = "; ".join(f"{b}: {reasons.get(b) or 'no such backend'}" for b in unknown)
         why = f"cannot tune {said} (tunable here: {', '.join(runnable)})"
     if why:
-        print(f"{prog}: {why}", file=sys.stderr)
-    return args, [] if why else wanted
+        print(f"fastinfer tune: {why}", file=sys.stderr)
+    return [] if why else wanted
 
 
 def interrupt_on_signals() -> None:

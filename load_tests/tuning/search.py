@@ -1,7 +1,6 @@
 """The search of ``fastinfer tune``: the configuration that serves best here, within a time budget, pruned by
 measurement rather than swept (its four stages: docs/tuning.md). Every trial is a real server under real load;
-``sweep`` serves the whole space (fastinfer/catalog/tune_space.py), the yardstick of load_tests/tuning/check.py.
-Every server started is stopped.
+every server started is stopped.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from load_tests.service import Server, start_server, stop_server
 
 PRUNE = 0.6  # a backend below this share of the best in-process ceiling (or above 1/PRUNE its latency) is not served
 MAX_SERVED_BACKENDS = 3  # at most this many backends reach stage 2
-SERVER_S, RUN_OVERHEAD_S = 16.0, 3.0  # measured on 2 cores: a server's start and stop, a run's warm-up and locust
 MIN_GAIN = 0.03  # a setting is kept when it serves this much better than the best so far (this VM's noise is larger)
 PLACEMENT = "where the engine runs"
 # Fresh servers per placement, in alternating order: one run each moved by 2-5% between runs of one configuration
@@ -108,7 +106,6 @@ class Search:
     dropped: dict[str, str] = field(default_factory=dict)  # backend → why stage 1 dropped it
     decisions: list[str] = field(default_factory=list)  # each choice and the measurement behind it
     chosen: Trial | None = None  # the configuration kept: a change counts only past MIN_GAIN
-    servers: int = 0  # servers started
     start: Callable[..., Server] = start_server  # a real `bentoml serve` (tests: a stand-in)
     stop: Callable[[Server], None] = stop_server
     server_start_s: float = 30.0  # an estimate until the first server says
@@ -260,7 +257,6 @@ def serve(configs: list[Config], stage: str, search: Search, measure: Measure) -
     search.progress(f"starting a server: {what}")
     t0 = time.monotonic()
     trials = []
-    search.servers += 1
     try:
         server = search.start(None, search.out / "serve.log", env)
     except (RuntimeError, OSError) as exc:  # TimeoutError is an OSError
@@ -464,80 +460,3 @@ def alternatives_from(current: Config, options: list[Config], base: Config) -> l
         if merged != current:
             out.append(merged)
     return out
-
-
-def space(backends: list[str], cores: int, goal: Goal) -> list[Config]:
-    """What the sweep serves first: every configuration the search could reach, with the cores' settings as an
-    untuned server has them; ``cores_variants`` of the sweep's best cover those."""
-    out = []
-    for backend in backends:
-        plain = tune_space.plain(backend)
-        out += [
-            Config(**asdict(point))
-            for point in tune_space.points(backend, cores, goal.kind)
-            if all(getattr(point, name) == getattr(plain, name) for name in tune_space.CORES_DIMENSIONS)
-        ]
-    return out
-
-
-def cores_variants(config: Config, cores: int, goal: Goal) -> list[Config]:
-    """``config`` with each other value of the cores' settings (the decode threads)."""
-    dims = tune_space.dimensions(config.backend, cores, goal.kind)
-    every = [replace(config, decode_threads=d) for d in dims["decode_threads"]]
-    return [variant for variant in every if variant != config]
-
-
-def server_groups(configs: list[Config], cores: int, goal: Goal) -> list[list[Config]]:
-    """``configs`` packed onto as few servers as they allow: one per combination of settings (max batch and max
-    wait by their position among the backend's values: its half, its double), serving every backend that has it."""
-    groups: dict[tuple[Any, ...], list[Config]] = {}
-    for config in configs:
-        dims = tune_space.dimensions(config.backend, cores, goal.kind)
-        position = tuple(
-            dims[name].index(getattr(config, name)) if name in dims else 0 for name in ("max_batch", "max_latency_ms")
-        )
-        wide = (config.in_front, config.front_workers, config.threads, config.decode_threads)
-        groups.setdefault((*wide, *position), []).append(config)
-    return list(groups.values())
-
-
-def sweep(
-    goal: Goal,
-    seconds: float,
-    out: Path,
-    backends: list[str],
-    measure: Measure = measure_locust,
-    start: Callable[..., Server] = start_server,
-    stop: Callable[[Server], None] = stop_server,
-    after_each: Callable[[Search], None] = lambda search: None,
-) -> Search:
-    """Serve every configuration of the search's space unpruned, then its best with each other combination of the
-    cores' settings, one server each, backends in rotated order; ``after_each`` follows each server."""
-    cores = hardware.cpu_count()
-    configs = space(backends, cores, goal)
-    groups = server_groups(configs, cores, goal)
-    estimate = sweep_estimate_s(backends, cores, goal, seconds)
-    search = Search(goal, estimate, seconds, out, start=start, stop=stop)
-    variants = len(cores_variants(configs[0], cores, goal)) if configs else 0
-    search.progress(
-        f"sweep: {len(configs)} configurations of {', '.join(backends)} on {len(groups)} servers, then its best "
-        f"with {variants} other decode threads (~{_mmss(estimate)} estimated)"
-    )
-    for i, group in enumerate(groups):
-        turn = i % len(group)
-        serve(group[turn:] + group[:turn], "sweep", search, measure)
-        after_each(search)
-    if (best := search.best()) is not None:
-        for variant in cores_variants(best.config, cores, goal):
-            serve([variant], "sweep", search, measure)
-            after_each(search)
-    search.chosen = search.best()
-    return search
-
-
-def sweep_estimate_s(backends: list[str], cores: int, goal: Goal, seconds: float) -> float:
-    """How long ``sweep`` should take here (its servers' start and each run's load and overhead)."""
-    configs = space(backends, cores, goal)
-    variants = len(cores_variants(configs[0], cores, goal)) if configs else 0  # the same for every backend
-    servers = len(server_groups(configs, cores, goal)) + variants
-    return servers * SERVER_S + (len(configs) + variants) * (seconds + RUN_OVERHEAD_S)

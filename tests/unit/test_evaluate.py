@@ -306,7 +306,7 @@ def test_the_server_s_own_default_choice_still_reads_any_family_s_bench(tmp_path
     assert choice.served_here(bench(tmp_path / "r.json", "shapes"), hardware.probe())[0] == {"onnx-int8": 42.0}
 
 
-@pytest.mark.parametrize("target", ["bench", "tune", "tune-check"])
+@pytest.mark.parametrize("target", ["bench", "tune"])
 def test_make_bench_and_tune_measure_the_family_named(tmp_path, target) -> None:
     """`make bench MODEL=shop` runs its commands with FASTINFER_MODEL=shop (PY is a probe that prints it)."""
     venv = tmp_path / "venv"

@@ -13,9 +13,8 @@ import pytest
 from fastinfer.measure import profile as prof
 from fastinfer.measure.profile import PHOTO, POOL, StageCost
 from load_tests.checks import batch_failure
-from load_tests.report import _batch_section, _http_section, _served_section, render_targets
+from load_tests.report import _batch_section, _http_section, _served_section, render_targets, write_markdown
 from load_tests.targets import Target, _share, best_backend, served_splits, speed_up_targets, targets
-from load_tests.tuning import check
 
 CPU = "Test CPU 9000"
 
@@ -692,7 +691,7 @@ def test_the_first_table_is_the_rows_of_results_json(tmp_path, monkeypatch) -> N
             "stages_p50_ms": {"decode": 4.0, "preprocess": 1.0, "inference": 16.0}}]  # fmt: skip
     results = bench(runs, seq, http={"onnx-int8": 11.5}) | {"batch": {"skipped": "no endpoint"}}
     md, plots = tmp_path / "BENCHMARKS.md", tmp_path / "plots"
-    check.write_benchmarks(results, md, tmp_path, plots)
+    write_markdown(results, md, tmp_path, plots)
     text, saved = md.read_text(), json.loads((plots / "results.json").read_text())
     first = next(block for block in text.split("\n\n") if block.startswith("|"))
     assert first == render_targets(saved["targets"]) and text.index(first) < text.index("](plots/")
@@ -706,8 +705,6 @@ def test_the_first_table_is_the_rows_of_results_json(tmp_path, monkeypatch) -> N
                                                           "backend (`onnx-int8`)"]  # fmt: skip
     for heading in ("## Targets", "## The HTTP path, measured", "## Batch API", "## Where the time goes"):
         assert heading in text
-    assert f"{check.SECTION}\n\nNot run on this machine: `make tune-check`" in text
-    assert not (plots / "tuning.png").exists()
     # the pool's ceiling, then each size class alone (small: 50 + 50 + 0.5 + 11.5 + 15 = 127 ms → 15.7 req/s)
     assert "| onnx-int8 | 8 | 31.0 | 64.5 | inference (48%) | 11.5 (measured) | 15.7 | 8.8 |" in text
     assert "| `onnx-int8` | 31.2 | 41.7 | ORT default CPU EP on a Xeon with AMX ~26 |" in text  # 1000 / 16 / 2
@@ -726,59 +723,13 @@ def test_the_first_table_is_the_rows_of_results_json(tmp_path, monkeypatch) -> N
     assert again.read_text().replace("(plots/", "(") == text.replace("(plots/", "(")
 
 
-def tune_check() -> dict:
-    """A saved `make tune-check` (OUT/tuning.json), run on another CPU."""
-    config = {"backend": "onnx-int8", "decode_threads": 0}
-    trial = {"label": "onnx-int8, runner", "config": config, "req_per_s": 20.0, "p50_ms": 400, "p95_ms": 500,
-             "failures": 0, "requests": 200, "error": "", "position": 0, "qualified": True}  # fmt: skip
-    saved = {
-        "format": check.FORMAT, "stage": "done", "command": "make tune-check", "date": "today",
-        "hardware": {"cpu": "Other CPU", "cores": 2}, "goal": "throughput: most req/s at 10 clients",
-        "backends": ["onnx-int8"], "seconds": 10, "share_in_sweep": 1.0, "share_head_to_head": None,
-        "head_to_head": None, "head_to_head_best": None,
-        "tune": {"elapsed_s": 240, "budget_s": 420, "trials": 3, "chosen": trial, "decisions": [], "skipped": []},
-        "sweep": {"elapsed_s": 3000, "estimate_s": 2900, "configurations": 1, "servers": 1, "best": trial,
-                  "trials": [trial]},
-    }  # fmt: skip
-    return saved
-
-
-def test_the_bench_shows_the_last_tune_check_with_its_own_plot(tmp_path) -> None:
-    saved = tune_check()
-    (tmp_path / "tuning.json").write_text(json.dumps(saved))
-    results = bench([run("inference", "onnx-int8", 10, 58.0)])
-    md = tmp_path / "BENCHMARKS.md"
-    check.write_benchmarks(results, md, tmp_path, tmp_path / "plots")
-    text = md.read_text()
-    assert "**Measured on Other CPU, not on this run's CPU.**" in text and "](plots/tuning.png)" in text
-    assert "| `fastinfer tune`'s time vs the sweep's | 4.0 min (its budget 7 min) vs 50.0 min (8%) | <= 1/4 of the " \
-        "sweep's time | **met** | Other CPU, 2 cores |" in text  # fmt: skip
-    assert results["tuning"] == saved and (tmp_path / "plots" / "tuning.png").stat().st_size > 10_000
-    del saved["tune"]["skipped"]  # a hand-edited file: the bench still writes its report
-    (tmp_path / "tuning.json").write_text(json.dumps(saved))
-    check.write_benchmarks(results, md, tmp_path, tmp_path / "plots")
-    assert "could not be read: KeyError" in md.read_text() and not (tmp_path / "plots" / "tuning.png").exists()
-
-
-def test_a_tune_check_rewrites_the_report_from_the_bench_results_beside_the_plots(tmp_path) -> None:
-    md, plots = tmp_path / "B.md", tmp_path / "plots"
-    check.write_benchmarks(bench([run("inference", "onnx-int8", 10, 58.0)]), md, tmp_path, plots)
-    first = next(block for block in md.read_text().split("\n\n") if block.startswith("|"))
-    assert "fastinfer tune" not in first
-    (tmp_path / "tuning.json").write_text(json.dumps(tune_check()))  # as the check saves it, then:
-    assert check.write_markdown(md, plots, tmp_path) and (plots / "tuning.png").exists()
-    first = next(block for block in md.read_text().split("\n\n") if block.startswith("|"))
-    assert "| `fastinfer tune`'s choice vs the sweep's best | 100% in the sweep's own runs (no head to head) |" in first
-
-
 def test_the_committed_report_opens_with_the_rows_its_results_json_judges() -> None:
     """BENCHMARKS.md's first table is docs/bench/results.json's rows, and those rows are what the data says."""
     root = Path(__file__).resolve().parents[2]
     saved = json.loads((root / "docs" / "bench" / "results.json").read_text())
     first = next(block for block in (root / "BENCHMARKS.md").read_text().split("\n\n") if block.startswith("|"))
     assert first == render_targets(saved["targets"])
-    judged = targets(saved) + (check.targets(saved["tuning"]) if saved.get("tuning") else [])
-    assert [asdict(t) for t in judged] == saved["targets"]
+    assert [asdict(t) for t in targets(saved)] == saved["targets"]
 
 
 def test_results_rebuilt_from_tables_keep_the_runs_own_plots(tmp_path) -> None:
@@ -786,15 +737,15 @@ def test_results_rebuilt_from_tables_keep_the_runs_own_plots(tmp_path) -> None:
     estimates never redraw the plots the run drew."""
     plots, md = tmp_path / "plots", tmp_path / "B.md"
     plots.mkdir()
-    for name in ("throughput.png", "latency.png", "tuning.png"):
+    for name in ("throughput.png", "latency.png"):
         (plots / name).write_bytes(b"the run's own")
-    results = bench([run("inference", "onnx-int8", 10, 58.0)]) | {"rebuilt": ["req/s x 20 s"], "tuning": tune_check()}
-    check.write_benchmarks(results, md, tmp_path, plots)
+    results = bench([run("inference", "onnx-int8", 10, 58.0)]) | {"rebuilt": ["req/s x 20 s"]}
+    write_markdown(results, md, tmp_path, plots)
     assert {p.name: p.read_bytes() for p in plots.glob("*.png")} == dict.fromkeys(
-        ("throughput.png", "latency.png", "tuning.png"), b"the run's own"
+        ("throughput.png", "latency.png"), b"the run's own"
     )
-    assert "](plots/tuning.png)" in md.read_text()
-    check.write_benchmarks(results | {"rebuilt": []}, md, tmp_path, plots)  # a run's own results: drawn again
+    assert "](plots/throughput.png)" in md.read_text()
+    write_markdown(results | {"rebuilt": []}, md, tmp_path, plots)  # a run's own results: drawn again
     assert (plots / "throughput.png").read_bytes() != b"the run's own"
 
 
@@ -802,18 +753,8 @@ def test_a_report_shows_no_picture_of_a_plot_that_was_not_drawn(tmp_path) -> Non
     """Results rebuilt from tables draw no plots: in a fresh folder the report links none that is missing."""
     md = tmp_path / "BENCHMARKS.md"
     results = bench([run("inference", "onnx-int8", 10, 58.0)]) | {"rebuilt": ["requests: req/s x 20 s"]}
-    check.write_benchmarks(results, md, tmp_path, tmp_path / "plots")
+    write_markdown(results, md, tmp_path, tmp_path / "plots")
     assert "](plots/" not in md.read_text() and not list((tmp_path / "plots").glob("*.png"))
-
-
-def test_a_new_tune_check_is_drawn_even_over_rebuilt_results(tmp_path) -> None:
-    plots, md = tmp_path / "plots", tmp_path / "B.md"
-    plots.mkdir()
-    (plots / "tuning.png").write_bytes(b"an earlier check's")
-    (tmp_path / "tuning.json").write_text(json.dumps(tune_check()))
-    results = bench([run("inference", "onnx-int8", 10, 58.0)]) | {"rebuilt": ["requests: req/s x 20 s"]}
-    check.write_benchmarks(results, md, tmp_path, plots)
-    assert (plots / "tuning.png").read_bytes() != b"an earlier check's" and "](plots/tuning.png)" in md.read_text()
 
 
 def test_every_engine_target_is_judged_on_the_configuration_that_served_most_not_on_its_own_best() -> None:

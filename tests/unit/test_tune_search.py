@@ -1,16 +1,17 @@
 """fastinfer tune's search, with stand-ins for the server and the load (the real path is tested end to
-end in tests/integration/test_tune.py): pruning by in-process figures, one dimension at a time, a
-change kept only past MIN_GAIN, the budget, failed candidates, and what it writes."""
+end in tests/integration/test_tune.py): pruning by in-process figures, one dimension at a time over the
+tune space, a change kept only past MIN_GAIN, the budget, failed candidates, and what it writes."""
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from fastinfer.catalog import tuned
+from fastinfer.catalog import tune_space, tuned
 from load_tests.service import Server
 from load_tests.tuning import files
 from load_tests.tuning.search import (
@@ -21,8 +22,11 @@ from load_tests.tuning.search import (
     Search,
     Trial,
     alternatives,
+    alternatives_from,
     placement,
     relative_gap,
+    serve,
+    server_env,
     tune,
     worth_serving,
 )
@@ -231,6 +235,64 @@ def test_dimensions_follow_the_backend_and_the_goal() -> None:
     assert all(c.max_batch is not None and c.max_batch <= 8 for c in batches)  # its largest static batch
     one_core = {n for n, _ in alternatives(Config("onnx"), 1, Goal())}
     assert not one_core & {"front workers", "engine threads", "decode threads"}  # no cores to share out
+
+
+def reachable(config: Config, cores: int, goal: Goal) -> set[Config]:
+    """Every configuration the one-dimension-at-a-time search can reach from ``config``, whatever it keeps."""
+    seen, todo = {config}, [config]
+    while todo:
+        current = todo.pop()
+        for _, options in alternatives(current, cores, goal):
+            for option in alternatives_from(current, options, current):
+                if option not in seen:
+                    seen.add(option)
+                    todo.append(option)
+    return seen
+
+
+@pytest.mark.parametrize("goal", [Goal(), Goal("latency")])
+@pytest.mark.parametrize("cores", [1, 2, 8])
+def test_the_search_can_reach_every_configuration_of_the_tune_space_and_no_other(goal: Goal, cores: int) -> None:
+    for backend in ["openvino-int8", "onnx-int8", "onnx-int8-dynamic"]:
+        every = {Config(**vars(p)) for p in tune_space.points(backend, cores, goal.kind)}  # what tuned.py takes
+        found = reachable(Config(**vars(tune_space.plain(backend))), cores, goal)
+        assert found == every and not any(c.in_front and c.front_workers != 1 for c in found)
+        assert {c.decode_threads for c in found} == ({0} if cores == 1 else {0, cores // 2})
+
+
+def test_a_server_env_serves_each_backend_its_own_settings() -> None:
+    env = server_env([Config("openvino-int8", True, 4, 5), Config("onnx-int8", max_batch=16)])
+    assert env["FASTINFER_IN_FRONT"] == "openvino-int8"
+    assert env["FASTINFER_BACKENDS"] == "openvino-int8,onnx-int8"  # no runner for a backend not measured
+    assert env["FASTINFER_MAX_BATCH_SIZE_OPENVINO_INT8"] == "4" and env["FASTINFER_MAX_LATENCY_MS_OPENVINO_INT8"] == "5"
+    assert env["FASTINFER_MAX_BATCH_SIZE_ONNX_INT8"] == "16" and env["FASTINFER_MAX_LATENCY_MS_ONNX_INT8"] == ""
+    with pytest.raises(ValueError):
+        server_env([Config("onnx", threads=1), Config("onnx-int8")])
+    with pytest.raises(ValueError):
+        server_env([Config("onnx"), Config("onnx", max_batch=4)])
+
+
+def test_a_failed_run_puts_the_rest_of_its_server_on_a_fresh_one(tmp_path) -> None:
+    configs = [Config("openvino-int8"), Config("onnx-int8"), Config("onnx")]
+
+    def measure(server, config: Config, search: Search) -> Trial:
+        if config.backend == "openvino-int8":
+            raise TimeoutError("locust hung")
+        return by_rate({})(server, config, search)
+
+    servers = FakeServers()
+    search = Search(Goal(), 100, 5, tmp_path, start=servers.start, stop=servers.stop)
+    trials = serve(configs, "backend", search, measure)
+    assert [bool(t.error) for t in trials] == [True, False, False] and len(servers.started) == 2
+    assert [t.position for t in trials] == [0, 0, 1] and servers.running == 0
+
+    def failing(server, config: Config, search: Search) -> Trial:  # one failed request in ten is not a wedge
+        trial = by_rate({})(server, config, search)
+        return replace(trial, failures=trial.requests // 10 + (config.backend == "onnx-int8"))
+
+    servers = FakeServers()
+    search = Search(Goal(), 100, 5, tmp_path, start=servers.start, stop=servers.stop)
+    assert [t.position for t in serve(configs, "backend", search, failing)] == [0, 1, 0] and len(servers.started) == 2
 
 
 def test_it_writes_the_tuned_file_last_and_the_report_beside_it(tmp_path, built_models, monkeypatch) -> None:
