@@ -142,31 +142,27 @@ def _http_section(results: dict[str, Any], rel: str) -> list[str]:
     return _section("The HTTP path, measured", *blocks)
 
 
+def _per_image(part: str) -> Cell:
+    return lambda r: round(r["cpu"]["ms_per_request"][part] / r["images"], 2) if r.get("cpu") else "—"
+
+
 def _batch_section(results: dict[str, Any], rel: str) -> list[str]:
-    """Images/s of the batch API against the single-image run of the same backend and users."""
+    """Images/s and CPU per image of the batch API beside the single-image run of the same backend and users."""
     step, batch, title = results.get("batch"), _run(results, "batch"), "Batch API (`POST /classify/batch`)"
-    if batch is not None and batch["requests"] and batch["failures"] == batch["requests"]:  # e.g. no such route
-        first = batch.get("failure_example")
-        return _section(
-            title, f"Not measured in this run: all {batch['requests']} batch requests failed (first: {first})."
-        )
     if batch is None:
         return _section(title, f"Not measured in this run: {step.get('skipped', 'no batch run')}.") if step else []
-    single, n = _run(results, "inference", backend=batch["backend"], users=batch["users"]), batch["images_per_request"]
-    ips = round(single["req_per_s"] * (1 - single["error_rate"]), 1) if single else None
-    ratio = f" = **{batch['images_per_s'] / ips:.2f}×**" if ips else ""
-    first = f" (first: {batch.get('failure_example')})" if batch["failures"] else ""
-    line = (
-        f"`{batch['backend']}`, {batch['users']} users, {n} photos per request, cache bypassed: "
-        f"**{batch['images_per_s']} images/s** vs {ips} images/s one per request{ratio}; "
-        f"{batch['failures']} of {batch['requests']} batch requests failed{first}."
-    )
-    if not (batch.get("cpu") and single and single.get("cpu")):
-        return _section(title, line)
-    b, s = batch["cpu"]["ms_per_request"], single["cpu"]["ms_per_request"]
-    rows = [[label, *(round(cpu[k] / per, 2) for k in ("front", "runner", "load_generator"))]
-            for label, cpu, per in ((f"batches of {n}", b, n), ("one per request", s, 1))]  # fmt: skip
-    return _section(title, line, table(["CPU ms per image", "front", "runner", "load generator"], rows))
+    n, single = batch["images_per_request"], _run(results, "inference", backend=batch["backend"], users=batch["users"])
+    rows = [r | {"sent": label, "images": per} for label, r, per in
+            ((f"batches of {n}", batch, n), ("one per request", single, 1)) if r is not None]  # fmt: skip
+    columns: dict[str, Cell] = {
+        "requests": "{sent}", "backend": "`{backend}`", "users": "{users}",
+        "images/s": lambda r: r.get("images_per_s", round(r["req_per_s"] * (1 - r["error_rate"]), 1)),
+        "failed": lambda r: f"{r['failures']} of {r['requests']}" + (
+            f" (first: {r['failure_example']})" if r.get("failure_example") else ""),
+        "CPU ms per image: front": _per_image("front"), "runner": _per_image("runner"),
+        "load generator": _per_image("load_generator"),
+    }  # fmt: skip
+    return _section(title, _columns(columns, rows))
 
 
 def _sequential(results: dict[str, Any], rel: str) -> list[str]:
@@ -211,38 +207,15 @@ def _load(results: dict[str, Any], rel: str) -> list[str]:
     return _section(title, plots, _columns(columns, results["runs"]))
 
 
-def _study_findings(study: list[dict[str, Any]]) -> list[str]:
-    """What the workers × batching study says, from its rows."""
-    rps = {(s["front_workers"], s["runner_workers"], s["batching"]): s["req_per_s"] for s in study}
-    gains = {(f, r): 100 * (v / rps[(f, r, False)] - 1) for (f, r, on), v in sorted(rps.items())
-             if on and (f, r, False) in rps}  # fmt: skip
-    backfires = any(g < 0 for (f, r), g in gains.items() if f * r > 1)
-    said = [
-        f"`{study[0]['backend']}`, 10 users. Batching on vs off, same workers: "
-        + "; ".join(f"{f} front × {r} runner: {g:+.0f}%" for (f, r), g in gains.items())
-        + f". With several workers it {'backfires' if backfires else 'does not backfire'} (the original FastInfer "
-        "project (its FastAPI release) reported that its own batching did)."
-    ]
-    if base := next((s for s in study if s["front_workers"] == s["runner_workers"] == 1 and s["batching"]), None):
-        best = max(study, key=lambda s: s["req_per_s"])
-        said.append(
-            f"Best: {best['front_workers']} front × {best['runner_workers']} runner, batching "
-            f"{'on' if best['batching'] else 'off'}: {best['req_per_s']} req/s, "
-            f"{100 * (best['req_per_s'] / base['req_per_s'] - 1):+.0f}% over 1 × 1 on; p99 {best['p99_ms']:g} vs "
-            f"{base['p99_ms']:g} ms."
-        )
-    return said
-
-
 def _study(results: dict[str, Any], rel: str) -> list[str]:
     if not (study := results.get("study")):
         return []
     columns: dict[str, Cell] = {
-        "front workers": "{front_workers}", "runner workers": "{runner_workers}",
+        "backend": "`{backend}`", "front workers": "{front_workers}", "runner workers": "{runner_workers}",
         "batching": lambda s: "on" if s["batching"] else "off", "req/s": "{req_per_s}", "p50 ms": "{p50_ms}",
         "p99 ms": "{p99_ms}", "errors": "{failures}",
     }  # fmt: skip
-    return _section("Workers and batching", "\n".join(_study_findings(study)), _columns(columns, study))
+    return _section("Workers and batching", _columns(columns, study))
 
 
 def write_markdown(results: dict[str, Any], path: Path, out: Path, plots: Path) -> None:
