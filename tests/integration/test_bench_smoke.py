@@ -14,32 +14,11 @@ from load_tests.service import ROOT
 
 def test_load_test_harness_smoke(server, tmp_path) -> None:
     out, md, plots = tmp_path / "bench", tmp_path / "BENCHMARKS.md", tmp_path / "plots"
-    cmd = [
-        sys.executable,
-        "-m",
-        "load_tests",
-        "--url",
-        server.url,
-        "--server-pid",  # the fixture's `bentoml serve`: its processes' CPU is accounted
-        str(server.process.pid),
-        "--backends",
-        "onnx-int8",
-        "--users",
-        "2",
-        "--duration",
-        "3",
-        "--sequential",
-        "3",
-        "--profile-repeats",  # the in-process stages the measured split is computed against, quickly
-        "1",
-        "--no-fidelity",
-        "--out",
-        str(out),
-        "--markdown",
-        str(md),
-        "--plots",
-        str(plots),
-    ]
+    # --server-pid: the fixture's `bentoml serve`, its processes' CPU accounted; --profile-repeats 1: the in-process
+    # stages the measured split is computed against, quickly
+    cmd = [sys.executable, "-m", "load_tests", "--url", server.url, "--server-pid", str(server.process.pid)]
+    cmd += ["--backends", "onnx-int8", "--users", "2", "--duration", "3", "--sequential", "3", "--profile-repeats", "1",
+            "--no-fidelity", "--out", str(out), "--markdown", str(md), "--plots", str(plots)]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=420, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())

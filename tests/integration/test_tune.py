@@ -107,20 +107,10 @@ def test_an_interrupted_tune_stops_every_server_and_keeps_the_previous_file(buil
     tuned = tmp_path / "tuned" / "tuned.json"
     tuned.parent.mkdir()
     tuned.write_text('{"previous": true}')
+    argv = ["--backends", "onnx-int8", "--budget", "300", "--seconds", "20"]
     tune = subprocess.Popen(
         # Through `fastinfer tune`, which becomes the tuner: the signal reaches the process that owns the servers.
-        [
-            sys.executable,
-            "-m",
-            "fastinfer.cli",
-            "tune",
-            "--backends",
-            "onnx-int8",
-            "--budget",
-            "300",
-            "--seconds",
-            "20",
-        ],
+        [sys.executable, "-m", "fastinfer.cli", "tune", *argv],
         env=tune_env(tuned),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

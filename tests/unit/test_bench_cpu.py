@@ -110,39 +110,28 @@ def test_a_stepped_wall_clock_does_not_make_old_processes_new(monkeypatch: pytes
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="start ticks are read from Linux's /proc")
-def test_start_ticks_survive_a_process_name_with_parentheses_and_a_gone_process_is_gone() -> None:
+@pytest.mark.parametrize("name", [b"x) 1 2 (3) R", b"\xff worker"])
+def test_a_process_named_with_parentheses_or_bytes_that_are_not_utf8_is_read_and_a_gone_one_is_gone(name) -> None:
+    """/proc/<pid>/stat shows the name in parentheses, and a name is bytes (prctl): a reading must parse past
+    it, and neither drop the process nor crash on it."""
     import psutil
 
-    name = "x) 1 2 (3) R"  # /proc/<pid>/stat shows the name in parentheses: parsing must skip past it
-    code = f"open('/proc/self/comm', 'w').write({name!r}); print('ok', flush=True); input()"
+    code = f"open('/proc/self/comm', 'wb').write({name!r}); print('ok', flush=True); input()"
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert child.stdout.readline().strip() == b"ok"  # type: ignore[union-attr]
         proc = psutil.Process(child.pid)
-        assert proc.name() == name
+        assert os.fsencode(proc.name()) == name
         # psutil's own start, before it adds the boot time (seconds since boot)
         assert cpu._started(proc) == pytest.approx(proc._proc.create_time(monotonic=True))
         assert cpu._started(proc) < cpu._now()  # one clock: a snapshot's time compares with starts
+        assert [pid for pid, _ in cpu.snapshot(child.pid).processes] == [child.pid]
+        assert child.pid in [tid for tid, _, _ in cpu._threads(child.pid)]  # its main thread, named so
     finally:
         child.kill()
         child.wait()
     with pytest.raises(psutil.NoSuchProcess):  # no fallback to the epoch-based time, which moves
         cpu._started(proc)
-
-
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="start ticks are read from Linux's /proc")
-def test_a_process_and_a_thread_named_in_bytes_that_are_not_utf8_are_still_read() -> None:
-    """A name is bytes (prctl, /proc/<pid>/comm): a reading must not drop the process or crash on it."""
-    code = "open('/proc/self/comm', 'wb').write(b'\\xff worker'); print('ok', flush=True); input()"
-    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    try:
-        assert child.stdout.readline().strip() == b"ok"  # type: ignore[union-attr]
-        snap = cpu.snapshot(child.pid)
-        assert [pid for pid, _ in snap.processes] == [child.pid]
-        assert child.pid in [tid for tid, _, _ in cpu._threads(child.pid)]  # its main thread, named so
-    finally:
-        child.kill()
-        child.wait()
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="threads are read from Linux's /proc")

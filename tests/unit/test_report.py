@@ -48,28 +48,23 @@ def costs() -> list[StageCost]:
 # ---- the HTTP cost, measured -------------------------------------------------------------------
 
 
-def test_http_cost_subtracts_the_pool_stages_and_b8_inference_for_a_batching_runner() -> None:
-    h = prof.http_cost(costs(), "onnx-int8", 10, 200, front_cpu_ms=12.0, runner_cpu_ms=19.0, batching=True)
+@pytest.mark.parametrize(
+    ("front", "runner", "batching", "batch", "inference", "front_overhead", "runner_overhead", "http"),
+    [
+        (12.0, 19.0, True, 8, 15.0, 7.5, 4.0, 11.5),  # a batching runner: less b8 inference
+        (12.0, 19.0, False, 1, 20.0, 7.5, -1.0, 6.5),  # without batching: less b1; an overhead kept as measured
+        (4.0, 14.0, True, 8, 15.0, -0.5, -1.0, 0.0),  # the cost clamped at zero, its parts not
+    ],
+)
+def test_http_cost_is_the_servers_cpu_less_the_pool_stages_and_the_inference_its_runner_ran(
+    front, runner, batching, batch, inference, front_overhead, runner_overhead, http
+) -> None:
+    h = prof.http_cost(costs(), "onnx-int8", 10, 200, front_cpu_ms=front, runner_cpu_ms=runner, batching=batching)
     assert h is not None
     assert h.front_stages_ms == pytest.approx(3.0 + 1.0 + 0.5)  # decode + preprocess (pool) + postprocess
-    assert h.batch == 8 and h.inference_ms == 15.0
-    assert h.front_overhead_ms == pytest.approx(12.0 - 4.5)
-    assert h.runner_overhead_ms == pytest.approx(19.0 - 15.0)
-    assert h.http_ms == pytest.approx(7.5 + 4.0)
-
-
-def test_http_cost_subtracts_b1_for_a_runner_without_batching() -> None:
-    h = prof.http_cost(costs(), "onnx-int8", 10, 200, front_cpu_ms=12.0, runner_cpu_ms=19.0, batching=False)
-    assert h is not None and h.batch == 1 and h.inference_ms == 20.0
-    assert h.runner_overhead_ms == pytest.approx(-1.0)  # kept as measured
-    assert h.http_ms == pytest.approx(7.5 - 1.0)
-
-
-def test_http_cost_is_clamped_at_zero_but_its_parts_are_not() -> None:
-    h = prof.http_cost(costs(), "onnx-int8", 10, 200, front_cpu_ms=4.0, runner_cpu_ms=14.0, batching=True)
-    assert h is not None
-    assert h.front_overhead_ms == pytest.approx(-0.5) and h.runner_overhead_ms == pytest.approx(-1.0)
-    assert h.http_ms == 0.0
+    assert (h.batch, h.inference_ms) == (batch, inference)
+    assert (h.front_overhead_ms, h.runner_overhead_ms) == pytest.approx((front_overhead, runner_overhead))
+    assert h.http_ms == pytest.approx(http)
 
 
 def test_a_batching_runner_is_charged_the_cheapest_batch_within_its_max() -> None:
@@ -732,14 +727,15 @@ def test_the_committed_report_opens_with_the_rows_its_results_json_judges() -> N
     assert [asdict(t) for t in targets(saved)] == saved["targets"]
 
 
-def test_results_rebuilt_from_tables_keep_the_runs_own_plots(tmp_path) -> None:
+def test_results_rebuilt_from_tables_draw_no_plot_and_keep_the_runs_own(tmp_path) -> None:
     """A results.json rebuilt from printed tables (``rebuilt`` lists its estimates) renders the report, but its
-    estimates never redraw the plots the run drew."""
+    estimates never draw a plot: in a fresh folder the report links none, and the run's own stay."""
     plots, md = tmp_path / "plots", tmp_path / "B.md"
-    plots.mkdir()
+    results = bench([run("inference", "onnx-int8", 10, 58.0)]) | {"rebuilt": ["req/s x 20 s"]}
+    write_markdown(results, md, tmp_path, plots)
+    assert "](plots/" not in md.read_text() and not list(plots.glob("*.png"))
     for name in ("throughput.png", "latency.png"):
         (plots / name).write_bytes(b"the run's own")
-    results = bench([run("inference", "onnx-int8", 10, 58.0)]) | {"rebuilt": ["req/s x 20 s"]}
     write_markdown(results, md, tmp_path, plots)
     assert {p.name: p.read_bytes() for p in plots.glob("*.png")} == dict.fromkeys(
         ("throughput.png", "latency.png"), b"the run's own"
@@ -747,14 +743,6 @@ def test_results_rebuilt_from_tables_keep_the_runs_own_plots(tmp_path) -> None:
     assert "](plots/throughput.png)" in md.read_text()
     write_markdown(results | {"rebuilt": []}, md, tmp_path, plots)  # a run's own results: drawn again
     assert (plots / "throughput.png").read_bytes() != b"the run's own"
-
-
-def test_a_report_shows_no_picture_of_a_plot_that_was_not_drawn(tmp_path) -> None:
-    """Results rebuilt from tables draw no plots: in a fresh folder the report links none that is missing."""
-    md = tmp_path / "BENCHMARKS.md"
-    results = bench([run("inference", "onnx-int8", 10, 58.0)]) | {"rebuilt": ["requests: req/s x 20 s"]}
-    write_markdown(results, md, tmp_path, tmp_path / "plots")
-    assert "](plots/" not in md.read_text() and not list((tmp_path / "plots").glob("*.png"))
 
 
 def test_every_engine_target_is_judged_on_the_configuration_that_served_most_not_on_its_own_best() -> None:
