@@ -31,8 +31,7 @@ from fastinfer.common import hardware
 from fastinfer.common.client import BadApiKey, auth_headers
 from fastinfer.common.home import use_project_store
 from fastinfer.measure import photos
-from load_tests.bodies import multipart
-from load_tests.checks import BATCH_IMAGES
+from load_tests.checks import BATCH_IMAGES, multipart
 from load_tests.locust_runs import run_locust
 from load_tests.report import write_markdown
 from load_tests.service import ROOT, start_server, stop_server

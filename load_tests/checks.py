@@ -1,10 +1,21 @@
-"""What counts as a failure in the benchmark's scenarios (pure: the locustfile and the tests use it)."""
+"""What the benchmark's scenarios send, and what counts as a failure (pure: the locustfile, the bench and the
+tests use it). Bodies are encoded once and shared by every client: all send the same bytes."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import httpx
+
 BATCH_IMAGES = 8  # images per batch request in the benchmark: the runners' default max batch size
+
+
+def multipart(data: bytes | list[bytes], fields: dict[str, str], name: str = "image") -> tuple[bytes, str]:
+    """A multipart body and its Content-Type: the form ``fields``, then one file part named ``name`` per image."""
+    images = [data] if isinstance(data, bytes) else data
+    files = [(name, (f"photo{i}.jpg", image, "image/jpeg")) for i, image in enumerate(images)]
+    request = httpx.Request("POST", "http://localhost", data=fields, files=files)
+    return request.read(), request.headers["Content-Type"]
 
 
 def batch_failure(status: int, body: dict[str, Any] | None, expected: int) -> str | None:

@@ -22,8 +22,7 @@ from locust.stats import StatsError
 
 from fastinfer.common.client import auth_headers
 from fastinfer.measure.photos import benchmark_pool
-from load_tests.bodies import multipart
-from load_tests.checks import BATCH_IMAGES, batch_failure
+from load_tests.checks import BATCH_IMAGES, batch_failure, multipart
 
 BACKEND = os.environ.get("FASTINFER_BENCH_BACKEND", "onnx")
 POOL = benchmark_pool(Path(os.environ.get("FASTINFER_BENCH_IMAGES", "artifacts/bench-images")))
@@ -76,16 +75,18 @@ def batch_bodies() -> list[tuple[bytes, str]]:
     ]
 
 
+def _post(user: FastHttpUser, path: str, body: tuple[bytes, str], scenario: str, bypass_cache: bool = True) -> Any:
+    """The request of ``scenario``, its answer judged by the caller (``catch_response``)."""
+    headers = {"Content-Type": body[1], **({"Cache-Control": "no-cache"} if bypass_cache else {}), **AUTH}
+    return user.client.post(path, data=body[0], headers=headers, name=f"{scenario} {BACKEND}", catch_response=True)
+
+
 class InferenceUser(FastHttpUser):
     wait_time = constant(0)  # closed loop: each user sends its next request when the last one returns
 
     @task
     def classify(self) -> None:
-        body, ctype = random.choice(BODIES)
-        headers = {"Content-Type": ctype, "Cache-Control": "no-cache", **AUTH}
-        with self.client.post(
-            "/classify", data=body, headers=headers, name=f"inference {BACKEND}", catch_response=True
-        ) as response:
+        with _post(self, "/classify", random.choice(BODIES), "inference") as response:
             if response.status_code != 200:
                 response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
             elif response.json().get("cached"):
@@ -97,11 +98,7 @@ class RepeatUser(FastHttpUser):
 
     @task
     def classify_again(self) -> None:
-        body, ctype = REPEAT_BODY
-        headers = {"Content-Type": ctype, **AUTH}
-        with self.client.post(
-            "/classify", data=body, headers=headers, name=f"repeat {BACKEND}", catch_response=True
-        ) as response:
+        with _post(self, "/classify", REPEAT_BODY, "repeat", bypass_cache=False) as response:
             if response.status_code != 200:
                 response.failure(f"HTTP {response.status_code}")
 
@@ -111,11 +108,7 @@ class BatchUser(FastHttpUser):
 
     @task
     def classify_batch(self) -> None:
-        body, ctype = random.choice(batch_bodies())
-        headers = {"Content-Type": ctype, "Cache-Control": "no-cache", **AUTH}
-        with self.client.post(
-            "/classify/batch", data=body, headers=headers, name=f"batch {BACKEND}", catch_response=True
-        ) as response:
+        with _post(self, "/classify/batch", random.choice(batch_bodies()), "batch") as response:
             try:
                 answer = response.json() if response.status_code == 200 else None
             except ValueError:

@@ -36,10 +36,6 @@ class Target:  # one row of BENCHMARKS.md's first table
     machine: str
 
 
-def machine(hardware: dict[str, Any]) -> str:
-    return f"{hardware.get('cpu', 'this CPU')}, {hardware.get('cores', '?')} cores"
-
-
 def _run(results: dict[str, Any], scenario: str, **match: Any) -> dict[str, Any] | None:
     runs = results.get("runs", [])
     return next((r for r in runs if r["scenario"] == scenario and all(r[k] == v for k, v in match.items())), None)
@@ -287,7 +283,8 @@ def speed_up_targets(results: dict[str, Any], where: str) -> list[Target]:
 
 
 def targets(results: dict[str, Any]) -> list[Target]:
-    """The bench's targets, in BENCHMARKS.md's order (the tuning check's follow, from its own run: check.targets)."""
-    where = machine(results.get("hardware", {}))
+    """The bench's targets, in BENCHMARKS.md's order."""
+    hardware = results.get("hardware", {})
+    where = f"{hardware.get('cpu', 'this CPU')}, {hardware.get('cores', '?')} cores"
     judges = (cache_targets, single_client_target, engine_targets, decode_target, default_target, speed_up_targets)
     return [t for judge in judges for t in judge(results, where)]

@@ -14,7 +14,7 @@ from fastinfer.catalog import tune_space
 from fastinfer.catalog import tuned as tuning
 from fastinfer.common import hardware
 from fastinfer.measure.plots import plot_tuning, table
-from load_tests.tuning.search import Search, Trial, cores_said
+from load_tests.tuning.search import Search, Trial
 
 
 def tuned_settings(best: Trial) -> dict[str, str]:
@@ -78,8 +78,7 @@ def report(search: Search, best: Trial | None, command: str) -> dict[str, Any]:
 
 def markdown(result: dict[str, Any], plot: str | None) -> str:
     hw = result["hardware"]
-    chosen = (result.get("chosen") or {}).get("label")
-    cores = cores_said((result.get("chosen") or {}).get("config") or {})
+    chosen = result["chosen"]
     lines = [
         "# fastinfer tune",
         "",
@@ -88,7 +87,9 @@ def markdown(result: dict[str, Any], plot: str | None) -> str:
         f"{result['budget_s']:g} s budget, {result['seconds_per_run']:g} s per load run (locust, the benchmark "
         "pool, cache bypassed).",
         "",
-        f"**Chosen: {chosen}.** Decode pool: {cores}." if chosen else "**Nothing served: no configuration to choose.**",
+        f"**Chosen: {chosen['label']}.** Decode pool: {decode_pool(chosen['config']['decode_threads'])}."
+        if chosen
+        else "**Nothing served: no configuration to choose.**",
         "",
     ]
     if plot:
@@ -105,6 +106,10 @@ def markdown(result: dict[str, Any], plot: str | None) -> str:
     if result["skipped"]:
         lines += ["", "Not tried (the budget ran out): " + "; ".join(result["skipped"]) + "."]
     return "\n".join(lines) + "\n"
+
+
+def decode_pool(threads: int) -> str:
+    return f"{threads} decode threads" if threads else "a decode thread per core"
 
 
 def plot(result: dict[str, Any], path: Path) -> bool:

@@ -26,9 +26,7 @@ PRUNE = 0.6  # a backend below this share of the best in-process ceiling (or abo
 MAX_SERVED_BACKENDS = 3  # at most this many backends reach stage 2
 MIN_GAIN = 0.03  # a setting is kept when it serves this much better than the best so far (this VM's noise is larger)
 PLACEMENT = "where the engine runs"
-# Fresh servers per placement, in alternating order: one run each moved by 2-5% between runs of one configuration
-# here, as much as placements differ by on some CPUs; three each separate a 10% gap (docs/tuning.md).
-PLACEMENT_ROUNDS = 3
+PLACEMENT_ROUNDS = 3  # fresh servers per placement, in alternating order: why three, docs/tuning.md
 
 
 @dataclass(frozen=True)
@@ -243,18 +241,11 @@ def server_env(configs: list[Config]) -> dict[str, str]:
     return env
 
 
-def shared_label(configs: list[Config]) -> str:
-    """What a server of several backends shares, said once (its backends' own settings are in each trial)."""
-    labels = {c.label().split(", ", 1)[1] if ", " in c.label() else "" for c in configs}
-    return "the table settings" if labels == {"runner"} else "; ".join(c.label() for c in configs)
-
-
 def serve(configs: list[Config], stage: str, search: Search, measure: Measure) -> list[Trial]:
     """One fresh server serving every config at once (``server_env``), each measured on it in turn; a
     server that does not start makes every trial an error."""
     env = server_env(configs)
-    what = configs[0].label() if len(configs) == 1 else shared_label(configs)
-    search.progress(f"starting a server: {what}")
+    search.progress(f"starting a server: {'; '.join(c.label() for c in configs)}")
     t0 = time.monotonic()
     trials = []
     try:
@@ -431,14 +422,6 @@ def confirm(search: Search, baseline: Trial, measure: Measure) -> None:
         "again (means of two rounds): the table's settings stay"
     )
     search.chosen = max((baseline, again), key=goal.score)
-
-
-def cores_said(config: dict[str, Any]) -> str:
-    """A configuration's decode pool in words ("" for one saved before it was tuned)."""
-    if "decode_threads" not in config:
-        return ""
-    threads = config["decode_threads"]
-    return f"{threads} decode threads" if threads else "a decode thread per core"
 
 
 def shown(trial: Trial) -> str:
