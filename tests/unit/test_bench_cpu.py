@@ -55,15 +55,13 @@ def test_a_process_the_first_snapshot_missed_is_left_out_not_counted_whole() -> 
     assert cpu.by_thread(before, after) == {"front": {cpu.LOOP: 0.5, cpu.DECODE: 0.0, cpu.ENGINE: 0.0}}
 
 
-def test_per_request_splits_front_runner_rest_and_client() -> None:
+def test_per_request_splits_front_runner_rest_client_and_the_rest_of_the_machine() -> None:
     used = {"front": 1.2, "runner-onnx-int8": 3.0, "runner-onnx": 0.1, "other": 0.1, "load_generator": 0.4}
     out = cpu.per_request(used, "runner-onnx-int8", 200, 2.0)
     assert out["ms_per_request"] == {"front": 6.0, "runner": 15.0, "other": 1.0, "load_generator": 2.0}
     assert out["cores_busy"] == {"server": 2.2, "load_generator": 0.2, "rest_of_machine": 0.0, "steal": 0.0}
     assert cpu.per_request(used, "runner-onnx-int8", 0, 2.0) == {}
-
-
-def test_the_client_can_be_charged_its_in_test_cpu_and_the_rest_of_the_machine_is_what_remains() -> None:
+    # The client charged its in-test CPU; the rest of the machine is what remains.
     used = {"front": 1.0, "runner-x": 2.0, "load_generator": 1.0, "machine": 5.0, "steal": 0.2}
     out = cpu.per_request(used, "runner-x", 100, 2.0, client_s=0.5)
     assert out["ms_per_request"]["load_generator"] == 5.0  # 0.5 s in the test, not the 1.0 s with start-up

@@ -1,27 +1,17 @@
-"""One real headless locust run against a stub that refuses every request: what run_locust reads back."""
+"""One real headless locust run against a stub that refuses every request (401): what run_locust reads back."""
 
 from __future__ import annotations
 
 import threading
 import types
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from load_tests import locust_runs
 from load_tests.locust_runs import run_locust
-
-
-class Refusing(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self.send_response(404)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *_: object) -> None:
-        pass
+from tests.unit.test_bench_placement import Refusing
 
 
 def test_a_batch_run_whose_requests_all_fail_is_read_back_with_its_first_failure(tmp_path) -> None:
@@ -32,7 +22,7 @@ def test_a_batch_run_whose_requests_all_fail_is_read_back_with_its_first_failure
     finally:
         server.shutdown()
     assert run["requests"] > 0 and run["failures"] == run["requests"] and run["images_per_s"] == 0, run
-    assert "HTTP 404" in run["failure_example"], run["failure_example"]
+    assert "HTTP 401" in run["failure_example"], run["failure_example"]
 
 
 def test_a_torn_summary_is_said_with_locusts_exit_and_stderr(tmp_path, monkeypatch) -> None:
