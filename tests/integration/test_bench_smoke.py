@@ -24,8 +24,7 @@ def test_load_test_harness_smoke(server, tmp_path) -> None:
     results = json.loads((out / "results.json").read_text())
     inference = [r for r in results["runs"] if r["scenario"] == "inference"]
     assert len(inference) == 1 and inference[0]["backend"] == "onnx-int8" and inference[0]["users"] == 2
-    for key in ("requests", "failures", "req_per_s", "p50_ms", "p95_ms", "p99_ms"):
-        assert key in inference[0]
+    assert {"requests", "failures", "req_per_s", "p50_ms", "p95_ms", "p99_ms"} <= inference[0].keys()
     assert inference[0]["requests"] > 0 and inference[0]["failures"] == 0
     repeat = next(r for r in results["runs"] if r["scenario"] == "repeat")
     assert repeat["cache_hit_share"] > 0.9  # the repeat scenario really measures hits

@@ -67,7 +67,7 @@ def test_http_cost_is_the_servers_cpu_less_the_pool_stages_and_the_inference_its
     assert h.http_ms == pytest.approx(http)
 
 
-def test_a_batching_runner_is_charged_the_cheapest_batch_within_its_max() -> None:
+def test_a_batching_runner_is_charged_the_cheapest_batch_within_its_max_and_the_pool_stages_are_needed() -> None:
     noisy = [*costs(), StageCost("inference", "onnx-int8 b16", 5.0, 5.0)]
     # b16 is cheaper but beyond the runner's max batch of 8: b8 stands.
     assert prof.subtracted_batch(noisy, "onnx-int8", True, max_batch=8) == 8
@@ -76,10 +76,7 @@ def test_a_batching_runner_is_charged_the_cheapest_batch_within_its_max() -> Non
     assert prof.subtracted_batch(flipped, "x", True) == 1
     assert prof.subtracted_batch(costs(), "onnx-int8", True, max_batch=4) == 1
     assert prof.subtracted_batch(costs(), "pytorch", True) is None
-
-
-def test_no_http_cost_without_the_pool_stages() -> None:
-    without_pool = [c for c in costs() if c.detail != POOL]
+    without_pool = [c for c in costs() if c.detail != POOL]  # and no HTTP cost without the pool's stages
     assert prof.http_cost(without_pool, "onnx-int8", 10, 1, 12.0, 19.0, True) is None
 
 
@@ -306,9 +303,8 @@ def test_cache_hit_target_is_the_ratio_to_bare_bentoml_with_both_figures_and_say
                            ">= 1.3×, all hits, zero errors", "met", f"{CPU}, 2 cores")  # fmt: skip
     assert (absolute.figure, absolute.goal, absolute.verdict) == ("260.0 req/s", ">= 400 req/s", "NOT met")
     results["runs"][1]["req_per_s"] = 201.0
-    assert (
-        row(results, "Cache-hit path vs").verdict == "NOT met" and "1.29×" in row(results, "Cache-hit path vs").figure
-    )
+    ratio = row(results, "Cache-hit path vs")
+    assert ratio.verdict == "NOT met" and "1.29×" in ratio.figure
     results["runs"][1]["req_per_s"] = 100.0
     results["runs"][0]["cache_hit_share"] = 0.98  # not all hits: a miss is no cache-hit path
     assert row(results, "Cache-hit path vs").verdict == "NOT met"
@@ -705,9 +701,7 @@ def test_the_first_table_is_the_rows_of_results_json(tmp_path, monkeypatch) -> N
     for name, value in (("BENTOML_HOME", str(tmp_path)), ("FASTINFER_TUNED", "off")):
         monkeypatch.setenv(name, value)  # what main sets, undone after the test
     again = tmp_path / "again.md"
-    assert (
-        main(["--report-only", "--out", str(tmp_path / "none"), "--markdown", str(again), "--plots", str(plots)]) == 0
-    )
+    assert main(["--report-only", "--out", str(tmp_path / "x"), "--markdown", str(again), "--plots", str(plots)]) == 0
     assert again.read_text().replace("(plots/", "(") == text.replace("(plots/", "(")
 
 

@@ -128,73 +128,54 @@ def by_rounds(rates: dict[str, list[float]]):
     return measure
 
 
-def test_the_placement_is_served_in_alternating_rounds_and_a_10_percent_gap_stands_out_of_the_noise(
-    tmp_path,
+RUNNER, FRONT = "openvino-int8, runner", "openvino-int8, in front"
+
+
+@pytest.mark.parametrize(
+    ("runner", "front", "said", "moved"),
+    [  # runner 100 ± 3, in front 110 ± 3: three rounds each separate them (the runner's first: the backend stage's)
+        ([100.0, 103.0, 97.0, 100.0], [113.0, 107.0, 110.0], f"{FRONT} (113.0, 107.0, 110.0 req/s) vs {RUNNER} "
+         "(103.0, 97.0, 100.0 req/s): 10.0% better, beyond the rounds' noise (±4.9%)", True),
+        ([100.0, 92.0, 108.0, 100.0], [112.0, 96.0, 104.0], "4.0% better, within the rounds' noise (±13.1%)", False),
+        ([100.0, 100.0, 101.0, 99.0], [80.0, 81.0, 79.0], "20.0% worse, beyond the rounds' noise (±1.6%)", False),
+        ([100.0], [102.0], "2.0% better, beyond the rounds' noise (±0.0%), under the 3% a change must gain", False),
+        ([100.0], [100.0], "0.0% apart, within the rounds' noise (±0.0%)", False),  # a tie: neither better nor worse
+    ],
+)  # fmt: skip
+def test_the_placement_is_served_in_alternating_rounds_and_moved_only_past_the_noise_and_min_gain(
+    tmp_path, runner: list[float], front: list[float], said: str, moved: bool
 ) -> None:
-    rates = {  # runner 100 ± 3, in front 110 ± 3: three rounds each separate them
-        "openvino-int8, runner": [100.0, 103.0, 97.0, 100.0],  # the first: the backend stage's shared server
-        "openvino-int8, in front": [113.0, 107.0, 110.0],
-    }
-    search = searched(tmp_path, by_rounds(rates))
+    search = searched(tmp_path, by_rounds({RUNNER: runner, FRONT: front}))
     placed = [t.config.label() for t in search.trials if t.stage == PLACEMENT]
-    runner, front = "openvino-int8, runner", "openvino-int8, in front"
-    assert placed == [runner, front, front, runner, runner, front]  # each round the other way round
-    (said,) = [d for d in search.decisions if d.startswith(PLACEMENT)]
-    assert said == (f"{PLACEMENT}: {front} (113.0, 107.0, 110.0 req/s) vs {runner} (103.0, 97.0, 100.0 req/s): "
-                    "10.0% better, beyond the rounds' noise (±4.9%)")  # fmt: skip
-    assert search.chosen is not None and search.chosen.config.in_front
-
-
-def placement_said(tmp_path, rates: dict) -> tuple[Search, str]:
-    search = searched(tmp_path, by_rounds(rates))
-    (said,) = [d for d in search.decisions if d.startswith(PLACEMENT)]
-    return search, said
-
-
-def test_a_placement_gap_within_the_rounds_noise_keeps_the_engine_where_it_was_and_says_so(tmp_path) -> None:
-    rates = {"openvino-int8, runner": [100.0, 92.0, 108.0, 100.0], "openvino-int8, in front": [112.0, 96.0, 104.0]}
-    search, said = placement_said(tmp_path, rates)
-    assert said.startswith(f"{PLACEMENT}: kept; ") and said.endswith("4.0% better, within the rounds' noise (±13.1%)")
-    assert search.chosen is not None and not search.chosen.config.in_front
+    assert placed == [RUNNER, FRONT, FRONT, RUNNER, RUNNER, FRONT]  # each round the other way round
+    (decision,) = [d for d in search.decisions if d.startswith(PLACEMENT)]
+    assert decision.startswith(f"{PLACEMENT}: {'' if moved else 'kept; '}{FRONT} (") and decision.endswith(said)
+    assert search.chosen is not None and search.chosen.config.in_front == moved
     files.write(search, "fastinfer tune", tmp_path / "tuned.json")
-    assert "within the rounds' noise" in (tmp_path / "report.md").read_text()  # the report says it
-
-
-def test_a_placement_clearly_worse_is_said_worse_beyond_the_noise_and_one_short_of_min_gain_says_so(tmp_path) -> None:
-    _, said = placement_said(tmp_path, {"openvino-int8, runner": [100.0, 100.0, 101.0, 99.0],
-                                        "openvino-int8, in front": [80.0, 81.0, 79.0]})  # fmt: skip
-    assert said.startswith(f"{PLACEMENT}: kept; ") and said.endswith("20.0% worse, beyond the rounds' noise (±1.6%)")
-    _, said = placement_said(tmp_path, {"openvino-int8, runner": [100.0], "openvino-int8, in front": [102.0]})
-    assert said.endswith("2.0% better, beyond the rounds' noise (±0.0%), under the 3% a change must gain")
-    assert said.startswith(f"{PLACEMENT}: kept; ")
-    _, said = placement_said(tmp_path, {"openvino-int8, runner": [100.0], "openvino-int8, in front": [100.0]})
-    assert said.endswith("0.0% apart, within the rounds' noise (±0.0%)")  # a tie is neither better nor worse
+    assert decision in (tmp_path / "report.md").read_text()  # the report says it
 
 
 def test_a_placement_that_serves_nothing_or_breaks_the_p95_limit_in_a_round_loses_and_is_named(tmp_path) -> None:
     assert relative_gap([0.0, 0.0, 0.0], [1.0, 1.0, 1.0]) == (1.0, 0.0)  # a mean of 0 req/s: no division by it
-    runner, front = "openvino-int8, runner", "openvino-int8, in front"
-    slow = {runner: [100.0], front: [70.0]}
-    search = Search(Goal(p95_ms=250), 10_000, 5, tmp_path)
+    slow = {RUNNER: 100.0, FRONT: 70.0}
+    servers = FakeServers()
+    search = Search(Goal(p95_ms=250), 10_000, 5, tmp_path, start=servers.start, stop=servers.stop)
     current = Trial(Config("openvino-int8"), "backend", 100.0, 100.0, 200.0, 0, 500)
     over = iter([300.0, 200.0, 200.0])  # the runner's first fresh round is over the limit
 
     def measure(server: Server, config: Config, s: Search) -> Trial:
-        rate = slow[config.label()][0]
-        p95 = next(over) if config.label() == runner else 200.0
-        return Trial(config, "", rate, 100.0, p95, 0, 500)
+        p95 = next(over) if config.label() == RUNNER else 200.0
+        return Trial(config, "", slow[config.label()], 100.0, p95, 0, 500)
 
-    servers = FakeServers()
-    search.start, search.stop = servers.start, servers.stop
     chosen = placement(search, current, Config("openvino-int8", in_front=True), measure)
     assert chosen.config.in_front and chosen.req_per_s == 70.0  # the one that met the goal every round
-    assert search.decisions[-1].endswith(f"{runner} failed the goal in a round (an error, or its p95 over the limit)")
+    assert search.decisions[-1].endswith(f"{RUNNER} failed the goal in a round (an error, or its p95 over the limit)")
     assert "p95 300, 200, 200 ms" in search.decisions[-1]  # the breach is shown
 
 
 def test_a_placement_kept_by_its_rounds_is_not_confirmed_again_and_only_its_chosen_trial_is_starred(tmp_path) -> None:
-    search, said = placement_said(tmp_path, {"openvino-int8, runner": [115.0, 100.0, 100.0, 100.0, 100.0],
-                                             "openvino-int8, in front": [110.0]})  # fmt: skip
+    search = searched(tmp_path, by_rounds({RUNNER: [115.0, 100.0, 100.0, 100.0, 100.0], FRONT: [110.0]}))
+    (said,) = [d for d in search.decisions if d.startswith(PLACEMENT)]
     assert said.endswith("10.0% better, beyond the rounds' noise (±0.0%)")
     assert search.chosen is not None and search.chosen.config.in_front  # not undone by the stage-2 run's 115
     assert any(d.startswith("confirmation: not run: the placement alone changed") for d in search.decisions)
