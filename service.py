@@ -6,12 +6,13 @@ import atexit
 import json
 import logging
 import os
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import bentoml
 from bentoml.exceptions import BentoMLException
+from pydantic import BaseModel
 
 from fastinfer.catalog.config import get_settings
 
@@ -175,14 +176,14 @@ class FastInfer:
         await self.pipeline.cache.close()
         self.cpu.close()
 
-    @property
-    def cache(self) -> ResponseCache:
-        return self.pipeline.cache
-
     @bentoml.api(route="/analyze", input_spec=AnalyzeInput)
     async def analyze(self, results: list[dict[str, Any]], question: str, ctx: bentoml.Context) -> AnalyzeResponse:
         """Ask Groq to explain prediction results and their latency trade-offs (never the image)."""
         return await analysis.answer(results, question, settings.groq, ctx)
+
+    async def live_stats(self) -> dict[str, Any]:
+        """The dashboard's live panel: requests served, cache, p50 per backend (this worker)."""
+        return {**self.live.snapshot(), "cache": await self.pipeline.cache.describe()}
 
     def default_now(self) -> DefaultChoice:
         """The backend of requests that name none, now (fastinfer/catalog/choice.py default_now)."""
@@ -210,21 +211,17 @@ async def _image_lane(scope: Scope, body: bytes, send: Send) -> None:
     await image_api.serve(service.pipeline, scope, body, send, rules)
 
 
-async def _backends_route(_: Request) -> JSONResponse:
-    service: FastInfer = bentoml.get_current_service()
-    return JSONResponse((await service.backends()).model_dump(mode="json"))
+# The GET routes beside the typed POST APIs (BentoML's are POST only): path → its answer (counts: this worker's).
+STATUS_ROUTES: dict[str, Callable[[FastInfer], Awaitable[Any]]] = {
+    "/backends": lambda service: service.backends(),
+    "/cache/stats": lambda service: service.pipeline.cache.describe(),
+    "/stats/live": lambda service: service.live_stats(),
+}
 
 
-async def _live_route(_: Request) -> JSONResponse:
-    """The dashboard's live panel: requests served, cache, p50 per backend (this worker)."""
-    service: FastInfer = bentoml.get_current_service()
-    return JSONResponse({**service.live.snapshot(), "cache": await service.cache.describe()})
-
-
-async def _cache_stats_route(_: Request) -> JSONResponse:
-    """Mode, hits, misses, errors, bypasses, hit rate, key count, since when (this worker's counts)."""
-    service: FastInfer = bentoml.get_current_service()
-    return JSONResponse(await service.cache.describe())
+async def _status_route(request: Request) -> JSONResponse:
+    answer = await STATUS_ROUTES[request.url.path](bentoml.get_current_service())
+    return JSONResponse(answer.model_dump(mode="json") if isinstance(answer, BaseModel) else answer)
 
 
 def _readiness() -> dict[str, Awaitable[bool]]:
@@ -238,17 +235,7 @@ def _readiness() -> dict[str, Awaitable[bool]]:
     return checks
 
 
-# GET routes beside the typed POST APIs (BentoML APIs are POST-only).
-FastInfer.mount_asgi_app(
-    Starlette(
-        routes=[
-            Route("/backends", _backends_route, methods=["GET"]),
-            Route("/cache/stats", _cache_stats_route, methods=["GET"]),
-            Route("/stats/live", _live_route, methods=["GET"]),
-        ]
-    ),
-    path="/",
-)
+FastInfer.mount_asgi_app(Starlette(routes=[Route(path, _status_route, methods=["GET"]) for path in STATUS_ROUTES]))
 FastInfer.mount_asgi_app(dashboard_page.files(DASHBOARD_DIR), path="/dashboard", name="dashboard")
 # Idle connections, headers and open connections: bounded below the middleware (fastinfer/front/connections.py).
 install_front_protocol(settings)

@@ -38,25 +38,10 @@ def answer(route: str, backend: str | None = None) -> dict[str, Any]:
 
 
 def curl(route: str, method: str, key: bool) -> str:
-    """A working curl command for one operation (``key``: the server needs an API key)."""
+    """A working curl command for one operation (``key``: the server needs an API key). A POST's arguments are
+    api_spec.json's ``curl``: /predict's for each /predict route (the original API's field ``file``)."""
     auth = ' -H "Authorization: Bearer $FASTINFER_API_KEY"' if key else ""
-    image_route = ROUTES.get(route)
-    if method == "get":
-        args = ""
-    elif route == "/classify/batch":
-        args = "-F images=@cat.jpg -F images=@dog.jpg -F backend=openvino-int8 -F top_k=3"
-    elif route == ANALYZE_ROUTE:  # results as /classify or /compare answer them (these keys are enough)
-        body = json.dumps(
-            {"results": [{"backend": "onnx-int8", "class": "tabby", "confidence": 0.61, "latency_ms": 28.2}],
-             "question": "Is INT8 worth it?"}
-        )  # fmt: skip
-        args = f"-H \"Content-Type: application/json\" -d '{body}'"
-    elif route == "/classify":
-        args = "-F image=@cat.jpg -F backend=onnx-int8 -F top_k=3"
-    elif image_route is not None:  # the original API's field on its routes; top_k as the example answer
-        args = "-F file=@cat.jpg -F top_k=3" if route.startswith("/predict") else "-F image=@cat.jpg -F top_k=1"
-    else:
-        args = f"-X {method.upper()}"
+    args = "" if method == "get" else SPEC["curl"].get(route, SPEC["curl"]["/predict"])
     return " ".join(part for part in ("curl" + auth, args, BASE_URL + route) if part)
 
 

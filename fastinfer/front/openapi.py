@@ -30,31 +30,14 @@ from fastinfer.front.paths import is_open
 T = TypeVar("T")
 REF = "#/components/schemas/{model}"
 DROP: Any = object()  # in the table: the key goes
+SPEC = api_examples.SPEC  # FastInfer's texts: tags, each error, the GET routes, BentoML's probes and /metrics
+TEXTS: dict[str, str] = SPEC["texts"]
 STATUS_TAG = "Status"
-TAGS = {  # BentoML's two keep their names (its operations name them), with what they hold here
-    APP_TAG.name: "Classify, compare and explain: images in, labels and per-stage timings out.",
-    INFRA_TAG.name: "Probes and Prometheus metrics (open without a key, never refused for load).",
-    STATUS_TAG: "What the service knows about itself: backends, cache, live traffic.",
-}
-ORIGINAL_NOTE = (
-    "A route of the original FastInfer API (its FastAPI release), kept so that its clients work unchanged: "
-    "the field `file` is accepted, and the answer has its keys `class`, `confidence`, `latency_ms` and `model` "
-    "among FastInfer's."
-)
-IMAGE_BODY = (
-    "Either multipart/form-data with the image in the field `image` (or `file`, the original FastInfer API's name) "
-    "and the options as form fields; or the image itself as the whole body with `Content-Type: image/*` "
-    "(image/jpeg, image/png, image/webp, ...; application/octet-stream too) and the options as query parameters."
-)
-SECURITY_SCHEME = {
-    "type": "http",
-    "scheme": "bearer",
-    "description": "An API key from FASTINFER_API_KEYS, sent as `Authorization: Bearer <key>`. Open without one: "
-    "the probes, /metrics, this page and the dashboard's files.",
-}
+# BentoML's two tags keep their names (its operations name them), with what they hold here.
+TAGS = {APP_TAG.name: SPEC["tags"]["apis"], INFRA_TAG.name: SPEC["tags"]["infra"], STATUS_TAG: SPEC["tags"]["status"]}
+SECURITY_SCHEME = {"type": "http", "scheme": "bearer", "description": TEXTS["api_key"]}
 # The GET routes beside the typed APIs (BentoML's are POST only) → their answer; their texts: api_spec.json.
 STATUS_ROUTES = {"/backends": BackendsResponse, "/cache/stats": CacheStatsResponse, "/stats/live": LiveStatsResponse}
-SPEC = api_examples.SPEC  # FastInfer's texts: each error, the GET routes, BentoML's probes and /metrics
 
 
 def error_cases(max_images: int) -> dict[str, tuple[str, str]]:
@@ -172,18 +155,18 @@ def operations(settings: Settings, svc: bentoml.Service[Any]) -> dict[str, dict[
     for api in svc.apis.values():
         route = ROUTES.get(api.route)
         text = inspect.cleandoc(api.doc or "")
-        text += f"\n\n{ORIGINAL_NOTE}" if route is not None and route.original else ""
+        text += f"\n\n{TEXTS['original']}" if route is not None and route.original else ""
         errors = API_ERRORS if route is None else BATCH_ERRORS if route.kind == "batch" else IMAGE_ERRORS
         more: dict[str, Any] = image_inputs(api, route) if route is not None else {}
         if route is not None and route.kind == "batch":
-            text += f"\n\n{batch_description(settings.max_batch_images)}"
+            text += "\n\n" + TEXTS["batch"].format(field=BATCH_FIELD, max_images=settings.max_batch_images)
         if api.route == ANALYZE_ROUTE:
             errors = ANALYZE_ERRORS
             more["requestBody"] = {"content": {"application/json": {"example": api_examples.ANALYZE_REQUEST}}}
         answer = api_examples.answer(api.route, route.backend if route is not None else None)
         ok = {"200": {"content": {"application/json": {"example": answer}}}}
         if route is not None and route.kind == "batch":
-            ok["200"]["description"] = "One result per image, in order (an image that failed has an error instead)"
+            ok["200"]["description"] = TEXTS["batch_ok"]
         # BentoML's own error responses go: no client ever sees that shape.
         responses = ok | dict.fromkeys(("400", "404", "500"), DROP)
         add(api.route, "post", text.strip(), errors, summary=first_sentence(api.doc) or api.name, responses=responses)
@@ -217,11 +200,9 @@ def image_inputs(api: Any, route: ImageRoute) -> dict[str, Any]:
     inputs: dict[str, Any] = {"parameters": [query_parameter(name, schema) for name, schema in options.items()]}
     inputs["requestBody"] = {"content": {"multipart/form-data": form}}
     if route.kind != "batch":
-        raw = {"schema": {"type": "string", "format": "binary", "description": "the whole image as the request body"}}
-        form.setdefault("schema", {})["description"] = (
-            "The image in the field `image` (or `file`, the original FastInfer API's name), the options as form fields."
-        )
-        inputs["requestBody"] |= {"required": True, "description": IMAGE_BODY}
+        raw = {"schema": {"type": "string", "format": "binary", "description": TEXTS["raw_image"]}}
+        form.setdefault("schema", {})["description"] = TEXTS["image_form"]
+        inputs["requestBody"] |= {"required": True, "description": TEXTS["image_body"]}
         inputs["requestBody"]["content"] |= {t + "*" if t.endswith("/") else t: raw for t in RAW_TYPES}
     return inputs
 
@@ -231,10 +212,7 @@ def query_parameter(name: str, schema: dict[str, Any]) -> dict[str, Any]:
     beside the form field, and a value given both ways is refused."""
     said = [(schema.get("description") or schema.get("title") or name).rstrip(".")]
     said += [f"default {schema['default']}"] if "default" in schema else []
-    said.append(
-        "a query parameter too, the way to send it with a raw image body (a form field or a query parameter, not both)"
-    )
-    text = "; ".join(said)
+    text = "; ".join([*said, TEXTS["query_parameter"]])
     return {
         "name": name,
         "in": "query",
@@ -242,17 +220,6 @@ def query_parameter(name: str, schema: dict[str, Any]) -> dict[str, Any]:
         "description": text[:1].upper() + text[1:] + ".",
         "schema": {k: v for k, v in schema.items() if k not in ("title", "description", "default")},
     }
-
-
-def batch_description(max_images: int) -> str:
-    return (
-        f"Multipart only: the field `{BATCH_FIELD}` once per image (1 to {max_images}, FASTINFER_MAX_BATCH_IMAGES), "
-        "`backend` and `top_k` as form fields or query parameters. Each image is classified as by POST "
-        "/classify, with the same `backend` and `top_k`. The answer has one entry per image, in upload order: "
-        "its classification, or its error in the error shape. One bad image does not fail the others: a batch "
-        f"whose images are all bad still answers 200 with an error for each. No images, or more than {max_images}, "
-        "is a 400."
-    )
 
 
 def first_sentence(text: str | None) -> str | None:
