@@ -32,10 +32,11 @@ from fastinfer.catalog.backends import SERVED_ENV, served_models
 from fastinfer.catalog.choice import DefaultChoice, default_choice, default_now, keep_placement
 from fastinfer.common import hardware
 from fastinfer.common.schemas import AnalyzeResponse, BackendsResponse
-from fastinfer.front import analysis, dashboard_page, image_api, inventory
+from fastinfer.front import analysis, image_api, inventory
 from fastinfer.front.api_inputs import AnalyzeInput, quiet_input_errors
 from fastinfer.front.api_page import ApiPage
 from fastinfer.front.connections import install_front_protocol
+from fastinfer.front.dashboard_page import DashboardFiles
 from fastinfer.front.http import FrontMiddleware, front_options
 from fastinfer.front.image_routes import ROUTES, image_apis
 from fastinfer.front.openapi import DocumentedService
@@ -236,7 +237,7 @@ def _readiness() -> dict[str, Awaitable[bool]]:
 
 
 FastInfer.mount_asgi_app(Starlette(routes=[Route(path, _status_route, methods=["GET"]) for path in STATUS_ROUTES]))
-FastInfer.mount_asgi_app(dashboard_page.files(DASHBOARD_DIR), path="/dashboard", name="dashboard")
+FastInfer.mount_asgi_app(DashboardFiles(directory=DASHBOARD_DIR, html=True), path="/dashboard", name="dashboard")
 # Idle connections, headers and open connections: bounded below the middleware (fastinfer/front/connections.py).
 install_front_protocol(settings)
 quiet_input_errors()  # a malformed /analyze body: one INFO line, not a traceback at ERROR
