@@ -242,25 +242,6 @@ def test_the_page_lists_every_error_code() -> None:
     assert missing == [], f"api_page.md does not list {missing}"
 
 
-def test_this_server_says_when_its_default_cannot_run_and_the_analyze_total_of_all_workers(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    settings = settings_with(
-        monkeypatch,
-        FASTINFER_DEFAULT_BACKEND="coreml",
-        FASTINFER_FRONT_WORKERS="4",
-        FASTINFER_ANALYZE_TOTAL_PER_MINUTE="1",
-    )
-    server = api_page.this_server(settings, service())
-    if not hardware.is_macos():
-        assert (
-            "default backend `coreml` (FASTINFER_DEFAULT_BACKEND), which cannot run here: CoreML prediction needs macOS"
-            in server
-        )
-    # Each worker counts alone (fastinfer/front/access.py share): at least 1 each, so 4 in all, not the 1 asked.
-    assert "1 in all per minute per front worker (4 workers: up to 4 in all)" in server
-
-
 @pytest.mark.parametrize(
     ("tuned", "said"),
     [
@@ -288,18 +269,26 @@ def test_this_server_says_which_configuration_is_in_force(tuned, said) -> None:
     assert f"- Configuration: {said}" in server
 
 
-def test_this_server_says_where_each_value_came_from(monkeypatch) -> None:
-    settings = get_settings().model_copy(
-        update={"front_workers": 2, "sources": {"FASTINFER_FRONT_WORKERS": "environment"}}
-    )
-    server = api_page.this_server(settings, service())
-    line = next(x for x in server.splitlines() if x.startswith("- Its values and where each came from:"))
-    assert "`FASTINFER_FRONT_WORKERS` 2 (environment)" in line and "`FASTINFER_DEFAULT_BACKEND` " in line
-    assert "`FASTINFER_RUNNER_WORKERS` 1 (default)" in line
-
-
-def test_this_server_names_the_backends_switched_off() -> None:
-    off = api_page.this_server(get_settings().model_copy(update={"backends": ("onnx", "onnx-int8")}), service())
-    assert "- Backends: serves `onnx`, `onnx-int8`; switched off by `FASTINFER_BACKENDS` (503): `pytorch`," in off
-    every = api_page.this_server(get_settings(), service())
-    assert "- Backends: every backend switched on (`FASTINFER_BACKENDS` unset)" in every
+# the environment → what the page's "This server" says, on one line
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        # Each worker counts alone (fastinfer/front/access.py share): at least 1 each, so 4 in all, not the 1 asked.
+        ({"FASTINFER_FRONT_WORKERS": "4", "FASTINFER_ANALYZE_TOTAL_PER_MINUTE": "1"},
+         ["1 in all per minute per front worker (4 workers: up to 4 in all)"]),
+        ({"FASTINFER_DEFAULT_BACKEND": "coreml"}, [] if hardware.is_macos() else [
+            "default backend `coreml` (FASTINFER_DEFAULT_BACKEND), which cannot run here: CoreML prediction needs macOS"
+        ]),
+        ({"FASTINFER_FRONT_WORKERS": "2"},
+         ["- Its values and where each came from: ", "`FASTINFER_FRONT_WORKERS` 2 (environment)",
+          "`FASTINFER_DEFAULT_BACKEND` ", "`FASTINFER_RUNNER_WORKERS` 1 (default)"]),
+        ({"FASTINFER_BACKENDS": "onnx,onnx-int8"},
+         ["- Backends: serves `onnx`, `onnx-int8`; switched off by `FASTINFER_BACKENDS` (503): `pytorch`,"]),
+        ({}, ["- Backends: every backend switched on (`FASTINFER_BACKENDS` unset)"]),
+    ],
+)  # fmt: skip
+def test_this_server_says_how_it_is_set_line_by_line(monkeypatch, env: dict[str, str], said: list[str]) -> None:
+    unset = ("FASTINFER_BACKENDS", "FASTINFER_FRONT_WORKERS", "FASTINFER_RUNNER_WORKERS")
+    server = api_page.this_server(settings_with(monkeypatch, *unset, **env), service())
+    line = next(x for x in server.splitlines() if said[0] in x) if said else ""
+    assert all(words in line for words in said), server
