@@ -69,8 +69,3 @@ def test_analyze_groq_timeout_is_504_within_bounded_time(client, fake_groq) -> N
     r = client.post("/analyze", json={"results": results(client)})
     assert r.status_code == 504 and r.json()["error"]["code"] == "analysis_timeout"
     assert time.perf_counter() - t0 < 4  # FASTINFER_GROQ_TIMEOUT_S=2 for the test server
-
-
-def test_analyze_validates_its_input(client) -> None:
-    assert client.post("/analyze", json={"results": []}).status_code == 400
-    assert client.post("/analyze", json={"nothing": 1}).status_code == 400

@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 import bentoml
-import httpx
 
 from fastinfer.catalog.config import BACKENDS
 from fastinfer.common import hardware
@@ -116,19 +115,6 @@ PREDICT_ROUTES = {
 }
 
 
-def test_every_predict_route_answers_a_prediction_or_a_clear_503(client) -> None:
-    files = {"image": ("m.jpg", photos.benchmark_photo(), "image/jpeg")}
-    for route, backend in PREDICT_ROUTES.items():
-        r = client.post(route, files=files)
-        if backend in HERE:
-            assert r.status_code == 200, (route, r.text)
-            assert r.json()["backend"] == backend
-        else:
-            assert r.status_code == 503, (route, r.text)
-            assert r.json()["error"]["code"] == "backend_unavailable"
-            assert "needs macOS" in r.json()["error"]["message"]
-
-
 def test_readiness_and_swagger(client) -> None:
     assert client.get("/readyz").status_code == 200
     assert client.get("/livez").status_code == 200
@@ -138,18 +124,12 @@ def test_readiness_and_swagger(client) -> None:
         assert "post" in spec["paths"][route], route
     schema = spec["components"]["schemas"]
     assert any("top_k" in s.get("properties", {}) for s in schema.values())
-
-
-def test_typed_backend_enum_in_schema(client) -> None:
-    spec = client.get("/docs.json").json()
-    text = httpx.Response(200, json=spec).text
-    for name in BACKENDS:
-        assert f'"{name}"' in text
+    assert all(f'"{name}"' in json.dumps(spec) for name in BACKENDS)  # the typed backend enum
 
 
 def test_the_original_apis_curl_examples_work_unchanged(client, tmp_path) -> None:
     """`curl -F "file=@image.jpg" .../predict/coreml`, from the original FastInfer README: the field
-    is `file`, and the answer carries its keys."""
+    is `file`, and the answer carries its keys; a backend that cannot run here is a clear 503."""
     photo = photo_file(tmp_path)
     for route, backend in PREDICT_ROUTES.items():
         done = subprocess.run(
@@ -164,7 +144,8 @@ def test_the_original_apis_curl_examples_work_unchanged(client, tmp_path) -> Non
             answer = json.loads(body)
             assert answer.keys() >= ORIGINAL_KEYS and answer["backend"] == backend
         else:
-            assert status == "503" and "needs macOS" in json.loads(body)["error"]["message"]
+            error = json.loads(body)["error"]
+            assert status == "503" and error["code"] == "backend_unavailable" and "needs macOS" in error["message"]
 
 
 def test_a_raw_image_body_with_query_parameters(client) -> None:
