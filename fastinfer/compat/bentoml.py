@@ -5,7 +5,8 @@ has no public equivalent. Assumptions, one test each (tests/unit/test_compat_ben
 
 1. fastinfer/front/openapi.py edits the spec BentoML generates, so it builds with BentoML's own spec classes
    and tags: ``APP_TAG``, ``INFRA_TAG`` (``bentoml._internal.service.openapi``) and ``Contact``,
-   ``OpenAPISpecification``, ``PathItem``, ``Tag`` (``…openapi.specification``).
+   ``OpenAPISpecification``, ``PathItem``, ``Tag`` (``…openapi.specification``), and makes the spec object
+   from its JSON form as BentoML reads a spec file (``bentoml_cattr.structure``: :func:`openapi_spec`).
 2. ``server_context.service_type`` is ``"service"`` in the workers of a dependency (a runner) only: BentoML's
    worker (``_bentoml_impl.worker.service``) sets it so when its ``--service-name`` names a dependency.
 3. A failed API call is logged, with its traceback, to the logger :data:`API_ERROR_LOGGER` (``log_exception``).
@@ -39,6 +40,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import attrs
 from bentoml import server_context
 from bentoml._internal.service.openapi import APP_TAG, INFRA_TAG
 from bentoml._internal.service.openapi.specification import Contact, OpenAPISpecification, PathItem, Tag
@@ -47,6 +49,15 @@ __all__ = ["APP_TAG", "INFRA_TAG", "Contact", "OpenAPISpecification", "PathItem"
 
 API_ERROR_LOGGER = "bentoml._internal.server.http_app"
 WORKER_MODULE = "_bentoml_impl.worker"
+
+
+def openapi_spec(doc: dict[str, Any]) -> OpenAPISpecification:
+    """BentoML's spec object from its JSON form, as ``OpenAPISpecification.from_yaml_file`` makes it, but for its
+    components, kept as JSON (BentoML's class has no ``securitySchemes``)."""
+    from bentoml._internal.utils.cattr import bentoml_cattr
+
+    spec = bentoml_cattr.structure({**doc, "components": None}, OpenAPISpecification)
+    return attrs.evolve(spec, components=doc["components"])
 
 
 def in_dependency() -> bool:

@@ -10,7 +10,6 @@ import inspect
 import json
 from typing import Any, TypeVar
 
-import attrs
 import bentoml
 from pydantic.json_schema import models_json_schema
 
@@ -19,7 +18,7 @@ from fastinfer.catalog.config import Settings, get_settings
 from fastinfer.common.schemas import TOP_K_MAX, BackendsResponse, ErrorResponse
 
 # openapi_spec returns BentoML's own spec class: bento build yaml-dumps it by its type.
-from fastinfer.compat.bentoml import APP_TAG, INFRA_TAG, Contact, OpenAPISpecification, PathItem, Tag
+from fastinfer.compat.bentoml import APP_TAG, INFRA_TAG, OpenAPISpecification, openapi_spec
 from fastinfer.front import api_examples, api_page
 from fastinfer.front.access import ANALYZE_ROUTE
 from fastinfer.front.api_models import CacheStatsResponse, LiveStatsResponse
@@ -67,24 +66,11 @@ class DocumentedService(bentoml.Service[T]):
         key = (self, get_settings(), api_page.serving())
         if not _BUILT or any(a is not b for a, b in zip(_BUILT[0], key, strict=True)):
             spec = super().openapi_spec
-            _BUILT[:] = [key, rebuild(spec, extend_spec(json.loads(json.dumps(spec.asdict())), self))]
+            _BUILT[:] = [key, openapi_spec(extend_spec(json.loads(json.dumps(spec.asdict())), self))]
         return _BUILT[1]
 
 
 _BUILT: list[Any] = []  # [key, spec] of the last spec built
-
-
-def rebuild(spec: OpenAPISpecification, doc: dict[str, Any]) -> OpenAPISpecification:
-    """The spec object again, from its JSON form (operations stay plain dicts, as BentoML's own do)."""
-    contact = Contact(**doc["info"]["contact"]) if doc["info"].get("contact") else None
-    return attrs.evolve(
-        spec,
-        openapi=doc["openapi"],
-        info=attrs.evolve(spec.info, **{**doc["info"], "contact": contact}),
-        tags=[Tag(**tag) for tag in doc["tags"]],
-        paths={path: PathItem(**item) for path, item in doc["paths"].items()},
-        components=doc["components"],
-    )
 
 
 def extend_spec(doc: dict[str, Any], svc: bentoml.Service[Any]) -> dict[str, Any]:
