@@ -84,7 +84,7 @@ def validation_error(detail: list[dict[str, Any]]) -> dict[str, Any]:
     return error_body(code, "; ".join(parts))
 
 
-# The bodies of the front's own refusals, also the spec's examples of them (fastinfer/front/api_examples.py).
+# The bodies of the front's own refusals, also the spec's examples of them (fastinfer/front/openapi.py).
 def overloaded(max_concurrency: int, max_uploads: int) -> dict[str, Any]:
     return error_body(
         "overloaded",

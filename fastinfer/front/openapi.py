@@ -1,6 +1,10 @@
 """The OpenAPI spec (``/docs.json``, Swagger UI at ``/``): BentoML's, with FastInfer's additions (docs/api.md) merged
 over it by :func:`extend_spec` from the table :func:`operations`. :class:`DocumentedService` serves it;
 ``/schema.json`` stays BentoML's.
+
+FastInfer's texts and example answers are api_spec.json's: the answers were recorded from a real ``bentoml serve``
+(random-init weights: the labels mean nothing) and shortened; each error's body comes from the constructor the
+server answers with (:func:`errors`; tests/unit/test_spec_examples.py compares).
 """
 
 from __future__ import annotations
@@ -8,6 +12,7 @@ from __future__ import annotations
 import copy
 import inspect
 import json
+from pathlib import Path
 from typing import Any, TypeVar
 
 import bentoml
@@ -15,21 +20,27 @@ from pydantic.json_schema import models_json_schema
 
 from fastinfer.catalog.choice import default_choice
 from fastinfer.catalog.config import Settings, get_settings
+from fastinfer.common.errors import BackendUnavailable, ImageTooLarge, InvalidImage
 from fastinfer.common.schemas import TOP_K_MAX, BackendsResponse, ErrorResponse
 
 # openapi_spec returns BentoML's own spec class: bento build yaml-dumps it by its type.
 from fastinfer.compat.bentoml import APP_TAG, INFRA_TAG, OpenAPISpecification, openapi_spec
-from fastinfer.front import api_examples, api_page
-from fastinfer.front.access import ANALYZE_ROUTE
+from fastinfer.front import api_page, http, image_api
+from fastinfer.front.access import ANALYZE_ROUTE, NO_KEY, analyze_guard, rate_limited, unauthorized
+from fastinfer.front.analysis import GroqFailed, GroqTimeout, GroqUnavailable
 from fastinfer.front.api_models import CacheStatsResponse, LiveStatsResponse
-from fastinfer.front.image_api import RAW_TYPES
 from fastinfer.front.image_routes import BATCH_FIELD, ROUTES, ImageRoute
 from fastinfer.front.paths import is_open
+from fastinfer.serving.preprocess import NOT_AN_IMAGE
 
 T = TypeVar("T")
 REF = "#/components/schemas/{model}"
 DROP: Any = object()  # in the table: the key goes
-SPEC = api_examples.SPEC  # FastInfer's texts: tags, each error, the GET routes, BentoML's probes and /metrics
+BASE_URL = "http://127.0.0.1:3000"
+# FastInfer's texts (tags, each error, the GET routes, BentoML's probes and /metrics) and example answers.
+SPEC: dict[str, Any] = json.loads(Path(__file__).with_name("api_spec.json").read_text(encoding="utf-8"))
+ANSWERS: dict[str, Any] = SPEC["answers"]  # route → the answer its 200 carries (an image route: /classify's)
+ANALYZE_REQUEST: dict[str, Any] = SPEC["analyze_request"]
 TEXTS: dict[str, str] = SPEC["texts"]
 STATUS_TAG = "Status"
 # BentoML's two tags keep their names (its operations name them), with what they hold here.
@@ -39,8 +50,66 @@ SECURITY_SCHEME = {"type": "http", "scheme": "bearer", "description": TEXTS["api
 STATUS_ROUTES = {"/backends": BackendsResponse, "/cache/stats": CacheStatsResponse, "/stats/live": LiveStatsResponse}
 
 
+# The store tags of the models that answered (the batch-1 model for CoreML), for routes with a fixed backend.
+MODELS = {r["backend"]: r["model"] for r in ANSWERS["/compare"]["results"]} | dict.fromkeys(
+    ("coreml", "coreml-batched"), "resnet50-coreml-b1:2svviehoxoptuax4"
+)
+
+
+def example_answer(route: str, backend: str | None = None) -> dict[str, Any]:
+    """The example answer of a JSON API; an image route with a fixed ``backend`` answers as /classify."""
+    if route in ANSWERS:
+        return ANSWERS[route]
+    classify = ANSWERS["/classify"]
+    return {**classify, "backend": backend, "model": MODELS[backend]} if backend in MODELS else classify
+
+
+def curl(route: str, method: str, key: bool) -> str:
+    """A working curl command for one operation (``key``: the server needs an API key). A POST's arguments are
+    api_spec.json's ``curl``: /predict's for each /predict route (the original API's field ``file``)."""
+    auth = ' -H "Authorization: Bearer $FASTINFER_API_KEY"' if key else ""
+    args = "" if method == "get" else SPEC["curl"].get(route, SPEC["curl"]["/predict"])
+    return " ".join(part for part in ("curl" + auth, args, BASE_URL + route) if part)
+
+
+def error_bodies(settings: Settings) -> dict[tuple[str, str], dict[str, Any]]:
+    """(status, case) → the body the server answers, from the constructor it answers with. Messages written
+    in place elsewhere are copied here; tests/unit/test_spec_examples.py compares."""
+    limit = settings.max_batch_images
+    batch = next(route for route in ROUTES.values() if route.kind == "batch")
+    return {
+        ("400", "invalid_field"): http.validation_error(
+            [{"loc": ["question"], "msg": "String should have at most 500 characters"}]
+        ),
+        ("400", "invalid_image"): InvalidImage(NOT_AN_IMAGE).body(),
+        ("400", "too_many_images"): image_api.too_many_images(limit + 1, limit).body(),
+        ("401", "no_key"): unauthorized(NO_KEY).body,
+        ("408", "slow_body"): http.slow_body(settings.body_idle_s, settings.request_timeout_s),
+        ("413", "too_large"): http.too_large(25_000_000, settings.max_bytes),
+        ("413", "get_body"): http.no_body("GET", "/backends"),
+        ("413", "image_too_large"): ImageTooLarge(
+            f"The image holds a picture of 120,000,000 pixels; the limit is {settings.max_pixels:,} "
+            "(FASTINFER_MAX_PIXELS). It was not decoded."
+        ).body(),
+        ("415", "unsupported"): image_api.unsupported("text/csv", ROUTES["/classify"]).body(),
+        ("415", "unsupported_batch"): image_api.unsupported("text/csv", batch).body(),
+        ("429", "overloaded"): http.overloaded(settings.max_concurrency, settings.max_uploads),
+        ("429", "rate_limited"): rate_limited(analyze_guard(settings), ANALYZE_ROUTE, 42).body,
+        ("500", "failed"): http.normalise_error(500, b""),  # BentoML's 500, reshaped
+        ("500", "image_failed"): image_api.FAILED,
+        ("502", "groq_failed"): GroqFailed("Groq answered HTTP 500; try again later.").body(),
+        ("503", "unavailable"): http.UNAVAILABLE,
+        ("503", "backend_unavailable"): BackendUnavailable(ANSWERS["/backends"]["backends"][1]["reason"]).body(),
+        ("503", "groq_unavailable"): GroqUnavailable(
+            "AI analysis is off: set GROQ_API_KEY or GROQ_API_KEY_FILE (and restart the service) to enable it."
+        ).body(),
+        ("504", "timeout"): http.timed_out(settings.request_timeout_s),
+        ("504", "groq_timeout"): GroqTimeout(f"Groq did not answer within {settings.groq.timeout_s:g} s.").body(),
+    }
+
+
 def error_cases(max_images: int) -> dict[str, tuple[str, str]]:
-    """case → (status, description): every error a route documents; its body is api_examples.errors' case."""
+    """case → (status, description): every error a route documents; its body is error_bodies' case."""
     return {
         case: (status, said.format(max_images=max_images, top_k_max=TOP_K_MAX))
         for case, (status, said) in SPEC["errors"].items()
@@ -116,7 +185,7 @@ def binary_files(node: Any) -> Any:
 
 def operations(settings: Settings, svc: bentoml.Service[Any]) -> dict[str, dict[str, Any]]:
     """path → method → what FastInfer says of the operation beyond BentoML: the table :func:`extend_spec` merges."""
-    cases, examples = error_cases(settings.max_batch_images), api_examples.errors(settings)
+    cases, examples = error_cases(settings.max_batch_images), error_bodies(settings)
     table: dict[str, dict[str, Any]] = {}
 
     def add(path: str, method: str, description: str, errors: tuple[str, ...] = (), **more: Any) -> None:
@@ -124,7 +193,7 @@ def operations(settings: Settings, svc: bentoml.Service[Any]) -> dict[str, dict[
         example = (
             "Open [the dashboard](./dashboard/) in a browser."
             if path == "/dashboard/"
-            else f"```bash\n{api_examples.curl(path, method, locked)}\n```"
+            else f"```bash\n{curl(path, method, locked)}\n```"
         )
         responses = dict(more.pop("responses", {}))
         for case in (*errors, *(("no_key",) if locked else ())):
@@ -148,8 +217,8 @@ def operations(settings: Settings, svc: bentoml.Service[Any]) -> dict[str, dict[
             text += "\n\n" + TEXTS["batch"].format(field=BATCH_FIELD, max_images=settings.max_batch_images)
         if api.route == ANALYZE_ROUTE:
             errors = ANALYZE_ERRORS
-            more["requestBody"] = {"content": {"application/json": {"example": api_examples.ANALYZE_REQUEST}}}
-        answer = api_examples.answer(api.route, route.backend if route is not None else None)
+            more["requestBody"] = {"content": {"application/json": {"example": ANALYZE_REQUEST}}}
+        answer = example_answer(api.route, route.backend if route is not None else None)
         ok = {"200": {"content": {"application/json": {"example": answer}}}}
         if route is not None and route.kind == "batch":
             ok["200"]["description"] = TEXTS["batch_ok"]
@@ -158,7 +227,7 @@ def operations(settings: Settings, svc: bentoml.Service[Any]) -> dict[str, dict[
         add(api.route, "post", text.strip(), errors, summary=first_sentence(api.doc) or api.name, responses=responses)
         table[api.route]["post"] |= more
     for path, model in STATUS_ROUTES.items():
-        body = {"schema": {"$ref": REF.format(model=model.__name__)}, "example": api_examples.answer(path)}
+        body = {"schema": {"$ref": REF.format(model=model.__name__)}, "example": example_answer(path)}
         ok = {"200": {"description": "Successful Response", "content": {"application/json": body}}}
         summary, description = SPEC["status_routes"][path]
         operation_id = f"{svc.name}__{path.strip('/').replace('/', '_')}"
@@ -189,7 +258,7 @@ def image_inputs(api: Any, route: ImageRoute) -> dict[str, Any]:
         raw = {"schema": {"type": "string", "format": "binary", "description": TEXTS["raw_image"]}}
         form.setdefault("schema", {})["description"] = TEXTS["image_form"]
         inputs["requestBody"] |= {"required": True, "description": TEXTS["image_body"]}
-        inputs["requestBody"]["content"] |= {t + "*" if t.endswith("/") else t: raw for t in RAW_TYPES}
+        inputs["requestBody"]["content"] |= {t + "*" if t.endswith("/") else t: raw for t in image_api.RAW_TYPES}
     return inputs
 
 

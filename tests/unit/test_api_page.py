@@ -1,4 +1,4 @@
-"""The API page speaks FastInfer (fastinfer/front/api_page.py, fastinfer/front/api_examples.py): info, examples,
+"""The API page speaks FastInfer (fastinfer/front/api_page.py, fastinfer/front/openapi.py): info, examples,
 the page at ``/``. Checked on service.py's service in process; tests/integration/test_api_page.py checks a
 real server's."""
 
@@ -19,7 +19,7 @@ from fastinfer.catalog.backends import SPECS
 from fastinfer.catalog.config import _contact, get_settings
 from fastinfer.common import hardware
 from fastinfer.common.schemas import AnalyzeResponse, BackendsResponse, BatchResponse, ClassifyResponse, CompareResponse
-from fastinfer.front import api_examples, api_page
+from fastinfer.front import api_page, openapi
 from fastinfer.front.api_inputs import AnalyzeInput
 from fastinfer.front.api_models import CacheStatsResponse, LiveStatsResponse
 from fastinfer.front.image_routes import ROUTES
@@ -134,14 +134,14 @@ def test_the_page_names_every_backend_in_order_and_every_route() -> None:
 
 
 EXAMPLE_MODELS: list[tuple[str, Any, type[BaseModel]]] = [
-    ("CLASSIFY", api_examples.ANSWERS["/classify"], ClassifyResponse),
-    ("BATCH", api_examples.ANSWERS["/classify/batch"], BatchResponse),
-    ("COMPARE", api_examples.ANSWERS["/compare"], CompareResponse),
-    ("ANALYZE", api_examples.ANSWERS["/analyze"], AnalyzeResponse),
-    ("ANALYZE_REQUEST", api_examples.ANALYZE_REQUEST, AnalyzeInput),
-    ("BACKENDS", api_examples.ANSWERS["/backends"], BackendsResponse),
-    ("CACHE_STATS", api_examples.ANSWERS["/cache/stats"], CacheStatsResponse),
-    ("LIVE_STATS", api_examples.ANSWERS["/stats/live"], LiveStatsResponse),
+    ("CLASSIFY", openapi.ANSWERS["/classify"], ClassifyResponse),
+    ("BATCH", openapi.ANSWERS["/classify/batch"], BatchResponse),
+    ("COMPARE", openapi.ANSWERS["/compare"], CompareResponse),
+    ("ANALYZE", openapi.ANSWERS["/analyze"], AnalyzeResponse),
+    ("ANALYZE_REQUEST", openapi.ANALYZE_REQUEST, AnalyzeInput),
+    ("BACKENDS", openapi.ANSWERS["/backends"], BackendsResponse),
+    ("CACHE_STATS", openapi.ANSWERS["/cache/stats"], CacheStatsResponse),
+    ("LIVE_STATS", openapi.ANSWERS["/stats/live"], LiveStatsResponse),
 ]
 
 
@@ -156,7 +156,7 @@ def test_the_backends_example_shows_every_field_and_setting_a_server_answers(mon
     """GET /backends' example is hand-written: it must not fall behind what a real answer carries."""
     from fastinfer.catalog import choice
 
-    backends = api_examples.ANSWERS["/backends"]
+    backends = openapi.ANSWERS["/backends"]
     assert set(backends) == set(BackendsResponse.model_fields)
     settings = settings_with(monkeypatch, *(n for n in os.environ if n.startswith("FASTINFER_")))
     shown = choice.configuration(settings, choice.default_choice())
@@ -165,7 +165,7 @@ def test_the_backends_example_shows_every_field_and_setting_a_server_answers(mon
 
 def test_examples_sit_where_swagger_shows_them(spec: dict[str, Any]) -> None:  # noqa: F811
     classify = spec["paths"]["/classify"]["post"]
-    assert classify["responses"]["200"]["content"]["application/json"]["example"] == api_examples.ANSWERS["/classify"]
+    assert classify["responses"]["200"]["content"]["application/json"]["example"] == openapi.ANSWERS["/classify"]
     assert (
         "curl -F image=@cat.jpg -F backend=onnx-int8 -F top_k=3 http://127.0.0.1:3000/classify"
         in (classify["description"])
@@ -173,9 +173,9 @@ def test_examples_sit_where_swagger_shows_them(spec: dict[str, Any]) -> None:  #
     onnx = spec["paths"]["/predict/onnx"]["post"]["responses"]["200"]["content"]["application/json"]["example"]
     assert onnx["backend"] == "onnx" and onnx["model"].startswith("resnet50-onnx:")
     analyze = spec["paths"]["/analyze"]["post"]
-    assert analyze["requestBody"]["content"]["application/json"]["example"] == api_examples.ANALYZE_REQUEST
+    assert analyze["requestBody"]["content"]["application/json"]["example"] == openapi.ANALYZE_REQUEST
     backends = spec["paths"]["/backends"]["get"]
-    assert backends["responses"]["200"]["content"]["application/json"]["example"] == api_examples.ANSWERS["/backends"]
+    assert backends["responses"]["200"]["content"]["application/json"]["example"] == openapi.ANSWERS["/backends"]
 
 
 def test_original_routes_say_what_they_are(spec: dict[str, Any]) -> None:  # noqa: F811
@@ -228,7 +228,7 @@ def documented_codes() -> set[str]:
 
     codes = {cls.code for cls in subclasses(errors.ApiError)}
     codes |= set(http._STATUS_CODES.values()) | set(http._FIELD_CODES.values())
-    codes |= {body["error"]["code"] for body in api_examples.errors(get_settings()).values()}  # the documented
+    codes |= {body["error"]["code"] for body in openapi.error_bodies(get_settings()).values()}  # the documented
     root = Path(__file__).resolve().parents[2]
     for path in [*(root / "fastinfer").rglob("*.py"), *(root / "runners").rglob("*.py"), root / "service.py"]:
         codes |= set(re.findall(r'(?:code=|error_body\()\s*"([a-z_]+)"', path.read_text()))

@@ -1,4 +1,4 @@
-"""Every error example in the spec is what the server answers in that case (fastinfer/front/api_examples.py errors).
+"""Every error example in the spec is what the server answers in that case (fastinfer/front/openapi.py errors).
 
 Each case is sent, in process, to a server wired as service.py wires it: FrontMiddleware with the options service.py
 gives it (fastinfer/front/http.py front_options: limits, access check, image lanes over a real pipeline with a
@@ -33,7 +33,7 @@ from fastinfer.catalog import backends, holdings
 from fastinfer.catalog.config import GroqConfig, Settings, get_settings
 from fastinfer.common import hardware
 from fastinfer.common.schemas import AnalyzeResponse
-from fastinfer.front import analysis, api_examples, api_page, http, image_api, openapi
+from fastinfer.front import analysis, api_page, http, image_api, openapi
 from fastinfer.front.access import ANALYZE_ROUTE, GUARDED, NO_KEY, analyze_guard, rate_limited, unauthorized
 from fastinfer.front.api_inputs import AnalyzeInput
 from fastinfer.front.http import FrontMiddleware, front_options
@@ -47,7 +47,7 @@ from tests.fake_groq import FakeGroq
 from tests.unit.test_family_serving import info
 
 KEY = "example-key-0123456789"
-RATE_LIMITED_WAIT_S = 42  # the rate_limited example's wait (api_examples.errors)
+RATE_LIMITED_WAIT_S = 42  # the rate_limited example's wait (openapi.errors)
 DOCUMENTED_HEADERS = ("retry-after", "www-authenticate")  # compared on every case: sent where documented only
 GROQ_CONFIG: ContextVar[GroqConfig] = ContextVar("groq_config")  # the /analyze handler's Groq, set by server()
 
@@ -275,7 +275,7 @@ def descriptions() -> dict[tuple[str, str], set[str]]:
 
 
 def test_every_example_has_a_case_and_every_documented_case_an_example(settings: Settings) -> None:
-    assert set(SENDS) == set(api_examples.errors(settings)) == set(descriptions())
+    assert set(SENDS) == set(openapi.error_bodies(settings)) == set(descriptions())
 
 
 def test_the_headers_compared_are_the_documented_ones(settings: Settings) -> None:
@@ -305,7 +305,7 @@ def test_the_example_is_what_the_server_answers(
 
     response = asyncio.run(sent())
     headers = {name: response.headers[name] for name in DOCUMENTED_HEADERS if name in response.headers}
-    expected = api_examples.errors(settings)[status, case], documented_headers(settings).get((status, case), {})
+    expected = openapi.error_bodies(settings)[status, case], documented_headers(settings).get((status, case), {})
     assert (str(response.status_code), response.json(), headers) == (status, *expected)
 
 
@@ -325,14 +325,14 @@ def test_a_call_refused_as_it_spends_is_answered_as_the_front_refuses_it(setting
     assert (ctx.response.status_code, answered.status_code, json.loads(answered.body), headers) == (
         429,
         429,
-        api_examples.errors(settings)["429", "rate_limited"],
+        openapi.error_bodies(settings)["429", "rate_limited"],
         documented_headers(settings)["429", "rate_limited"],
     )
 
 
 def test_the_pages_error_example_is_one_the_server_answers(settings: Settings) -> None:
     shown = re.search(r"```json\n(\{\"error\".*\})\n```", api_page.PAGE_TEXT)
-    assert shown is not None and json.loads(shown.group(1)) in api_examples.errors(settings).values()
+    assert shown is not None and json.loads(shown.group(1)) in openapi.error_bodies(settings).values()
 
 
 def test_service_is_wired_by_the_functions_this_test_serves() -> None:
