@@ -1,24 +1,7 @@
-"""docs/dashboard.png, README's picture of the dashboard, and when the browser test retakes it.
-
-The picture records, in a PNG text chunk, a SHA-256 over the dashboard's sources: the files git tracks
-under dashboard/ (``git ls-files``), sorted by name, name and bytes both hashed, with CRLF read as LF.
-So an editor's swap file, .DS_Store, __pycache__ or a CRLF checkout does not make the picture stale; a
-NEW file in dashboard/ does not count either until it is ``git add``-ed (acceptable: the test that
-sees the page is run again before the commit that adds it). Where git is missing or dashboard/ is not
-in a git checkout (or git tracks nothing there), every file under it counts instead, except names
-starting with "." and __pycache__ directories.
-
-tests/e2e/test_dashboard.py screenshots the page anyway; what it does with README's picture is
-``decide()``'s answer:
-
-- KEEP: the recorded hash is the sources' hash (the picture is current);
-- RETAKE: the picture is stale (the sources changed, it is missing or records no hash) outside CI, or
-  FASTINFER_RETAKE_DASHBOARD_PICTURE=1 asks for it (in CI too: an explicit request); the screenshot is
-  written to docs/dashboard.png with a warning that it must be committed;
-- FAIL: the picture is stale in CI (the environment variable CI is set, not empty): a throwaway clone
-  would retake it silently, so the test fails and says how to retake it locally.
-
-No browser here: tests/unit/test_dashboard_picture.py tests this module alone.
+"""docs/dashboard.png, README's picture of the dashboard, and when the browser test retakes it (:func:`decide`):
+keep it while it records the current hash of dashboard/'s sources, retake it when stale (or asked to), fail when
+stale in CI. docs/architecture.md ("The dashboard picture") says which files count and why. No browser here:
+tests/unit/test_dashboard_picture.py tests this module alone.
 """
 
 from __future__ import annotations

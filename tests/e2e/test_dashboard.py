@@ -1,12 +1,8 @@
 """The dashboard in a real browser: Debian's Chromium driven by Playwright (no browser download).
 
-Upload a photo, see top-5 and timings, switch backend, compare all, press Analyze against the
-fake Groq and see its text, all under the page's Content-Security-Policy with no console error; values
-the server sends that hold markup are shown as text, never run. The screenshot is written to
-test-artifacts/dashboard.png, and to docs/dashboard.png (README's picture) when dashboard/ changed
-since that was taken, or when FASTINFER_RETAKE_DASHBOARD_PICTURE=1 asks for it; in CI (CI set) a
-stale picture fails the test instead, unless FASTINFER_RETAKE_DASHBOARD_PICTURE=1
-(tests/e2e/dashboard_picture.py).
+Upload a photo, see top-5 and timings, switch backend, compare all, press Analyze against the fake Groq and see
+its text, all under the page's Content-Security-Policy with no console error; values the server sends that hold
+markup are shown as text, never run. The screenshot also keeps README's picture current (dashboard_picture.py).
 """
 
 from __future__ import annotations
