@@ -248,20 +248,16 @@ def test_spec_object_serves_and_dumps_as_bentoml_expects() -> None:
     assert yaml.safe_load(yaml.dump(spec)) == as_json(spec)
 
 
-def test_python_client_still_sees_the_typed_apis() -> None:
-    """bentoml.SyncHTTPClient reads /schema.json, which lists the typed APIs only (BentoML's, unchanged)."""
+def test_served_spec_and_the_python_client() -> None:
+    """In the running app /docs.json is the full spec, and bentoml.SyncHTTPClient reads /schema.json, which lists
+    the typed APIs only (BentoML's, unchanged): it finds them and nothing else."""
+    from _bentoml_impl.client.http import SyncHTTPClient  # bentoml.SyncHTTPClient's base, which takes an app
+
     routes = {route["name"]: route["route"] for route in service().schema()["routes"]}
     assert routes == {"analyze": "/analyze"} | {route.name: path for path, route in ROUTES.items()}
     assert service().schema() == bentoml.Service.schema(service())
-
-
-def test_served_spec_and_the_python_client() -> None:
-    """In the running app /docs.json is the full spec, and bentoml.SyncHTTPClient (which reads /schema.json) finds
-    the typed APIs and nothing else."""
-    from _bentoml_impl.client.http import SyncHTTPClient  # bentoml.SyncHTTPClient's base, which takes an app
-
     with SyncHTTPClient("http://fastinfer.test", app=service().to_asgi()) as client:
-        assert set(client.endpoints) == {"analyze"} | {route.name for route in ROUTES.values()}
+        assert set(client.endpoints) == set(routes)
         docs = client.client.get("/docs.json")
         assert docs.status_code == 200
         assert docs.json() == as_json(service().openapi_spec)
