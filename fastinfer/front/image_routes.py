@@ -57,11 +57,8 @@ class ImageRoute:
 
     @property
     def input_spec(self) -> type[bentoml.IODescriptor]:
-        if self.kind == "batch":
-            return BatchInput
-        if self.kind == "compare":
-            return CompareInput
-        return ClassifyInput if self.backend is None else ImageInput
+        one = ClassifyInput if self.backend is None else ImageInput
+        return {"one": one, "batch": BatchInput, "compare": CompareInput}[self.kind]
 
     @property
     def answer_type(self) -> type[BaseModel]:
