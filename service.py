@@ -155,12 +155,9 @@ class FastInfer:
         return all([await core.__is_ready__() for core in self.in_front.values()])
 
     @bentoml.on_startup
-    async def _learn_engines(self) -> None:
-        # In the background (runners may still be loading): then a cache hit needs no runner call.
+    async def _start(self) -> None:
+        # The engines learnt in the background (runners may still be loading): then a cache hit needs no runner call.
         self._learning = asyncio.create_task(self.runner_calls.learn_engines())  # kept: a task nobody holds may vanish
-
-    @bentoml.on_startup
-    async def _open_cache(self) -> None:
         self.pipeline.cache = await open_cache(
             settings.cache,
             settings.redis_url,

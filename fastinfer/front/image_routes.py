@@ -135,12 +135,11 @@ async def run(
     images: Sequence[Image],
     backend: str,
     k: int | None,
-    use: CacheUse = CacheUse(),
-    started: float | None = None,
+    use: CacheUse,
+    started: float,
 ) -> dict[str, Any]:
     """What a route answers for these images, as JSON; ApiError for what cannot be. ``k``: the classes to
     rank (None: the default); ``started``: when the request began (time.perf_counter), for /compare's total."""
-    started = time.perf_counter() if started is None else started
     if route.kind == "compare":  # never from the cache, never into it
         results, skipped = await pipeline.compare(images[0], k, pipeline.backends)
         return summarise(results, skipped, started)
@@ -177,7 +176,7 @@ def _api(route: ImageRoute) -> Any:
             raise TypeError(f"{route.name}(): {images.name} is a list of paths, not {type(paths).__name__}")
         sent = [Image(Path(path).read_bytes(), Path(path).name if route.kind == "batch" else "") for path in paths]
         pipeline = inputs["self"].pipeline
-        body = await run(pipeline, route, sent, inputs.get("backend", ""), inputs["top_k"], started=started)
+        body = await run(pipeline, route, sent, inputs.get("backend", ""), inputs["top_k"], CacheUse(), started)
         return route.answer_type.model_validate(body)
 
     api.__signature__ = signature  # type: ignore[attr-defined]
