@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.stats import beta
 
 from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.measure.photos import UnusablePhoto, photo_pixels
@@ -180,22 +181,14 @@ def ranked(logits: np.ndarray, k: int = TOP_K) -> np.ndarray:
     return np.argsort(-logits, axis=1, kind="stable")[:, : min(k, logits.shape[1])]
 
 
-def topk_hits(best: Sequence[Sequence[int]] | np.ndarray, targets: Sequence[int] | np.ndarray, k: int) -> np.ndarray:
-    """Per image, whether its target is among the first ``k`` of its ranked classes ``best``."""
-    if len(best) != len(targets):
-        raise ValueError(f"{len(best)} ranked answers for {len(targets)} targets")
-    return np.array([int(t) in [int(c) for c in b[:k]] for b, t in zip(best, targets, strict=True)], dtype=bool)
-
-
 def ranked_accuracy(best: Sequence[Sequence[int]] | np.ndarray, targets: Sequence[int] | np.ndarray) -> Accuracy:
-    """Top-1 and top-5 accuracy from each image's best classes against its class index."""
+    """Top-1 and top-5 accuracy from each image's best classes, best first, against its class index."""
     if len(targets) == 0:
         raise ValueError("no images to measure accuracy on")
-    return Accuracy(
-        images=len(targets),
-        top1=float(np.mean(topk_hits(best, targets, 1))),
-        top5=float(np.mean(topk_hits(best, targets, TOP_K))),
-    )
+    if len(best) != len(targets):
+        raise ValueError(f"{len(best)} ranked answers for {len(targets)} targets")
+    top1, top5 = ([int(t) in [int(c) for c in b[:k]] for b, t in zip(best, targets, strict=True)] for k in (1, TOP_K))
+    return Accuracy(len(targets), float(np.mean(top1)), float(np.mean(top5)))
 
 
 def accuracy(logits: np.ndarray, targets: Sequence[int] | np.ndarray) -> Accuracy:
@@ -223,36 +216,13 @@ INTERVAL_METHOD = (
 )
 
 
-def binomial_cdf(x: int, n: int, p: float) -> float:
-    """P(X <= x) for X ~ Binomial(n, p), summed in log space (no overflow at thousands of photos)."""
-    if x < 0:
-        return 0.0
-    if x >= n or p <= 0.0:
-        return 1.0
-    if p >= 1.0:
-        return 0.0
-    k = np.arange(1, x + 1)
-    log_comb = np.concatenate([[0.0], np.cumsum(np.log(n - k + 1) - np.log(k))])  # log C(n, 0..x)
-    terms = log_comb + np.arange(x + 1) * math.log(p) + (n - np.arange(x + 1)) * math.log1p(-p)
-    top = terms.max()
-    return float(min(1.0, math.exp(top) * np.exp(terms - top).sum()))
-
-
 def clopper_pearson(x: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """The exact two-sided interval of a binomial proportion seen as ``x`` of ``n`` (bisection on the CDF)."""
+    """The exact two-sided interval of a binomial proportion seen as ``x`` of ``n``: beta quantiles."""
     if not 0 <= x <= n or n <= 0:
         raise ValueError(f"{x} successes of {n} trials")
     tail = (1 - confidence) / 2
-
-    def solve(f: Callable[[float], float]) -> float:  # f increasing in p, f(p) = 0 somewhere in (0, 1)
-        lo, hi = 0.0, 1.0
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if f(mid) < 0 else (lo, mid)
-        return (lo + hi) / 2
-
-    low = 0.0 if x == 0 else solve(lambda p: (1 - binomial_cdf(x - 1, n, p)) - tail)
-    high = 1.0 if x == n else solve(lambda p: tail - binomial_cdf(x, n, p))
+    low = 0.0 if x == 0 else float(beta.ppf(tail, x, n - x + 1))
+    high = 1.0 if x == n else float(beta.ppf(1 - tail, x + 1, n - x))
     return low, high
 
 

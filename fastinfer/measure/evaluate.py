@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.stats import binomtest
 
 from fastinfer.catalog import choice, holdings, store
 from fastinfer.catalog.backends import SPECS, open_engine
@@ -39,7 +40,6 @@ WARMUP_S = 1.0  # load before the timed window: connections opened, the server's
 SPEED_PHOTOS = 64  # the most photos whose bodies are held in memory for the served speed, spread over the folder
 LIMIT_KEY = "max_accuracy_drop_pp"  # where a build with --eval-dir records its limit (each model's accuracy metadata)
 UNTIMED = "not measured (--seconds 0)"
-Z95 = 1.959964  # the normal quantile of 97.5%: a two-sided 95% interval
 HTTP_TIMEOUT_S = 120
 # A server's answers about the file itself (a proxy may answer 413/415 without our body): the photo is skipped.
 # Any other failure is the server's, and the backend is not measured.
@@ -140,14 +140,10 @@ class Speed:
     note: str = ""
 
 
-def wilson(hits: float, n: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval (95% by default) of ``hits`` of ``n``: inside 0..1, never a point at 0% or 100%."""
-    if n <= 0:
-        raise ValueError(f"{hits} of {n}")
-    p, z2 = hits / n, z * z
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
-    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))  # p inside, whatever the rounding
+def wilson(hits: int, n: int) -> tuple[float, float]:
+    """The Wilson score 95% interval of ``hits`` of ``n``: inside 0..1, never a point at 0% or 100%."""
+    ci = binomtest(hits, n).proportion_ci(0.95, method="wilson")
+    return ci.low, ci.high
 
 
 def pareto_front(points: Mapping[str, tuple[float, float]]) -> list[str]:
