@@ -1,7 +1,7 @@
 """``--eval-dir``: every backend the build makes or keeps, measured on the user's labelled photos beside PyTorch's,
-and the INT8/BF16 models shown to lose more than ``--max-accuracy-drop`` refused (:func:`judge`; docs/backends.md,
-"The accuracy gate"). The build calls :meth:`~AccuracyGate.check` on an export before storing it,
-:meth:`~AccuracyGate.report_stored` on a model kept (reported only: it is immutable), :meth:`~AccuracyGate.finish` last.
+and the INT8/BF16 models shown to lose more than ``--max-accuracy-drop`` refused (docs/backends.md, "The accuracy
+gate"). The build calls :meth:`~AccuracyGate.check` before storing an export, :meth:`~AccuracyGate.report_stored` on
+a model kept, :meth:`~AccuracyGate.finish` last.
 """
 
 from __future__ import annotations
@@ -82,11 +82,6 @@ def max_drop(text: str | None) -> float:
     return value
 
 
-def served_backend(artifact: str, batch: int | None) -> str:
-    """The backend whose engine runs ``artifact``'s model at ``batch`` (the store name's suffix) as served."""
-    return next(s.name for s in SPECS.values() if s.artifact == artifact and batch in s.static_batches)
-
-
 def open_served(backend: str, dirs: Mapping[int | None, str | Path]) -> Engine:
     """The engine as a server runs it, on model files outside the store (so no compiled-model cache)."""
     overrides = {"cache_dir": None} if "cache_dir" in SPECS[backend].options() else {}
@@ -104,11 +99,6 @@ class Measured:
 
     def row(self, name: str, reference: Accuracy, **kw: Any) -> Row:
         return Row.of(name, self.precision, self.result, reference, paired=self.pairs, **kw)
-
-
-def default_json(family: str) -> Path:
-    """Where a family's accuracy table goes without ``--out``."""
-    return accuracy.artifacts_folder(family) / "accuracy.json"
 
 
 @dataclass
@@ -149,7 +139,7 @@ class AccuracyGate:
 
         logits = accuracy.run("accuracy: PyTorch reference", model, images.pixels, ticker)
         reference = accuracy.accuracy(logits, images.targets)
-        json_path = default_json(ctx.family) if json_path is None else json_path
+        json_path = accuracy.artifacts_folder(ctx.family) / "accuracy.json" if json_path is None else json_path
         gate = cls(
             images,
             reference,
@@ -168,8 +158,9 @@ class AccuracyGate:
 
     def _measure(self, name: str, artifact: str, batch: int | None, path: str | Path) -> Measured | str:
         """What the model answers on the photos, or why it cannot run here."""
-        backend = served_backend(artifact, batch)
-        spec = SPECS[backend]
+        # The backend whose engine runs this model at ``batch`` (the store name's suffix), as served.
+        spec = next(s for s in SPECS.values() if s.artifact == artifact and batch in s.static_batches)
+        backend = spec.name
         if (cannot := spec.platform()) is not None:
             return cannot
         try:

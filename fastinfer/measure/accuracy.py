@@ -254,10 +254,6 @@ class Paired:
         """The share of photos whose top-1 answer is the reference's."""
         return 1 - self.changed / self.images
 
-    def settled(self, limit_pp: float) -> bool:
-        """Whether the 95% interval lies wholly on one side of ``limit_pp``."""
-        return self.drop_low_pp > limit_pp or self.drop_high_pp <= limit_pp
-
     def photos_to_settle(self, limit_pp: float) -> int | None:
         """The fewest photos that, at the rates seen here, put the drop's exact interval wholly on one side of
         ``limit_pp`` (SETTLE_SEARCHED + 1: more than were searched); None when no number would (the drop is the
@@ -378,7 +374,7 @@ class Row:
     paired: Paired | None = None  # against the reference, photo by photo: the drop's interval and the agreement
 
     @classmethod
-    def of(cls, backend: str, precision: str, result: Accuracy, reference: Accuracy | None, **kw: Any) -> Row:
+    def of(cls, backend: str, precision: str, result: Accuracy, reference: Accuracy | None = None, **kw: Any) -> Row:
         drop = None if reference is None else top1_drop_pp(reference.top1, result.top1)
         return cls(backend, precision, result.images, result.top1, result.top5, drop, **kw)
 

@@ -51,18 +51,14 @@ class EvaluateError(RuntimeError):
     """What stops an evaluation as a whole (no such family, no server at the URL): one line."""
 
 
-def _named(name: str, by_option: bool) -> str:
-    """How the user named the family: ``--model NAME`` or ``FASTINFER_MODEL=NAME``."""
-    return f"--model {name}" if by_option else f"{store.FAMILY_ENV}={name}"
-
-
 def family_info(name: str, by_option: bool = False) -> StoredModelInfo:
     """Labels and preprocessing of a family, from one of the stored models a server would serve (PyTorch's first)."""
     import bentoml
 
     names = holdings.held().get(name, [])
-    if not names:
-        raise EvaluateError(str(holdings.missing_reason(name, "evaluate", lambda n: _named(n, by_option))))
+    if not names:  # said as the user named it: --model NAME or FASTINFER_MODEL=NAME
+        named = (lambda n: f"--model {n}") if by_option else (lambda n: f"{store.FAMILY_ENV}={n}")
+        raise EvaluateError(str(holdings.missing_reason(name, "evaluate", named)))
     apart = holdings.apart_now(name)  # of another source than the family's newest model: not the family's labels
     served = [n for n in names if n not in apart] or names
     for stored in sorted(served, key=lambda n: n != store.model_name(REFERENCE_BACKEND, family_name=name)):
@@ -85,23 +81,20 @@ def chosen_backends(asked: str | None, known: Sequence[str]) -> list[str] | None
     return names
 
 
-def with_reference(report: Report, reference: str) -> Report:
-    """Each measured row's top-1 drop against the PyTorch row's, when PyTorch was measured."""
-    ref = next((r for r in report.rows if r.backend == REFERENCE_BACKEND and r.top1 is not None), None)
-    for row in report.rows:
-        if ref is not None and ref.top1 is not None and row.top1 is not None:
-            row.drop_pp = accuracy.top1_drop_pp(ref.top1, row.top1)
-    report.reference = reference if ref else f"none: {REFERENCE_BACKEND} was not measured"
-    return report
-
-
-def with_pairs(report: Report, top1: Mapping[str, Mapping[str, tuple[str | None, str]]]) -> Report:
-    """Each measured row's top-1 answers paired with PyTorch's on the photos both answered: the drop's 95% interval
-    and the answers changed, as the build's gate reports them."""
+def against_reference(
+    report: Report, reference: str, top1: Mapping[str, Mapping[str, tuple[str | None, str]]]
+) -> Report:
+    """Each measured row's top-1 drop against PyTorch's, when PyTorch was measured, and its top-1 answers (by photo:
+    answer and truth) paired with PyTorch's on the photos both answered: the drop's 95% interval and the answers
+    changed, as the build's gate reports them."""
     ref = top1.get(REFERENCE_BACKEND)
+    ref_row = next((r for r in report.rows if r.backend == REFERENCE_BACKEND and r.top1 is not None), None)
+    report.reference = reference if ref_row else f"none: {REFERENCE_BACKEND} was not measured"
     labels = sorted({x for answers in top1.values() for pair in answers.values() for x in pair if x is not None})
     code = {label: i for i, label in enumerate(labels)}  # an answer of no known label: -1
     for row in report.rows:
+        if ref_row is not None and ref_row.top1 is not None and row.top1 is not None:
+            row.drop_pp = accuracy.top1_drop_pp(ref_row.top1, row.top1)
         mine = top1.get(row.backend)
         if ref is None or mine is None or row.backend == REFERENCE_BACKEND:
             continue
@@ -287,11 +280,6 @@ class Evaluation:
     def rows(self) -> list[Row]:
         return self.report.rows
 
-    @property
-    def extra(self) -> dict[str, Any]:
-        """What the report says beside its rows (family, via, labels_from)."""
-        return self.report.extra
-
     def points(self) -> list[dict[str, Any]]:
         """Each measured backend's top-1 (with interval), top-5, images/s, and whether it is within the limit, on the
         Pareto front, the fastest within the limit."""
@@ -307,10 +295,8 @@ class Evaluation:
                      "within_limit": within_limit(r.drop_pp, self.limit_pp), "on_front": r.backend in front,
                      "fastest_within_limit": r.backend == best}  # fmt: skip
             if r.top5 is not None:
-                point.update(
-                    top5=r.top5,
-                    **dict(zip(("top5_low", "top5_high"), wilson(round(r.top5 * r.images), r.images), strict=True)),
-                )
+                low, high = wilson(round(r.top5 * r.images), r.images)
+                point.update(top5=r.top5, top5_low=low, top5_high=high)
             points.append(point)
         return points
 
@@ -437,7 +423,7 @@ def in_process(
             rows.append(Row(backend, status="not measured", note=f"failed while running: {said}"))
             continue
         result = accuracy.accuracy(logits, mine_set.targets)
-        rows.append(Row.of(backend, accuracy.run_precision(backend, engine.describe()), result, None))
+        rows.append(Row.of(backend, accuracy.run_precision(backend, engine.describe()), result))
         answers = [mine_set.labels[a] for a in accuracy.answers(logits)]
         truths = [mine_set.labels[t] for t in mine_set.targets]
         top1[backend] = dict(zip(map(str, mine_set.files), zip(answers, truths, strict=True), strict=True))
@@ -448,7 +434,7 @@ def in_process(
     skipped = {s.path: s for e in sets.values() for s in e.skipped}
     report = Report(str(root.resolve()), len(images.targets), list(skipped.values()), images.unevaluated,
                     len(images.labels), "", rows, {"family": name, "via": "in process"})  # fmt: skip
-    report = with_pairs(with_reference(report, f"{REFERENCE_BACKEND} (stored FP32 model)"), top1)
+    report = against_reference(report, f"{REFERENCE_BACKEND} (stored FP32 model)", top1)
     how = UNTIMED if timing.seconds <= 0 else (
         f"each engine in this process, {accuracy.BATCH} images a call cycled from the {len(images.targets)} "
         f"preprocessed photos (one a call for dynamic INT8, as served), {timing.seconds:g} s each after a "
@@ -526,7 +512,9 @@ def through_server(
             if failed is not None or not best:
                 rows.append(Row(backend, status="not measured", note=failed or "no photo could be classified"))
                 continue
-            rows.append(Row.of(backend, _precision(backend, entry), accuracy.ranked_accuracy(best, targets), None))
+            runs_on = entry.get("runs_on") if isinstance(entry.get("runs_on"), dict) else {}  # its runner's describe()
+            precision = accuracy.run_precision(backend, runs_on)
+            rows.append(Row.of(backend, precision, accuracy.ranked_accuracy(best, targets)))
             named = [folder.labels[b[0]] if b and b[0] >= 0 else None for b in best]
             top1[backend] = {str(p): (a, folder.labels[t]) for p, a, t in zip(asked, named, targets, strict=True)}
             if timing.seconds > 0:
@@ -538,7 +526,7 @@ def through_server(
     extra = {"family": name, "via": f"POST {url}/classify", "labels_from": source}
     report = Report(str(root.resolve()), images, folder.skipped + list(skipped.values()), folder.unevaluated,
                     classes or len(folder.labels), "", rows, extra)  # fmt: skip
-    report = with_pairs(with_reference(report, f"{REFERENCE_BACKEND} (served by {url})"), top1)
+    report = against_reference(report, f"{REFERENCE_BACKEND} (served by {url})", top1)
     how = UNTIMED if timing.seconds <= 0 else (
         f"served by {url} (POST /classify), {timing.clients} closed-loop clients on this machine posting "
         f"{posted} of the {images} photos, cache bypassed, {timing.seconds:g} s each after a "
@@ -601,12 +589,6 @@ def _ask_all(
             if done % accuracy.BATCH == 0 or done == total:
                 progress(backend, done, total)
     return best, targets, failed, answered
-
-
-def _precision(backend: str, entry: dict[str, Any]) -> str:
-    """What a served backend computes in, from its /backends entry (its runner's describe())."""
-    runs_on = entry.get("runs_on")
-    return accuracy.run_precision(backend, runs_on if isinstance(runs_on, dict) else {})
 
 
 def evaluate(

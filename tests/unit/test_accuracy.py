@@ -428,7 +428,7 @@ def test_evaluate_passes_the_family_on_and_leaves_the_environment_alone(measured
 
     report = ev.evaluate(measured_build["root"], "pytorch", progress=progress, family_name=FAMILY,
                          timing=ev.Timing(seconds=0))  # fmt: skip
-    assert report.rows[0].status == "measured" and report.extra["family"] == FAMILY
+    assert report.rows[0].status == "measured" and report.report.extra["family"] == FAMILY
     assert seen and set(seen) == {None}  # never set while it ran, not only restored afterwards
 
 
