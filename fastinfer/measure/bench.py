@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from fastinfer.engines import Engine
 from fastinfer.measure import plots
+from fastinfer.measure.profile import cpu_and_wall
 
 
 @dataclass(frozen=True)
@@ -26,13 +25,7 @@ class EngineTiming:
 
 def time_engine(backend: str, engine: Engine, images: np.ndarray, batch: int, repeats: int) -> EngineTiming:
     x = np.ascontiguousarray(np.resize(images, (batch, *images.shape[1:])))
-    engine.run(x)  # warm-up for this shape
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        engine.run(x)
-        samples.append((time.perf_counter() - t0) * 1000)
-    median = statistics.median(samples)
+    _, median = cpu_and_wall(lambda: engine.run(x), repeats)  # after a warm-up for this shape
     return EngineTiming(backend, batch, round(median, 2), round(median / batch, 2), round(1000 * batch / median, 1))
 
 

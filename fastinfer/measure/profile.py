@@ -332,10 +332,12 @@ def ceilings(
     return out
 
 
-def ceilings_by_size(costs: list[StageCost], cores: int, http: Mapping[str, float] | None = None) -> list[Ceiling]:
-    """The same ceilings for each size class alone (all small photos, all 1.5 MP, all phone-size)."""
+def _ceilings(costs: list[StageCost], cores: int, http: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """The ceilings for the pool's mix, and for each size class alone (all small photos, all 1.5 MP, all phone-size)."""
     present = {c.detail for c in costs if c.stage == "decode"}
-    return [c for cls in SIZE_CLASSES if cls in present for c in ceilings(costs, cores, cls, http)]
+    by_size = [c for cls in SIZE_CLASSES if cls in present for c in ceilings(costs, cores, cls, http)]
+    return {"ceilings": [asdict(c) for c in ceilings(costs, cores, http=http)],
+            "ceilings_by_size": [asdict(c) for c in by_size]}  # fmt: skip
 
 
 def best_ceiling(ceils: list[Ceiling], backend: str, size_class: str | None = None) -> Ceiling | None:
@@ -346,13 +348,8 @@ def best_ceiling(ceils: list[Ceiling], backend: str, size_class: str | None = No
 def with_http(result: dict[str, Any], http: Mapping[str, float]) -> dict[str, Any]:
     """``result`` (of :func:`run`) with its ceilings recomputed with the measured HTTP cost per backend."""
     costs = [StageCost(**s) for s in result["stages"]]
-    cores = result["cores"]
-    return {
-        **result,
-        "http_measured_ms": {b: round(v, 2) for b, v in http.items()},
-        "ceilings": [asdict(c) for c in ceilings(costs, cores, http=http)],
-        "ceilings_by_size": [asdict(c) for c in ceilings_by_size(costs, cores, http)],
-    }
+    measured = {b: round(v, 2) for b, v in http.items()}
+    return {**result, "http_measured_ms": measured, **_ceilings(costs, result["cores"], http)}
 
 
 def run(engines: dict[str, Any], batches: list[int], repeats: int, spec: PreprocessSpec) -> dict[str, Any]:
@@ -365,8 +362,7 @@ def run(engines: dict[str, Any], batches: list[int], repeats: int, spec: Preproc
         "pool": pool_sizes(pool),
         "http_overhead_ms": HTTP_OVERHEAD_MS,  # the estimate; a bench adds http_measured_ms
         "stages": [asdict(c) for c in costs],
-        "ceilings": [asdict(c) for c in ceilings(costs, cores)],
-        "ceilings_by_size": [asdict(c) for c in ceilings_by_size(costs, cores)],
+        **_ceilings(costs, cores),
     }
 
 
@@ -375,19 +371,12 @@ def http_note(result: dict[str, Any]) -> str:
     ceils = [Ceiling(**c) for c in result["ceilings"]]
     measured = {c.backend: c.http_ms for c in ceils if c.http_source == "measured"}
     estimated = sorted({c.backend for c in ceils if c.http_source != "measured"})
-    parts = []
-    if measured:
-        parts.append(
-            "the HTTP path's CPU MEASURED on a live server ("
-            + ", ".join(f"{b} {ms:g} ms" for b, ms in measured.items())
-            + ")"
-        )
+    listed = ", ".join(f"{b} {ms:g} ms" for b, ms in measured.items())
+    parts = [f"the HTTP path's CPU MEASURED on a live server ({listed})"] if measured else []
     if estimated:
-        parts.append(
-            f"an ESTIMATED {result['http_overhead_ms']:g} ms of CPU for the HTTP path"
-            + (f" for {', '.join(estimated)}" if measured else "")
-            + " (not measured: no server ran; `make bench` measures it)"
-        )
+        whose = f" for {', '.join(estimated)}" if measured else ""
+        parts.append(f"an ESTIMATED {result['http_overhead_ms']:g} ms of CPU for the HTTP path{whose} (not measured: "
+                     "no server ran; `make bench` measures it)")  # fmt: skip
     return " and ".join(parts)
 
 
