@@ -21,6 +21,7 @@ from scipy.stats import binom
 from build_models import ARTIFACTS, plan
 from build_models.accuracy_gate import AccuracyGate, AccuracyRefused, judge
 from build_models.plan import Job, Outcome
+from fastinfer.common import hardware
 from fastinfer.measure import accuracy
 from fastinfer.measure import evaluate as ev
 from fastinfer.measure.accuracy import SETTLE_SEARCHED, EvalSet, clopper_pearson, paired
@@ -138,7 +139,12 @@ class Answering:
 
 
 def family_gate(
-    targets: np.ndarray, reference: np.ndarray, engines: dict[str, Any], tmp: Path, said: list[str] | None = None
+    targets: np.ndarray,
+    reference: np.ndarray,
+    engines: dict[str, Any],
+    tmp: Path,
+    said: list[str] | None = None,
+    limit: float = 1.0,
 ) -> AccuracyGate:
     """A gate over photos of 3 classes held as tiny pixels (the stand-ins never look at them), saying into
     ``said``."""
@@ -146,7 +152,7 @@ def family_gate(
     images = EvalSet(tmp, np.zeros((n, 1, 1, 3), np.uint8), targets, [], [], [], ["red", "green", "blue"])
     said = [] if said is None else said
     ref = accuracy.accuracy(np.eye(3)[reference], targets)
-    return AccuracyGate(images, ref, reference, 1.0, tmp / "accuracy.json", said.append,
+    return AccuracyGate(images, ref, reference, limit, tmp / "accuracy.json", said.append,
                         open=lambda backend, dirs: engines[backend])  # fmt: skip
 
 
@@ -182,6 +188,85 @@ def test_a_family_too_small_to_decide_is_stored_with_a_warning_saying_what_would
     warning = said[-1]
     assert warning.startswith("tiny-onnx-int8: WARNING: stored, undecided") and "photos would settle it" in warning
     assert "| drop's 95% interval (pp) | same answer (changed) |" in gate.report().table()
+
+
+# --- what the build does with a verdict -----------------------------------------------------------------
+
+RIGHT = np.repeat([0, 1, 2], 4)  # 12 photos of 3 classes, the reference right on every one
+
+
+def test_one_within_the_limit_is_stored_with_its_figures(tmp_path) -> None:
+    right = np.repeat([0, 1, 2], 25)  # 75 photos: one miss is 1.33 points
+    one_miss = [1, *right[1:]]
+    engines = {"onnx-int8": Answering(one_miss, 3), "onnx-int8-dynamic": Answering(right, 3)}
+    gate = family_gate(right, right, engines, tmp_path, limit=1.5)
+    measured = gate.check("tiles-onnx-int8", "onnx-int8", None, tmp_path)
+    paired, verdict = measured.pop("paired"), measured.pop("gate")
+    assert measured == {
+        "eval_dir": str(tmp_path.resolve()),
+        "images": 75,
+        "skipped": 0,
+        "top1": 74 / 75,
+        "top5": 1.0,
+        "reference_top1": 1.0,
+        "reference_top5": 1.0,
+        "precision": "int8",
+        "max_accuracy_drop_pp": 1.5,
+    }
+    assert (paired["both_right"], paired["only_reference_right"], paired["changed"]) == (74, 1, 1)
+    assert paired["agreement"] == 74 / 75 and paired["method"].startswith("exact (Clopper-Pearson)")
+    assert verdict.startswith("undecided: a difference of 1 photo is never refused; 95% interval -8.00 to +8.21 pp")
+    assert gate.check("tiles-onnx-int8-dynamic", "onnx-int8-dynamic", None, tmp_path)["top1"] == 1.0
+    assert gate.rows[-1].note.startswith("undecided: no photo differs; 95% interval -5.68 to +5.68 pp")
+    # The same miss with a limit below it: one photo is never refused.
+    gate = family_gate(right, right, {"onnx-int8": Answering(one_miss, 3)}, tmp_path, limit=1.0)
+    assert gate.check("tiles-onnx-int8", "onnx-int8", None, tmp_path)["top1"] == 74 / 75
+    assert gate.rows[-1].note.startswith("undecided: a difference of 1 photo is never refused")
+
+
+def test_a_drop_of_exactly_the_limit_passes(tmp_path) -> None:
+    """100 photos, one miss: exactly 1 point (not 1.0000000000000009) is not more than --max-accuracy-drop 1."""
+    right = np.repeat([1, 2], 50)
+    gate = family_gate(right, right, {"onnx-int8": Answering([0, *right[1:]], 3)}, tmp_path)
+    assert gate.check("x-onnx-int8", "onnx-int8", None, tmp_path)
+
+
+def test_openvino_is_gated_only_where_it_runs_in_bf16(tmp_path) -> None:
+    worse = (RIGHT + 1) % 3  # every photo missed: 12 of 12 lost is over 1 point with 95% confidence
+    f32 = family_gate(RIGHT, RIGHT, {"openvino": Answering(worse, 3, precision="f32")}, tmp_path)
+    measured = f32.check("x-openvino", "openvino", None, tmp_path)  # FP32: its verification holds it, not this
+    assert measured["precision"] == "fp32" and f32.rows[-1].status == "measured"
+    bf16 = family_gate(RIGHT, RIGHT, {"openvino": Answering(worse, 3, precision="bf16")}, tmp_path)
+    with pytest.raises(AccuracyRefused, match="at bf16"):
+        bf16.check("x-openvino", "openvino", None, tmp_path)
+
+
+def test_a_model_kept_as_up_to_date_is_measured_and_reported_never_refused(tmp_path) -> None:
+    engines = {"onnx-int8": Answering((RIGHT + 1) % 3, 3), "onnx": Answering(RIGHT, 3)}
+    gate = family_gate(RIGHT, RIGHT, engines, tmp_path)
+    gate.report_stored("x-onnx-int8", "onnx-int8", None, tmp_path)
+    gate.report_stored("x-onnx", "onnx", None, tmp_path)
+    assert gate.rows[-2].status == "over the limit" and "--force" in gate.rows[-2].note
+    assert gate.rows[-1].status == "measured" and "metadata unchanged" in gate.rows[-1].note
+
+
+@pytest.mark.skipif(hardware.is_macos(), reason="CoreML predicts on macOS")
+def test_a_backend_that_cannot_run_here_is_recorded_as_not_measured(tmp_path) -> None:
+    gate = family_gate(RIGHT, RIGHT, {}, tmp_path)
+    assert gate.check("x-coreml-b4", "coreml", 4, tmp_path) is None
+    assert gate.rows[-1].status == "not measured" and "macOS" in gate.rows[-1].note
+
+
+def test_every_refused_model_is_in_the_table_with_the_gates_figure(tmp_path) -> None:
+    wrong = (RIGHT + 1) % 3
+    engines = {"onnx-int8": Answering(wrong, 3), "onnx-int8-dynamic": Answering(RIGHT, 3)}
+    engines["openvino-int8"] = Answering(wrong, 3)
+    gate = family_gate(RIGHT, RIGHT, engines, tmp_path)
+    for artifact in engines:
+        with contextlib.suppress(AccuracyRefused):  # the build says it and goes on
+            gate.check(f"x-{artifact}", artifact, None, tmp_path)
+    assert [row.backend for row in gate.rows if row.status == "refused"] == ["x-onnx-int8", "x-openvino-int8"]
+    assert [row.drop_pp for row in gate.rows] == [100.0, 0.0, 100.0]  # the table's figure is the gate's
 
 
 # --- the plan ---------------------------------------------------------------------------------------------
