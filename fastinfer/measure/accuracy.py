@@ -131,26 +131,16 @@ def _hidden(path: Path, top: Path) -> bool:
     return any(part.startswith(".") for part in path.relative_to(top).parts)
 
 
-def pixel_limit() -> int:
-    """The server's FASTINFER_MAX_PIXELS: a photo the server would refuse is skipped in process too."""
+def load(root: Path, labels: Sequence[str], spec: PreprocessSpec, progress: Progress | None = None) -> EvalSet:
+    """:func:`scan`, then every file through the service's preprocessing, skipping those it refuses (as the server
+    would: FASTINFER_MAX_PIXELS holds here too)."""
     from fastinfer.catalog.config import get_settings
 
+    folder = scan(root, labels)
     try:
-        return get_settings().max_pixels
+        limit = get_settings().max_pixels
     except ValueError as exc:  # a bad setting: the same one would stop a server
         raise EvalDirError(f"the settings do not hold, so the eval photos' pixel limit is unknown: {exc}") from None
-
-
-def load(
-    root: Path,
-    labels: Sequence[str],
-    spec: PreprocessSpec,
-    progress: Progress | None = None,
-    max_pixels: int | None = None,
-) -> EvalSet:
-    """:func:`scan`, then every file through the service's preprocessing, skipping those it refuses."""
-    folder = scan(root, labels)
-    limit = pixel_limit() if max_pixels is None else max_pixels
     skipped = list(folder.skipped)
     pixels: list[np.ndarray] = []
     targets: list[int] = []
@@ -284,12 +274,12 @@ class Paired:
         return {**asdict(self), "drop_pp": self.drop_pp, "agreement": self.agreement, "method": INTERVAL_METHOD}
 
 
-def drop_interval(lost: int, gained: int, images: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+def drop_interval(lost: int, gained: int, images: int) -> tuple[float, float]:
     """The top-1 drop's interval in points from the photos only the reference got right (``lost``) and only the
     backend got right (``gained``) of ``images``. The drop is q(2p - 1), q the share of photos whose rightness
     differs, p the share of those lost; each gets an exact (Clopper-Pearson) interval at half the error
     (Bonferroni), so a few discordant pairs stay honest: none of 60 still allows a drop of 7 points."""
-    half = 1 - (1 - confidence) / 2
+    half = 1 - (1 - CONFIDENCE) / 2
     discordant = lost + gained
     q_low, q_high = clopper_pearson(discordant, images, half)
     p_low, p_high = clopper_pearson(lost, discordant, half) if discordant else (0.0, 1.0)
@@ -299,16 +289,14 @@ def drop_interval(lost: int, gained: int, images: int, confidence: float = CONFI
     return round(low * 100, 6), round(high * 100, 6)
 
 
-def paired(
-    reference_answers: np.ndarray, backend_answers: np.ndarray, targets: np.ndarray, confidence: float = CONFIDENCE
-) -> Paired:
+def paired(reference_answers: np.ndarray, backend_answers: np.ndarray, targets: np.ndarray) -> Paired:
     """The pairs of two top-1 answer lists on the same photos, and the drop's interval (:func:`drop_interval`)."""
     reference_answers, backend_answers, targets = map(np.asarray, (reference_answers, backend_answers, targets))
     if not len(targets) or not len(reference_answers) == len(backend_answers) == len(targets):
         raise ValueError(f"{len(reference_answers)} and {len(backend_answers)} answers for {len(targets)} targets")
     ref, mine = reference_answers == targets, backend_answers == targets
     lost, gained, n = int((ref & ~mine).sum()), int((~ref & mine).sum()), len(targets)
-    low, high = drop_interval(lost, gained, n, confidence)
+    low, high = drop_interval(lost, gained, n)
     return Paired(
         images=n,
         both_right=int((ref & mine).sum()),
