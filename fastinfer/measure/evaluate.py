@@ -508,7 +508,7 @@ def through_server(
                 why = "this server does not serve it" if entry is None else entry.get("reason") or "unavailable"
                 rows.append(Row(backend, status="not measured", note=f"{url}: {why}"))
                 continue
-            best, targets, failed, asked = _ask_all(client, url, backend, folder, k, HTTP_CLIENTS, progress, skipped)
+            best, targets, failed, asked = _ask_all(client, url, backend, folder, k, progress, skipped)
             if failed is not None or not best:
                 rows.append(Row(backend, status="not measured", note=failed or "no photo could be classified"))
                 continue
@@ -544,11 +544,10 @@ def _ask_all(
     backend: str,
     folder: EvalFolder,
     k: int,
-    clients: int,
     progress: Progress,
     skipped: dict[str, Skipped],
 ) -> tuple[list[list[int]], list[int], str | None, list[Path]]:
-    """Every photo of ``folder`` to ``backend``, ``clients`` at a time: each answer's ranked label indices (-1:
+    """Every photo of ``folder`` to ``backend``, HTTP_CLIENTS at a time: each answer's ranked label indices (-1:
     unknown), its target, the first failure and the photos answered; a refused photo goes into ``skipped``."""
     import httpx
 
@@ -575,7 +574,7 @@ def _ask_all(
     answered: list[Path] = []
     failed = None
     total = len(folder.files)
-    with ThreadPoolExecutor(clients) as pool:
+    with ThreadPoolExecutor(HTTP_CLIENTS) as pool:
         answers = zip(folder.files, folder.targets, pool.map(ask, folder.files), strict=True)
         for done, (path, target, (kind, said)) in enumerate(answers, 1):
             if kind == "ok":

@@ -60,9 +60,6 @@ class Fidelity:
     max_abs_error: float
     reference_std: float = 0.0  # of the reference's logits: their scale
 
-    def as_dict(self) -> dict[str, float | int | str]:
-        return asdict(self)
-
 
 def fidelity_images(spec: PreprocessSpec) -> np.ndarray:
     """36 real photos, framed unlike the INT8 calibration set: JPEG q85 whole, a central 80% crop, a quarter turn."""
@@ -113,7 +110,7 @@ def measure(backend: str, engine: Engine, images: np.ndarray, reference: np.ndar
     """One backend against the reference, with the precision it ran at and its gate's verdict."""
     precision = run_precision(backend, engine.describe())
     f = compare(backend, reference, run_batched(engine, images))
-    out: dict[str, object] = {**f.as_dict(), "precision": precision}
+    out: dict[str, object] = {**asdict(f), "precision": precision}
     gate = gate_for(backend, precision)
     if gate is not None:
         out |= {"gate": gate[0], "gate_passed": gate[1].passes(f)}
