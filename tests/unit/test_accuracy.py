@@ -1,9 +1,5 @@
-"""Accuracy on the user's labelled photos: the eval folder reader, the top-k maths, the
-build's gate on INT8/BF16 models, and ``fastinfer evaluate``.
-
-The gate's decisions are exercised with stand-in engines that answer chosen classes (its numbers are the
-point, not a runtime's); the build's wiring and ``fastinfer evaluate`` run the real PyTorch export of the
-test store, and ``--url`` a real ``bentoml serve`` of it.
+"""Accuracy on the user's labelled photos: the eval folder reader, the top-k maths, the build's wiring of its gate
+and ``fastinfer evaluate`` in process, on the real PyTorch export of the test store.
 """
 
 from __future__ import annotations

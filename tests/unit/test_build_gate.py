@@ -1,9 +1,5 @@
-"""The accuracy gate's statistics and the build's plan, in process on small fakes (no model is built).
-
-Three families of one's own, each a set of labelled photos and a stand-in engine that answers chosen classes:
-one whose INT8 model loses a known share (refused), one too small to decide (stored, warned, with the photos that
-would settle it), and one whose INT8 export diverges (refused by the plan, its conversion skipped, the rest
-stored). The exact interval is checked against values computed by hand.
+"""The accuracy gate's statistics, its verdicts and the build's plan, on stand-in engines that answer chosen classes
+(no model is built). The exact interval is checked against values computed by hand.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""``fastinfer evaluate --url`` (issue 34): scored by the server's own labels, without this machine's store;
-a bad photo skipped and counted, never a whole backend lost; a URL that is not FastInfer's said in one line;
-``make bench MODEL=...`` measuring that family. Issue 44: the speed measured by evaluate itself (served, several
-clients, cache bypassed, after a warm-up), the frontier (Pareto front, the fastest within the limit) and where
-the artifacts go.
-
-Most of it talks to a stand-in server (a few lines of http.server answering GET /backends and POST /classify as
-FastInfer does): the cases are a server's answers a real one will not give on demand (labels that differ from
-this machine's store, a 500 on one backend, a URL that is not FastInfer's). The last test serves a family with
-the real ``bentoml serve`` and evaluates it from an empty model store.
+"""``fastinfer evaluate --url``: scored by the server's own labels, a bad photo skipped, never a backend lost; its
+speed (served, several clients, cache bypassed) and the frontier; ``make bench MODEL=...``'s family. Most of it
+talks to a stand-in server (http.server answering GET /backends and POST /classify as FastInfer does): answers a
+real one will not give on demand (other labels, a 500 on one backend, a URL that is not FastInfer's).
 """
 
 from __future__ import annotations
@@ -227,9 +221,8 @@ def test_a_backend_whose_server_fails_is_a_row_saying_why(stand_in, tmp_path) ->
 
 @pytest.mark.filterwarnings("error:Glyph")  # a control character drawn as a missing glyph
 def test_a_server_s_text_is_shown_as_text(stand_in, tmp_path, capsys) -> None:
-    """Issue 41, finding 8: a family or precision name in mathtext crashed the plot after the JSON was written;
-    a backend name with an escape sequence was printed raw (and cleared the terminal). The JSON keeps them as
-    the server said them; the plot draws them as typed, the terminal shows each control character escaped."""
+    """A server's names in mathtext or with control characters: the JSON keeps them as said, the plot draws them as
+    typed, the terminal shows each control character escaped."""
     clear, backwards, fraction = "pytorch\x1b[2J", "onnx\u202e\r", "$\\frac{$"
     stand_in.backends["family"]["name"] = f"shapes {fraction}"
     stand_in.backends["backends"] = [
@@ -325,7 +318,7 @@ def test_make_bench_records_the_family_the_server_serves(stand_in) -> None:
     assert family_of(stand_in.url) is None
 
 
-# --- the speed: measured here, as make bench measures it (issue 44) ------------------------------------------
+# --- the speed: measured here, as make bench measures it -----------------------------------------------------
 
 
 def test_each_backend_is_timed_by_several_clients_with_the_cache_bypassed(stand_in, tmp_path) -> None:
@@ -439,7 +432,6 @@ def test_bad_timing_options_are_refused_before_anything_runs(stand_in, tmp_path,
      (["--plot", "{file}.xyz"], "--plot names a .png, .svg or .pdf file, got ")],
 )  # fmt: skip
 def test_options_that_cannot_hold_are_refused_before_anything_is_measured(tmp_path, capsys, args, said) -> None:
-    """Review: --clients in process was ignored, --max-drop 1e300 taken, an unwritable --out found at the end."""
     (file := tmp_path / "a-file").write_text("")
     given = [a.replace("{file}", str(file)) for a in args]
     assert cli.main(["evaluate", str(tmp_path / "none"), *given]) == 1

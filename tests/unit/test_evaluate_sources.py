@@ -1,8 +1,6 @@
-"""In-process ``fastinfer evaluate`` follows the server's same-source rule (issue 41, finding 4).
-
-After an interrupted rebuild from other weights, a family's store holds models of two sources; a server serves
-only those built like its newest model (fastinfer.catalog.holdings). Evaluated in process, the others are not
-measured, with the reason the server gives, and the family's labels are the newest source's.
+"""In-process ``fastinfer evaluate`` follows the server's same-source rule (fastinfer.catalog.holdings): of a store
+holding models of two sources, those a server would not serve are not measured, with its reason, and the labels
+are the newest source's.
 """
 
 from __future__ import annotations
@@ -102,7 +100,6 @@ def test_in_process_each_engine_is_timed_on_the_photos_and_held_to_the_family_s_
 
 @pytest.mark.usefixtures("own_store")
 def test_an_engine_that_fails_on_the_photos_is_a_row_not_a_crash(monkeypatch, tmp_path) -> None:
-    """Review: an engine that loaded, then raised on the photos, ended `fastinfer evaluate` in a traceback."""
 
     class Failing(ByColour):
         def run(self, images: np.ndarray) -> np.ndarray:
