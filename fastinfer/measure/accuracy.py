@@ -257,7 +257,9 @@ class Paired:
         rough = n + 1 if spread == 0 else max(n + 1, math.ceil((1.959964 * spread / gap) ** 2))  # z of 97.5%
 
         def settles(photos: int) -> bool:
-            low, high = drop_interval(round(lost * photos / n), round(gained * photos / n), photos)
+            scaled_lost = round(lost * photos / n)  # rounded apart, the two could exceed the photos
+            scaled_gained = min(round(gained * photos / n), photos - scaled_lost)
+            low, high = drop_interval(scaled_lost, scaled_gained, photos)
             return low > limit_pp or high <= limit_pp
 
         low, high = n, rough

@@ -115,6 +115,16 @@ def test_the_photos_said_to_settle_it_do_at_the_same_rates(lost: int, limit: flo
     assert judge(paired(reference, backend, targets), limit).settled
 
 
+def test_when_every_photo_changes_sides_the_gate_still_gives_a_verdict() -> None:
+    """Lost and gained counts scaled apart once asked for more successes than photos, and the gate raised."""
+    targets = np.zeros(6, dtype=int)
+    reference, backend = np.array([0, 0, 0, 1, 1, 1]), np.array([1, 1, 1, 0, 0, 0])
+    pairs = paired(reference, backend, targets)
+    assert (pairs.only_reference_right, pairs.only_backend_right) == (3, 3)
+    assert isinstance(pairs.photos_to_settle(3.0), int)
+    assert judge(pairs, 3.0).note.startswith("undecided")
+
+
 # --- three families of one's own, through the gate ------------------------------------------------------
 
 
