@@ -1,7 +1,4 @@
-"""The ``fastinfer`` command line: build, tune, doctor, fidelity, evaluate, bench, profile.
-
-What each command does is said once, in :func:`parser` (its help and description).
-"""
+"""The ``fastinfer`` command line; what each command does is said once, in :func:`parser`."""
 
 from __future__ import annotations
 
@@ -31,12 +28,14 @@ def _runnable(command: str, exclude: tuple[str, ...] = ()) -> list[str] | None:
     reasons = {name: why for name, why in _available().items() if name not in exclude}
     if runnable := [name for name, why in reasons.items() if why is None]:
         return runnable
-    print(
-        f"fastinfer {command}: no backend can run here (model store {bentoml_home() / 'models'}); "
-        f"for example {next(iter(reasons))}: {next(iter(reasons.values()))}",
-        file=sys.stderr,
-    )
+    name, why = next(iter(reasons.items()))
+    _fail(command, f"no backend can run here (model store {bentoml_home() / 'models'}); for example {name}: {why}")
     return None
+
+
+def _fail(command: str, why: str) -> int:
+    print(f"fastinfer {command}: {why}", file=sys.stderr)
+    return 1
 
 
 # What an engine's describe() says about where its work runs (see "No silent fallbacks", README).
@@ -159,12 +158,9 @@ def fidelity(args: argparse.Namespace) -> int:
     from fastinfer.measure import fidelity as fid
 
     if (why := _available()["pytorch"]) is not None:
-        print(
-            f"fastinfer fidelity: the reference, pytorch FP32, cannot run: {why} (model store "
-            f"{bentoml_home() / 'models'})",
-            file=sys.stderr,
+        return _fail(
+            "fidelity", f"the reference, pytorch FP32, cannot run: {why} (model store {bentoml_home() / 'models'})"
         )
-        return 1
     images = fid.fidelity_images(family_spec())
     print(f"reference: pytorch FP32 on {len(images)} real photos", file=sys.stderr)
     reference = fid.run_batched(open_engine("pytorch"), images)
@@ -231,16 +227,16 @@ def evaluate(args: argparse.Namespace) -> int:
     from fastinfer.measure.accuracy import EvalDirError, visible
 
     if args.clients is not None and not args.url:
-        return _refuse_evaluate("--clients times a server's clients: it needs --url")
+        return _fail("evaluate", "--clients times a server's clients: it needs --url")
     if args.plot is not None and args.plot.suffix.lower() not in (".png", ".svg", ".pdf"):
-        return _refuse_evaluate(f"--plot names a .png, .svg or .pdf file, got {args.plot}")
+        return _fail("evaluate", f"--plot names a .png, .svg or .pdf file, got {args.plot}")
     if args.max_drop is not None and args.max_drop > 100:
-        return _refuse_evaluate(f"--max-drop is in points of top-1, 0 to 100, got {args.max_drop:g}")
+        return _fail("evaluate", f"--max-drop is in points of top-1, 0 to 100, got {args.max_drop:g}")
     try:  # the folders it writes into, before minutes of measuring
         for folder in {args.out, args.json and args.json.parent, args.plot and args.plot.parent} - {None}:
             folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        return _refuse_evaluate(f"cannot write there: {exc}")
+        return _fail("evaluate", f"cannot write there: {exc}")
     timing = ev.Timing(seconds=args.seconds, clients=args.clients or choice.SERVED_USERS)
     try:
         result = ev.evaluate(args.dir, args.backends, args.url, family_name=args.model, timing=timing,
@@ -251,19 +247,13 @@ def evaluate(args: argparse.Namespace) -> int:
         family = str(result.report.extra.get("family") or "")
         out = args.out or (None if args.json and args.plot else ev.artifacts_dir(family))
     except (ev.EvaluateError, EvalDirError, BadFamilyName) as exc:  # said in one line, no traceback
-        print(f"fastinfer evaluate: {visible(str(exc))}", file=sys.stderr)  # it may quote a server's text
-        return 1
+        return _fail("evaluate", visible(str(exc)))  # it may quote a server's text
     try:
         _write_json(args.json or out / "evaluate.json", result.as_dict())
         print(f"wrote {ev.plot(result, args.plot or out / 'evaluate.png')}", file=sys.stderr)
     except (OSError, ValueError) as exc:  # the table above stands; only its files are missing
-        return _refuse_evaluate(f"cannot write its files: {exc}")
+        return _fail("evaluate", f"cannot write its files: {exc}")
     return 0
-
-
-def _refuse_evaluate(why: str) -> int:
-    print(f"fastinfer evaluate: {why}", file=sys.stderr)
-    return 1
 
 
 def _positive(kind: type) -> Any:
@@ -274,7 +264,7 @@ def _positive(kind: type) -> Any:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value < 0 or (kind is int and value < 1) or not value == value or value == float("inf"):
+        if not 0 <= value < float("inf") or (kind is int and value < 1):  # NaN fails the first
             raise argparse.ArgumentTypeError(f"{text!r}: give a {'whole ' if kind is int else ''}number above 0")
         return value
 
@@ -464,15 +454,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return int(args.func(args))
-    except BadApiKey as exc:  # a command that asks a server (evaluate --url)
-        print(f"fastinfer {args.command}: {exc}", file=sys.stderr)
-        return 1
-    except NotStored as exc:  # a model this command needs: one line, never a traceback
-        print(f"fastinfer {args.command}: {exc}", file=sys.stderr)
-        return 1
-    except BadFamilyName as exc:  # FASTINFER_MODEL names the family whose models every command looks up
-        print(f"fastinfer {args.command}: {FAMILY_ENV}: {exc}", file=sys.stderr)
-        return 1
+    except (BadApiKey, NotStored, BadFamilyName) as exc:  # a server's key, a model needed, FASTINFER_MODEL: one line
+        return _fail(args.command, f"{FAMILY_ENV}: {exc}" if isinstance(exc, BadFamilyName) else str(exc))
 
 
 if __name__ == "__main__":

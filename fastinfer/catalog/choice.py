@@ -1,7 +1,5 @@
-"""Which backend this machine should serve by default, and why: measured here where a bench of this machine
-exists (served by `make bench`, else in process by `fastinfer bench`), else by a rule over its ISA and
-accelerators. ``FASTINFER_DEFAULT_BACKEND=auto`` resolves here, once per process, among the backends that can run.
-"""
+"""``FASTINFER_DEFAULT_BACKEND=auto`` resolved, once per process: the backend measured best on this machine
+(`make bench`, else `fastinfer bench`), else by a rule over its ISA and accelerators; and where engines run."""
 
 from __future__ import annotations
 
@@ -278,24 +276,20 @@ def configuration(settings: Settings, default: DefaultChoice) -> dict[str, dict[
     """The settings that decide served throughput, each with its value and source (tuned, environment, rule,
     default)."""
 
-    def source(name: str, rule: bool = False) -> str:
-        return settings.sources.get(name) or ("rule" if rule else "default")
+    def count(name: str, value: int, zero: str = "") -> tuple[str, str]:
+        """A count's value and source; ``zero``: what 0 means, decided by rule."""
+        by_rule = bool(zero) and not value
+        source = settings.sources.get(name) or ("rule" if by_rule else "default")
+        return (f"0 ({zero})" if by_rule else str(value)), source
 
-    threads = settings.threads
     in_front, in_front_source = placement(settings, lambda: default.backend)
     shown = {
         "FASTINFER_DEFAULT_BACKEND": (default.backend, default.source),
-        "FASTINFER_FRONT_WORKERS": (str(settings.front_workers), source("FASTINFER_FRONT_WORKERS")),
-        "FASTINFER_RUNNER_WORKERS": (str(settings.runner_workers), source("FASTINFER_RUNNER_WORKERS")),
-        "FASTINFER_THREADS": (
-            str(threads) if threads else "0 (the cores ÷ runner workers)",
-            source("FASTINFER_THREADS", rule=not threads),
-        ),
+        "FASTINFER_FRONT_WORKERS": count("FASTINFER_FRONT_WORKERS", settings.front_workers),
+        "FASTINFER_RUNNER_WORKERS": count("FASTINFER_RUNNER_WORKERS", settings.runner_workers),
+        "FASTINFER_THREADS": count("FASTINFER_THREADS", settings.threads, "the cores ÷ runner workers"),
         "FASTINFER_IN_FRONT": (",".join(sorted(in_front)) or "(none)", in_front_source),
-        "FASTINFER_DECODE_THREADS": (
-            str(decode) if (decode := settings.decode_threads) else "0 (one per core)",
-            source("FASTINFER_DECODE_THREADS", rule=not decode),
-        ),
+        "FASTINFER_DECODE_THREADS": count("FASTINFER_DECODE_THREADS", settings.decode_threads, "one per core"),
     }
     for backend in BACKENDS:
         key = env_key(backend)
@@ -303,5 +297,7 @@ def configuration(settings: Settings, default: DefaultChoice) -> dict[str, dict[
         if set(names) & settings.sources.keys():  # per backend only where something else than the table set it
             batching = settings.batching_for(backend)
             values = (str(batching.enabled).lower(), str(batching.max_batch_size), str(batching.max_latency_ms))
-            shown |= {name: (value, source(name)) for name, value in zip(names, values, strict=True)}
+            shown |= {
+                name: (value, settings.sources.get(name, "default")) for name, value in zip(names, values, strict=True)
+            }
     return {name: {"value": value, "source": where} for name, (value, where) in shown.items()}

@@ -1,6 +1,5 @@
-"""Settings: every ``FASTINFER_*`` environment variable as one pydantic-settings model, read once into one object
-that runners and the front share, so a value means the same in every process ``bentoml serve`` starts. Each field
-carries its type, default, bounds and description; docs/configuration.md's table is generated from them."""
+"""Every ``FASTINFER_*`` variable as one pydantic-settings model, read once per process; each field's type,
+default, bounds and description also make docs/configuration.md's table."""
 
 from __future__ import annotations
 
@@ -135,8 +134,8 @@ class GroqConfig(BaseModel):
 
 
 class Settings(BaseSettings):
-    """The server's settings. ``Settings()``: the environment over the defaults; :func:`get_settings` adds the tuned
-    file between them. A field without a description is not a variable: it says where the others came from."""
+    """``Settings()``: the environment over the defaults; :func:`get_settings` puts the tuned file between them.
+    A field without a description is not a variable."""
 
     model_config = SettingsConfigDict(env_prefix="FASTINFER_", frozen=True, validate_by_name=True, extra="ignore")
 
@@ -331,9 +330,8 @@ _SECRETS = {"api_keys", "cache_hmac_key", "redis_url", "api_key"}
 
 
 class Variables(PydanticBaseSettingsSource):
-    """The fields' values from ``values``, by variable name: the environment, or a tuned file's settings (which hold
-    none of its secrets). Values are stripped; an empty one is unset, and so is ``auto`` as the default backend, so
-    that a tuned file below may name it."""
+    """The fields' values from ``values`` (the environment, or a tuned file's settings), by variable name: stripped,
+    an empty one unset, and so is ``auto`` as the default backend, so that a tuned file below may name it."""
 
     def __init__(self, settings_cls: type[BaseSettings], values: Mapping[str, str]) -> None:
         super().__init__(settings_cls)
@@ -392,8 +390,8 @@ class Variables(PydanticBaseSettingsSource):
 
 
 def _secret(environ: Mapping[str, str], name: str) -> tuple[str, str]:
-    """(value, the variable it came from): ``name``'s, or the content of the file ``name``_FILE names; ("", "") when
-    neither is set. Set means meant: an unreadable or empty file stops start-up."""
+    """(value, its variable): ``name``'s, or the content of the file ``name``_FILE names; ("", "") when neither
+    is set. An unreadable or empty file stops start-up."""
     file_name = f"{name}_FILE"
     path = environ.get(file_name, "").strip()  # empty = unset (compose leaves it empty on purpose)
     if not path:
@@ -404,10 +402,8 @@ def _secret(environ: Mapping[str, str], name: str) -> tuple[str, str]:
         value = read_small(path, SECRET_FILE_MAX_BYTES)
     except OSError as exc:
         raise ValueError(f"{file_name}: cannot read {path!r} ({type(exc).__name__})") from None
-    except TooLarge as exc:
-        raise ValueError(f"{file_name}: {path!r} is {exc}: not a secret file") from None
-    except ValueError as exc:  # not a regular file
-        raise ValueError(f"{file_name}: {path!r} is {exc}") from None
+    except ValueError as exc:  # too large, or not a regular file
+        raise ValueError(f"{file_name}: {path!r} is {exc}{': not a secret file' * isinstance(exc, TooLarge)}") from None
     try:
         text = value.decode("utf-8-sig").strip()  # a BOM (Windows editors) is not part of the secret
     except UnicodeDecodeError:
@@ -418,25 +414,24 @@ def _secret(environ: Mapping[str, str], name: str) -> tuple[str, str]:
 
 
 def _api_keys(raw: str, source: str) -> tuple[tuple[str, ...], str] | None:
-    """(keys, the variable they came from), None when unset: comma- or newline-separated keys, each sendable as a
-    Bearer token (RFC 6750 token68)."""
+    """(keys, their variable), None when unset: comma- or newline-separated keys, each a Bearer token (token68)."""
     if not source:
         return None
     keys = tuple(dict.fromkeys(k.strip() for k in raw.replace("\n", ",").split(",") if k.strip()))
     if not keys:  # e.g. an empty value from a Secret: running open by mistake is worse than not starting
         raise ValueError(f"{source} is set but holds no key; unset it to run without API keys")
-    for number, key in enumerate(keys, 1):
-        if not API_KEY_SYNTAX.fullmatch(key):  # the key itself is never echoed
+    for number, key in enumerate(keys, 1):  # the key itself is never echoed
+        if not API_KEY_SYNTAX.fullmatch(key):
             raise ValueError(
                 f"{source}: key {number} of {len(keys)} has characters a Bearer token cannot carry "
                 "(allowed: letters, digits and -._~+/ with = only at the end)"
             )
         if len(key) < API_KEY_MIN_LENGTH:
-            raise ValueError(
-                f"{source}: key {number} of {len(keys)} is shorter than {API_KEY_MIN_LENGTH} characters; "
-                'make one with: python3 -c "import secrets; print(secrets.token_urlsafe(32))"'
-            )
+            raise ValueError(f"{source}: key {number} of {len(keys)} is {_SHORT.format(API_KEY_MIN_LENGTH)}")
     return keys, source
+
+
+_SHORT = 'shorter than {} characters; make one with: python3 -c "import secrets; print(secrets.token_urlsafe(32))"'
 
 
 def _groq_key(raw: str, source: str) -> str:
@@ -447,8 +442,7 @@ def _groq_key(raw: str, source: str) -> str:
 
 
 def _redis_url(environ: Mapping[str, str], url: str) -> str:
-    """REDIS_URL with FASTINFER_REDIS_PASSWORD (or its _FILE) put in, percent-encoded: any character may be in it.
-    The URL is never echoed: it may hold a password."""
+    """REDIS_URL with FASTINFER_REDIS_PASSWORD (or its _FILE) put in, percent-encoded; never echoed."""
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 -- a port that is no number raises here, not in the cache at start-up
@@ -470,10 +464,7 @@ def _cache_hmac_key(raw: str, source: str) -> str:
     if source and not raw:  # set means meant: an empty Secret value must not leave the cache unsigned
         raise ValueError(f"{source} is set but holds no key; unset it to run with unsigned cache entries")
     if raw and len(raw) < CACHE_HMAC_KEY_MIN_LENGTH:  # the key itself is never echoed
-        raise ValueError(
-            f"{source} is shorter than {CACHE_HMAC_KEY_MIN_LENGTH} characters; "
-            'make one with: python3 -c "import secrets; print(secrets.token_urlsafe(32))"'
-        )
+        raise ValueError(f"{source} is {_SHORT.format(CACHE_HMAC_KEY_MIN_LENGTH)}")
     return raw
 
 
@@ -517,8 +508,8 @@ def _said(exc: ValidationError) -> str:
 
 
 def _model() -> None:
-    """Unset, FASTINFER_MODEL becomes a bento's own (BENTO_MODEL_ARGUMENT), for every lookup in the store and every
-    process this one starts; a name the store cannot hold stops start-up before the tuned file is read."""
+    """Unset, FASTINFER_MODEL becomes a bento's own (BENTO_MODEL_ARGUMENT), here and in every process this one
+    starts; a name the store cannot hold stops start-up before the tuned file is read."""
     if not os.environ.get(store.FAMILY_ENV, "").strip() and (built_for := _bento_argument(BENTO_MODEL_ARGUMENT)):
         os.environ[store.FAMILY_ENV] = built_for
     try:
@@ -537,8 +528,8 @@ def _bento_argument(name: str) -> str:
 
 
 def _read(tuned_values: Mapping[str, str], tuned: dict[str, Any]) -> Settings:
-    """The settings from the environment over ``tuned_values`` over the defaults, or ValueError naming each bad
-    variable; with ``tuned`` (the tuned file as found) and where each tunable value came from."""
+    """The environment over ``tuned_values`` over the defaults, or ValueError naming each bad variable; with
+    ``tuned`` (the tuned file as found) and each tunable value's source."""
     from fastinfer.catalog.tuned import TUNABLE
 
     layers = (Variables(Settings, os.environ), Variables(Settings, tuned_values))

@@ -11,10 +11,12 @@ import json
 import logging
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import TypeAdapter
 
 from fastinfer.catalog import tune_space
 from fastinfer.catalog.backends import BACKENDS, env_key
@@ -81,7 +83,7 @@ class Tuned:
 
     path: str
     settings: dict[str, str] = field(default_factory=dict)  # empty unless in force
-    status: str = "none"  # in force | ignored | none
+    status: Literal["in force", "ignored", "none"] = "none"
     why: str = ""
     created: str = ""
     goal: str = ""
@@ -91,8 +93,11 @@ class Tuned:
         return self.status == "in force"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "status": self.status, "why": self.why, "created": self.created,
-                "goal": self.goal, "settings": dict(self.settings)}  # fmt: skip
+        return asdict(self)
+
+
+# What a server's parent exported (:func:`export`).
+_RESOLVED = TypeAdapter(Tuned)
 
 
 def _mismatch(recorded: dict[str, Any], here: dict[str, Any]) -> list[str]:
@@ -235,21 +240,12 @@ def here() -> Tuned:
     so that no two processes serve with two versions of the file; elsewhere the file, read when asked."""
     if resolved := os.environ.get(RESOLVED_ENV):
         try:
-            fields = json.loads(resolved)
-            settings = fields["settings"]
-            if not isinstance(settings, dict) or not all(
-                isinstance(k, str) and TUNABLE.fullmatch(k) and isinstance(v, str) for k, v in settings.items()
-            ):
-                raise TypeError("settings a tuned file cannot hold")  # a value copied from elsewhere, not the parent's
-            text = {key: fields[key] for key in ("path", "status", "why", "created", "goal")}
-            statuses = ("in force", "ignored", "none")
-            if not all(isinstance(v, str) for v in text.values()) or text["status"] not in statuses:
-                raise TypeError("fields a tuned file's reading cannot have")
-            return Tuned(
-                text["path"], settings, text["status"], text["why"], _plain(text["created"]), _plain(text["goal"])
-            )
-        except Exception:  # not JSON, nested past the parser's depth, odd shapes: not what the parent set
+            found = _RESOLVED.validate_json(resolved)
+            if not all(TUNABLE.fullmatch(k) for k in found.settings):  # a value copied from elsewhere
+                raise ValueError("settings a tuned file cannot hold")
+        except ValueError:  # not JSON, nested past the parser's depth, odd shapes: not what the parent set
             return Tuned("", status="ignored", why=f"{RESOLVED_ENV} is not what the server's parent set")
+        return replace(found, created=_plain(found.created), goal=_plain(found.goal))
     tuned = load()
     if tuned.status == "ignored":  # the settings carry on by rule
         warn_ignored(tuned.path, tuned.why)
