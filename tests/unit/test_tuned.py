@@ -42,6 +42,12 @@ def tuned_data(**change) -> dict:
     return data
 
 
+def resolved(settings: object = None, **fields: object) -> str:
+    """RESOLVED_ENV as `bentoml serve`'s parent sets it for a tuned file in force with ``settings``."""
+    given = {"path": "t", "settings": settings or {}, "status": "in force", "why": "", "created": "", "goal": ""}
+    return json.dumps({**given, **fields})
+
+
 def chose(backend: str, **more: str) -> dict[str, str]:
     """Settings as the tuner writes them: the backend it chose, and what it changed for it."""
     return {"FASTINFER_DEFAULT_BACKEND": backend, **more}
@@ -129,14 +135,6 @@ def test_a_corrupt_or_truncated_file_is_ignored_never_raised(tmp_path, content, 
     path.write_bytes(content)
     found = tuned.load(path)
     assert (found.status, found.settings) == ("ignored", {}) and said in found.why
-
-
-def test_a_directory_or_a_fifo_is_ignored_never_read_until_it_blocks(tmp_path) -> None:
-    assert tuned.load(tmp_path).status == "ignored"  # a directory
-    fifo = tmp_path / "fifo.json"
-    os.mkfifo(fifo)
-    found = tuned.load(fifo)  # opening a FIFO for reading blocks until a writer comes: must not be opened
-    assert found.status == "ignored" and "not a regular file" in found.why
 
 
 def test_a_missing_file_or_off_is_no_configuration(tmp_path, monkeypatch) -> None:
@@ -313,8 +311,7 @@ def test_an_unreadable_file_says_why_without_its_path(tmp_path, monkeypatch) -> 
     [{"FASTINFER_API_KEYS": "k"}, {"FASTINFER_CACHE": "off"}, {"FASTINFER_THREADS": 2}, ["x"]],
 )
 def test_a_resolved_value_not_from_a_tuned_file_is_refused(monkeypatch, settings) -> None:
-    resolved = {"path": "t", "settings": settings, "status": "in force", "why": "", "created": "", "goal": ""}
-    monkeypatch.setenv(tuned.RESOLVED_ENV, json.dumps(resolved))
+    monkeypatch.setenv(tuned.RESOLVED_ENV, resolved(settings))
     assert tuned.here().status == "ignored" and tuned.here().settings == {}
 
 
@@ -333,8 +330,8 @@ def test_in_front_in_a_tuned_file_is_the_chosen_backend_or_nothing_as_the_tuner_
     "resolved",
     [
         "[" * 100_000,  # past the parser's depth
-        json.dumps({"path": "t", "settings": {}, "status": "bogus", "why": "", "created": "", "goal": ""}),
-        json.dumps({"path": ["t"], "settings": {}, "status": "in force", "why": "", "created": "", "goal": ""}),
+        resolved(status="bogus"),
+        resolved(path=["t"]),
     ],
 )
 def test_a_resolved_value_of_odd_shape_is_refused_not_a_failed_start(monkeypatch, resolved) -> None:
@@ -343,8 +340,7 @@ def test_a_resolved_value_of_odd_shape_is_refused_not_a_failed_start(monkeypatch
 
 
 def test_a_resolved_values_free_text_is_plain(monkeypatch) -> None:
-    fields = {"path": "t", "settings": {}, "status": "in force", "why": "", "created": "<b>x</b>", "goal": "[a](b)"}
-    monkeypatch.setenv(tuned.RESOLVED_ENV, json.dumps(fields))
+    monkeypatch.setenv(tuned.RESOLVED_ENV, resolved(created="<b>x</b>", goal="[a](b)"))
     assert (tuned.here().created, tuned.here().goal) == ("bx/b", "a(b)")
 
 
@@ -383,6 +379,12 @@ def _under_a_file(tmp_path: Path) -> Path:
     return tmp_path / "file" / "tuned.json"
 
 
+def _fifo(tmp_path: Path) -> Path:
+    """Opening a FIFO for reading blocks until a writer comes: it must not be opened."""
+    os.mkfifo(tmp_path / "fifo.json")
+    return tmp_path / "fifo.json"
+
+
 @pytest.mark.parametrize(
     ("make", "said"),
     [
@@ -393,6 +395,8 @@ def _under_a_file(tmp_path: Path) -> Path:
         (lambda tmp: tmp / ("x" * 300), "unreadable (OSError: File name too long)"),
         (lambda tmp: tmp.joinpath(*["y" * 200] * 30), "unreadable (OSError: File name too long)"),
         (lambda tmp: tmp / "nul\0.json", "unreadable (ValueError: embedded null byte)"),
+        (lambda tmp: tmp, "unreadable (ValueError: not a regular file)"),  # a directory
+        (_fifo, "unreadable (ValueError: not a regular file)"),
     ],
 )
 def test_a_path_that_cannot_be_opened_is_a_reason_not_a_failed_start(tmp_path, make, said) -> None:
@@ -459,14 +463,9 @@ def test_the_tuner_writes_its_decode_threads_only_when_not_the_default(cores) ->
     assert first == tune_space.plain("onnx-int8").decode_threads == default == 0
 
 
-def resolved(**settings: str) -> str:
-    """RESOLVED_ENV as `bentoml serve`'s parent sets it for a tuned file in force with ``settings``."""
-    return json.dumps({"path": "t", "settings": settings, "status": "in force", "why": "", "created": "", "goal": ""})
-
-
 def test_tuned_decode_threads_reach_the_settings_below_the_environment(monkeypatch) -> None:
     names = ("FASTINFER_DEFAULT_BACKEND", "FASTINFER_DECODE_THREADS")
-    monkeypatch.setenv(tuned.RESOLVED_ENV, resolved(**chose("onnx-int8", FASTINFER_DECODE_THREADS="1")))
+    monkeypatch.setenv(tuned.RESOLVED_ENV, resolved(chose("onnx-int8", FASTINFER_DECODE_THREADS="1")))
     settings = settings_with(monkeypatch, *names)
     assert settings.decode_threads == 1 and settings.sources == dict.fromkeys(names, "tuned")
     settings = settings_with(monkeypatch, FASTINFER_DECODE_THREADS="2")
@@ -474,7 +473,7 @@ def test_tuned_decode_threads_reach_the_settings_below_the_environment(monkeypat
 
 
 def test_a_bogus_decode_pool_from_the_parent_leaves_the_tuned_values_out_not_the_server_down(monkeypatch) -> None:
-    monkeypatch.setenv(tuned.RESOLVED_ENV, resolved(**chose("onnx-int8", FASTINFER_DECODE_THREADS="bogus")))
+    monkeypatch.setenv(tuned.RESOLVED_ENV, resolved(chose("onnx-int8", FASTINFER_DECODE_THREADS="bogus")))
     settings = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND", "FASTINFER_DECODE_THREADS")
     assert settings.tuned["status"] == "ignored" and "FASTINFER_DECODE_THREADS" in settings.tuned["why"]
     assert (settings.decode_threads, settings.default_backend, settings.sources) == (0, "auto", {})
