@@ -100,7 +100,7 @@ def doctor(args: argparse.Namespace) -> int:
         print(f"  {'':14} {label}: {text}")
     print(f"\nmodel store: {bentoml_home() / 'models'}")
     served = family.summary(store.family(), served_models())
-    report["family"] = served.as_dict()
+    report["family"] = served.model_dump()
     print(served.summary())
     started = time.perf_counter()
     health = store_check.stored_health()  # every stored file against its recorded sha256

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from pydantic import ConfigDict
 
@@ -33,9 +32,6 @@ class FamilyInfo(ModelFamily):
     """The family a server serves, as its stored models say (its fields: /backends' ``family``)."""
 
     model_config = ConfigDict(frozen=True)
-
-    def as_dict(self) -> dict[str, Any]:
-        return self.model_dump()
 
     def weights_line(self) -> str:
         """Where the weights came from, in words: kind, and the build's description of them."""

@@ -82,11 +82,11 @@ class Tuned:
     """The tuned file as this process found it: its settings when in force, else why not."""
 
     path: str
-    settings: dict[str, str] = field(default_factory=dict)  # empty unless in force
     status: Literal["in force", "ignored", "none"] = "none"
     why: str = ""
     created: str = ""
     goal: str = ""
+    settings: dict[str, str] = field(default_factory=dict)  # empty unless in force
 
     @property
     def in_force(self) -> bool:
@@ -175,7 +175,7 @@ def load(where: Path | None = None) -> Tuned:
     if not settings:  # the reason quotes the file: kept short (every worker inherits it in its environment)
         return Tuned(shown, status="ignored", why=why[:MAX_WHY])
     created, goal = (_plain(data.get(key)) for key in ("created", "goal"))
-    return Tuned(shown, settings, "in force", "", created, goal)
+    return Tuned(shown, "in force", created=created, goal=goal, settings=settings)
 
 
 def _unreadable(exc: Exception) -> str:
