@@ -1,7 +1,6 @@
-"""FASTINFER_IN_FRONT through a real ``bentoml serve``: the named backend's engine runs in the front
-worker (no runner process for it), answers as its runner would, batches concurrent requests, keeps
-every bad-input 4xx; and a crash of that engine takes the front worker down until it restarts — what
-README says it does."""
+"""FASTINFER_IN_FRONT through a real ``bentoml serve``: the engine runs in the front worker (no runner process),
+answers as its runner would, batches, keeps every bad-input 4xx; its crash takes the front worker down until it
+restarts."""
 
 from __future__ import annotations
 

@@ -208,12 +208,9 @@ def test_a_client_too_slow_to_send_gets_our_408_before_bentomls_timeout(own_serv
 
 
 def test_work_answered_504_is_dropped_by_the_runner(own_server) -> None:
-    """More pytorch work than the 3 s deadline allows: the requests past it are answered 504, and the
-    runner computes no more than what was answered 200 and the runs under way at the deadlines: the rest
-    is dropped, by the deadline sent with the call (``expired_images``) or as the front's call is
-    cancelled, whichever comes first. Each request's deadline runs from its own arrival, so a run can
-    start just before a later request's deadline while the first, over its own, is still being answered
-    504: two runs at most, as the arrivals spread over less than one run of 32 pytorch images."""
+    """More pytorch work than the 3 s deadline allows: past it, 504, and the runner computes no more than what
+    was answered 200 and the runs under way at the deadlines (two at most: each deadline runs from its request's
+    arrival, spread over less than one run of 32 images); the rest is dropped (``expired_images``, or cancelled)."""
     from concurrent.futures import ThreadPoolExecutor
 
     # Small photos (their decoding is nearly free, so every request reaches the runner at once), 32 a
@@ -281,10 +278,8 @@ def in_flight(client: httpx.Client, route: str) -> float:
 
 
 def test_graceful_shutdown_finishes_every_request_in_flight(own_server) -> None:
-    """Eight requests to one runner are half-uploaded when SIGTERM arrives, and the server says all
-    eight are in progress: they are in flight by construction, not by timing. Every one must still be
-    answered. (`bentoml serve` deletes the runners' socket files at SIGTERM; before runners/drain.py
-    linked them back, a request that found a pooled connection got 200, one that needed a new one 503.)"""
+    """Eight requests to one runner are half-uploaded when SIGTERM arrives, and the server says all eight are in
+    progress: in flight by construction, not by timing. Every one must still be answered (runners/drain.py)."""
     uploads = [multipart(photos.photo_jpeg("chelsea.png", width=400 + i), backend="pytorch") for i in range(8)]
     with httpx.Client(base_url=own_server.url, timeout=10) as client:
         sockets = [open_upload(own_server.url, body, ctype) for body, ctype in uploads]

@@ -140,9 +140,7 @@ DESCRIBED = {  # what each engine's describe() says here (AMD EPYC with AVX-512 
 
 
 def test_doctor_says_what_each_precision_it_prints_means(monkeypatch, tmp_path, capsys) -> None:
-    """Doctor printed "openvino-int8 precision bf16" above "Convolution u8 53/53", which read as a
-    contradiction: the first is the precision OpenVINO computes float layers in (its hint), the second
-    what the layers run in. Each line now says which it is."""
+    """OpenVINO's precision hint (for float layers) and what the layers run in, each said as what it is."""
     monkeypatch.setattr(cli, "_available", lambda: dict.fromkeys(DESCRIBED))
     monkeypatch.setattr(backends, "open_engine", lambda name: FakeEngine(DESCRIBED[name]))
     monkeypatch.setattr(hardware, "probe", lambda check_torch=False: {"os": "Linux", "cpu": "AMD EPYC", "isa": []})

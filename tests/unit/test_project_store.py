@@ -15,13 +15,9 @@ from fastinfer.common import home
 from tests.conftest import ROOT
 
 
-def test_a_source_checkout_is_the_project(tmp_path) -> None:
-    assert home.project_root() == ROOT
-
-
 def test_unset_the_home_is_the_projects_store_and_a_set_one_wins(monkeypatch, tmp_path) -> None:
     monkeypatch.delenv("BENTOML_HOME")  # restored afterwards by monkeypatch
-    assert home.use_project_store() == ROOT / "bentoml_home"
+    assert home.project_root() == ROOT and home.use_project_store() == ROOT / "bentoml_home"  # a source checkout
     assert os.environ["BENTOML_HOME"] == str(ROOT / "bentoml_home")  # for BentoML and every child process
     monkeypatch.setenv("BENTOML_HOME", str(tmp_path))
     assert home.use_project_store() == tmp_path

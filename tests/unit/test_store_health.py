@@ -1,9 +1,6 @@
-"""Store health: a stored model is up to date only while its files are what was built.
-
-Every file's size and sha256 is recorded at build time; the build, ``--if-missing``, the runners and
-``fastinfer doctor`` check against it. A runner that could not load its model is not ready, and what
-it tells clients carries no path of this server. Tests that damage a model do it in a store of their own.
-"""
+"""Store health: a stored model is up to date only while its files match the size and sha256 recorded at build
+time (the build, ``--if-missing``, the runners and doctor check). A runner that could not load is not ready, and
+tells clients no path of this server. Tests that damage a model do it in a store of their own."""
 
 from __future__ import annotations
 
