@@ -403,7 +403,8 @@ def _secret(environ: Mapping[str, str], name: str) -> tuple[str, str]:
     except OSError as exc:
         raise ValueError(f"{file_name}: cannot read {path!r} ({type(exc).__name__})") from None
     except ValueError as exc:  # too large, or not a regular file
-        raise ValueError(f"{file_name}: {path!r} is {exc}{': not a secret file' * isinstance(exc, TooLarge)}") from None
+        why = f"{exc}: not a secret file" if isinstance(exc, TooLarge) else exc
+        raise ValueError(f"{file_name}: {path!r} is {why}") from None
     try:
         text = value.decode("utf-8-sig").strip()  # a BOM (Windows editors) is not part of the secret
     except UnicodeDecodeError:

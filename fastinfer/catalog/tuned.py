@@ -243,7 +243,7 @@ def here() -> Tuned:
             found = _RESOLVED.validate_json(resolved)
             if not all(TUNABLE.fullmatch(k) for k in found.settings):  # a value copied from elsewhere
                 raise ValueError("settings a tuned file cannot hold")
-        except ValueError:  # not JSON, nested past the parser's depth, odd shapes: not what the parent set
+        except Exception:  # not JSON, nested past the parser's depth, odd shapes: not what the parent set
             return Tuned("", status="ignored", why=f"{RESOLVED_ENV} is not what the server's parent set")
         return replace(found, created=_plain(found.created), goal=_plain(found.goal))
     tuned = load()
