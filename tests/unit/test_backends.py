@@ -8,6 +8,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -83,17 +84,21 @@ def test_the_front_depends_only_on_the_runners_switched_on() -> None:
     assert out.stdout.split("\n")[-2] == "['onnx_int8', 'onnx_int8_dynamic']"
 
 
-def test_without_openvino_its_backends_say_why_and_its_runners_do_not_start(built_models, monkeypatch) -> None:
+@pytest.fixture
+def without_openvino(monkeypatch) -> Iterator[None]:
+    """``import openvino`` would fail here: its package is not found."""
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else real(name, *a))
     backends.openvino_missing.cache_clear()
-    try:
-        assert not runs_here("openvino") and not runs_here("openvino-int8") and runs_here("onnx")
-        reason = unavailable_reason("openvino-int8")
-        assert reason is not None and "OpenVINO is not installed" in reason and "resnet50-openvino-int8" in reason
-        assert unavailable_reason("onnx-int8") is None
-    finally:
-        backends.openvino_missing.cache_clear()
+    yield
+    backends.openvino_missing.cache_clear()
+
+
+def test_without_openvino_its_backends_say_why_and_its_runners_do_not_start(built_models, without_openvino) -> None:
+    assert not runs_here("openvino") and not runs_here("openvino-int8") and runs_here("onnx")
+    reason = unavailable_reason("openvino-int8")
+    assert reason is not None and "OpenVINO is not installed" in reason and "resnet50-openvino-int8" in reason
+    assert unavailable_reason("onnx-int8") is None
 
 
 def test_a_missing_model_is_named(built_models, monkeypatch) -> None:
@@ -104,17 +109,14 @@ def test_a_missing_model_is_named(built_models, monkeypatch) -> None:
     assert unavailable_reason("openvino") == ("resnet50-openvino not in the model store; run `python -m build_models`")
 
 
-def test_without_openvino_and_without_its_models_the_reason_is_openvino(built_models, monkeypatch) -> None:
+def test_without_openvino_and_without_its_models_the_reason_is_openvino(
+    built_models, monkeypatch, without_openvino
+) -> None:
     real = store.find
     monkeypatch.setattr(
         store, "find", lambda artifact, batch=None: None if "openvino" in artifact else real(artifact, batch)
     )
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
-    backends.openvino_missing.cache_clear()
-    try:
-        reason = unavailable_reason("openvino")
-    finally:
-        backends.openvino_missing.cache_clear()
+    reason = unavailable_reason("openvino")
     assert reason is not None and reason.startswith("OpenVINO is not installed") and "model store" not in reason
 
 

@@ -13,12 +13,11 @@ from fastinfer import cli
 from fastinfer.catalog import backends, config
 from fastinfer.catalog.config import BACKENDS
 from fastinfer.common import hardware
+from tests.conftest import doctor_report
 
 
 def test_doctor_reports_hardware_backends_and_a_recommendation(built_models, tmp_path, capsys) -> None:
-    out = tmp_path / "doctor.json"
-    assert cli.main(["doctor", "--json", str(out), "--profile", str(tmp_path / "none.json")]) == 0
-    report = json.loads(out.read_text())
+    report = doctor_report(tmp_path)
     assert {"os", "cpu", "cores", "cores_source", "isa", "neural_engine", "cuda", "mps"} <= report["hardware"].keys()
     assert set(report["backends"]) == set(BACKENDS)
     onnx = report["backends"]["onnx"]
@@ -41,11 +40,9 @@ def test_doctor_says_where_the_core_count_came_from(monkeypatch, tmp_path, capsy
     budget = hardware.probe_cpu_budget(tmp_path, affinity=64)
     monkeypatch.setattr(hardware, "cpu_budget", lambda: budget)
     monkeypatch.setattr(cli, "_available", dict)  # no backends: only the machine is under test
-    out = tmp_path / "doctor.json"
-    assert cli.main(["doctor", "--json", str(out), "--profile", str(tmp_path / "none.json")]) == 0
+    report = doctor_report(tmp_path)["hardware"]
     printed = capsys.readouterr().out
     assert "  cores          2 — cgroup v2 cpu.max 150000/100000 → 2 (CPU affinity 64)\n" in printed
-    report = json.loads(out.read_text())["hardware"]
     assert (report["cores"], report["cores_source"]) == (2, budget.source)
     # Nothing can run (no backends here): said, not an empty name called "the only backend available".
     assert "recommended here: none — no backend can run here" in printed
@@ -59,14 +56,11 @@ def test_doctor_says_a_tuned_file_that_is_a_symlink_loop_is_ignored(monkeypatch,
     monkeypatch.setattr(cli, "_available", dict)  # no backends: only the tuned file is under test
     config.get_settings.cache_clear()  # read with this environment, and left for no other test
     try:
-        out = tmp_path / "doctor.json"
-        assert cli.main(["doctor", "--json", str(out), "--profile", str(tmp_path / "none.json")]) == 0
+        report = doctor_report(tmp_path)
     finally:
         config.get_settings.cache_clear()
-    printed = capsys.readouterr().out
     said = "tuned configuration (tuned.json): ignored — unreadable (OSError: Too many levels of symbolic links)\n"
-    assert said in printed
-    assert json.loads(out.read_text())["tuned"]["status"] == "ignored"
+    assert said in capsys.readouterr().out and report["tuned"]["status"] == "ignored"
 
 
 def shown_help(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[Any, str]:
@@ -175,8 +169,8 @@ def test_bench_then_doctor_recommends_from_measurements(built_models, tmp_path, 
     assert all(r["median_ms"] > 0 and r["batch"] == 1 for r in rows.values())
     assert "× vs onnx FP32" in capsys.readouterr().out
     doctor = tmp_path / "doctor.json"
-    cli.main(["doctor", "--json", str(doctor), "--profile", str(bench)])
-    rec = json.loads(doctor.read_text())["recommended"]
+    assert cli.main(["doctor", "--json", str(doctor), "--profile", str(bench)]) == 0
+    report = json.loads(doctor.read_text())
+    rec, default = report["recommended"], report["default"]  # FASTINFER_DEFAULT_BACKEND=auto follows the measurement
     assert rec["backend"] == max(rows, key=lambda n: rows[n]["images_per_s"]) and rec["source"] == "measured"
-    default = json.loads(doctor.read_text())["default"]  # FASTINFER_DEFAULT_BACKEND=auto follows the measurement
     assert (default["backend"], default["source"]) == (rec["backend"], "measured")
