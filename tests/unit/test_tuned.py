@@ -158,6 +158,14 @@ def in_force(built_models, monkeypatch, tmp_path) -> Path:
     return path
 
 
+def rewrite(path: Path, settings: dict[str, str]) -> dict:
+    """The tuned file at ``path`` with ``settings`` instead of its own; its data."""
+    data = json.loads(path.read_text())
+    data["settings"] = settings
+    path.write_text(json.dumps(data))
+    return data
+
+
 def test_its_values_become_the_settings_below_the_environment(in_force, monkeypatch) -> None:
     unset = ("FASTINFER_DEFAULT_BACKEND", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8")
     settings = settings_with(monkeypatch, *unset, "FASTINFER_DECODE_THREADS")
@@ -177,9 +185,7 @@ def test_its_values_become_the_settings_below_the_environment(in_force, monkeypa
 
 
 def test_values_that_clash_with_the_environment_leave_it_out_not_the_server_down(in_force, monkeypatch, caplog):
-    data = json.loads(in_force.read_text())
-    data["settings"] = chose("onnx-int8", FASTINFER_IN_FRONT="onnx-int8", FASTINFER_MAX_BATCH_SIZE_ONNX_INT8="16")
-    in_force.write_text(json.dumps(data))
+    rewrite(in_force, chose("onnx-int8", FASTINFER_IN_FRONT="onnx-int8", FASTINFER_MAX_BATCH_SIZE_ONNX_INT8="16"))
     with caplog.at_level(logging.WARNING, logger="fastinfer.tuned"):
         settings = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND", FASTINFER_FRONT_WORKERS="2")  # in front: 1
     assert settings.in_front == frozenset() and settings.front_workers == 2  # all left out:
@@ -219,9 +225,7 @@ def test_an_error_of_the_environment_is_its_own_not_the_tuned_files(in_force, mo
      ("FASTINFER_MAX_LATENCY_MS_ONNX_INT8", "600000"), ("FASTINFER_MAX_LATENCY_MS_ONNX_INT8", "-1")],
 )  # fmt: skip
 def test_values_out_of_range_leave_the_file_out_and_refuse_from_the_environment(in_force, monkeypatch, name, value):
-    data = json.loads(in_force.read_text())
-    data["settings"] = chose("onnx-int8", **{name: value})
-    in_force.write_text(json.dumps(data))
+    rewrite(in_force, chose("onnx-int8", **{name: value}))
     settings = settings_with(monkeypatch, name)
     assert settings.tuned["status"] == "ignored" and "is not a value `fastinfer tune` chooses" in settings.tuned["why"]
     with pytest.raises(ValueError, match="must be from"):
@@ -248,9 +252,9 @@ def test_counts_in_other_digits_are_refused_with_the_reason_not_as_unreadable(va
 
 
 def test_spaces_in_a_tuned_file_read_as_in_the_environment_and_auto_is_no_tuning(in_force, monkeypatch) -> None:
-    data = json.loads(in_force.read_text())
-    data["settings"] = chose("onnx-int8\n", FASTINFER_MAX_BATCH_SIZE_ONNX_INT8=" 16\n", FASTINFER_IN_FRONT="onnx-int8 ")
-    in_force.write_text(json.dumps(data))
+    data = rewrite(
+        in_force, chose(" onnx-int8\n", FASTINFER_MAX_BATCH_SIZE_ONNX_INT8=" 16\n", FASTINFER_IN_FRONT="onnx-int8 ")
+    )
     unset = ("FASTINFER_DEFAULT_BACKEND", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8", "FASTINFER_IN_FRONT")
     settings = settings_with(monkeypatch, *unset, FASTINFER_FRONT_WORKERS="1")
     assert settings.tuned["status"] == "in force", settings.tuned
@@ -268,18 +272,8 @@ def test_a_count_is_plain_ascii_digits(monkeypatch, value) -> None:
         settings_with(monkeypatch, FASTINFER_TUNED="off", FASTINFER_MAX_BATCH_SIZE_ONNX=value)
 
 
-def test_a_backend_with_spaces_in_a_tuned_file_is_the_backend(in_force, monkeypatch) -> None:
-    data = json.loads(in_force.read_text())
-    data["settings"] = chose(" onnx-int8 ")
-    in_force.write_text(json.dumps(data))
-    settings = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND")
-    assert settings.tuned["status"] == "in force" and settings.default_backend == "onnx-int8"
-
-
 def test_none_in_the_environment_keeps_every_engine_in_its_runner_over_the_tuned_file(in_force, monkeypatch) -> None:
-    data = json.loads(in_force.read_text())
-    data["settings"] = chose("onnx-int8", FASTINFER_IN_FRONT="onnx-int8")
-    in_force.write_text(json.dumps(data))
+    rewrite(in_force, chose("onnx-int8", FASTINFER_IN_FRONT="onnx-int8"))
     assert settings_with(monkeypatch, "FASTINFER_IN_FRONT").in_front == {"onnx-int8"}
     settings = settings_with(monkeypatch, FASTINFER_IN_FRONT="None")
     assert settings.in_front == frozenset() and settings.sources["FASTINFER_IN_FRONT"] == "environment"
@@ -425,11 +419,11 @@ def test_a_home_that_is_a_symlink_loop_shows_the_files_name_not_a_failed_start(t
 
 
 def test_one_value_the_tuner_never_chose_leaves_the_whole_file_out(in_force, monkeypatch) -> None:
-    data = json.loads(in_force.read_text())  # the hostile example: every request would wait 10 s for a batch
-    data["settings"] = chose(
-        "onnx-int8", FASTINFER_MAX_BATCH_SIZE_ONNX_INT8="16", FASTINFER_MAX_LATENCY_MS_ONNX_INT8="10000"
+    # The hostile example: every request would wait 10 s for a batch.
+    rewrite(
+        in_force,
+        chose("onnx-int8", FASTINFER_MAX_BATCH_SIZE_ONNX_INT8="16", FASTINFER_MAX_LATENCY_MS_ONNX_INT8="10000"),
     )
-    in_force.write_text(json.dumps(data))
     settings = settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND", "FASTINFER_MAX_BATCH_SIZE_ONNX_INT8",
                              "FASTINFER_MAX_LATENCY_MS_ONNX_INT8")  # fmt: skip
     assert settings.tuned["status"] == "ignored" and "'10000'" in settings.tuned["why"]
