@@ -133,21 +133,14 @@ def test_asking_the_engine_of_a_runner_that_could_not_load_retries_the_load_when
 def test_a_bento_built_with_engines_in_front_still_packs_their_models(built_models) -> None:
     """`bentoml build` packs the models of the services in the graph; the in-front runners leave it, so
     the front carries their models: the packed set does not depend on the setting."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     script = (
         "import json, service; s = service.FastInfer.all_services(); "
         "print(json.dumps([sorted(s), sorted(str(m) for v in s.values() for m in v.models)]))"
     )
-    root = Path(__file__).resolve().parents[2]
 
     def graph(in_front: str) -> list:
         env = {**os.environ, "FASTINFER_IN_FRONT": in_front}
-        out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True)
+        out = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True)
         assert out.returncode == 0, out.stderr[-2000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
 
