@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import TypeAdapter
+
 from fastinfer.common import leases
 from fastinfer.common.home import bentoml_home
 from fastinfer.engines import DEFAULT_INPUT_SIZE, IMAGENET_MEAN, IMAGENET_STD
@@ -46,6 +48,8 @@ class PreprocessSpec:
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
 
+
+_PREPROCESS = TypeAdapter(PreprocessSpec)  # as a model's metadata holds it: numbers as YAML wrote them
 
 FAMILY_ENV = "FASTINFER_MODEL"  # the family a server serves and the tools measure
 DEFAULT_FAMILY = "resnet50"
@@ -293,8 +297,6 @@ def in_use() -> dict[str, int]:
 def describe(model: Model) -> StoredModelInfo:
     labels: dict[str, str] = dict(model.info.labels)
     meta: dict[str, Any] = dict(model.info.metadata)
-    pre = meta.get("preprocess", {})
-    default = PreprocessSpec()  # a model stored before families was built with the default family's
     categories = [str(c) for c in meta.get("categories", [])]  # a hand-edited record may hold numbers
     return StoredModelInfo(
         tag=str(model.tag),
@@ -302,12 +304,7 @@ def describe(model: Model) -> StoredModelInfo:
         backend=labels.get("backend", ""),
         weights=str(labels.get("weights", "unknown")),
         source_hash=labels.get("source_hash", ""),
-        preprocess=PreprocessSpec(
-            resize_size=int(pre.get("resize_size", default.resize_size)),
-            crop_size=int(pre.get("crop_size", default.crop_size)),
-            mean=_triple(pre.get("mean", default.mean)),
-            std=_triple(pre.get("std", default.std)),
-        ),
+        preprocess=_PREPROCESS.validate_python(meta.get("preprocess", {})),  # before families: the default's
         categories=categories,
         family=labels.get("family") or DEFAULT_FAMILY,
         num_classes=int(meta.get("num_classes", len(categories))),
@@ -322,11 +319,6 @@ def family_spec(family_name: str | None = None) -> PreprocessSpec:
         if model is not None:
             return describe(model).preprocess
     return PreprocessSpec()
-
-
-def _triple(values: Any) -> tuple[float, float, float]:
-    r, g, b = (float(v) for v in values)
-    return (r, g, b)
 
 
 def is_current(model: Model | None, source_hash: str, built_by: str) -> bool:
