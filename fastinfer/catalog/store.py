@@ -193,6 +193,7 @@ def versions(name: str) -> list[str]:
 # Set by the server at start-up, inherited by every worker: store name → the tag resolved then, so that every
 # process of one server serves those versions, never whatever ``:latest`` is when it (re)starts.
 PINS_ENV = "FASTINFER_PINNED_MODELS"
+_NAMED = TypeAdapter(dict[str, str])  # store name → a tag (pins) or why (unserved), as JSON
 
 
 def pins() -> dict[str, str] | None:
@@ -201,13 +202,10 @@ def pins() -> dict[str, str] | None:
     if raw is None:
         return None
     try:
-        pinned = json.loads(raw)
+        return _NAMED.validate_json(raw)
     except ValueError:
-        pinned = None
-    if not isinstance(pinned, dict) or not all(isinstance(v, str) for v in pinned.values()):
         raise ValueError(f"{PINS_ENV} is set by `bentoml serve` for its own workers (a JSON object of model tags); "
-                         f"it holds {raw[:60]!r} here: unset it")  # fmt: skip
-    return pinned
+                         f"it holds {raw[:60]!r} here: unset it") from None  # fmt: skip
 
 
 def latest(names: list[str]) -> dict[str, Model]:
@@ -229,10 +227,9 @@ UNSERVED_ENV = "FASTINFER_UNSERVED_MODELS"  # beside PINS_ENV: store name → wh
 def unserved() -> dict[str, str]:
     """This server's stored models that it does not serve → why ({} outside a server, or when none)."""
     try:
-        told = json.loads(os.environ.get(UNSERVED_ENV) or "{}")
+        return _NAMED.validate_json(os.environ.get(UNSERVED_ENV) or "{}")
     except ValueError:
-        told = None
-    return told if isinstance(told, dict) else {}
+        return {}
 
 
 class PinnedModelGone(LookupError):
