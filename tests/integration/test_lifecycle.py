@@ -72,7 +72,9 @@ def own_server(own_home, redis_server, tmp_path_factory):
         yield srv
 
 
-def test_a_corrupt_model_makes_its_backend_unavailable_and_the_rest_serves(own_server) -> None:
+def test_corrupt_models_are_unavailable_keep_the_server_not_ready_and_the_rest_serves(own_server, own_home) -> None:
+    """README: ready means every runner loaded its model. The 503s say why, without the store's path
+    (ONNX Runtime names the file it failed on); the server's log keeps the whole message."""
     files = {"image": ("p.jpg", photos.photo_jpeg("astronaut.png", width=301), "image/jpeg")}
     with httpx.Client(base_url=own_server.url, timeout=60) as client:
         # First /compare (before any request learnt of the failure): every other backend, this one unavailable.
@@ -80,31 +82,21 @@ def test_a_corrupt_model_makes_its_backend_unavailable_and_the_rest_serves(own_s
         assert compared.status_code == 200, compared.text
         assert "openvino-int8" in compared.json()["summary"]["unavailable"]
         assert {r["backend"] for r in compared.json()["results"]} >= {"openvino", "onnx-int8", "pytorch"}
-        broken = client.post("/classify", data={"backend": "openvino-int8"}, files=files)
-        assert broken.status_code == 503, broken.text
-        error = broken.json()["error"]
-        assert error["code"] == "backend_unavailable" and "openvino-int8 could not be loaded" in error["message"]
-        info = {b["name"]: b for b in client.get("/backends").json()["backends"]}
-        assert info["openvino-int8"]["available"] is False
-        assert "could not be loaded" in info["openvino-int8"]["reason"]
-        for backend in ("openvino", "onnx-int8", "pytorch"):  # the same runtime, another model, another runtime
-            ok = client.post("/classify", data={"backend": backend}, files=files)
-            assert ok.status_code == 200 and ok.json()["backend"] == backend, ok.text
-            assert info[backend]["available"] is True
-
-
-def test_corrupt_models_keep_the_server_not_ready_and_clients_see_no_server_path(own_server, own_home) -> None:
-    """README: ready means every runner loaded its model. The 503s say why, without the store's path
-    (ONNX Runtime names the file it failed on); the server's log keeps the whole message."""
-    files = {"image": ("p.jpg", photos.photo_jpeg("astronaut.png", width=303), "image/jpeg")}
-    with httpx.Client(base_url=own_server.url, timeout=60) as client:
         assert client.get("/readyz").status_code == 503
         said = {}
         for backend in ("openvino-int8", "onnx-int8-dynamic"):
             broken = client.post("/classify", data={"backend": backend}, files=files)
-            assert broken.status_code == 503, broken.text
+            assert broken.status_code == 503 and broken.json()["error"]["code"] == "backend_unavailable", broken.text
             said[backend] = broken.json()["error"]["message"]
-        reasons = {b["name"]: b["reason"] for b in client.get("/backends").json()["backends"]}
+        info = {b["name"]: b for b in client.get("/backends").json()["backends"]}
+        reasons = {name: b["reason"] for name, b in info.items()}
+        for backend in ("openvino", "onnx-int8", "pytorch"):  # the same runtime, another model, another runtime
+            ok = client.post("/classify", data={"backend": backend}, files=files)
+            assert ok.status_code == 200 and ok.json()["backend"] == backend, ok.text
+            assert info[backend]["available"] is True
+    assert info["openvino-int8"]["available"] is False
+    assert "openvino-int8 could not be loaded" in said["openvino-int8"]
+    assert "could not be loaded" in reasons["openvino-int8"]
     # Refused on its recorded sha256, before the runtime reads it; with the command that rebuilds it.
     assert "is corrupt: model.bin is " in said["openvino-int8"], said
     assert "rebuild it: python -m build_models --only openvino-int8 --weights random" in said["openvino-int8"]
