@@ -4,6 +4,7 @@ by rule; FASTINFER_DEFAULT_BACKEND names one to override it. Stand-ins for other
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -109,19 +110,23 @@ def test_the_setting_accepts_auto_and_backends_only(monkeypatch) -> None:
         settings_with(monkeypatch, FASTINFER_DEFAULT_BACKEND="fastest")
 
 
-def test_the_process_default_resolves_once_per_setting(monkeypatch, tmp_path) -> None:
+@pytest.fixture
+def resolving(monkeypatch, tmp_path) -> Iterator[None]:
+    """``auto`` resolved afresh on an AVX2 machine where only onnx and onnx-int8 can run, with no bench."""
     monkeypatch.setattr(choice.hardware, "probe", lambda: AVX2)
     monkeypatch.setattr(choice, "unavailable_reason", lambda name: None if name in ("onnx", "onnx-int8") else "no")
     monkeypatch.setattr(choice, "bench_result", lambda: tmp_path / "none.json")
     monkeypatch.setattr(choice, "served_result", lambda: tmp_path / "none.json")
     choice._resolved.cache_clear()
-    try:
-        settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND")
-        assert choice.default_choice().backend == "onnx-int8"  # openvino-int8 cannot run: the next rule
-        settings_with(monkeypatch, FASTINFER_DEFAULT_BACKEND="pytorch")
-        assert choice.default_choice().backend == "pytorch"
-    finally:
-        choice._resolved.cache_clear()
+    yield
+    choice._resolved.cache_clear()
+
+
+def test_the_process_default_resolves_once_per_setting(monkeypatch, resolving) -> None:
+    settings_with(monkeypatch, "FASTINFER_DEFAULT_BACKEND")
+    assert choice.default_choice().backend == "onnx-int8"  # openvino-int8 cannot run: the next rule
+    settings_with(monkeypatch, FASTINFER_DEFAULT_BACKEND="pytorch")
+    assert choice.default_choice().backend == "pytorch"
     assert set(EVERY) <= set(BACKENDS)
 
 
@@ -186,26 +191,16 @@ def test_a_bench_of_fewer_backends_does_not_overrule_the_rule_or_a_fuller_bench(
     assert choice.recommend(AVX2, available, {"onnx": 9.0}) == choice.recommend(AVX2, available)  # the rule's
 
 
-def test_auto_passes_over_a_backend_whose_build_measured_it_over_the_limit(monkeypatch, tmp_path) -> None:
-    monkeypatch.setattr(choice.hardware, "probe", lambda: AVX2)
-    monkeypatch.setattr(choice, "unavailable_reason", lambda name: None if name in ("onnx", "onnx-int8") else "no")
-    monkeypatch.setattr(choice, "bench_result", lambda: tmp_path / "none.json")
-    monkeypatch.setattr(choice, "served_result", lambda: tmp_path / "none.json")
+def test_auto_passes_over_a_backend_whose_build_measured_it_over_the_limit(monkeypatch, resolving) -> None:
     lossy = {"onnx-int8": "its build measured a top-1 drop of 3.33 pp"}
     monkeypatch.setattr(choice, "over_accuracy_limit", lossy.get)
-    choice._resolved.cache_clear()
-    try:
-        chosen = choice._resolved("auto", "environment")
-    finally:
-        choice._resolved.cache_clear()
+    chosen = choice._resolved("auto", "environment")
     assert chosen.backend == "onnx"
     assert chosen.why.endswith("; passed over for accuracy: onnx-int8: " + lossy["onnx-int8"])
-    # Review: with nothing else that can run, the one over the limit is served (not an unstored onnx's 503).
+    # With nothing else that can run, the one over the limit is served (not an unstored onnx's 503).
     monkeypatch.setattr(choice, "unavailable_reason", lambda name: None if name == "onnx-int8" else "no")
-    try:
-        alone = choice._resolved("auto", "environment")
-    finally:
-        choice._resolved.cache_clear()
+    choice._resolved.cache_clear()
+    alone = choice._resolved("auto", "environment")
     assert alone.backend == "onnx-int8" and "passed over" not in alone.why
 
 
