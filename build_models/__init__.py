@@ -5,11 +5,12 @@ is checked against PyTorch, then stored or refused; one table ends the build: wh
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -135,9 +136,6 @@ class BuildResult:
     name: str  # store name, e.g. resnet50-coreml-b4
     tag: str
     built: bool  # False when the stored model was already current
-    seconds: float
-    max_abs_diff: float | None = None
-    top1_agreement: float | None = None
 
 
 class BadPreprocessing(ValueError):
@@ -268,6 +266,9 @@ def build(
     Bad arguments and inputs raise before anything is exported. An export that does not load, diverges from
     PyTorch, or fails the accuracy gate is refused and not stored, as is what converts it; the build goes on and
     then raises BuildRefused naming every one refused. ``accuracy_json``: None, beside the family."""
+    from build_models.weights import load_weights
+    from fastinfer.engines.torch_model import resnet50
+
     said = progress
 
     def progress(line: str) -> None:  # a file name's undecodable bytes would crash a strict stdout
@@ -277,8 +278,38 @@ def build(
     store.check_family(family)
     given = preprocess or PreprocessSpec()
     spec = preprocess_spec(given.mean, given.std, given.resize_size, given.crop_size)  # one line if it cannot be
-    builder = Builder.prepare(weights_choice, names, family, labels_path, spec, calibration_dir, int8_activations,
-                              force, if_missing, progress)  # fmt: skip
+    progress(f"weights: resolving {weights_choice!r}")
+    weights = load_weights(weights_choice)
+    progress(f"weights: {weights.kind} ({weights.description}), source hash {weights.source_hash}")
+    labels = family_labels(labels_path, weights.num_classes)
+    named = f"labels from {labels_path}" if labels_path else "ImageNet's labels"
+    progress(
+        f"family {family}: {len(labels)} classes ({named}); resize {spec.resize_size}, crop {spec.crop_size}, "
+        f"mean {','.join(map(str, spec.mean))}, std {','.join(map(str, spec.std))}"
+    )
+    check_one_source(family, family_hash(weights.source_hash, labels, spec), names, if_missing)
+    not_imagenet = labels_path is not None or weights.num_classes != IMAGENET_CLASSES
+    if not_imagenet and family == store.DEFAULT_FAMILY:
+        progress(
+            f"WARNING: family {store.DEFAULT_FAMILY} is the default family (ImageNet's, served when "
+            "FASTINFER_MODEL is not set): your model replaces its models in the store; pass --name NAME to "
+            "build it as a family of its own instead"
+        )
+    if not_imagenet and calibration_dir is None and {"onnx-int8", "openvino-int8"} & set(names):
+        progress(
+            f"WARNING: family {family}: static INT8 will be calibrated on the bundled generic photos "
+            "(scikit-image samples), not on your own images, so its accuracy on your classes may suffer; "
+            "pass --calibration-dir DIR with a few hundred of your images (your training folder will do)"
+        )
+    model = resnet50(weights.state_dict, spec.mean, spec.std)
+    ctx = BuildContext(weights, spec, model, calibration_dir, int8_activations, force, family, labels)
+    todo = plan.jobs(
+        names,
+        {a.name: a.batches for a in ARTIFACTS.values()},
+        {a.name: a.built_from for a in ARTIFACTS.values()},
+        partial(store.model_name, family_name=family),
+    )
+    builder = Builder(ctx, todo, progress, not_imagenet)
     try:
         builder.check_inputs(eval_dir, max_accuracy_drop, accuracy_json)
         for i, job in enumerate(builder.jobs, 1):
@@ -298,6 +329,17 @@ class _Skipped(Exception):
     """An export this machine cannot check (its runtime cannot run here): why."""
 
 
+@contextlib.contextmanager
+def refusing(what: str, kept: str, *passed: type[Exception]) -> Iterator[None]:
+    """An exception in the block (but ``passed`` ones) as _Refused: the export ``what``, in one line."""
+    try:
+        yield
+    except passed:
+        raise
+    except Exception as exc:  # the other backends are still built
+        raise _Refused(f"the export {what}: {one_line(exc)}. Nothing stored{kept}.") from exc
+
+
 @dataclass
 class Builder:
     """One build of a family: its inputs, its plan, and what became of each model."""
@@ -312,57 +354,6 @@ class Builder:
     outcomes: list[plan.Outcome] = field(default_factory=list)
     results: list[BuildResult] = field(default_factory=list)
 
-    @classmethod
-    def prepare(
-        cls,
-        weights_choice: str,
-        names: list[str],
-        family: str,
-        labels_path: Path | None,
-        spec: PreprocessSpec,
-        calibration_dir: Path | None,
-        int8_activations: str | None,
-        force: bool,
-        if_missing: bool,
-        progress: Callable[[str], None],
-    ) -> Builder:
-        """The weights, labels and model of the family, and the plan; raises on a bad input, nothing exported."""
-        from build_models.weights import load_weights
-        from fastinfer.engines.torch_model import resnet50
-
-        progress(f"weights: resolving {weights_choice!r}")
-        weights = load_weights(weights_choice)
-        progress(f"weights: {weights.kind} ({weights.description}), source hash {weights.source_hash}")
-        labels = family_labels(labels_path, weights.num_classes)
-        named = f"labels from {labels_path}" if labels_path else "ImageNet's labels"
-        progress(
-            f"family {family}: {len(labels)} classes ({named}); resize {spec.resize_size}, crop {spec.crop_size}, "
-            f"mean {','.join(map(str, spec.mean))}, std {','.join(map(str, spec.std))}"
-        )
-        check_one_source(family, family_hash(weights.source_hash, labels, spec), names, if_missing)
-        not_imagenet = labels_path is not None or weights.num_classes != IMAGENET_CLASSES
-        if not_imagenet and family == store.DEFAULT_FAMILY:
-            progress(
-                f"WARNING: family {store.DEFAULT_FAMILY} is the default family (ImageNet's, served when "
-                "FASTINFER_MODEL is not set): your model replaces its models in the store; pass --name NAME to "
-                "build it as a family of its own instead"
-            )
-        model = resnet50(weights.state_dict, spec.mean, spec.std)
-        ctx = BuildContext(weights, spec, model, calibration_dir, int8_activations, force, family, labels)
-        if not_imagenet and calibration_dir is None and {"onnx-int8", "openvino-int8"} & set(names):
-            progress(
-                f"WARNING: family {family}: static INT8 will be calibrated on the bundled generic photos "
-                "(scikit-image samples), not on your own images, so its accuracy on your classes may suffer; "
-                "pass --calibration-dir DIR with a few hundred of your images (your training folder will do)"
-            )
-        todo = plan.jobs(
-            names,
-            {a.name: a.batches for a in ARTIFACTS.values()},
-            {a.name: a.built_from for a in ARTIFACTS.values()},
-            partial(store.model_name, family_name=family),
-        )
-        return cls(ctx, todo, progress, not_imagenet)
-
     def check_inputs(self, eval_dir: Path | None, max_drop_pp: float, json_path: Path | None) -> None:
         """The eval and calibration photos read, and PyTorch's logits on the verification photos found finite,
         before the first export: a bad folder or bad weights stop the build with nothing stored."""
@@ -372,7 +363,7 @@ class Builder:
         if eval_dir is not None:  # the folder is checked against the labels before anything is exported
             self.gate = AccuracyGate.prepare(ctx, eval_dir, max_drop_pp, json_path, progress)
         if ctx.calibration_dir is not None:  # read before anything is exported: a folder of no images stops it here
-            calibration = ctx.calibration()
+            calibration = ctx.calibration
             progress(f"calibration: {len(calibration.images)} images in {ctx.calibration_source}")
             for path, why in calibration.skipped[:LISTED]:
                 progress(f"WARNING: calibration: skipped {path}: {why}")
@@ -381,7 +372,7 @@ class Builder:
         # ImageNet's tolerances were set on the bundled photos; a family of yours: its own.
         own = None
         if self.not_imagenet and (self.gate is not None or ctx.calibration_dir is not None):
-            own = self.gate.images.pixels if self.gate is not None else np.stack(ctx.calibration_images())
+            own = self.gate.images.pixels if self.gate is not None else np.stack(ctx.calibration.images)
         self.batch = verification_batch(ctx.spec, own)
         with torch.inference_mode():
             self.reference = ctx.model(torch.from_numpy(self.batch)).numpy()
@@ -406,12 +397,16 @@ class Builder:
         export = artifact.export if job.batch is None else partial(artifact.export, batch=job.batch)
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                extra = self.exported(export, tmp, kept)
+                with refusing("failed", kept):
+                    extra = export(self.ctx, Path(tmp))
                 if "calibration_images" in extra:
                     images, source = extra["calibration_images"], extra["calibration_source"]
                     self.progress(f"{step}: INT8 calibration: {images} images ({source})")
                 check = self.verify(job, step, tmp, kept)
-                measured = self.gated(job, tmp, kept)
+                measured = None
+                if self.gate is not None:  # it ran on the verification photos: it may fail on these
+                    with refusing("does not run on the eval photos", kept, AccuracyRefused):
+                        measured = self.gate.check(job.name, job.artifact, job.batch, tmp, kept)
             except _Skipped as exc:
                 return self.skipped(job, step, str(exc))
             except (_Refused, AccuracyRefused) as exc:
@@ -423,31 +418,10 @@ class Builder:
             tag = self.store(job, step, tmp, extra, check, measured, kept)
         seconds = time.perf_counter() - t0
         self.progress(f"{step}: stored {tag} in {seconds:.1f}s")
-        diff, agree = (None, None) if check is None else (check.max_abs_error, check.top1_agreement)
-        self.results.append(BuildResult(job.name, tag, True, seconds, diff, agree))
+        self.results.append(BuildResult(job.name, tag, True))
         warned = measured is not None and measured["gate"].startswith("undecided")  # the photos cannot decide
         why = f"{tag} in {seconds:.1f}s" + (f"; WARNING: {measured['gate']}" if warned else "")
         return plan.Outcome(job.name, job.artifact, plan.STORED, why)
-
-    def gated(self, job: plan.Job, tmp: str, kept: str) -> dict[str, Any] | None:
-        """The gate's measurement on the eval photos (None without --eval-dir); _Refused when the export fails there."""
-        if self.gate is None:
-            return None
-        try:
-            return self.gate.check(job.name, job.artifact, job.batch, tmp, kept)
-        except AccuracyRefused:
-            raise
-        except Exception as exc:  # it ran on the verification photos, then failed on these
-            raise _Refused(
-                f"the export does not run on the eval photos: {one_line(exc)}. Nothing stored{kept}."
-            ) from exc
-
-    def exported(self, export: Callable[..., dict[str, Any]], tmp: str, kept: str) -> dict[str, Any]:
-        """The export written into ``tmp``, its metadata; _Refused when its converter fails on this model."""
-        try:
-            return export(self.ctx, Path(tmp))
-        except Exception as exc:  # the other backends are still built
-            raise _Refused(f"the export failed: {one_line(exc)}. Nothing stored{kept}.") from exc
 
     def skipped(self, job: plan.Job, step: str, why: str) -> plan.Outcome:
         self.progress(f"{step}: skipped: {why}")
@@ -463,12 +437,11 @@ class Builder:
             return False
         health = ctx.health(existing)  # labels alone would call a truncated copy current
         if not health.intact:
-            state = "is corrupt" if health.corrupt else "cannot be verified"
-            self.progress(f"{step}: {existing.tag} {state}: {health.why()}; rebuilding")
+            self.progress(f"{step}: {existing.tag} {unhealthy(health)}; rebuilding")
             return False
         self.progress(f"{step}: up to date ({existing.tag}; its files match their sha256), skipped")
         prune(job.name, str(existing.tag), step, self.progress)  # what a server kept while it ran
-        self.results.append(BuildResult(job.name, str(existing.tag), False, 0.0))
+        self.results.append(BuildResult(job.name, str(existing.tag), False))
         if self.gate is not None:  # measured and reported; a stored model's metadata cannot change
             self.gate.report_stored(job.name, job.artifact, job.batch, existing.path)
         return True
@@ -487,10 +460,8 @@ class Builder:
             raise _Skipped(str(exc)) from exc
         except Exception as exc:
             raise _Refused(f"the export does not load: {exc}. Nothing stored{kept}.") from exc
-        try:
+        with refusing("does not run", kept):  # loads, then fails on real photos: as bad as not loading
             check = compare(job.name, self.reference, engine.run(self.batch))
-        except Exception as exc:  # loads, then fails on real photos: as bad as not loading
-            raise _Refused(f"the export does not run: {one_line(exc)}. Nothing stored{kept}.") from exc
         del engine  # let go of the files before they move into the store
         found = (
             f"on {check.images} real photos: max |logit diff| {check.max_abs_error:.2e}, "
@@ -598,6 +569,11 @@ def prune(name: str, current: str, step: str, progress: Callable[[str], None]) -
         progress(f"{step}: removed {tag}, superseded")
 
 
+def unhealthy(health: store_check.Health) -> str:
+    """What is wrong with a stored model that is not intact, as said after its tag."""
+    return f"{'is corrupt' if health.corrupt else 'cannot be verified'}: {health.why()}"
+
+
 def unusable(family: str = store.DEFAULT_FAMILY) -> dict[str, str]:
     """Store name → why, for each model this machine can build that is missing, corrupt, unverifiable, or made by
     other build code or runtimes (what a plain build would rebuild for that reason too)."""
@@ -609,8 +585,7 @@ def unusable(family: str = store.DEFAULT_FAMILY) -> dict[str, str]:
             model = store.find(artifact.name, size, family_name=family)
             health = None if model is None else store_check.check(model)
             if health is None or not health.intact:
-                state = "is corrupt" if health and health.corrupt else "cannot be verified"
-                why = "not in the store" if health is None else f"{health.tag} {state}: {health.why()}"
+                why = "not in the store" if health is None else f"{health.tag} {unhealthy(health)}"
             elif model.info.labels.get("built_by") != build_code():
                 why = f"{model.tag} was made by other build code or runtimes"
             else:

@@ -20,6 +20,8 @@ from build_models.converters import int8_scheme, write_onnx_fp32, write_onnx_int
 from build_models.text import as_text
 from fastinfer.catalog import store, store_check
 from fastinfer.catalog.store import PreprocessSpec
+from fastinfer.common.files import file_sha256
+from fastinfer.engines.onnx import MODEL_FILE as ONNX_FILE
 from fastinfer.measure import photos
 from fastinfer.measure.photos import UnusablePhoto, photo_pixels
 from fastinfer.serving.preprocess import prepare
@@ -81,27 +83,21 @@ class Calibration:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (file, why): named image files not used
 
 
-def calibration_pixel_limit() -> int:
-    """The server's FASTINFER_MAX_PIXELS: calibration decodes no image the server would refuse (a 30000×30000
-    PNG of 875 KB takes 5 GB to decode)."""
+def directory_images(directory: Path, spec: PreprocessSpec) -> Calibration:
+    """Every image file under ``directory`` (hidden ones aside) through the service's preprocessing, none over the
+    server's FASTINFER_MAX_PIXELS (a 30000×30000 PNG of 875 KB takes 5 GB to decode); one it refuses is skipped
+    and named. BadCalibrationDir when none is left."""
     from fastinfer.catalog.config import get_settings
 
-    try:
-        return get_settings().max_pixels
-    except ValueError as exc:  # a bad setting: the same one would stop a server
-        raise BadCalibrationDir(
-            f"the settings do not hold, so the calibration photos' pixel limit is unknown: {exc}"
-        ) from None
-
-
-def directory_images(directory: Path, spec: PreprocessSpec, max_pixels: int | None = None) -> Calibration:
-    """Every image file under ``directory`` (hidden ones aside) through the service's preprocessing; one it refuses
-    is skipped and named. BadCalibrationDir when none is left."""
     shown = as_text(str(directory))
     if not directory.is_dir():
         why = "not a folder" if directory.exists() else "no such folder"
         raise BadCalibrationDir(f"--calibration-dir {shown}: {why}")
-    limit = calibration_pixel_limit() if max_pixels is None else max_pixels
+    try:
+        limit = get_settings().max_pixels
+    except ValueError as exc:  # a bad setting: the same one would stop a server
+        why = f"the settings do not hold, so the calibration photos' pixel limit is unknown: {exc}"
+        raise BadCalibrationDir(why) from None
     found = (p for p in directory.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
     files = sorted(p for p in found if not any(part.startswith(".") for part in p.relative_to(directory).parts))
     if not files:
@@ -125,11 +121,8 @@ def directory_images(directory: Path, spec: PreprocessSpec, max_pixels: int | No
 
 def stored_int8_sha256(family_name: str) -> str | None:
     """The sha256 of a family's stored onnx-int8 model's file (None when there is none)."""
-    from fastinfer.common.files import file_sha256
-    from fastinfer.engines.onnx import MODEL_FILE
-
     stored = store.find("onnx-int8", family_name=family_name)
-    return None if stored is None else file_sha256(Path(stored.path) / MODEL_FILE)
+    return None if stored is None else file_sha256(Path(stored.path) / ONNX_FILE)
 
 
 def family_hash(weights_hash: str, categories: list[str], spec: PreprocessSpec) -> str:
@@ -156,9 +149,7 @@ class BuildContext:
     family: str = store.DEFAULT_FAMILY  # whose models every store lookup of this build finds
     categories: list[str] = field(default_factory=list)  # the family's labels, one per class
     _tmp: tempfile.TemporaryDirectory = field(default_factory=tempfile.TemporaryDirectory)
-    _onnx: Path | None = None
     _onnx_int8: tuple[Path, dict[str, Any]] | None = None
-    _calibration: Calibration | None = None
     _health: dict[str, store_check.Health] = field(default_factory=dict)
 
     def health(self, model: Model) -> store_check.Health:
@@ -172,10 +163,12 @@ class BuildContext:
         """The ``source_hash`` this build labels its models with: weights, labels and preprocessing."""
         return family_hash(self.weights.source_hash, self.categories, self.spec)
 
-    def current_and_intact(self, model: Model | None) -> bool:
-        """A stored model whose file an export may start from: built from this source, and intact."""
+    def reusable(self, artifact: str) -> Model | None:
+        """The stored model of ``artifact`` whose file an export may start from (built from this source, and
+        intact), or None."""
+        model = store.find(artifact, family_name=self.family)
         current = model is not None and store.is_current(model, self.source_hash, build_code())
-        return current and self.health(model).intact
+        return model if current and self.health(model).intact else None
 
     @property
     def activation_type(self) -> str:
@@ -187,37 +180,30 @@ class BuildContext:
             return "bundled scikit-image photos (+crops, flips)"
         return as_text(str(self.calibration_dir))  # recorded with the INT8 models: valid text
 
+    @functools.cached_property
     def onnx_fp32(self) -> Path:
         """The FP32 ONNX file, made at most once: a copy of the stored one when current (never the stored file
         itself, which rebuilding ``onnx`` deletes mid-build), else a fresh export."""
-        if self._onnx is None:
-            from fastinfer.engines.onnx import MODEL_FILE
-
-            path = Path(self._tmp.name) / "fp32.onnx"
-            stored = store.find("onnx", family_name=self.family)
-            if not self.force and self.current_and_intact(stored):
-                shutil.copyfile(Path(stored.path) / MODEL_FILE, path)
-            else:
-                write_onnx_fp32(self.model, path, self.spec.crop_size)
-            self._onnx = path
-        return self._onnx
+        path = Path(self._tmp.name) / "fp32.onnx"
+        if not self.force and (stored := self.reusable("onnx")) is not None:
+            shutil.copyfile(Path(stored.path) / ONNX_FILE, path)
+        else:
+            write_onnx_fp32(self.model, path, self.spec.crop_size)
+        return path
 
     def onnx_int8(self, fresh: bool = False) -> tuple[Path, dict[str, Any]]:
         """The static INT8 ONNX file and its calibration metadata, made at most once: calibrated when ``fresh``,
         else the stored one when current and calibrated as asked (one calibration for both runtimes)."""
         if self._onnx_int8 is None:
-            from fastinfer.engines.onnx import MODEL_FILE
-
             path = Path(self._tmp.name) / "int8.onnx"
-            stored = store.find("onnx-int8", family_name=self.family)
-            reusable = self.current_and_intact(stored) and self.calibrated_as_asked(stored)
-            if not fresh and reusable:
-                shutil.copyfile(Path(stored.path) / MODEL_FILE, path)
+            stored = None if fresh else self.reusable("onnx-int8")
+            if stored is not None and self.calibrated_as_asked(stored):
+                shutil.copyfile(Path(stored.path) / ONNX_FILE, path)
                 meta = stored.info.metadata
                 calibration = {k: meta[k] for k in ("quantization", "calibration_images", "calibration_source")}
             else:
-                images = self.calibration_images()
-                calibration = write_onnx_int8_static(self.onnx_fp32(), images, self.activation_type, path)
+                images = self.calibration.images
+                calibration = write_onnx_int8_static(self.onnx_fp32, images, self.activation_type, path)
                 calibration["calibration_source"] = self.calibration_source
             self._onnx_int8 = (path, calibration)
         return self._onnx_int8
@@ -230,24 +216,18 @@ class BuildContext:
         scheme = int8_scheme(self.activation_type)
         return self.int8_activations is None or str(meta.get("quantization", "")).startswith(scheme + ",")
 
-    def converts_stored_int8(self, model: Model) -> bool:
-        """A stored openvino-int8 model is current only if converted from the onnx-int8 model stored now."""
-        return model.info.metadata.get("int8_onnx_sha256") == stored_int8_sha256(self.family)
-
     def converts_stored_int8_as_asked(self, model: Model) -> bool:
-        return self.converts_stored_int8(model) and self.calibrated_as_asked(model)
+        """A stored openvino-int8 model is current only if converted from the onnx-int8 model stored now, and
+        calibrated as asked."""
+        stored = model.info.metadata.get("int8_onnx_sha256") == stored_int8_sha256(self.family)
+        return stored and self.calibrated_as_asked(model)
 
+    @functools.cached_property
     def calibration(self) -> Calibration:
         """The calibration photos, read at most once (BadCalibrationDir when the folder has none)."""
-        if self._calibration is None:
-            if self.calibration_dir is None:
-                self._calibration = Calibration(sample_calibration_images(self.spec))
-            else:
-                self._calibration = directory_images(self.calibration_dir, self.spec)
-        return self._calibration
-
-    def calibration_images(self) -> list[np.ndarray]:
-        return self.calibration().images
+        if self.calibration_dir is None:
+            return Calibration(sample_calibration_images(self.spec))
+        return directory_images(self.calibration_dir, self.spec)
 
     def close(self) -> None:
         self._tmp.cleanup()

@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from build_models.converters import ONNX_OPSET, quiet
+from fastinfer.common.files import file_sha256
 from fastinfer.engines.coreml import PACKAGE_DIR as COREML_PACKAGE
 from fastinfer.engines.onnx import MODEL_FILE as ONNX_FILE
 from fastinfer.engines.openvino import MODEL_FILE as OPENVINO_FILE
+from fastinfer.engines.openvino import import_openvino
 from fastinfer.engines.pytorch import STATE_FILE, write_normalisation
 
 if TYPE_CHECKING:
@@ -27,7 +29,7 @@ def export_pytorch(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
 
 
 def export_onnx(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
-    shutil.copyfile(ctx.onnx_fp32(), out_dir / ONNX_FILE)
+    shutil.copyfile(ctx.onnx_fp32, out_dir / ONNX_FILE)
     return {"format": "onnx", "file": ONNX_FILE, "opset": ONNX_OPSET}
 
 
@@ -42,7 +44,7 @@ def export_onnx_int8_dynamic(ctx: BuildContext, out_dir: Path) -> dict[str, Any]
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with quiet("onnxruntime", "root"):
-        quantize_dynamic(str(ctx.onnx_fp32()), str(out_dir / ONNX_FILE), weight_type=QuantType.QUInt8)
+        quantize_dynamic(str(ctx.onnx_fp32), str(out_dir / ONNX_FILE), weight_type=QuantType.QUInt8)
     return {"format": "onnx", "file": ONNX_FILE, "quantization": "dynamic (ConvInteger/MatMulInteger), uint8 weights"}
 
 
@@ -79,8 +81,6 @@ def export_coreml(ctx: BuildContext, out_dir: Path, batch: int) -> dict[str, Any
 def write_openvino(onnx_file: Path, out_dir: Path) -> str:
     """Convert an ONNX model to OpenVINO IR, weights kept as they are (the runtime decides the precision, not the
     file); returns OpenVINO's version."""
-    from fastinfer.engines.openvino import import_openvino
-
     ov = import_openvino()  # without its usage telemetry
     with quiet("openvino"):
         model = ov.convert_model(str(onnx_file))
@@ -90,14 +90,12 @@ def write_openvino(onnx_file: Path, out_dir: Path) -> str:
 
 def export_openvino(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
     """The FP32 ONNX export as OpenVINO IR: same graph, same uint8 NHWC contract."""
-    version = write_openvino(ctx.onnx_fp32(), out_dir)
+    version = write_openvino(ctx.onnx_fp32, out_dir)
     return {"format": "openvino ir", "file": OPENVINO_FILE, "converted_from": "onnx fp32", "openvino": version}
 
 
 def export_openvino_int8(ctx: BuildContext, out_dir: Path) -> dict[str, Any]:
     """The static QDQ INT8 ONNX model of this build as OpenVINO IR: one calibration for both runtimes."""
-    from fastinfer.common.files import file_sha256
-
     path, calibration = ctx.onnx_int8()
     version = write_openvino(path, out_dir)
     return {

@@ -76,31 +76,19 @@ def test_a_divergent_export_is_refused_and_the_next_backend_is_built(private_sto
     assert table[-1] == "build: 1 stored, 1 refused"
 
 
-@pytest.mark.heavy  # a model build
-def test_an_export_that_fails_is_refused_and_the_next_backend_is_built(tmp_path, monkeypatch) -> None:
-    """A converter that raises on this model stops nothing but its own backend (a store of this test's own)."""
-    from tests.conftest import model_store_at
+def failing_export(monkeypatch) -> str:
+    """pytorch's converter raises on this model."""
 
     def failing(ctx: Any, out_dir: Path) -> dict[str, Any]:
         raise RuntimeError("the converter cannot\nconvert this graph")
 
     monkeypatch.setitem(ARTIFACTS, "pytorch", replace(ARTIFACTS["pytorch"], export=failing))
-    said: list[str] = []
-    with model_store_at(tmp_path / "home"), pytest.raises(BuildRefused, match=r": failing-pytorch$"):
-        build("random", only=["pytorch", "onnx"], family="failing", progress=said.append)
-    models = tmp_path / "home" / "models"
-    assert not (models / "failing-pytorch").exists() and len(list((models / "failing-onnx").glob("*/model.yaml"))) == 1
-    why = "the export failed: RuntimeError: the converter cannot convert this graph. Nothing stored."
-    assert f"[1/2] failing-pytorch: REFUSED: {why}" in said and f"| failing-pytorch | refused | {why} |" in said
+    return "the export failed: RuntimeError: the converter cannot convert this graph. Nothing stored."
 
 
-@pytest.mark.heavy  # a model build
-def test_an_export_that_loads_then_fails_on_the_photos_is_refused_and_the_next_backend_is_built(
-    tmp_path, monkeypatch
-) -> None:
-    """Review: an engine that opened but raised when run stopped the whole build with a traceback."""
+def failing_run(monkeypatch) -> str:
+    """onnx's engine opens, then raises when run (review: that stopped the whole build with a traceback)."""
     import build_models
-    from tests.conftest import model_store_at
 
     real_open = build_models.open_engine
 
@@ -112,12 +100,27 @@ def test_an_export_that_loads_then_fails_on_the_photos_is_refused_and_the_next_b
         return Failing() if name == "onnx" else real_open(name, **options)
 
     monkeypatch.setattr(build_models, "open_engine", opened)
+    return "the export does not run: RuntimeError: simulated failure at run time. Nothing stored."
+
+
+@pytest.mark.heavy  # a model build
+@pytest.mark.parametrize(
+    "break_, only", [(failing_export, ["pytorch", "onnx"]), (failing_run, ["onnx", "onnx-int8-dynamic"])]
+)
+def test_an_export_that_fails_or_fails_to_run_is_refused_and_the_next_backend_is_built(
+    tmp_path, monkeypatch, break_, only
+) -> None:
+    """It stops nothing but its own backend (a store of this test's own)."""
+    from tests.conftest import model_store_at
+
+    why = break_(monkeypatch)
+    refused, built = (f"failing-{name}" for name in only)
     said: list[str] = []
-    with model_store_at(tmp_path / "home"), pytest.raises(BuildRefused, match=r": runfail-onnx$"):
-        build("random", only=["onnx", "onnx-int8-dynamic"], family="runfail", progress=said.append)
-    assert len(list((tmp_path / "home" / "models" / "runfail-onnx-int8-dynamic").glob("*/model.yaml"))) == 1
-    why = "the export does not run: RuntimeError: simulated failure at run time. Nothing stored."
-    assert f"| runfail-onnx | refused | {why} |" in said
+    with model_store_at(tmp_path / "home"), pytest.raises(BuildRefused, match=f": {refused}$"):
+        build("random", only=only, family="failing", progress=said.append)
+    models = tmp_path / "home" / "models"
+    assert not (models / refused).exists() and len(list((models / built).glob("*/model.yaml"))) == 1
+    assert f"[1/2] {refused}: REFUSED: {why}" in said and f"| {refused} | refused | {why} |" in said
 
 
 def test_int8_calibrated_on_a_black_image_is_refused_by_the_build_and_the_fidelity_gates(
@@ -231,6 +234,7 @@ def test_int8_models_are_stale_when_calibrated_otherwise_than_asked(tmp_path, mo
     assert not ctx(activations="s8").calibrated_as_asked(Stored(**bundled))
 
     monkeypatch.setattr(c, "stored_int8_sha256", lambda family_name: "abc")
-    assert ctx().converts_stored_int8(Stored(int8_onnx_sha256="abc"))
-    assert not ctx().converts_stored_int8(Stored(int8_onnx_sha256="old"))
-    assert not ctx().converts_stored_int8(Stored())
+    assert ctx().converts_stored_int8_as_asked(Stored(**bundled, int8_onnx_sha256="abc"))
+    assert not ctx().converts_stored_int8_as_asked(Stored(**bundled, int8_onnx_sha256="old"))
+    assert not ctx().converts_stored_int8_as_asked(Stored(**bundled))
+    assert not ctx(tmp_path).converts_stored_int8_as_asked(Stored(**bundled, int8_onnx_sha256="abc"))
