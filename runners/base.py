@@ -10,7 +10,6 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable
 from http import HTTPStatus
 from typing import Any
 
@@ -59,21 +58,6 @@ class DeadlinePassed(BentoMLException):
     """The caller's deadline passed before the model took the images (the caller has answered 504)."""
 
     error_code = HTTPStatus.GATEWAY_TIMEOUT
-
-
-def _checked(images: np.ndarray, size: int) -> np.ndarray:
-    """The contract's input (``size``: the model's crop size), or a 400 that says what is wrong with it."""
-    try:
-        return check_batch(images, size)
-    except ValueError as exc:
-        raise InvalidArgument(str(exc)) from exc
-
-
-async def _in_time(outputs: Awaitable[np.ndarray]) -> np.ndarray:
-    try:
-        return await outputs
-    except Expired as exc:
-        raise DeadlinePassed(str(exc)) from exc
 
 
 class RunnerCore:
@@ -200,9 +184,15 @@ class RunnerCore:
         await self._loaded()
         self._holds(model, engine)
         deadline = deadlines.monotonic_deadline(within_s)
-        images = _checked(images, self.engine.input_size)
+        try:
+            images = check_batch(images, self.engine.input_size)
+        except ValueError as exc:  # a 400 that says what is wrong with it
+            raise InvalidArgument(str(exc)) from exc
         run = self.batcher.submit if batched else self.batcher.run_now
-        return await _in_time(run(images, deadline))
+        try:
+            return await run(images, deadline)
+        except Expired as exc:
+            raise DeadlinePassed(str(exc)) from exc
 
     def describe(self) -> dict[str, Any]:
         """Where it runs (device / execution providers, threads), its models, batch sizes seen."""

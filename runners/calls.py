@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -92,7 +93,7 @@ class RunnerCalls:
         entry = REGISTRY[backend]
         core = self.local.get(entry.runner)
         call = (
-            self._in_process(core, entry.method(batched) == "infer_batched")
+            functools.partial(core.compute, batched=entry.method(batched) == "infer_batched")
             if core is not None
             else getattr(getattr(self.front, entry.runner).to_async, entry.method(batched))
         )
@@ -132,15 +133,6 @@ class RunnerCalls:
         """The 503 for a runner that cannot answer with the right model, believed for FAILURE_MEMORY_S."""
         self.failures[runner] = (reason, time.monotonic() + FAILURE_MEMORY_S)
         return RunnerNotLoaded(reason)
-
-    @staticmethod
-    def _in_process(core: RunnerCore, batched: bool) -> Any:
-        """A core in this process, called like its runner's API (the same refusals, raised directly)."""
-
-        async def call(pixels: np.ndarray, *, model: str, within_s: float, engine: str) -> np.ndarray:
-            return await core.compute(pixels, model, within_s, batched, engine)
-
-        return call
 
     async def describe(self, runner: str) -> dict[str, Any]:
         """What a runner says of itself (runners/base.py describe), or why it does not answer; where its

@@ -41,17 +41,15 @@ class CoreMLEngine:
 
     @classmethod
     def open(cls, dirs: Mapping[int | None, str], threads: int = 0, **options: Any) -> CoreMLEngine:
-        """The stored static-batch models (CoreML chooses its own threads)."""
-        return cls.load({b: d for b, d in dirs.items() if b is not None})
-
-    @classmethod
-    def load(cls, model_dirs: Mapping[int, str | Path]) -> CoreMLEngine:
-        """Load the stored mlpackages with ComputeUnit.ALL (Neural Engine, GPU or CPU). macOS only."""
+        """The stored static-batch mlpackages with ComputeUnit.ALL (Neural Engine, GPU or CPU; CoreML chooses its
+        own threads). macOS only."""
         import coremltools as ct
 
         predictors: dict[int, Predictor] = {}
         side = DEFAULT_INPUT_SIZE
-        for size, directory in model_dirs.items():
+        for size, directory in dirs.items():
+            if size is None:
+                continue
             model = ct.models.MLModel(str(Path(directory) / PACKAGE_DIR), compute_units=ct.ComputeUnit.ALL)
             # Every static-batch model of a family takes its crop size: the exported input's S.
             side = square_side(model.get_spec().description.input[0].type.multiArrayType.shape)

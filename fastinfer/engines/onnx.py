@@ -7,7 +7,6 @@ takes fewer than all of them (CoreML EP leaving ops to the CPU) is otherwise a s
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from collections import Counter
 from collections.abc import Mapping
@@ -89,13 +88,8 @@ class OnnxEngine:
 
 def placement_from_profile(profile: Path) -> dict[str, int]:
     """Count distinct graph nodes per execution provider in an ORT profile (JSON trace)."""
-    try:
-        events = json.loads(profile.read_text())
-    finally:
-        if profile.exists():
-            os.unlink(profile)
     nodes: dict[str, str] = {}
-    for event in events:
+    for event in json.loads(profile.read_text()):
         args = event.get("args", {})
         if event.get("cat") == "Node" and "provider" in args:
             node = event["name"].removesuffix("_kernel_time").removesuffix("_fence_before").removesuffix("_fence_after")

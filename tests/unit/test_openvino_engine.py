@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -137,12 +138,9 @@ def test_bf16_is_refused_on_a_cpu_without_native_bf16(irs, monkeypatch) -> None:
         ove.OpenVinoEngine.open({None: str(irs["float"])}, 2, precision="bf16", preflight=True)
 
 
-def test_missing_model_is_a_clear_error(tmp_path) -> None:
+def test_a_missing_or_corrupt_model_is_a_clear_error(irs, tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match=r"no OpenVINO IR at .*model\.xml"):
         ove.OpenVinoEngine(tmp_path / "nowhere")
-
-
-def test_corrupt_model_is_a_clear_error(irs, tmp_path) -> None:
     (tmp_path / ove.MODEL_FILE).write_text("<net>not an IR")
     with pytest.raises(RuntimeError, match=r"OpenVINO could not compile .*Unable to read the model"):
         ove.OpenVinoEngine(tmp_path)
@@ -230,36 +228,17 @@ def test_a_batch_larger_than_one_request_is_split_and_answered_in_order(irs, ima
     assert np.allclose(whole[-5:], engine.run(many[-5:]), atol=1e-4)
 
 
-class Op:
+def op(layer: str | None, precision: str, wrapped: bool = False) -> SimpleNamespace:
     """Stands in for a runtime-graph op: rt_info values as plain strings or as OVAny-like objects."""
-
-    class Any:
-        def __init__(self, text: str) -> None:
-            self.text = text
-
-        def astype(self, kind: type) -> str:
-            return self.text
-
-    def __init__(self, layer: str | None, precision: str, wrapped: bool = False) -> None:
-        wrap = Op.Any if wrapped else str
-        self.info = {} if layer is None else {"layerType": wrap(layer), "runtimePrecision": wrap(precision)}
-
-    def get_rt_info(self) -> dict:
-        return self.info
-
-
-class Graph:
-    def __init__(self, ops: list[Op]) -> None:
-        self.ops = ops
-
-    def get_ordered_ops(self) -> list[Op]:
-        return self.ops
+    wrap = (lambda text: SimpleNamespace(astype=lambda kind: text)) if wrapped else str
+    info = {} if layer is None else {"layerType": wrap(layer), "runtimePrecision": wrap(precision)}
+    return SimpleNamespace(get_rt_info=lambda: info)
 
 
 def test_layer_precision_and_fallbacks_on_a_mixed_graph() -> None:
-    ops = [Op("Convolution", "u8", wrapped=True)] * 50 + [Op("Convolution", "f32")] * 3
-    ops += [Op("FullyConnected", "f32"), Op("Pooling", "u8"), Op(None, "")]
-    counts = ove.layer_precision(Graph(ops))
+    ops = [op("Convolution", "u8", wrapped=True)] * 50 + [op("Convolution", "f32")] * 3
+    ops += [op("FullyConnected", "f32"), op("Pooling", "u8"), op(None, "")]
+    counts = ove.layer_precision(SimpleNamespace(get_ordered_ops=lambda: ops))
     assert counts == {
         "Convolution": Counter(u8=50, f32=3),
         "FullyConnected": Counter(f32=1),

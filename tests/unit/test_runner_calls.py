@@ -86,6 +86,7 @@ def test_the_engine_is_asked_until_the_runner_answers_then_known() -> None:
     with pytest.raises(RunnerNotLoaded, match="computes with X, not Y"):
         infer(front)
     assert REGISTRY["onnx"].runner not in front.engines
+    assert front.unavailable("onnx") == "the onnx runner computes with X, not Y"  # remembered
 
 
 def test_an_engine_whose_model_did_not_load_is_a_503_that_says_why_and_is_remembered() -> None:
@@ -124,14 +125,6 @@ def test_a_runner_that_could_not_load_says_why_and_is_remembered(monkeypatch) ->
     now = calls.time.monotonic()
     monkeypatch.setattr(calls.time, "monotonic", lambda: now + calls.FAILURE_MEMORY_S + 1)
     assert front.unavailable("onnx") is None  # then the runner is asked again
-
-
-def test_a_runner_holding_another_version_is_a_503_naming_it() -> None:
-    conflict = BentoMLException('[{"error": "holds resnet50-onnx:v0, not v1"}]', error_code=HTTPStatus.CONFLICT)
-    front = front_with(StandIn([conflict]))
-    with pytest.raises(RunnerNotLoaded, match="holds resnet50-onnx:v0, not v1"):
-        infer(front)
-    assert front.unavailable("onnx") == "holds resnet50-onnx:v0, not v1"
 
 
 def test_a_deadline_passed_in_the_runner_is_a_504_and_a_crash_a_503() -> None:
