@@ -71,9 +71,21 @@ def test_imagenet_choices_keep_1000_classes() -> None:
     assert load_weights("random").num_classes == 1000
 
 
+def with_fc(make):
+    """The 3-class state with its final layer's weight made by ``make`` from the real one."""
+    return lambda: {**(state := three_class_state()), "fc.weight": make(state["fc.weight"])}
+
+
 @pytest.mark.parametrize(
     "make, says",
     [
+        (lambda: b"", "not a readable torch file"),
+        (lambda: {"a": 1, "b": "x"}, "tensors 320 missing"),
+        (lambda: {}, "tensors 320 missing"),
+        (
+            lambda: {**load_weights("random").state_dict, "conv1.weight": torch.zeros(64, 3, 3, 3)},
+            "1 of the wrong shape (e.g. conv1.weight [64, 3, 3, 3], expected [64, 3, 7, 7])",
+        ),
         (lambda: __import__("torchvision").models.resnet18(num_classes=3).state_dict(), "is not a ResNet-50"),
         (lambda: {**three_class_state(), "fc.bias": torch.zeros(4)}, "fc.bias [4], expected [3]"),
         (
@@ -84,18 +96,28 @@ def test_imagenet_choices_keep_1000_classes() -> None:
             lambda: {**three_class_state(), "fc.weight": torch.zeros(0, 2048), "fc.bias": torch.zeros(0)},
             "has 0 classes; a classifier needs at least 2",
         ),
-        (
-            lambda: {**three_class_state(), "fc.weight": torch.zeros(3, 2048, 1)},
-            "fc.weight is [3, 2048, 1]; a ResNet-50's is 2-D, [classes, 2048]",
-        ),
+        (with_fc(lambda fc: fc[..., None]), "fc.weight is [3, 2048, 1]; a ResNet-50's is 2-D, [classes, 2048]"),
         (lambda: __import__("torchvision").models.resnet50(num_classes=3), "holds a pickled torchvision"),
-        (lambda: {**three_class_state(), "fc.weight": torch.full((3, 2048), float("nan"))}, "tensor fc.weight holds"),
+        (with_fc(lambda fc: torch.full_like(fc, float("nan"))), "tensor fc.weight holds"),
         (
             lambda: {**three_class_state(), "layer2.0.bn1.running_var": torch.full((128,), float("inf"))},
             "tensor layer2.0.bn1.running_var holds 128 of 128 values that are NaN or infinite",
         ),
+        (with_fc(lambda fc: fc.to_sparse()), "tensor fc.weight is torch.sparse_coo, not a dense tensor"),
+        (with_fc(lambda fc: fc.to_sparse_csr()), "tensor fc.weight is torch.sparse_csr, not a dense tensor"),
+        (
+            with_fc(lambda fc: torch.empty(fc.shape, device="meta")),
+            "tensor fc.weight holds no values (a meta-device tensor)",
+        ),
+        (with_fc(lambda fc: torch.quantize_per_tensor(fc, 0.01, 0, torch.qint8)), "tensor fc.weight is quantized"),
+        (with_fc(lambda fc: fc.to(torch.complex64)), "tensor fc.weight holds torch.complex64, not floating-point"),
+        (with_fc(lambda fc: fc > 0), "tensor fc.weight holds torch.bool, not floating-point numbers"),
     ],
     ids=[
+        "empty file",
+        "dict of non-tensors",
+        "empty dict",
+        "one tensor misshapen",
         "resnet18",
         "fc weight and bias disagree",
         "one class",
@@ -104,14 +126,26 @@ def test_imagenet_choices_keep_1000_classes() -> None:
         "a whole pickled model",
         "a NaN final layer",
         "an infinite BatchNorm variance",
+        "sparse",
+        "sparse CSR",
+        "meta device",
+        "quantized",
+        "complex",
+        "bool",
     ],
 )
-def test_other_weights_are_refused_in_one_line(tmp_path, capsys, make, says: str) -> None:
+@pytest.mark.filterwarnings("ignore")  # torch warns as it saves sparse and quantized tensors
+def test_other_weights_are_refused_in_one_line(tmp_path, capsys, labels_file, make, says: str) -> None:
+    """They ended the build in tracebacks (EOFError, AttributeError from hashing, a torch key dump)."""
     path = tmp_path / "w.pth"
-    torch.save(make(), path)
+    if isinstance(content := make(), bytes):
+        path.write_bytes(content)
+    else:
+        torch.save(content, path)
     with pytest.raises(NotResNet50Weights, match=re.escape(says)):
         load_weights(str(path))
-    assert says in one_line_refusal(["--weights", str(path), "--name", "refused"], capsys)
+    argv = ["--weights", str(path), "--labels", str(labels_file), "--name", "refused", "--only", "pytorch"]
+    assert says in one_line_refusal(argv, capsys)
     assert store.versions("refused-pytorch") == []
 
 

@@ -1,13 +1,9 @@
 """Every stored uint8 model normalises the way torchvision does (in the graph: fastinfer/engines/torch_model.py).
 
-The reference is torchvision's own pipeline (the mean/std of ``ResNet50_Weights.IMAGENET1K_V2.transforms()``,
-applied after the crop as its ``ImageClassification`` does) and ResNet-50 with the weights the store was built
-from; every backend is opened from the store as the service opens it and run on the same uint8 pixels (the
-sample photos through our preprocessing, and a colour gradient). FP32 backends must equal the reference to float
-precision. INT8 and BF16 are a few percent off on every image, more than a wrong mean causes, so they are checked
-by which mean and std they *apply*: the logit error is regressed on the reference's sensitivity to each channel's
-mean and std (finite differences), six directions that quantisation noise barely projects onto and a wrong
-constant does. The thresholds below were measured on random-init weights (AMD EPYC, AVX-512 VNNI/BF16).
+The reference: torchvision's ``ImageClassification`` mean/std on ResNet-50 with the store's weights, every backend
+opened as the service opens it, on the sample photos and a colour gradient. FP32 backends must equal it to float
+precision; INT8 and BF16 are checked by the mean and std they *apply*: the logit error regressed on the
+reference's sensitivity to each channel's mean and std. Thresholds measured on random-init weights (AMD EPYC).
 """
 
 from __future__ import annotations
@@ -27,23 +23,17 @@ from fastinfer.measure import photos
 from fastinfer.serving.preprocess import prepare
 
 PARAMETERS = ("mean R", "mean G", "mean B", "std R", "std G", "std B")
-STEP = 0.01
-"""Finite-difference step for the sensitivities, in mean/std units: the network is piecewise linear (ReLU), so a
-one-sided step is exact enough (FP32 models with a known wrong constant fit it to 1e-4)."""
+STEP = 0.01  # finite-difference step, in mean/std units: the network is piecewise linear, so one side suffices
 
 FP32_TOLERANCE = 1e-5
-"""Max |logit error| of an FP32 backend, as a fraction of the largest |reference logit| (~9e-4 absolute): the
-same float32 graph in another runtime measured at most 6e-5 (15x room); a wrong mean gives 1.6."""
+"""Max |logit error| of an FP32 backend over the largest |reference logit|: measured at most 6e-5 absolute of ~9e-4
+allowed; a wrong mean gives 1.6."""
 
 MAX_DRIFT = 0.007
-"""The largest fitted offset of any channel's mean or std a non-FP32 model may show (1.8 grey levels of mean, 3%
-of std): correct models measured at most 0.0033, the smallest wrong constant 0.0139; the geometric middle, as
-other CPUs' kernels round differently. With 5 images the noise reached 0.006: keep all 13, in one batch (dynamic
-INT8's logits depend on the batch)."""
+"""The largest fitted offset of a channel's mean or std a non-FP32 model may show: correct models measured at most
+0.0033, the smallest wrong constant 0.0139. Keep all 13 images in one batch (5 gave noise up to 0.006)."""
 
-MAX_RELATIVE_RMS = 0.1
-"""For gross errors the fit cannot see (missing /255, swapped channels): RMS logit error / the reference's logit
-spread, per image; correct INT8 models measured at most 0.034."""
+MAX_RELATIVE_RMS = 0.1  # RMS logit error / logit spread per image (correct INT8: 0.034): gross errors the fit misses
 
 
 def gradient() -> np.ndarray:
