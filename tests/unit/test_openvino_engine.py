@@ -1,8 +1,5 @@
 """The OpenVINO engine: same logits as ORT at f32, an honest per-layer precision report, clear errors,
-a compiled-model cache and a crash-proof preflight.
-
-IRs are converted here from the stored ONNX models (FP32 and static QDQ INT8), as the build does.
-"""
+a compiled-model cache and a crash-proof preflight."""
 
 from __future__ import annotations
 
@@ -28,21 +25,10 @@ from fastinfer.measure import fidelity as fid
 CONVOLUTIONS = 53  # ResNet-50
 
 
-def convert(onnx_dir: str, out_dir: Path) -> Path:
-    ov = ove.import_openvino()
-    out_dir.mkdir()
-    model = ov.convert_model(str(Path(onnx_dir) / "model.onnx"))
-    ov.save_model(model, str(out_dir / ove.MODEL_FILE), compress_to_fp16=False)
-    return out_dir
-
-
 @pytest.fixture(scope="module")
-def irs(built_models, tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("openvino-ir")
-    return {
-        "float": convert(store.find("onnx").path, root / "fp32"),
-        "int8": convert(store.find("onnx-int8").path, root / "int8"),
-    }
+def irs(built_models) -> dict[str, Path]:
+    """The stored IRs: the build's conversions of the stored FP32 and static QDQ INT8 ONNX models."""
+    return {"float": Path(store.find("openvino").path), "int8": Path(store.find("openvino-int8").path)}
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +65,10 @@ def test_f32_equals_onnx_runtime(irs, images) -> None:
     assert logits.shape == (len(images), 1000) and logits.dtype == np.float32
     assert float(np.max(np.abs(logits - reference))) <= 1e-3
     assert engine.run(images[:1]).shape == (1, 1000)
+    described = engine.describe()  # forced f32: f32 everywhere, and no fallback
+    assert described["precision"] == described["precision_requested"] == "f32"
+    assert described["layer_precision"]["Convolution"] == f"f32 {CONVOLUTIONS}/{CONVOLUTIONS}"
+    assert described["fallbacks"] == [] and described["threads"] == 2
 
 
 def test_auto_precision_is_reported_as_compiled(irs) -> None:
@@ -90,13 +80,6 @@ def test_auto_precision_is_reported_as_compiled(irs) -> None:
     assert described["fallbacks"] == []
     assert described["threads"] == hardware.cpu_count() and described["streams"] == 1
     assert described["runtime"].startswith("OpenVINO 20")
-
-
-def test_forced_f32_is_f32_everywhere_and_no_fallback(irs) -> None:
-    described = ove.OpenVinoEngine(irs["float"], threads=1, precision="f32").describe()
-    assert described["precision"] == described["precision_requested"] == "f32"
-    assert described["layer_precision"]["Convolution"] == f"f32 {CONVOLUTIONS}/{CONVOLUTIONS}"
-    assert described["fallbacks"] == [] and described["threads"] == 1
 
 
 def test_int8_model_runs_its_convolutions_in_int8(irs, images) -> None:
