@@ -19,12 +19,6 @@ def test_auto_falls_back_to_seeded_random_init(monkeypatch, caplog) -> None:
     assert w.source_hash == weights.load_weights("random").source_hash  # seeded: reproducible
 
 
-def test_imagenet_without_fallback_fails_loudly(monkeypatch) -> None:
-    monkeypatch.setattr(weights, "_imagenet", lambda: (_ for _ in ()).throw(OSError("offline")))
-    with pytest.raises(RuntimeError, match="ImageNet weights could not be loaded"):
-        weights.load_weights("imagenet")
-
-
 def test_unknown_choice_is_an_error() -> None:
     with pytest.raises(FileNotFoundError):
         weights.load_weights("no-such-file.pth")
