@@ -217,9 +217,12 @@ STATUS_ROUTES: dict[str, Callable[[FastInfer], Awaitable[Any]]] = {
 }
 
 
-async def _status_route(request: Request) -> JSONResponse:
-    answer = await STATUS_ROUTES[request.url.path](bentoml.get_current_service())
-    return JSONResponse(answer.model_dump(mode="json") if isinstance(answer, BaseModel) else answer)
+def _status_route(answer_of: Callable[[FastInfer], Awaitable[Any]]) -> Callable[[Request], Awaitable[JSONResponse]]:
+    async def endpoint(request: Request) -> JSONResponse:
+        answer = await answer_of(bentoml.get_current_service())
+        return JSONResponse(answer.model_dump(mode="json") if isinstance(answer, BaseModel) else answer)
+
+    return endpoint
 
 
 def _readiness() -> dict[str, Awaitable[bool]]:
@@ -233,7 +236,11 @@ def _readiness() -> dict[str, Awaitable[bool]]:
     return checks
 
 
-FastInfer.mount_asgi_app(Starlette(routes=[Route(path, _status_route, methods=["GET"]) for path in STATUS_ROUTES]))
+FastInfer.mount_asgi_app(
+    Starlette(
+        routes=[Route(path, _status_route(answer_of), methods=["GET"]) for path, answer_of in STATUS_ROUTES.items()]
+    )
+)
 FastInfer.mount_asgi_app(DashboardFiles(directory=DASHBOARD_DIR, html=True), path="/dashboard", name="dashboard")
 # Idle connections, headers and open connections: bounded below the middleware (fastinfer/front/connections.py).
 install_front_protocol(settings)

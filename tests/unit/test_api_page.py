@@ -4,6 +4,7 @@ real server's."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import os
@@ -131,6 +132,37 @@ def test_the_page_names_every_backend_in_order_and_every_route() -> None:
     assert table == list(SPECS)
     for route in [*ROUTES, *STATUS_ROUTES, "/analyze", "/dashboard/", "/metrics", "/livez", "/readyz"]:
         assert f"`{route}`" in PAGE or f"`POST {route}`" in PAGE or f"`GET {route}`" in PAGE, route
+
+
+def test_each_status_route_answers_its_own_even_under_a_root_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """service.py's GET routes, mounted under a prefix (uvicorn's --root-path): each its own handler."""
+    import httpx
+
+    import service as service_module
+
+    class Stub:
+        async def backends(self) -> dict[str, str]:
+            return {"route": "/backends"}
+
+        async def live_stats(self) -> dict[str, str]:
+            return {"route": "/stats/live"}
+
+        class pipeline:
+            class cache:
+                @staticmethod
+                async def describe() -> dict[str, str]:
+                    return {"route": "/cache/stats"}
+
+    monkeypatch.setattr(service_module.bentoml, "get_current_service", Stub)
+    (app,) = [app for app, path, _ in service_module.FastInfer.mount_apps if path == "/"]
+
+    async def get(path: str) -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, root_path="/api")
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.get("/api" + path)
+
+    for path in STATUS_ROUTES:
+        assert asyncio.run(get(path)).json() == {"route": path}
 
 
 EXAMPLE_MODELS: list[tuple[str, Any, type[BaseModel]]] = [
