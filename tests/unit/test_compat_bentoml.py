@@ -42,6 +42,14 @@ def test_1_the_spec_is_built_of_bentomls_own_classes_and_tags() -> None:
         "assumption 1: the spec's paths are PathItem objects"
     )
     assert isinstance(spec.info.contact, compat.Contact), "assumption 1: the spec's info.contact is a Contact"
+    doc = json.loads(json.dumps(spec.asdict()))
+    doc["components"]["securitySchemes"] = {"key": {"type": "http", "scheme": "bearer"}}  # no field of BentoML's
+    rebuilt = compat.openapi_spec(doc)
+    assert isinstance(rebuilt, compat.OpenAPISpecification)
+    assert all(isinstance(item, compat.PathItem) for item in rebuilt.paths.values())
+    assert json.loads(json.dumps(rebuilt.asdict())) == doc, (
+        "assumption 1: bentoml_cattr.structure makes the spec object from its JSON form, and back"
+    )
 
 
 def _service_type_set(branch: list[ast.stmt]) -> str | None:
