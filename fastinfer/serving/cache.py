@@ -149,9 +149,12 @@ class _Body(BaseModel):
     cached: bool
 
 
-class _Entry(BaseModel):
+class _Versioned(BaseModel):
+    v: str  # read first: an entry of another format is said to be one, whatever its shape
+
+
+class _Entry(_Versioned):
     model_config = _STRICT
-    v: str
     mac: str | None
     body: _Body
 
@@ -167,12 +170,13 @@ def decode_entry(raw: str | bytes, expected: Expected, key: str = "", hmac_key: 
         if hmac_key:  # the MAC first: nothing of an entry is believed, or parsed, before it is checked
             body = _Body.model_validate_json(_signed_body(raw, key, hmac_key))
         else:
-            entry = _Entry.model_validate_json(raw)
-            if entry.v != CACHE_FORMAT:
-                raise InvalidEntry(f"format {entry.v!r}, this version reads {CACHE_FORMAT!r}")
-            body = entry.body
+            if (version := _Versioned.model_validate_json(raw).v) != CACHE_FORMAT:
+                raise InvalidEntry(f"format {version!r}, this version reads {CACHE_FORMAT!r}")
+            body = _Entry.model_validate_json(raw).body
     except ValidationError as exc:  # not JSON, not UTF-8, a key missing or extra, a value of another type
-        raise InvalidEntry(f"not an entry of ours: {one_line(exc, named=False)}") from None
+        first = exc.errors(include_url=False, include_input=False)[0]  # where and what, not the stored text
+        where = ".".join(map(str, first["loc"])) or "the entry"
+        raise InvalidEntry(f"not an entry of ours: {where}: {first['msg']}") from None
     said = (body.backend, body.model, body.weights, body.engine)
     if said != (expected.backend, expected.model_tag, expected.weights, expected.engine):
         raise InvalidEntry(

@@ -24,12 +24,14 @@ from fastinfer.serving.cache import (
     INDEX_KEY,
     MAX_ENTRY_BYTES,
     Expected,
+    InvalidEntry,
     MemoryCache,
     RedisCache,
     ResponseCache,
     WriteRefused,
     _refusal,
     cache_key,
+    decode_entry,
     encode_entry,
     entry_mac,
     open_cache,
@@ -185,8 +187,9 @@ BAD_ENTRIES: dict[str, str | bytes] = {
     "JSON array": b"[1, 2, 3]",
     "JSON null": b"null",
     "bare body (format 1)": json.dumps(body()),
-    "another format": json.dumps({"v": "1", "body": body()}),
+    "another format": json.dumps({"v": "1", "mac": None, "body": body()}),
     "format 2 ({v, body})": json.dumps({"v": "2", "body": body()}),
+    "format 3, its body as this format's": json.dumps({"v": "3", "mac": None, "body": body()}),
     "this format without its mac field": json.dumps({"v": CACHE_FORMAT, "body": body()}),
     "body not an object": entry("a string"),
     "missing field": entry({k: v for k, v in body().items() if k != "weights"}),
@@ -217,7 +220,10 @@ BAD_ENTRIES: dict[str, str | bytes] = {
     "an index beyond the classes": entry(
         {**body(), "class_index": 999999, "top_k": [{**body()["top_k"][0], "index": 999999}, *body()["top_k"][1:]]}
     ),
-    "a class twice": changed(top_k=[*body()["top_k"][:4], body()["top_k"][0]]),
+    "a class twice": changed(top_k=[*body()["top_k"][:4], {"label": "class 3", "index": 3, "score": 0.025}]),
+    "an index below 0, labelled as Python would index it": changed(
+        top_k=[*body()["top_k"][:4], {"label": CATEGORIES[-1], "index": -1, "score": 0.025}]
+    ),
     "scores rising": changed(
         top_k=body()["top_k"][::-1], **{"class": "class 4", "class_index": 4, "confidence": 0.025}
     ),
@@ -249,6 +255,18 @@ async def test_a_bad_entry_is_an_invalid_miss_never_an_error(kind: str, bad: str
         await cache.close()
     assert stats["invalid"] == (event == "invalid") and stats["misses"] == 1 and stats["hits"] == 1
     assert stats["errors"] == 0 and stats["healthy"] is True
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [(json.dumps({"v": "3", "body": {"class": 1}}), "format '3', this version reads '" + CACHE_FORMAT + "'"),
+     (changed(score="https://x"), "not an entry of ours: body.score: Extra inputs are not permitted"),
+     (changed_prediction(score="0.5"), "not an entry of ours: body.top_k.0.score: Input should be a valid number")],
+)  # fmt: skip
+def test_an_invalid_entry_is_said_by_where_and_what_never_by_its_text(raw: str, reason: str) -> None:
+    with pytest.raises(InvalidEntry) as refused:
+        decode_entry(raw, EXPECTED)
+    assert str(refused.value) == reason
 
 
 async def test_redis_stores_what_it_reads(redis_url: str) -> None:
