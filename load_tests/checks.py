@@ -18,6 +18,11 @@ def multipart(data: bytes | list[bytes], fields: dict[str, str], name: str = "im
     return request.read(), request.headers["Content-Type"]
 
 
+def repeat_photo(pool: list[tuple[str, bytes]]) -> bytes:
+    """The one photo the cache-hit scenario sends, over and over (the bench stores its answer first)."""
+    return pool[len(pool) // 2][1]
+
+
 def batch_failure(status: int, body: dict[str, Any] | None, expected: int) -> str | None:
     """Why a batch answer is a failure in the benchmark (None when it is a success)."""
     if status != 200:

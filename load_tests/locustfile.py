@@ -22,7 +22,7 @@ from locust.stats import StatsError
 
 from fastinfer.common.client import auth_headers
 from fastinfer.measure.photos import benchmark_pool
-from load_tests.checks import BATCH_IMAGES, batch_failure, multipart
+from load_tests.checks import BATCH_IMAGES, batch_failure, multipart, repeat_photo
 
 BACKEND = os.environ.get("FASTINFER_BENCH_BACKEND", "onnx")
 POOL = benchmark_pool(Path(os.environ.get("FASTINFER_BENCH_IMAGES", "artifacts/bench-images")))
@@ -62,7 +62,7 @@ def _write_summary(environment: Any, **_: object) -> None:
 
 AUTH = auth_headers()  # a server with API keys: FASTINFER_API_KEY
 BODIES = [multipart(data, {"backend": BACKEND}) for _, data in POOL]
-REPEAT_BODY = multipart(POOL[len(POOL) // 2][1], {"backend": BACKEND})
+REPEAT_BODY = multipart(repeat_photo(POOL), {"backend": BACKEND})
 
 
 @cache
