@@ -209,8 +209,9 @@ async def _image_lane(scope: Scope, body: bytes, send: Send) -> None:
     await image_api.serve(service.pipeline, scope, body, send, rules)
 
 
-# The GET routes beside the typed POST APIs (BentoML's are POST only): path → its answer (counts: this worker's).
-STATUS_ROUTES: dict[str, Callable[[FastInfer], Awaitable[Any]]] = {
+# The GET routes beside the typed POST APIs (BentoML's are POST only): path → its answer (counts: this worker's);
+# their response models for the spec: fastinfer/front/openapi.py STATUS_ROUTES, the same paths (test_api_page).
+STATUS_ANSWERS: dict[str, Callable[[FastInfer], Awaitable[Any]]] = {
     "/backends": lambda service: service.backends(),
     "/cache/stats": lambda service: service.pipeline.cache.describe(),
     "/stats/live": lambda service: service.live_stats(),
@@ -238,7 +239,7 @@ def _readiness() -> dict[str, Awaitable[bool]]:
 
 FastInfer.mount_asgi_app(
     Starlette(
-        routes=[Route(path, _status_route(answer_of), methods=["GET"]) for path, answer_of in STATUS_ROUTES.items()]
+        routes=[Route(path, _status_route(answer_of), methods=["GET"]) for path, answer_of in STATUS_ANSWERS.items()]
     )
 )
 FastInfer.mount_asgi_app(DashboardFiles(directory=DASHBOARD_DIR, html=True), path="/dashboard", name="dashboard")

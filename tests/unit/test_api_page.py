@@ -161,6 +161,7 @@ def test_each_status_route_answers_its_own_even_under_a_root_path(monkeypatch: p
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             return await client.get("/api" + path)
 
+    assert list(service_module.STATUS_ANSWERS) == list(STATUS_ROUTES)  # served and documented: the same paths
     for path in STATUS_ROUTES:
         assert asyncio.run(get(path)).json() == {"route": path}
 
