@@ -17,7 +17,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -149,14 +149,23 @@ class _Body(BaseModel):
     cached: bool
 
 
-class _Versioned(BaseModel):
-    v: str  # read first: an entry of another format is said to be one, whatever its shape
-
-
-class _Entry(_Versioned):
+class _Entry(BaseModel):
     model_config = _STRICT
+    v: Literal[CACHE_FORMAT]  # type: ignore[valid-type]
     mac: str | None
     body: _Body
+
+
+class _Versioned(BaseModel):
+    v: str
+
+
+def _stated_version(raw: str | bytes) -> str | None:
+    """The format an entry that is not ours says it is, if it says: read only once it failed, never on a hit."""
+    try:
+        return _Versioned.model_validate_json(raw).v
+    except ValidationError:
+        return None
 
 
 BODY_KEYS = frozenset(field.alias or name for name, field in _Body.model_fields.items())
@@ -170,10 +179,10 @@ def decode_entry(raw: str | bytes, expected: Expected, key: str = "", hmac_key: 
         if hmac_key:  # the MAC first: nothing of an entry is believed, or parsed, before it is checked
             body = _Body.model_validate_json(_signed_body(raw, key, hmac_key))
         else:
-            if (version := _Versioned.model_validate_json(raw).v) != CACHE_FORMAT:
-                raise InvalidEntry(f"format {version!r}, this version reads {CACHE_FORMAT!r}")
             body = _Entry.model_validate_json(raw).body
     except ValidationError as exc:  # not JSON, not UTF-8, a key missing or extra, a value of another type
+        if not hmac_key and (version := _stated_version(raw)) not in (None, CACHE_FORMAT):
+            raise InvalidEntry(f"format {version!r}, this version reads {CACHE_FORMAT!r}") from None
         first = exc.errors(include_url=False, include_input=False)[0]  # where and what, not the stored text
         where = ".".join(map(str, first["loc"])) or "the entry"
         raise InvalidEntry(f"not an entry of ours: {where}: {first['msg']}") from None
