@@ -169,6 +169,8 @@ def _stated_version(raw: str | bytes) -> str | None:
 
 
 BODY_KEYS = frozenset(field.alias or name for name, field in _Body.model_fields.items())
+# The names an entry's error may place a fault at; any other is a key of the entry's own, never said.
+_FIELDS = frozenset(f.alias or n for m in (_Entry, _Body, _Prediction) for n, f in m.model_fields.items())
 
 
 def decode_entry(raw: str | bytes, expected: Expected, key: str = "", hmac_key: bytes = b"") -> dict[str, Any]:
@@ -182,9 +184,12 @@ def decode_entry(raw: str | bytes, expected: Expected, key: str = "", hmac_key: 
             body = _Entry.model_validate_json(raw).body
     except ValidationError as exc:  # not JSON, not UTF-8, a key missing or extra, a value of another type
         if not hmac_key and (version := _stated_version(raw)) not in (None, CACHE_FORMAT):
-            raise InvalidEntry(f"format {version!r}, this version reads {CACHE_FORMAT!r}") from None
+            said = repr(version) if version.isdigit() and len(version) <= 4 else "of no version of ours"
+            raise InvalidEntry(f"format {said}, this version reads {CACHE_FORMAT!r}") from None
         first = exc.errors(include_url=False, include_input=False)[0]  # where and what, not the stored text
-        where = ".".join(map(str, first["loc"])) or "the entry"
+        parts = ["body"] if hmac_key else []  # a signed entry's body is what was parsed
+        parts += [p if isinstance(p, int) or p in _FIELDS else "?" for p in first["loc"]]
+        where = ".".join(map(str, parts)) or "the entry"
         raise InvalidEntry(f"not an entry of ours: {where}: {first['msg']}") from None
     said = (body.backend, body.model, body.weights, body.engine)
     if said != (expected.backend, expected.model_tag, expected.weights, expected.engine):
@@ -355,7 +360,8 @@ class ResponseCache:
         # The store answered: a bad entry is the entry's fault, not an outage (no breaker).
         self.stats.misses += 1
         self.stats.invalid += 1
-        self._warn("invalid", "cache entry %s ignored (%s): %s", key, type(exc).__name__, exc)
+        # One line, bounded: what an entry says (its backend, say) is anyone's text who can write to Redis.
+        self._warn("invalid", "cache entry %s ignored (%s): %s", key, type(exc).__name__, one_line(exc, named=False))
 
     def _warn(self, kind: str, message: str, *args: Any) -> None:
         """Log at most one line of each kind per 30 s, however many requests fail."""

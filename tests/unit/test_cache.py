@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -261,12 +262,30 @@ async def test_a_bad_entry_is_an_invalid_miss_never_an_error(kind: str, bad: str
     ("raw", "reason"),
     [(json.dumps({"v": "3", "body": {"class": 1}}), "format '3', this version reads '" + CACHE_FORMAT + "'"),
      (changed(score="https://x"), "not an entry of ours: body.score: Extra inputs are not permitted"),
+     (changed(**{"api_key=hunter2\nERROR forged": 1}), "not an entry of ours: body.?: Extra inputs are not permitted"),
+     (json.dumps({"v": "SECRET" * 1000, "mac": None}), "format of no version of ours, this version reads '4'"),
      (changed_prediction(score="0.5"), "not an entry of ours: body.top_k.0.score: Input should be a valid number")],
 )  # fmt: skip
 def test_an_invalid_entry_is_said_by_where_and_what_never_by_its_text(raw: str, reason: str) -> None:
     with pytest.raises(InvalidEntry) as refused:
         decode_entry(raw, EXPECTED)
     assert str(refused.value) == reason
+
+
+def test_a_signed_entry_s_fault_is_placed_in_its_body() -> None:
+    signed = encode_entry({**body(), "leak": 1}, KEY, HMAC_KEY.encode())
+    with pytest.raises(InvalidEntry, match=r"^not an entry of ours: body\.\?: Extra inputs are not permitted$"):
+        decode_entry(signed, EXPECTED, KEY, HMAC_KEY.encode())
+
+
+async def test_an_invalid_entry_is_logged_on_one_bounded_line(caplog: pytest.LogCaptureFixture) -> None:
+    """What an entry says (its backend here) is anyone's text who can write to the cache."""
+    cache = MemoryCache(max_entries=10, ttl_s=60)
+    cache._data[KEY] = (time.monotonic() + 60, changed(backend="x\nERROR forged line " + "b" * 20_000))
+    with caplog.at_level(logging.WARNING, logger="fastinfer.cache"):
+        assert await lookup(cache) == (None, "invalid")
+    (line,) = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
+    assert "\n" not in line and len(line) < 500, line
 
 
 async def test_redis_stores_what_it_reads(redis_url: str) -> None:
