@@ -106,3 +106,26 @@ def test_a_server_that_refuses_the_key_ends_the_bench_in_one_line(monkeypatch, c
     err = capsys.readouterr().err
     assert exited.value.code == 1 and "Traceback" not in err and dict(os.environ) == environment
     assert f"python -m load_tests: 401 from {url}/classify: set FASTINFER_API_KEY to a key it accepts\n" in err
+
+
+@pytest.mark.parametrize("status", [503, 429])
+def test_a_busy_server_before_the_cache_hit_scenario_is_said_and_the_bench_goes_on(
+    status: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import httpx
+
+    answered = httpx.Response(status, request=httpx.Request("POST", "http://stub/classify"))
+    monkeypatch.setattr(httpx, "post", lambda *args, **kwargs: answered)
+    bench.store_repeat_answer("http://stub", "onnx", b"photo")
+    said = capsys.readouterr().err
+    assert "cache-hit scenario: its photo was not answered beforehand (HTTPStatusError:" in said
+    assert f"'{status} " in said and "first requests may miss" in said
+
+
+def test_a_refused_key_before_the_cache_hit_scenario_ends_the_bench(monkeypatch: pytest.MonkeyPatch) -> None:
+    import httpx
+
+    answered = httpx.Response(401, request=httpx.Request("POST", "http://stub/classify"))
+    monkeypatch.setattr(httpx, "post", lambda *args, **kwargs: answered)
+    with pytest.raises(httpx.HTTPStatusError):
+        bench.store_repeat_answer("http://stub", "onnx", b"photo")
