@@ -57,7 +57,7 @@ def _chain(first: tuple[float, float, float], names: tuple[str, ...]) -> dict[st
 COLOURS: dict[str, tuple[int, int, int]] = _chain((20, 235, 31), ("fern", "sage", "orchid"))
 RESIZE = 176
 CROP = 160
-SETS = {"train": (32, 101), "heldout": (20, 202), "calibration": (10, 303)}
+SETS = {"train": (24, 101), "heldout": (20, 202), "calibration": (10, 303)}
 """Set → (images per class, seed)."""
 BACKBONE_SEED = 0
 
