@@ -390,7 +390,8 @@ def tools(tmp_path) -> dict[str, str]:
 def answers_without_password(port: int) -> bool:
     import redis
 
-    with redis.Redis(port=port) as r:
+    # No retries: redis-py's default retries a refused HELLO with backoff, ~4 s of waiting for the same answer.
+    with redis.Redis(port=port, retry=None) as r:
         try:
             return r.ping()
         except redis.exceptions.AuthenticationError:
