@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from PIL import Image
 
 from fastinfer.measure import photos
 from tests.servers import NO_CACHE, home_over, serve, service_pids
@@ -206,12 +207,17 @@ def test_work_answered_504_is_dropped_by_the_runner(own_server) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     # Small photos (their decoding is nearly free, so every request reaches the runner at once), 32 a
-    # request: ~400 images of pytorch queue behind one another, far more than 3 s of work.
+    # request: ~400 images of pytorch queue behind one another, far more than 3 s of work. Each a width of its
+    # own, made from the sample photos decoded and shrunk once (photo_jpeg decodes its source on every call).
+    shrunk = [img.resize((160, round(img.height * 160 / img.width))) for img in map(photos.load, photos.PHOTOS)]
+
+    def small(i: int, width: int) -> bytes:
+        img = shrunk[i % len(shrunk)]
+        return photos.encode(img.resize((width, round(img.height * width / img.width)), Image.Resampling.LANCZOS))
+
     requests = [
-        [("images", (f"{i}.jpg", photos.photo_jpeg(photos.PHOTOS[i % 12], width=64 + r + 12 * i), "image/jpeg"))
-         for i in range(32)]
-        for r in range(12)
-    ]  # fmt: skip
+        [("images", (f"{i}.jpg", small(i, 64 + r + 2 * i), "image/jpeg")) for i in range(32)] for r in range(12)
+    ]
     with httpx.Client(base_url=own_server.url, timeout=60) as client:
 
         def computed() -> tuple[int, int]:
@@ -251,7 +257,7 @@ def test_a_pinned_version_deleted_by_hand_is_a_503_naming_it(own_server, own_hom
             answer = client.post("/classify", data={"backend": "onnx"}, files=photo)
             if answer.status_code == 503 and tag in answer.json()["error"]["message"]:
                 break
-            time.sleep(1)
+            time.sleep(0.25)
         assert answer is not None and answer.status_code == 503, answer.text if answer else None
         message = answer.json()["error"]["message"]
         assert tag in message and "no longer in the model store" in message, message
