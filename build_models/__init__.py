@@ -39,6 +39,8 @@ from fastinfer.serving.preprocess import prepare
 if TYPE_CHECKING:
     from bentoml import Model
 
+    from fastinfer.engines.torch_model import Uint8Classifier
+
 
 VERIFICATION_PHOTOS = 8  # real photos every verified export is compared on against PyTorch
 LISTED = 8  # calibration files skipped that are named one by one
@@ -245,6 +247,25 @@ def verification_batch(spec: PreprocessSpec, own: np.ndarray | None = None) -> n
     )
 
 
+def classifier(state_dict: Mapping[str, Any], spec: PreprocessSpec) -> Uint8Classifier:
+    """The model every export is made from: torchvision's ResNet-50 holding ``state_dict``'s tensors behind the
+    uint8 contract, as fastinfer.engines.torch_model.resnet50 makes it, but laid out on the meta device and given
+    the weights as they are (no random init of 25M parameters to overwrite, no copy of them)."""
+    import torch
+    from torchvision.models import resnet50
+
+    from fastinfer.engines.torch_model import Uint8Classifier
+
+    with torch.device("meta"):  # shapes only
+        backbone = resnet50(weights=None, num_classes=int(state_dict["fc.weight"].shape[0]))
+    # Each tensor as load_state_dict copies it into a model of its own: in the model's dtype, contiguous (a file's
+    # FP16 or FP64 weights become FP32 as they did).
+    layout = backbone.state_dict()
+    tensors = {k: v.to(layout[k].dtype).contiguous() if k in layout else v for k, v in state_dict.items()}
+    backbone.load_state_dict(tensors, assign=True)  # strict: every tensor, none left on the meta device
+    return Uint8Classifier(backbone, spec.mean, spec.std).eval()
+
+
 def build(
     weights_choice: str = "auto",
     only: list[str] | None = None,
@@ -267,7 +288,6 @@ def build(
     PyTorch, or fails the accuracy gate is refused and not stored, as is what converts it; the build goes on and
     then raises BuildRefused naming every one refused. ``accuracy_json``: None, beside the family."""
     from build_models.weights import load_weights
-    from fastinfer.engines.torch_model import resnet50
 
     said = progress
 
@@ -301,7 +321,7 @@ def build(
             "(scikit-image samples), not on your own images, so its accuracy on your classes may suffer; "
             "pass --calibration-dir DIR with a few hundred of your images (your training folder will do)"
         )
-    model = resnet50(weights.state_dict, spec.mean, spec.std)
+    model = classifier(weights.state_dict, spec)
     ctx = BuildContext(weights, spec, model, calibration_dir, int8_activations, force, family, labels)
     todo = plan.jobs(
         names,
@@ -355,10 +375,8 @@ class Builder:
     results: list[BuildResult] = field(default_factory=list)
 
     def check_inputs(self, eval_dir: Path | None, max_drop_pp: float, json_path: Path | None) -> None:
-        """The eval and calibration photos read, and PyTorch's logits on the verification photos found finite,
-        before the first export: a bad folder or bad weights stop the build with nothing stored."""
-        import torch
-
+        """The eval and calibration photos read before the first step: a bad folder stops the build with nothing
+        stored (bad weights stop it at the first export: :meth:`check_reference`)."""
         ctx, progress = self.ctx, self.progress
         if eval_dir is not None:  # the folder is checked against the labels before anything is exported
             self.gate = AccuracyGate.prepare(ctx, eval_dir, max_drop_pp, json_path, progress)
@@ -369,14 +387,25 @@ class Builder:
                 progress(f"WARNING: calibration: skipped {path}: {why}")
             if len(calibration.skipped) > LISTED:
                 progress(f"WARNING: calibration: ... and {len(calibration.skipped) - LISTED} more file(s) skipped")
+
+    def check_reference(self) -> None:
+        """PyTorch's logits on the verification photos, computed once, before the first export, and found finite:
+        weights that overflow stop the build with nothing stored. A build that finds every model up to date
+        (`make serve`'s, as a rule) runs no photo through PyTorch."""
+        import torch
+
+        if self.reference is not None:
+            return
+        ctx = self.ctx
         # ImageNet's tolerances were set on the bundled photos; a family of yours: its own.
         own = None
         if self.not_imagenet and (self.gate is not None or ctx.calibration_dir is not None):
             own = self.gate.images.pixels if self.gate is not None else np.stack(ctx.calibration.images)
-        self.batch = verification_batch(ctx.spec, own)
+        batch = verification_batch(ctx.spec, own)
         with torch.inference_mode():
-            self.reference = ctx.model(torch.from_numpy(self.batch)).numpy()
-        check_finite(self.reference, ctx.weights.description)  # before the first export: nothing is stored
+            reference = ctx.model(torch.from_numpy(batch)).numpy()
+        check_finite(reference, ctx.weights.description)  # before the first export: nothing is stored
+        self.batch, self.reference = batch, reference
 
     def step(self, job: plan.Job, step: str) -> plan.Outcome:
         """One model: skipped, found up to date, or made, checked, then stored or refused."""
@@ -392,6 +421,7 @@ class Builder:
             return self.skipped(job, step, cannot + kept)
         if self.up_to_date(job, step, existing):
             return plan.Outcome(job.name, job.artifact, plan.UP_TO_DATE, str(existing.tag))
+        self.check_reference()
         self.progress(f"{step}: exporting ...")
         t0 = time.perf_counter()
         export = artifact.export if job.batch is None else partial(artifact.export, batch=job.batch)
