@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import pytest
@@ -40,19 +40,57 @@ def images() -> np.ndarray:
     return fid.fidelity_images(PreprocessSpec())
 
 
-@pytest.fixture(scope="module")
-def reference(built_models, images) -> np.ndarray:
-    return fid.run_batched(open_engine("pytorch"), images)
+@dataclass
+class Run:
+    """What ``fastinfer fidelity`` compared: its rows by backend, the table it printed, and, as it ran, its reference
+    (pytorch FP32 on its photos) and each backend's logits on them."""
+
+    rows: dict[str, dict]
+    printed: str
+    images: np.ndarray
+    reference: np.ndarray
+    logits: dict[str, np.ndarray]
 
 
 @pytest.fixture(scope="module")
-def command(built_models, tmp_path_factory) -> tuple[dict[str, dict], str]:
+def run(built_models, tmp_path_factory) -> Run:
     """``fastinfer fidelity --json``: every backend stored and able to run here against the reference, on the
-    same photos as ``images``; its rows by backend, and the table it printed."""
+    same photos as ``images``."""
     out, printed = tmp_path_factory.mktemp("fidelity") / "fidelity.json", io.StringIO()
-    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()):
-        assert cli.main(["fidelity", "--json", str(out)]) == 0
-    return {r["backend"]: r for r in json.loads(out.read_text())}, printed.getvalue()
+    seen: list[tuple[np.ndarray, np.ndarray]] = []
+    logits: dict[str, np.ndarray] = {}
+    measure, compare = fid.measure, fid.compare
+
+    def measuring(backend: str, engine: object, images: np.ndarray, reference: np.ndarray) -> dict[str, object]:
+        seen.append((images, reference))
+        return measure(backend, engine, images, reference)
+
+    def comparing(backend: str, reference: np.ndarray, found: np.ndarray) -> fid.Fidelity:
+        logits[backend] = found
+        return compare(backend, reference, found)
+
+    with pytest.MonkeyPatch.context() as patch:  # the command's own computations, kept for the tests below
+        patch.setattr(fid, "measure", measuring)
+        patch.setattr(fid, "compare", comparing)
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()):
+            assert cli.main(["fidelity", "--json", str(out)]) == 0
+    (images, reference), *others = seen
+    assert all(i is images and r is reference for i, r in others)  # one reference for every backend
+    rows = {r["backend"]: r for r in json.loads(out.read_text())}
+    return Run(rows, printed.getvalue(), images, reference, logits)
+
+
+@pytest.fixture(scope="module")
+def command(run: Run) -> tuple[dict[str, dict], str]:
+    """The command's rows by backend, and the table it printed."""
+    return run.rows, run.printed
+
+
+@pytest.fixture(scope="module")
+def reference(run: Run, images: np.ndarray) -> np.ndarray:
+    """PyTorch FP32's logits on ``images``: what the command computed as its reference, on the same photos."""
+    np.testing.assert_array_equal(run.images, images)
+    return run.reference
 
 
 def measured(command: tuple[dict[str, dict], str], backend: str) -> fid.Fidelity:
@@ -102,13 +140,13 @@ def test_openvino_in_bf16_passes_the_bf16_gates(command, bf16) -> None:
     assert f.max_abs_error > 1e-3, "BF16 that equals FP32 to 1e-3 is not running in BF16"
 
 
-def test_the_bf16_gates_catch_a_shifted_input_a_wrong_scale_and_an_int8_model(images, reference, bf16) -> None:
+def test_the_bf16_gates_catch_a_shifted_input_a_wrong_scale_and_an_int8_model(run, images, reference, bf16) -> None:
     shifted = np.clip(images.astype(np.int16) + 8, 0, 255).astype(np.uint8)
     wrong = (images.astype(np.float32) / 255 * 4).astype(np.uint8)
     for name, logits in (
         ("8 grey levels off", fid.run_batched(bf16, shifted)),
         ("wrong input scale", fid.run_batched(bf16, wrong)),
-        ("the INT8 model", fid.run_batched(open_engine("openvino-int8"), images)),
+        ("the INT8 model", run.logits["openvino-int8"]),  # as the command ran it: served, on ``images``
     ):
         f = fid.compare(name, reference, logits)
         assert not fid.BF16_GATE.passes(f), f
