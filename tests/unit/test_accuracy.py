@@ -161,6 +161,8 @@ IMAGENET = {"tabby": (150, 120, 90), "Egyptian cat": (120, 110, 100)}  # labels 
 
 
 FAMILY = "accuracy-test"  # a family of its own: the test store's resnet50 models stay as other tests built them
+# The builds' photos at 64 px (PyTorch runs on each, and is timed): the wiring is tested here, not the image size.
+SMALL = PreprocessSpec(resize_size=64, crop_size=64)
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +175,7 @@ def measured_build(tmp_path_factory) -> Iterator[dict[str, Any]]:
     root = photo_folder(work / "eval", per_class=3, classes=IMAGENET)
     (root / "tabby" / "broken.jpg").write_bytes(b"\xff\xd8 broken")
     said: list[str] = []
-    build("random", only=["pytorch"], progress=said.append, family=FAMILY, eval_dir=root)
+    build("random", only=["pytorch"], progress=said.append, family=FAMILY, eval_dir=root, preprocess=SMALL)
     model = bentoml.models.get(f"{FAMILY}-pytorch:latest")
     table = bentoml_home() / "artifacts" / FAMILY / "accuracy.json"  # beside the family, in the store's home
     yield {"root": root, "said": said, "model": model, "json": json.loads(table.read_text())}
@@ -226,7 +228,7 @@ def test_a_refused_model_does_not_stop_the_build_of_the_others(tmp_path, capsys,
 
     family = "carryon"
     photos = photo_folder(tmp_path / "eval" / "staging", per_class=4, classes={"a": (90, 60, 30), "b": (30, 60, 90)})
-    images = accuracy.load(photos, ["a", "b"], PreprocessSpec())
+    images = accuracy.load(photos, ["a", "b"], SMALL)  # as the build below reads them
     with torch.inference_mode():  # the classes PyTorch answers: the reference is then right on every photo
         best = resnet50(load_weights("random").state_dict)(torch.from_numpy(images.pixels)).numpy().argmax(1)
     root = tmp_path / "eval" / "photos"
@@ -245,7 +247,8 @@ def test_a_refused_model_does_not_stop_the_build_of_the_others(tmp_path, capsys,
 
     monkeypatch.setattr(AccuracyGate, "prepare", classmethod(with_a_losing_int8))
     table = tmp_path / "out" / "accuracy.json"
-    argv = ["--weights", "random", "--name", family, "--only", "onnx-int8-dynamic,openvino"]
+    argv = ["--weights", "random", "--name", family, "--only", "onnx-int8-dynamic,openvino", "--resize", "64"]
+    argv += ["--crop", "64"]  # SMALL
     try:
         assert main([*argv, "--eval-dir", str(root), "--out", str(table.parent)]) == 1
         out, err = capsys.readouterr()

@@ -19,7 +19,7 @@ from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.measure import photos
 from tests.conftest import CLASSES, three_class_state
 from tests.settings import settings_with
-from tests.unit.test_build_family import one_line_refusal, said_until_the_first_step
+from tests.unit.test_build_family import SMALL, one_line_refusal, said_until_the_first_step
 
 pytestmark = pytest.mark.heavy  # model builds
 
@@ -95,6 +95,7 @@ def test_a_build_from_files_named_in_no_encoding_stores_only_valid_text(weights_
         calibration_dir=calibration,
         accuracy_json=tmp_path / "accuracy.json",
         progress=said.append,
+        preprocess=SMALL,  # the names are tested, not the size: every photo through PyTorch at 64 px
     )
     info = store.find("pytorch", family_name="bytes").info
     assert not_text(info.labels) == [] and not_text(info.metadata) == []
@@ -121,7 +122,7 @@ def test_weights_whose_logits_overflow_are_refused_before_anything_is_stored(lab
     state = three_class_state()
     torch.save({**state, "fc.weight": fc(state["fc.weight"])}, path)
     argv = ["--weights", str(path), "--labels", str(labels_file), "--name", "refused", "--only", "pytorch,onnx"]
-    said = one_line_refusal(argv, capsys)
+    said = one_line_refusal([*argv, "--resize", "64", "--crop", "64"], capsys)  # SMALL: photos of 64 px
     assert says in said and "Nothing stored" in said
     assert store.versions("refused-pytorch") == [] and store.versions("refused-onnx") == []
 
