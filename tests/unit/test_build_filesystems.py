@@ -18,9 +18,12 @@ import pytest
 
 from build_models import ARTIFACTS, build
 from fastinfer.catalog import store
+from fastinfer.catalog.store import PreprocessSpec
 from tests.unit.test_build_force import assert_loads
 
 TMPFS = Path("/dev/shm")
+FAMILY = "moved"
+SMALL = PreprocessSpec(resize_size=64, crop_size=64)
 
 
 @pytest.fixture
@@ -62,15 +65,17 @@ def test_models_move_into_the_store_across_filesystems(
     private_store: Path, tmpfs_tempdir: Path, bentoml_stages_next_to_the_store: list[Path], monkeypatch
 ) -> None:
     monkeypatch.setitem(ARTIFACTS, "coreml", replace(ARTIFACTS["coreml"], batches=(1,)))  # one is enough
-    results = build("random", only=["pytorch", "onnx", "coreml"], force=True, progress=print)
+    # A family of its own, at 64 px: what moves is tested, not the image size (PyTorch and ONNX Runtime run on
+    # the build's photos).
+    results = build("random", only=["pytorch", "onnx", "coreml"], family=FAMILY, preprocess=SMALL, progress=print)
 
-    assert [r.name for r in results] == ["resnet50-pytorch", "resnet50-onnx", "resnet50-coreml-b1"]
+    assert [r.name for r in results] == [f"{FAMILY}-pytorch", f"{FAMILY}-onnx", f"{FAMILY}-coreml-b1"]
     assert all(r.built for r in results)
     # Each export left TMPDIR (tmpfs) for a directory on the store's filesystem.
     assert len(bentoml_stages_next_to_the_store) == 3
     tmpfs_dev = os.stat(tmpfs_tempdir).st_dev
     assert all(os.stat(p.parent).st_dev != tmpfs_dev for p in bentoml_stages_next_to_the_store)
     for backend, size in [("pytorch", None), ("onnx", None), ("coreml", 1)]:
-        model = store.find(backend, size)
+        model = store.find(backend, size, family_name=FAMILY)
         assert os.stat(model.path).st_dev != tmpfs_dev
         assert_loads(backend, model)

@@ -19,9 +19,10 @@ def assert_loads(backend: str, model: bentoml.Model) -> None:
     from fastinfer.catalog.backends import open_engine
     from fastinfer.engines.coreml import PACKAGE_DIR
 
-    one = np.zeros((1, 224, 224, 3), dtype=np.uint8)
+    size, classes = model.info.metadata["input"]["shape"][1], model.info.metadata["num_classes"]
+    one = np.zeros((1, size, size, 3), dtype=np.uint8)
     if backend != "coreml":
-        assert open_engine(backend, dirs={None: model.path}).run(one).shape == (1, 1000)
+        assert open_engine(backend, dirs={None: model.path}).run(one).shape == (1, classes)
     else:
         package = Path(model.path) / PACKAGE_DIR
         assert package.is_dir() and (package / "Manifest.json").is_file(), package

@@ -15,7 +15,10 @@ import pytest
 from PIL import Image
 
 from build_models import ARTIFACTS, FP32_TOLERANCE, INT8_TOLERANCE, BuildRefused, build, exporters
+from fastinfer.catalog.store import PreprocessSpec
 from fastinfer.measure.fidelity import Fidelity, compare
+
+SMALL = PreprocessSpec(resize_size=64, crop_size=64)  # photos of 64 px where the image size is not what is tested
 
 
 def stored_tags(name: str) -> list[str]:
@@ -110,14 +113,14 @@ def failing_run(monkeypatch) -> str:
 def test_an_export_that_fails_or_fails_to_run_is_refused_and_the_next_backend_is_built(
     tmp_path, monkeypatch, break_, only
 ) -> None:
-    """It stops nothing but its own backend (a store of this test's own)."""
+    """It stops nothing but its own backend (a store of this test's own; photos of 64 px, SMALL)."""
     from tests.conftest import model_store_at
 
     why = break_(monkeypatch)
     refused, built = (f"failing-{name}" for name in only)
     said: list[str] = []
     with model_store_at(tmp_path / "home"), pytest.raises(BuildRefused, match=f": {refused}$"):
-        build("random", only=only, family="failing", progress=said.append)
+        build("random", only=only, family="failing", progress=said.append, preprocess=SMALL)
     models = tmp_path / "home" / "models"
     assert not (models / refused).exists() and len(list((models / built).glob("*/model.yaml"))) == 1
     assert f"[1/2] {refused}: REFUSED: {why}" in said and f"| {refused} | refused | {why} |" in said
@@ -129,7 +132,6 @@ def test_int8_calibrated_on_a_black_image_is_refused_by_the_build_and_the_fideli
     """The real INT8 tolerance against a real broken quantization (measured here: max |logit diff| 15.5); the
     fidelity gates (`fastinfer fidelity`, 36 other photos) refuse the same model."""
     from fastinfer.catalog.backends import open_engine
-    from fastinfer.catalog.store import PreprocessSpec
     from fastinfer.engines.onnx import OnnxEngine
     from fastinfer.measure import fidelity as fid
 
@@ -146,8 +148,9 @@ def test_int8_calibrated_on_a_black_image_is_refused_by_the_build_and_the_fideli
     monkeypatch.setitem(ARTIFACTS, "onnx-int8", replace(ARTIFACTS["onnx-int8"], export=keeping_a_copy))
     before = {name: stored_tags(name) for name in ("resnet50-onnx-int8", "resnet50-openvino-int8")}
     said: list[str] = []
+    # Not --force: asked for another calibration, the INT8 models are rebuilt from the stored FP32 ONNX file.
     with pytest.raises(BuildRefused, match=r"^1 model\(s\) refused.*: resnet50-onnx-int8$"):
-        build("random", only=["onnx-int8", "openvino-int8"], force=True, progress=said.append, calibration_dir=black)
+        build("random", only=["onnx-int8", "openvino-int8"], progress=said.append, calibration_dir=black)
     assert any(re.search(r"resnet50-onnx-int8: REFUSED: .*max \|logit diff\| [\d.]+ > 5", line) for line in said)
     # openvino-int8 converts that export: skipped, and says why; the version stored before stays.
     skipped = "[2/2] resnet50-openvino-int8: skipped: converts resnet50-onnx-int8's export, refused in this build"
