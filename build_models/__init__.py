@@ -39,8 +39,6 @@ from fastinfer.serving.preprocess import prepare
 if TYPE_CHECKING:
     from bentoml import Model
 
-    from fastinfer.engines.torch_model import Uint8Classifier
-
 
 VERIFICATION_PHOTOS = 8  # real photos every verified export is compared on against PyTorch
 LISTED = 8  # calibration files skipped that are named one by one
@@ -247,25 +245,6 @@ def verification_batch(spec: PreprocessSpec, own: np.ndarray | None = None) -> n
     )
 
 
-def classifier(state_dict: Mapping[str, Any], spec: PreprocessSpec) -> Uint8Classifier:
-    """The model every export is made from: torchvision's ResNet-50 holding ``state_dict``'s tensors behind the
-    uint8 contract, as fastinfer.engines.torch_model.resnet50 makes it, but laid out on the meta device and given
-    the weights as they are (no random init of 25M parameters to overwrite, no copy of them)."""
-    import torch
-    from torchvision.models import resnet50
-
-    from fastinfer.engines.torch_model import Uint8Classifier
-
-    with torch.device("meta"):  # shapes only
-        backbone = resnet50(weights=None, num_classes=int(state_dict["fc.weight"].shape[0]))
-    # Each tensor as load_state_dict copies it into a model of its own: in the model's dtype, contiguous (a file's
-    # FP16 or FP64 weights become FP32 as they did).
-    layout = backbone.state_dict()
-    tensors = {k: v.to(layout[k].dtype).contiguous() if k in layout else v for k, v in state_dict.items()}
-    backbone.load_state_dict(tensors, assign=True)  # strict: every tensor, none left on the meta device
-    return Uint8Classifier(backbone, spec.mean, spec.std).eval()
-
-
 def build(
     weights_choice: str = "auto",
     only: list[str] | None = None,
@@ -288,6 +267,7 @@ def build(
     PyTorch, or fails the accuracy gate is refused and not stored, as is what converts it; the build goes on and
     then raises BuildRefused naming every one refused. ``accuracy_json``: None, beside the family."""
     from build_models.weights import load_weights
+    from fastinfer.engines.torch_model import resnet50
 
     said = progress
 
@@ -321,7 +301,7 @@ def build(
             "(scikit-image samples), not on your own images, so its accuracy on your classes may suffer; "
             "pass --calibration-dir DIR with a few hundred of your images (your training folder will do)"
         )
-    model = classifier(weights.state_dict, spec)
+    model = resnet50(weights.state_dict, spec.mean, spec.std)
     ctx = BuildContext(weights, spec, model, calibration_dir, int8_activations, force, family, labels)
     todo = plan.jobs(
         names,
