@@ -355,8 +355,10 @@ class Builder:
     results: list[BuildResult] = field(default_factory=list)
 
     def check_inputs(self, eval_dir: Path | None, max_drop_pp: float, json_path: Path | None) -> None:
-        """The eval and calibration photos read before the first step: a bad folder stops the build with nothing
-        stored (bad weights stop it at the first export: :meth:`check_reference`)."""
+        """The eval and calibration photos read, and PyTorch's logits on the verification photos found finite,
+        before the first export: a bad folder or bad weights stop the build with nothing stored."""
+        import torch
+
         ctx, progress = self.ctx, self.progress
         if eval_dir is not None:  # the folder is checked against the labels before anything is exported
             self.gate = AccuracyGate.prepare(ctx, eval_dir, max_drop_pp, json_path, progress)
@@ -367,25 +369,14 @@ class Builder:
                 progress(f"WARNING: calibration: skipped {path}: {why}")
             if len(calibration.skipped) > LISTED:
                 progress(f"WARNING: calibration: ... and {len(calibration.skipped) - LISTED} more file(s) skipped")
-
-    def check_reference(self) -> None:
-        """PyTorch's logits on the verification photos, computed once, before the first export, and found finite:
-        weights that overflow stop the build with nothing stored. A build that finds every model up to date
-        (`make serve`'s, as a rule) runs no photo through PyTorch."""
-        import torch
-
-        if self.reference is not None:
-            return
-        ctx = self.ctx
         # ImageNet's tolerances were set on the bundled photos; a family of yours: its own.
         own = None
         if self.not_imagenet and (self.gate is not None or ctx.calibration_dir is not None):
             own = self.gate.images.pixels if self.gate is not None else np.stack(ctx.calibration.images)
-        batch = verification_batch(ctx.spec, own)
+        self.batch = verification_batch(ctx.spec, own)
         with torch.inference_mode():
-            reference = ctx.model(torch.from_numpy(batch)).numpy()
-        check_finite(reference, ctx.weights.description)  # before the first export: nothing is stored
-        self.batch, self.reference = batch, reference
+            self.reference = ctx.model(torch.from_numpy(self.batch)).numpy()
+        check_finite(self.reference, ctx.weights.description)  # before the first export: nothing is stored
 
     def step(self, job: plan.Job, step: str) -> plan.Outcome:
         """One model: skipped, found up to date, or made, checked, then stored or refused."""
@@ -401,7 +392,6 @@ class Builder:
             return self.skipped(job, step, cannot + kept)
         if self.up_to_date(job, step, existing):
             return plan.Outcome(job.name, job.artifact, plan.UP_TO_DATE, str(existing.tag))
-        self.check_reference()
         self.progress(f"{step}: exporting ...")
         t0 = time.perf_counter()
         export = artifact.export if job.batch is None else partial(artifact.export, batch=job.batch)
