@@ -17,7 +17,8 @@ import httpx
 import psutil
 
 from fastinfer.catalog import choice
-from fastinfer.catalog.backends import SPECS
+from fastinfer.catalog.backends import BACKENDS, SPECS, unavailable_reason
+from fastinfer.common import hardware
 from fastinfer.measure import photos
 from tests.servers import NO_CACHE, serve, service_pids
 
@@ -93,6 +94,10 @@ def test_a_server_without_settings_serves_this_machines_choice(built_models, tmp
     monkeypatch.setenv("FASTINFER_TUNED", "off")  # FASTINFER_DEFAULT_BACKEND and FASTINFER_BACKENDS: unset here
     expected = choice.default_choice(kept=False)
     assert expected.requested == "auto" and expected.source in ("rule", "measured"), expected
+    # The recommendation among every backend (what /backends of a server of them all says): the default equals it.
+    hw = hardware.probe()
+    runnable = [name for name in BACKENDS if unavailable_reason(name) is None]
+    assert choice.recommend(hw, runnable, *choice.measurements(hw))["backend"] == expected.backend, expected
     # Measured best, or first by rule: a backend measured no faster, and named by no rule, cannot beat it.
     other = next(name for name in NEVER_BY_RULE if name != expected.backend)
     env = {"FASTINFER_TUNED": "off", "FASTINFER_DEFAULT_BACKEND": ""}
