@@ -162,7 +162,7 @@ def test_evaluate_through_the_server_from_an_empty_store_agrees_with_the_build(
     out = tmp_path / "evaluate.json"
     done = subprocess.run(
         [sys.executable, "-m", "fastinfer.cli", "evaluate", str(photos), "--url", family_server.url,
-         "--model", own_family.name, "--json", str(out), "--plot", str(plot := tmp_path / "evaluate.png"),
+         "--json", str(out), "--plot", str(plot := tmp_path / "evaluate.png"),
          "--backends", ",".join(EVALUATED),
          "--seconds", "0.3", "--clients", "2"],  # the speed's own tests: test_evaluate*.py; here, the frontier
         cwd=ROOT,
@@ -175,7 +175,9 @@ def test_evaluate_through_the_server_from_an_empty_store_agrees_with_the_build(
     evaluation = json.loads(out.read_text())
     (skipped,) = evaluation["skipped_files"]
     assert skipped["path"].endswith("big.png") and "payload_too_large" in skipped["why"], skipped
+    # No --model: the family, and its labels, are the server's (GET /backends), not this machine's or the folders'.
     assert (evaluation["family"], evaluation["labels"]) == (own_family.name, len(own_family.classes)), evaluation
+    assert evaluation["labels_from"] == "the server (GET /backends)", evaluation
     through = {r["backend"]: r for r in evaluation["rows"] if r["status"] == "measured"}
     rows = {b: r for b, r in family_build.rows(own_family.name).items() if b in EVALUATED}
     assert set(rows) == set(EVALUATED) and set(through) >= set(rows), (sorted(through), sorted(rows))
