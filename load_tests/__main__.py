@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m load_tests " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     args.out.mkdir(parents=True, exist_ok=True)
     say("building the 60-image pool")
-    photos.benchmark_pool(args.out / "images")
+    pool = photos.benchmark_pool(args.out / "images")  # saved there for the locust processes too
 
     from fastinfer.catalog.backends import unavailable_reason
     from fastinfer.catalog.config import BACKENDS
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"locust: {backend}, {u} users, {args.duration:g}s")
                 results["runs"].append(inference_run(url, backend, u, args, pid))
         say("locust: cache-hit scenario, 10 users")
-        store_repeat_answer(url, backends[0], repeat_photo(photos.benchmark_pool(args.out / "images")))
+        store_repeat_answer(url, backends[0], repeat_photo(pool))
         before = httpx.get(f"{url}/cache/stats", headers=auth_headers(), timeout=10).json()
         repeat = run_locust(url, backends[0], 10, args.duration, "repeat", args.out, pid)
         repeat.update(cache_hit_share(url, before))
