@@ -70,7 +70,7 @@ def size_class(width: int, height: int) -> str:
 
 def benchmark_pool(directory: Path | None = None) -> list[tuple[str, bytes]]:
     """60 distinct JPEGs: each photo whole, at 1.5 MP, at ~8.3 MP (a phone's), a 60% centre crop and at quality 75.
-    Deterministic; cached in ``directory`` when given."""
+    Deterministic, in file-name order whether made or read back; cached in ``directory`` when given."""
     if directory is not None and directory.is_dir():
         files = sorted(directory.glob("*.jpg"))
         if len(files) == len(PHOTOS) * 5:
@@ -93,7 +93,7 @@ def benchmark_pool(directory: Path | None = None) -> list[tuple[str, bytes]]:
         directory.mkdir(parents=True, exist_ok=True)
         for filename, data in pool:
             (directory / filename).write_bytes(data)
-    return pool
+    return sorted(pool)  # the order read back from ``directory``: the bench and its locust processes index it alike
 
 
 class UnusablePhoto(ValueError):

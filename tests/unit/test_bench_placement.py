@@ -129,3 +129,18 @@ def test_a_refused_key_before_the_cache_hit_scenario_ends_the_bench(monkeypatch:
     monkeypatch.setattr(httpx, "post", lambda *args, **kwargs: answered)
     with pytest.raises(httpx.HTTPStatusError):
         bench.store_repeat_answer("http://stub", "onnx", b"photo")
+
+
+def test_the_cache_hit_photo_is_the_one_the_locust_processes_repeat(tmp_path) -> None:
+    """The bench keeps the pool it makes (or reads) and stores the answer of its cache-hit photo first; its locust
+    processes read the pool back from the folder: same order, so the same photo, fresh, cached or partial."""
+    from fastinfer.measure import photos
+    from load_tests.checks import repeat_photo
+
+    images = tmp_path / "images"
+    made = photos.benchmark_pool(images)  # a fresh --out
+    assert [name for name, _ in made] == [name for name, _ in photos.benchmark_pool(images)]
+    (images / made[0][0]).unlink()  # an interrupted run's 59 files: made again
+    assert (
+        repeat_photo(photos.benchmark_pool(images)) == repeat_photo(photos.benchmark_pool(images)) == repeat_photo(made)
+    )
