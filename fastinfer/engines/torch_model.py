@@ -42,11 +42,13 @@ def resnet50(
 
     with torch.device("meta"):  # shapes only
         backbone = tv_resnet50(weights=None, num_classes=int(state_dict["fc.weight"].shape[0]))
-    # Each tensor copied as load_state_dict's copy made it: in the model's dtype (FP16 weights run in FP32), in a
-    # compact storage of its own (a slice of a larger tensor would otherwise be saved whole with the model).
+    # Each tensor copied once, as load_state_dict's copy made it: in the model's dtype (FP16 weights run in FP32), in
+    # a compact storage of its own (a slice of a larger tensor would otherwise be saved whole with the model), and
+    # outside autograd (a tensor saved requiring grad would make BatchNorm's running stats fail every export).
     layout = backbone.state_dict()
+    contiguous = torch.contiguous_format
     tensors = {
-        k: v.to(layout[k].dtype).clone(memory_format=torch.contiguous_format) if k in layout else v
+        k: v.detach().to(layout[k].dtype, memory_format=contiguous, copy=True) if k in layout else v
         for k, v in state_dict.items()
     }
     backbone.load_state_dict(tensors, assign=True)  # strict: every tensor, none left on the meta device

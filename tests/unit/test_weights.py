@@ -89,3 +89,24 @@ def test_an_absent_file_is_downloaded_with_its_hash_checked(hub_dir, monkeypatch
     monkeypatch.setattr(torch.hub, "load_state_dict_from_url", download)
     assert weights.load_weights("auto").kind == "random-init"
     assert calls == [(weights.imagenet_url(), {"progress": False, "check_hash": True})]
+
+
+def test_weights_saved_requiring_grad_run_and_leave_no_tensor_of_the_callers(tmp_path) -> None:
+    """torch_model.resnet50 copies each tensor out of autograd into a storage of its own, as load_state_dict did:
+    BatchNorm's running stats requiring grad failed every forward outside inference_mode (the ONNX export)."""
+    from torchvision.models import resnet50 as torchvision_resnet50
+
+    from fastinfer.engines.torch_model import resnet50
+
+    state = torchvision_resnet50(weights=None, num_classes=3).state_dict()
+    for tensor in state.values():
+        if tensor.is_floating_point():
+            tensor.requires_grad_(True)
+    torch.save(state, tmp_path / "w.pth")
+    loaded = torch.load(tmp_path / "w.pth", weights_only=True)
+    model = resnet50(loaded)
+    assert not any(t.requires_grad or t.grad_fn is not None for t in model.buffers())
+    pointers = {t.untyped_storage().data_ptr() for t in loaded.values()}
+    assert not pointers & {t.untyped_storage().data_ptr() for t in model.state_dict().values()}
+    with torch.no_grad():
+        assert model(torch.zeros(1, 64, 64, 3, dtype=torch.uint8)).shape == (1, 3)
